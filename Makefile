@@ -1,0 +1,31 @@
+# Thin wrapper over tasks.py (Invoke). Every target sets up what it needs on a fresh machine.
+.DEFAULT_GOAL := help
+PROFILE ?= auto
+MODEL ?=
+PYTHON ?= python3
+TOOLS := .venvs/tools
+INV := $(TOOLS)/bin/inv
+
+$(INV): requirements/tools.txt
+	@$(PYTHON) -m venv $(TOOLS)
+	@$(TOOLS)/bin/pip install --quiet --disable-pip-version-check -r requirements/tools.txt
+	@touch $(INV)
+
+.PHONY: help repro test bench model clean
+help: ## Show the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+repro: $(INV) ## Run the verification (PROFILE=cpu|gpu-lmcache-0.5.4|gpu-lmcache-0.5.5rc5; default: by hardware)
+	@$(INV) repro --profile "$(PROFILE)" --model "$(MODEL)"
+
+test: $(INV) ## Run all tests (unit, end-to-end on the real CPU engine)
+	@$(INV) test
+
+bench: $(INV) ## Time the CPU acceptance: wall, summed engine starts, ratio (figures, not a test)
+	@$(INV) bench
+
+model: $(INV) ## Generate the tiny CPU model into .cache/models
+	@$(INV) model
+
+clean: $(INV) ## Remove environments, generated models and local reports
+	@$(INV) clean

@@ -1,0 +1,51 @@
+"""The one writer for every file the kit produces: temp file beside the target, fsync, replace."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+def write_bytes_atomic(path: Path | str, data: bytes) -> None:
+    """Write data so that a reader sees either the old file or the whole new one, never a part.
+
+    The temp file lives in the destination directory: a rename across filesystems is a copy.
+    """
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would make published reports unreadable
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def dumps_json(obj: object) -> str:
+    """Deterministic serialization; unknown types fail loudly (no default=str)."""
+    return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def write_json_atomic(path: Path | str, obj: object) -> None:
+    write_bytes_atomic(path, dumps_json(obj).encode("utf-8"))

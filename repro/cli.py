@@ -1,0 +1,140 @@
+"""Command-line parsing and validation for `python -m repro.verify_kv_reuse`; exit codes.
+
+Exit codes: 0 completed and acceptance matched (or, without a suite, every arm PASS);
+1 completed but acceptance not matched, or a FAIL/INCONCLUSIVE outside it; 2 bad usage or
+input; 3 engine or runtime error (an error is never summarized as PASS); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from repro.errors import EXIT_USAGE, UsageError
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2, no usage dump
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m repro.verify_kv_reuse",
+                description="Run one configuration with caching off and with KV reuse on, in separate "
+                            "processes, and compare greedy token IDs exactly.")
+    p.add_argument("--model", required=True, help="hub name or local directory")
+    p.add_argument("--model-revision", default=None)
+    p.add_argument("--kv-connector", default=None, help="connector class name (in-tree, or with --kv-connector-module-path)")
+    p.add_argument("--kv-connector-module-path", default=None, help="module to load the connector class from")
+    p.add_argument("--kv-connector-extra-config", default=None, help="JSON object passed as kv_connector_extra_config")
+    p.add_argument("--lmcache-config", default=None, help="LMCache YAML, given to the child as LMCACHE_CONFIG_FILE")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.45)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--suite", choices=["acceptance"], default=None)
+    p.add_argument("--compare-native", action="store_true", help="also run vLLM native prefix caching as an arm")
+    p.add_argument("--fixture", required=True)
+    p.add_argument("--report", default="reports/run.json")
+    p.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
+    p.add_argument("--reuses", type=int, default=None, help="reuses per probe (default: the probe's own, else 3)")
+    p.add_argument("--logprobs", type=int, default=2, help="top-k logprobs recorded per generated token (>= 2)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds one arm may run")
+    p.add_argument("--python", default=sys.executable, help=argparse.SUPPRESS)
+    return p
+
+
+@dataclass(frozen=True)
+class Options:
+    args: argparse.Namespace
+    extra_config: dict
+    model_is_local: bool
+
+
+def _check_report_path(path: Path) -> None:
+    if path.exists() and path.is_dir():
+        raise UsageError(f"--report {path}: is a directory")
+    parent = path.parent if str(path.parent) else Path(".")
+    probe = parent
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"--report {path}: directory {probe} is not writable")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"--report {path}: file is not writable")
+
+
+def _check_lmcache_yaml(path: str) -> None:
+    import yaml  # pure Python; installed with vLLM
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--lmcache-config {path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise UsageError(f"--lmcache-config {path}: invalid YAML ({str(exc).splitlines()[0][:160]})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"--lmcache-config {path}: must be a mapping of LMCache settings")
+    chunk = data.get("chunk_size", 256)
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk <= 0:
+        raise UsageError(f"--lmcache-config {path}: chunk_size must be a positive integer")
+
+
+def validate(args: argparse.Namespace) -> Options:
+    """Every check that needs no engine; each failure is one line and exit 2."""
+    if args.kv_connector_module_path and not args.kv_connector:
+        raise UsageError("--kv-connector-module-path needs --kv-connector (the class name in that module)")
+    if args.kv_connector_extra_config and not args.kv_connector:
+        raise UsageError("--kv-connector-extra-config needs --kv-connector")
+    if args.lmcache_config and not (args.kv_connector and "lmcache" in args.kv_connector.lower()):
+        raise UsageError("--lmcache-config needs an LMCache connector (e.g. --kv-connector LMCacheConnectorV1)")
+    if args.kv_connector == "LMCacheConnectorV1" and args.kv_connector_module_path:
+        raise UsageError("LMCacheConnectorV1 is in-tree: drop --kv-connector-module-path (or use LMCacheConnectorV1Dynamic)")
+    for flag, value, lo in (("--max-tokens", args.max_tokens, 1), ("--block-size", args.block_size, 1),
+                            ("--max-model-len", args.max_model_len, 2), ("--logprobs", args.logprobs, 2)):
+        if value < lo:
+            raise UsageError(f"{flag} must be at least {lo}")
+    if args.reuses is not None and not 1 <= args.reuses <= 64:
+        raise UsageError("--reuses must be from 1 to 64 (a probe with no reuse proves nothing)")
+    if not 0.0 < args.gpu_memory_utilization <= 1.0:
+        raise UsageError("--gpu-memory-utilization must be in (0, 1]")
+    if args.timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    extra = {}
+    if args.kv_connector_extra_config:
+        try:
+            extra = json.loads(args.kv_connector_extra_config)
+        except ValueError as exc:
+            raise UsageError(f"--kv-connector-extra-config: not valid JSON ({exc})") from None
+        if not isinstance(extra, dict):
+            raise UsageError("--kv-connector-extra-config must be a JSON object")
+    if args.lmcache_config:
+        _check_lmcache_yaml(args.lmcache_config)
+    model_path = Path(args.model)
+    local = model_path.exists()
+    if local and not (model_path / "config.json").is_file():
+        raise UsageError(f"--model {args.model}: directory has no config.json")
+    if not local and (args.model.startswith((".", "/", "~")) or not _HUB_ID.match(args.model)):
+        raise UsageError(f"--model {args.model}: no such local model directory")
+    _check_report_path(Path(args.report))
+    return Options(args=args, extra_config=extra, model_is_local=local)
+
+
+def parse_args(argv: list[str]) -> Options:
+    return validate(build_parser().parse_args(argv))
+
+
+def fail_usage(exc: UsageError) -> int:
+    print(f"error: {exc}", file=sys.stderr)
+    return EXIT_USAGE

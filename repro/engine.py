@@ -1,0 +1,212 @@
+"""Child side: run one arm (one engine, every probe) and write one JSON result.
+
+This is the only kit module, with repro/connectors/, that imports vllm, torch or lmcache. The
+parent (repro.runner) starts it as `python -m repro.engine JOB.json`; the child writes the result
+file named in the job and exits. Everything it prints goes to the arm log the parent captured at
+the file-descriptor level.
+"""
+
+from __future__ import annotations
+
+import time
+
+_T_PROCESS = time.monotonic()  # before any heavy import: engine start counts from here
+
+import json
+import os
+import platform
+import sys
+import traceback
+
+from repro.atomic import write_json_atomic
+
+RESULT_KIND = "kvkit-arm-result"
+RESULT_SCHEMA_VERSION = 1
+
+
+def _version(name: str) -> str:
+    from importlib import metadata
+
+    for dist in (name, f"{name}-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unavailable: not installed"
+
+
+def build_chat_prompt(tokenizer, spec: dict) -> tuple[list[int], list[dict]]:
+    """Token IDs of exactly spec['length'] tokens: chat template around a truncated filler.
+
+    The last message's content is the filler; it is cut at token level so the templated prompt
+    has the exact length the probe asks for, with whatever tokenizer the model ships.
+    """
+    marker = "\u2063KVKIT_FILLER\u2063"
+    messages = [dict(m) for m in spec["messages"]]
+    messages[-1]["content"] = messages[-1]["content"] + marker
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if text.count(marker) != 1:
+        raise ValueError("chat template does not render the filler exactly once")
+    pre_text, post_text = text.split(marker)
+    pre = tokenizer.encode(pre_text, add_special_tokens=False)
+    post = tokenizer.encode(post_text, add_special_tokens=False)
+    budget = int(spec["length"]) - len(pre) - len(post)
+    if budget < 0:
+        raise ValueError(f"chat probe length {spec['length']} is shorter than its template ({len(pre) + len(post)})")
+    repeat = 1
+    filler = tokenizer.encode(spec["filler"], add_special_tokens=False)
+    while len(filler) < budget:
+        repeat *= 2
+        filler = tokenizer.encode(" ".join([spec["filler"]] * repeat), add_special_tokens=False)
+    ids = pre + filler[:budget] + post
+    final = [dict(m) for m in spec["messages"]]
+    final[-1]["content"] = final[-1]["content"] + tokenizer.decode(filler[:budget])
+    return ids, final
+
+
+def _top_logprobs(step) -> list[list]:
+    """[[token_id, logprob], ...] best first, for one generated position."""
+    if step is None:
+        return []
+    items = sorted(((int(t), float(lp.logprob)) for t, lp in step.items()), key=lambda x: (-x[1], x[0]))
+    return [[t, lp] for t, lp in items]
+
+
+def _effective_config(llm) -> dict:
+    cfg = llm.llm_engine.vllm_config
+    ktc = cfg.kv_transfer_config
+    return {
+        "model": cfg.model_config.model,
+        "revision": cfg.model_config.revision,
+        "tokenizer": cfg.model_config.tokenizer,
+        "dtype": str(cfg.model_config.dtype).replace("torch.", ""),
+        "max_model_len": cfg.model_config.max_model_len,
+        "seed": cfg.model_config.seed,
+        "enforce_eager": cfg.model_config.enforce_eager,
+        "block_size": cfg.cache_config.block_size,
+        "enable_prefix_caching": bool(cfg.cache_config.enable_prefix_caching),
+        "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
+        "max_num_seqs": cfg.scheduler_config.max_num_seqs,
+        "kv_transfer_config": None if ktc is None else {
+            "kv_connector": ktc.kv_connector,
+            "kv_role": ktc.kv_role,
+            "kv_connector_module_path": ktc.kv_connector_module_path,
+            "kv_connector_extra_config": json.loads(json.dumps(ktc.kv_connector_extra_config, default=str)),
+        },
+        "device_type": str(cfg.device_config.device_type) if getattr(cfg, "device_config", None) else "unavailable",
+    }
+
+
+def _collect_versions() -> dict:
+    import torch
+
+    out = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "vllm": _version("vllm"),
+        "lmcache": _version("lmcache"),
+        "transformers": _version("transformers"),
+        "cuda_available": bool(torch.cuda.is_available()),
+        "torch_cuda": torch.version.cuda or "none",
+    }
+    if torch.cuda.is_available():
+        out["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return out
+
+
+def _engine_kwargs(job: dict) -> dict:
+    e, arm = job["engine"], job["arm"]
+    kwargs = dict(
+        model=e["model"], tokenizer=e["model"], revision=e.get("revision"), dtype=e["dtype"], seed=e["seed"],
+        enforce_eager=True, gpu_memory_utilization=e["gpu_memory_utilization"],
+        max_model_len=e["max_model_len"], block_size=e["block_size"],
+        # The whole prompt is prefilled in one step: connectors such as ExampleConnector store
+        # only on a request's first scheduling step.
+        max_num_batched_tokens=max(e["max_model_len"], 2048), max_num_seqs=1,
+        enable_prefix_caching=arm["mode"] == "native", disable_log_stats=False,
+    )
+    conn = arm.get("connector")
+    if conn:
+        from vllm.config import KVTransferConfig
+
+        ktc = dict(kv_connector=conn["name"], kv_role="kv_both",
+                   kv_connector_extra_config=dict(conn.get("extra_config") or {}))
+        if conn.get("module_path"):
+            ktc["kv_connector_module_path"] = conn["module_path"]
+        kwargs["kv_transfer_config"] = KVTransferConfig(**ktc)
+    return kwargs
+
+
+def run_job(job: dict, keep: list) -> dict:
+    """Run every probe of the arm in one engine; the engine is parked in `keep` so that it is not
+    torn down before the result is written (the parent reaps its processes)."""
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    result: dict = {"kind": RESULT_KIND, "schema_version": RESULT_SCHEMA_VERSION, "arm": job["arm"]["name"],
+                    "pid": os.getpid(), "versions": _collect_versions(), "probes": [], "error": None}
+    t0 = time.monotonic()
+    llm = LLM(**_engine_kwargs(job))
+    keep.append(llm)
+    ready = time.monotonic()
+    # from process start to a ready engine: interpreter, imports and engine construction
+    result["engine_start_s"] = round(ready - _T_PROCESS, 3)
+    result["import_s"] = round(t0 - _T_PROCESS, 3)
+    result["effective_config"] = _effective_config(llm)
+    tokenizer = llm.get_tokenizer()
+    sp = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True,
+                        logprobs=job["logprobs"], seed=job["engine"]["seed"])
+    t_gen = time.monotonic()
+    for probe in job["probes"]:
+        if "token_ids" in probe["prompt"]:
+            ids, messages = list(probe["prompt"]["token_ids"]), None
+        else:
+            ids, messages = build_chat_prompt(tokenizer, probe["prompt"]["chat"])
+        if job["arm"]["mode"] == "native":
+            llm.reset_prefix_cache()  # belt and braces: probes are also isolated by content
+        requests = []
+        for i in range(probe["requests"]):
+            out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0]
+            comp = out.outputs[0]
+            cached = getattr(out, "num_cached_tokens", None)
+            requests.append({
+                "role": "cold" if i == 0 else "reuse",
+                "cached_tokens": None if cached is None else int(cached),
+                "token_ids": [int(t) for t in comp.token_ids],
+                "logprobs": [_top_logprobs(s) for s in (comp.logprobs or [])],
+                "finish_reason": comp.finish_reason,
+                "kv_transfer_params": json.loads(json.dumps(out.kv_transfer_params, default=str))
+                if out.kv_transfer_params else None,
+                "text": comp.text,
+            })
+        result["probes"].append({"name": probe["name"], "prompt_token_ids": ids, "messages": messages,
+                                 "requests": requests})
+    result["generation_s"] = round(time.monotonic() - t_gen, 3)
+    return result
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m repro.engine JOB.json", file=sys.stderr)
+        return 2
+    with open(argv[0], encoding="utf-8") as fh:
+        job = json.load(fh)
+    print(f"kvkit-engine: arm={job['arm']['name']} pid={os.getpid()} PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED')}", flush=True)
+    keep: list = []
+    try:
+        result = run_job(job, keep)
+        code = 0
+    except BaseException as exc:  # the parent turns this into a named ERROR with the log tail
+        traceback.print_exc()
+        result = {"kind": RESULT_KIND, "schema_version": RESULT_SCHEMA_VERSION, "arm": job["arm"]["name"],
+                  "probes": [], "error": {"type": type(exc).__name__, "message": str(exc)[:2000]}}
+        code = 3
+    write_json_atomic(job["output"], result)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # No graceful engine shutdown: the result is on disk, and the parent kills the whole process
+    # group (engine core and workers included) as soon as this process is gone.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

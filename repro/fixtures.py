@@ -1,0 +1,199 @@
+"""Loading and validating fixtures: the probes, their tokenizer identity and expected verdicts.
+
+Fixture schema (kind "kvkit-fixture"):
+  schema_version 1: first version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from repro.errors import UsageError
+
+FIXTURE_KIND = "kvkit-fixture"
+FIXTURE_SCHEMA_VERSION = 1
+VERDICT_NAMES = ("PASS", "FAIL", "INCONCLUSIVE", "ERROR")
+_MAX_REUSES = 64
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One prompt: submitted either as token IDs, or as chat messages plus an exact length."""
+
+    name: str
+    token_ids: tuple[int, ...] | None = None
+    chat: dict | None = None  # {"messages": [...], "length": N, "filler": str}
+    reuses: int | None = None  # None: the run's default
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids) if self.token_ids is not None else int(self.chat["length"])
+
+    def prompt_spec(self) -> dict:
+        return {"token_ids": list(self.token_ids)} if self.token_ids is not None else {"chat": self.chat}
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """A connector arm a fixture asks for when the command line names none."""
+
+    name: str
+    connector: str
+    module_path: str | None = None
+    extra_config: dict = field(default_factory=dict)
+    skip_probes: dict = field(default_factory=dict)  # probe name -> why this arm cannot run it
+
+
+@dataclass(frozen=True)
+class Fixture:
+    name: str
+    path: str
+    sha256: str
+    tokenizer: dict
+    probes: tuple[Probe, ...]
+    arms: tuple[ArmSpec, ...]
+    expected: dict  # arm name -> {probe name -> verdict}
+    raw: dict
+
+
+def _fail(path: str | Path, msg: str) -> UsageError:
+    return UsageError(f"fixture {path}: {msg}")
+
+
+def _require(obj: dict, key: str, types, where: str, path) -> object:
+    if not isinstance(obj, dict) or key not in obj:
+        raise _fail(path, f"{where}: missing field {key!r}")
+    value = obj[key]
+    if not isinstance(value, types) or (isinstance(value, bool) and types is int):
+        raise _fail(path, f"{where}.{key}: wrong type {type(value).__name__}")
+    return value
+
+
+def _parse_chat(chat: object, where: str, path) -> dict:
+    if not isinstance(chat, dict):
+        raise _fail(path, f"{where}.chat: must be an object")
+    messages = _require(chat, "messages", list, f"{where}.chat", path)
+    if not messages:
+        raise _fail(path, f"{where}.chat.messages: empty")
+    for i, m in enumerate(messages):
+        role = _require(m, "role", str, f"{where}.chat.messages[{i}]", path)
+        _require(m, "content", str, f"{where}.chat.messages[{i}]", path)
+        if role not in ("system", "user", "assistant"):
+            raise _fail(path, f"{where}.chat.messages[{i}].role: unknown role {role!r}")
+    length = _require(chat, "length", int, f"{where}.chat", path)
+    if length < 2:
+        raise _fail(path, f"{where}.chat.length: must be at least 2")
+    filler = _require(chat, "filler", str, f"{where}.chat", path)
+    if not filler.strip():
+        raise _fail(path, f"{where}.chat.filler: empty")
+    return {"messages": [{"role": m["role"], "content": m["content"]} for m in messages],
+            "length": length, "filler": filler}
+
+
+def parse_probe(obj: object, where: str, path) -> Probe:
+    if not isinstance(obj, dict):
+        raise _fail(path, f"{where}: must be an object")
+    name = _require(obj, "name", str, where, path)
+    if not name or len(name) > 64 or not all(c.isalnum() or c in "-_." for c in name):
+        raise _fail(path, f"{where}.name: {name!r} must be 1-64 letters, digits, '-', '_' or '.'")
+    prompt = _require(obj, "prompt", dict, where, path)
+    reuses = obj.get("reuses")
+    if reuses is not None and (not isinstance(reuses, int) or isinstance(reuses, bool) or not 1 <= reuses <= _MAX_REUSES):
+        raise _fail(path, f"{where}.reuses: must be an integer from 1 to {_MAX_REUSES}")
+    if ("token_ids" in prompt) == ("chat" in prompt):
+        raise _fail(path, f"{where}.prompt: give exactly one of token_ids or chat")
+    if "token_ids" in prompt:
+        ids = prompt["token_ids"]
+        if not isinstance(ids, list) or len(ids) < 2:
+            raise _fail(path, f"{where}.prompt.token_ids: must be a list of at least 2 token IDs")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+            raise _fail(path, f"{where}.prompt.token_ids: every ID must be a non-negative integer")
+        return Probe(name=name, token_ids=tuple(ids), reuses=reuses)
+    return Probe(name=name, chat=_parse_chat(prompt["chat"], f"{where}.prompt", path), reuses=reuses)
+
+
+def _parse_arm(obj: object, where: str, path) -> ArmSpec:
+    name = _require(obj, "name", str, where, path)
+    if name in ("baseline", "native") or not name:
+        raise _fail(path, f"{where}.name: {name!r} is reserved")
+    connector = _require(obj, "connector", str, where, path)
+    module_path = obj.get("module_path")
+    if module_path is not None and not isinstance(module_path, str):
+        raise _fail(path, f"{where}.module_path: wrong type")
+    extra = obj.get("extra_config", {})
+    skip = obj.get("skip_probes", {})
+    if not isinstance(extra, dict) or not isinstance(skip, dict) or not all(isinstance(v, str) for v in skip.values()):
+        raise _fail(path, f"{where}: extra_config and skip_probes must be objects (skip reasons are strings)")
+    return ArmSpec(name=name, connector=connector, module_path=module_path, extra_config=extra, skip_probes=skip)
+
+
+def parse_fixture(data: object, path: str | Path, digest: str) -> Fixture:
+    if not isinstance(data, dict):
+        raise _fail(path, "top level must be an object")
+    kind = data.get("kind")
+    if kind != FIXTURE_KIND:
+        raise _fail(path, f"kind is {kind!r}, expected {FIXTURE_KIND!r}")
+    version = data.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise _fail(path, "schema_version missing or not an integer")
+    if version > FIXTURE_SCHEMA_VERSION:
+        raise _fail(path, f"schema_version {version} is newer than this kit understands ({FIXTURE_SCHEMA_VERSION}): upgrade the kit")
+    if version < FIXTURE_SCHEMA_VERSION:
+        raise _fail(path, f"schema_version {version} is old: migrate it with `python -m repro migrate`")
+    name = _require(data, "name", str, "fixture", path)
+    tokenizer = _require(data, "tokenizer", dict, "fixture", path)
+    _require(tokenizer, "name", str, "fixture.tokenizer", path)
+    probes_raw = _require(data, "probes", list, "fixture", path)
+    probes = tuple(parse_probe(p, f"probes[{i}]", path) for i, p in enumerate(probes_raw))
+    arms = tuple(_parse_arm(a, f"arms[{i}]", path) for i, a in enumerate(data.get("arms", [])))
+    expected = data.get("expected", {})
+    if not isinstance(expected, dict):
+        raise _fail(path, "expected: must be an object of arm -> {probe: verdict}")
+    for arm, table in expected.items():
+        if not isinstance(table, dict):
+            raise _fail(path, f"expected.{arm}: must be an object of probe -> verdict")
+        for probe, verdict in table.items():
+            if verdict not in VERDICT_NAMES:
+                raise _fail(path, f"expected.{arm}.{probe}: {verdict!r} is not one of {', '.join(VERDICT_NAMES)}")
+    fixture = Fixture(name=name, path=str(path), sha256=digest, tokenizer=tokenizer, probes=probes,
+                      arms=arms, expected=expected, raw=data)
+    check_unique([p.name for p in probes], path, "probe")
+    check_unique([a.name for a in arms], path, "arm")
+    return fixture
+
+
+def check_unique(names: list[str], path, what: str) -> None:
+    seen = set()
+    for n in names:
+        if n in seen:
+            raise _fail(path, f"duplicate {what} name {n!r}")
+        seen.add(n)
+
+
+def load_fixture(path: str | Path) -> Fixture:
+    """Read and validate a fixture file; every problem is a one-line UsageError."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"fixture {path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _fail(path, f"not valid JSON ({str(exc).splitlines()[0][:200]})") from None
+    return parse_fixture(data, path, hashlib.sha256(raw).hexdigest())
+
+
+def check_probes_fit(probes: list[Probe], *, vocab_size: int | None, max_model_len: int, max_tokens: int, where: str) -> None:
+    """Reject prompts the engine could not take: out-of-vocabulary IDs, or too long for the window."""
+    limit = max_model_len - max_tokens
+    for p in probes:
+        if p.length > limit:
+            raise UsageError(f"{where}: probe {p.name!r} has {p.length} prompt tokens, over max_model_len - max_tokens = {limit}")
+        if vocab_size is not None and p.token_ids is not None:
+            bad = [t for t in p.token_ids if t >= vocab_size]
+            if bad:
+                raise UsageError(f"{where}: probe {p.name!r} has token ID {bad[0]} outside the vocabulary (size {vocab_size})")

@@ -1,0 +1,166 @@
+"""Provenance: where, when and with what a report was made. Probes never crash; a failing one
+records "unavailable: <reason>". Environment values come from an allow-list, secrets redacted."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import os
+import platform
+import re
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+KIT_ROOT = Path(__file__).resolve().parent.parent
+_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASS", re.IGNORECASE)
+ENV_ALLOW_PREFIXES = ("VLLM_", "LMCACHE_", "CUDA_", "NCCL_", "HF_", "TRANSFORMERS_", "PYTORCH_", "OMP_", "MKL_", "KVKIT_")
+ENV_ALLOW_NAMES = ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "DO_NOT_TRACK", "NVIDIA_VISIBLE_DEVICES", "LD_PRELOAD")
+REDACTED = "<redacted>"
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def is_secret_name(name: str) -> bool:
+    return bool(_SECRET_NAME.search(name))
+
+
+def allowed_env(env: dict[str, str]) -> dict[str, str]:
+    out = {}
+    for name, value in sorted(env.items()):
+        if name.startswith(ENV_ALLOW_PREFIXES) or name in ENV_ALLOW_NAMES:
+            out[name] = REDACTED if is_secret_name(name) else value
+    return out
+
+
+def redact_text(text: str, env: dict[str, str]) -> str:
+    """Blank every value of a secret-looking variable wherever it appears in text."""
+    for name, value in env.items():
+        if is_secret_name(name) and value and len(value) >= 4:
+            text = text.replace(value, REDACTED)
+    return text
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> str:
+    try:
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=15, check=True)
+        return out.stdout.strip()
+    except FileNotFoundError:
+        return f"unavailable: {cmd[0]} not found"
+    except subprocess.CalledProcessError as exc:
+        return f"unavailable: {cmd[0]} exited {exc.returncode}"
+    except subprocess.TimeoutExpired:
+        return f"unavailable: {cmd[0]} timed out"
+
+
+def kit_commit() -> dict:
+    commit = _run(["git", "rev-parse", "HEAD"], KIT_ROOT)
+    if commit.startswith("unavailable"):
+        stamp = KIT_ROOT / "COMMIT"  # a packed kit carries the commit it was built from
+        if stamp.is_file():
+            return {"commit": stamp.read_text().strip(), "dirty": False, "source": "COMMIT file"}
+        return {"commit": commit, "dirty": None, "source": "none"}
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], KIT_ROOT)
+    dirty = None if status.startswith("unavailable") else bool(status)
+    return {"commit": commit, "dirty": dirty, "source": "git"}
+
+
+def package_version(name: str) -> str:
+    for dist in (name, f"{name}-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unavailable: not installed"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError as exc:
+        return f"unavailable: {exc.strerror}"
+    return platform.processor() or "unavailable: unknown"
+
+
+def _memory_gib() -> float | str:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 1024 / 1024, 1)
+    except OSError as exc:
+        return f"unavailable: {exc.strerror}"
+    return "unavailable: no MemTotal"
+
+
+def gpu_info() -> dict:
+    out = _run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
+    if out.startswith("unavailable"):
+        return {"gpus": [], "driver": out}
+    gpus, driver = [], "unavailable: none listed"
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 2:
+            gpus.append(parts[0])
+            driver = parts[1]
+    cuda = _run(["nvidia-smi"])
+    m = re.search(r"CUDA Version:\s*([\d.]+)", cuda)
+    return {"gpus": gpus, "driver": driver, "cuda_driver_api": m.group(1) if m else "unavailable: not reported"}
+
+
+def hardware() -> dict:
+    gpu = gpu_info()
+    return {"machine": platform.machine(), "cpu": _cpu_model(), "cpu_count": os.cpu_count(),
+            "memory_gib": _memory_gib(), **gpu}
+
+
+def hardware_label(hw: dict) -> str:
+    if hw.get("gpus"):
+        names = hw["gpus"]
+        label = names[0] if len(set(names)) == 1 else "+".join(names)
+        return f"{len(names)}× {label}" if len(names) > 1 else label
+    return f"CPU {hw.get('cpu', 'unknown')}"
+
+
+def sha256_file(path: str | Path) -> str:
+    try:
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        return h.hexdigest()
+    except OSError as exc:
+        return f"unavailable: {exc.strerror or exc}"
+
+
+def model_digest(model: str) -> str:
+    """SHA-256 over a local model directory's files; a hub name is recorded as such."""
+    path = Path(model)
+    if not path.is_dir():
+        return f"unavailable: {model} is not a local directory (hub model; pin --model-revision)"
+    from repro.tinymodel import digest_dir
+
+    try:
+        return digest_dir(path)
+    except OSError as exc:
+        return f"unavailable: {exc.strerror or exc}"
+
+
+def collect_provenance(*, argv: list[str], env: dict[str, str], started: str, fixture_path: str,
+                       fixture_sha256: str, model: str, lmcache_config: str | None) -> dict:
+    return {
+        "kit": kit_commit(),
+        "argv": [redact_text(a, env) for a in argv],
+        "started_utc": started,
+        "hardware": hardware(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "packages": {n: package_version(n) for n in ("torch", "vllm", "lmcache", "transformers")},
+        "fixture": {"path": fixture_path, "sha256": fixture_sha256},
+        "model": {"name": model, "sha256": model_digest(model)},
+        "lmcache_config": None if lmcache_config is None else {"path": lmcache_config, "sha256": sha256_file(lmcache_config)},
+        "env": allowed_env(env),
+    }

@@ -1,0 +1,140 @@
+"""The report: assembling the versioned JSON, acceptance, exit codes and the text summary.
+
+Report schema (kind "kvkit-report"):
+  schema_version 1: first version.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from repro import __version__
+from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME, UsageError
+from repro.verdict import ERROR, PASS
+
+REPORT_KIND = "kvkit-report"
+REPORT_SCHEMA_VERSION = 1
+CLAIM_LINE = "claim_eligible=false; no performance claim"
+
+
+def generations(arms: list[dict]) -> int:
+    return sum(len(p["requests"]) for a in arms for p in a.get("probes", []))
+
+
+def check_acceptance(arms: list[dict], expected: dict, suite: str | None) -> dict:
+    """Observed verdicts against the fixture's expected ones; matched only if all were checked."""
+    if suite != "acceptance":
+        return {"suite": suite, "matched": None, "checked": [], "unchecked_arms": [],
+                "note": "no acceptance suite was run"}
+    checked, unchecked = [], []
+    by_name = {a["name"]: a for a in arms}
+    for arm in arms:
+        if arm["mode"] != "baseline" and arm["name"] not in expected:
+            unchecked.append(arm["name"])
+    for arm_name, table in sorted(expected.items()):
+        arm = by_name.get(arm_name)
+        probes = {p["name"]: p for p in (arm or {}).get("probes", [])}
+        for probe_name, want in sorted(table.items()):
+            got = probes[probe_name]["verdict"] if probe_name in probes else (arm["verdict"] if arm and arm["verdict"] == ERROR else None)
+            checked.append({"arm": arm_name, "probe": probe_name, "expected": want, "observed": got, "ok": got == want})
+    matched = bool(checked) and all(c["ok"] for c in checked) and not unchecked
+    return {"suite": suite, "matched": matched, "checked": checked, "unchecked_arms": unchecked}
+
+
+def exit_code(report: dict) -> int:
+    """0 all good; 1 completed but acceptance not matched (or a non-PASS verdict outside it); 3 error."""
+    if not report.get("complete", False) or report["errors"] or any(a["verdict"] == ERROR for a in report["arms"]):
+        return EXIT_RUNTIME
+    acc = report["acceptance"]
+    if acc["matched"] is None:
+        return EXIT_OK if all(a["verdict"] == PASS for a in report["arms"]) else EXIT_MISMATCH
+    if not acc["matched"]:
+        return EXIT_MISMATCH
+    unchecked = set(acc.get("unchecked_arms", []))
+    return EXIT_MISMATCH if any(a["verdict"] != PASS for a in report["arms"] if a["name"] in unchecked) else EXIT_OK
+
+
+def cached_cell(probe: dict) -> str:
+    """'0→1280×3': the cold request's cached count, then the reuses' (collapsed when equal)."""
+    reqs = probe.get("requests") or []
+    if not reqs:
+        return "—"
+    fmt = lambda c: "?" if c is None else str(c)  # noqa: E731 - absent is shown, never read as 0
+    cold, reuses = fmt(reqs[0].get("cached_tokens")), [fmt(r.get("cached_tokens")) for r in reqs[1:]]
+    if not reuses:
+        return cold
+    if len(set(reuses)) == 1:
+        return f"{cold}→{reuses[0]}" + (f"×{len(reuses)}" if len(reuses) > 1 else "")
+    return f"{cold}→{','.join(reuses)}"
+
+
+def diff_cell(probe: dict) -> str:
+    """'@4,15': the distinct first differing indices of the reuses, in order of appearance."""
+    seen: list[int] = []
+    for r in (probe.get("requests") or [])[1:]:
+        d = r.get("first_diff")
+        if d is not None and d not in seen:
+            seen.append(d)
+    return "@" + ",".join(str(d) for d in seen) if seen else ""
+
+
+def arm_title(arm: dict) -> str:
+    if arm["mode"] == "native":
+        return "native prefix caching"
+    return arm["name"] if arm["name"] == (arm.get("connector") or {}).get("name") else f"{arm['name']} ({(arm.get('connector') or {}).get('name')})"
+
+
+def format_summary(report: dict) -> str:
+    prov = report["provenance"]
+    kit = prov["kit"]
+    commit = str(kit.get("commit", "?"))[:12] + ("+dirty" if kit.get("dirty") else "")
+    lines = [f"{report['hardware_label']} · {commit} · {prov['started_utc'][:10]}"]
+    acc = report["acceptance"]["matched"]
+    acc_txt = "n/a (no acceptance suite)" if acc is None else str(acc).lower()
+    lines.append(f"# {report['generations']} generations · acceptance.matched = {acc_txt}")
+    for arm in report["arms"]:
+        if arm["mode"] == "baseline":
+            if arm["verdict"] != PASS:
+                lines.append(f"baseline: {arm['verdict']} — " + "; ".join(arm["reasons"])[:300])
+            continue
+        lines.append(f"{arm_title(arm)}: {arm['verdict']}")
+        if arm.get("error"):
+            lines.append(f"  ERROR {arm['error']['kind']}: {arm['error']['detail']}"[:400])
+        for p in arm["probes"]:
+            tokens = "" if p["prompt_tokens"] is None else str(p["prompt_tokens"])
+            lines.append(f"  {p['name']:<10} {tokens:>5}  {cached_cell(p):<12} {p['verdict']} {diff_cell(p)}".rstrip())
+        for note in arm.get("findings", []):
+            lines.append(f"  note: {note}")
+    for err in report["errors"]:
+        lines.append(f"ERROR {err['arm']}: {err['kind']}: {err['detail']}"[:400])
+    lines.append(CLAIM_LINE)
+    return "\n".join(lines)
+
+
+def load_report(path: str | Path) -> dict:
+    """Strict loading: the kind and version must be ones this kit writes."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"report {path}: cannot read ({exc.strerror or exc})") from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise UsageError(f"report {path}: not valid JSON ({str(exc).splitlines()[0][:200]})") from None
+    if not isinstance(data, dict) or data.get("kind") != REPORT_KIND:
+        raise UsageError(f"report {path}: not a {REPORT_KIND} file")
+    version = data.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise UsageError(f"report {path}: schema_version missing or not an integer")
+    if version > REPORT_SCHEMA_VERSION:
+        raise UsageError(f"report {path}: schema_version {version} is newer than this kit ({REPORT_SCHEMA_VERSION}): upgrade the kit")
+    if version < REPORT_SCHEMA_VERSION:
+        raise UsageError(f"report {path}: schema_version {version} is old: migrate it with `python -m repro migrate`")
+    for key, typ in (("arms", list), ("provenance", dict), ("acceptance", dict), ("errors", list)):
+        if not isinstance(data.get(key), typ):
+            raise UsageError(f"report {path}: field {key!r} missing or of the wrong type")
+    return data
+
+
+def tool_version() -> str:
+    return __version__

@@ -1,0 +1,112 @@
+"""End to end on the real vLLM CPU engine: the self-test's four arms and the report contract."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import ROOT, have_vllm, run_cli
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
+
+REQUIRED_TOP = {"kind", "schema_version", "tool_version", "claim_eligible", "generations", "acceptance", "arms",
+                "warnings", "errors", "provenance"}
+
+
+@pytest.fixture(scope="module")
+def selftest(tiny_model, tmp_path_factory):
+    report = tmp_path_factory.mktemp("selftest") / "selftest.json"
+    proc = run_cli(["--model", tiny_model, "--dtype", "float32", "--gpu-memory-utilization", "0.1", "--device", "cpu",
+                    "--suite", "acceptance", "--compare-native", "--fixture", "fixtures/selftest-cpu.json",
+                    "--report", str(report)])
+    return proc, report
+
+
+def test_selftest_exit_code_and_summary(selftest):
+    proc, _ = selftest
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert " · " in lines[0]
+    assert lines[1].startswith("# ") and "generations · acceptance.matched = true" in lines[1]
+    assert lines[-1] == "claim_eligible=false; no performance claim"
+    assert any(l.split()[:4] == ["fixture", "1502", "0→1488×3", "FAIL"] for l in lines)
+
+
+def test_four_arms_verdicts(selftest):
+    _, report = selftest
+    data = json.loads(report.read_text())
+    verdicts = {a["name"]: a["verdict"] for a in data["arms"]}
+    assert verdicts == {"baseline": "PASS", "ExampleConnector": "PASS", "PlantedFault": "FAIL", "native": "PASS"}
+    assert data["acceptance"]["matched"] is True
+    planted = next(a for a in data["arms"] if a["name"] == "PlantedFault")
+    for probe in planted["probes"]:
+        assert probe["verdict"] == "FAIL"
+        cold, *reuses = probe["requests"]
+        assert cold["cached_tokens"] == 0 and cold["first_diff"] is None
+        for r in reuses:
+            assert r["cached_tokens"] > 0
+            assert isinstance(r["first_diff"], int)
+            assert r["margin"]["index"] == r["first_diff"]
+            assert r["kv_transfer_params"]["planted_fault"]["loaded_tokens"] == r["cached_tokens"]
+    native = next(a for a in data["arms"] if a["name"] == "native")
+    cached = {p["name"]: [r["cached_tokens"] for r in p["requests"]] for p in native["probes"]}
+    assert cached == {"fixture": [0, 1488, 1488, 1488], "chat-511": [0, 496], "chat-512": [0, 496], "chat-513": [0, 512]}
+    example = next(a for a in data["arms"] if a["name"] == "ExampleConnector")
+    skipped = [p for p in example["probes"] if p["verdict"] == "SKIPPED"]
+    assert [p["name"] for p in skipped] == ["chat-513"] and skipped[0]["skipped"]
+
+
+def test_report_contract(selftest):
+    _, report = selftest
+    raw = report.read_text()
+    data = json.loads(raw)
+    assert REQUIRED_TOP <= set(data)
+    assert data["kind"] == "kvkit-report" and data["schema_version"] == 1 and data["claim_eligible"] is False
+    assert raw == json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    assert data["generations"] == sum(len(p["requests"]) for a in data["arms"] for p in a["probes"])
+    for arm in data["arms"]:
+        assert {"name", "mode", "connector", "verdict", "reasons", "effective_config", "probes"} <= set(arm)
+        cfg = arm["effective_config"]
+        assert cfg["block_size"] == 16 and cfg["enforce_eager"] is True and cfg["dtype"] == "float32"
+        assert cfg["enable_prefix_caching"] is (arm["mode"] == "native")
+        assert (report.parent / arm["log"]).is_file()
+        for p in arm["probes"]:
+            if p["verdict"] == "SKIPPED":
+                continue
+            assert {"name", "prompt_tokens", "submitted_token_ids", "requests", "verdict", "reasons"} <= set(p)
+            assert len(p["submitted_token_ids"]) == p["prompt_tokens"]
+            for r in p["requests"]:
+                assert r["role"] in ("cold", "reuse")
+                assert r["cached_tokens"] is None or isinstance(r["cached_tokens"], int)
+                assert len(r["token_ids"]) == 16
+                assert all(len(step) >= 2 for step in r["logprobs"])
+                assert "first_diff" in r
+    prov = data["provenance"]
+    for key in ("kit", "started_utc", "ended_utc", "hardware", "python", "packages", "fixture", "model", "env",
+                "pythonhashseed"):
+        assert key in prov
+    assert prov["started_utc"].endswith("Z")
+    assert len(prov["fixture"]["sha256"]) == 64 and len(prov["model"]["sha256"]) == 64
+    assert prov["env"]["PYTHONHASHSEED"] == "0"
+    assert prov["engine_versions"]["vllm"].startswith("0.")
+    submitted = {p["name"]: p["submitted_token_ids"] for a in data["arms"] for p in a["probes"] if p["submitted_token_ids"]}
+    assert {n: len(ids) for n, ids in submitted.items()} == {"fixture": 1502, "chat-511": 511, "chat-512": 512, "chat-513": 513}
+
+
+def test_out_of_tree_faulty_connector_fails_without_kit_changes(tiny_model, tmp_path):
+    """Any faulty connector class, loaded by module path, is caught: here one written for the test."""
+    report = tmp_path / "custom.json"
+    proc = run_cli(["--model", tiny_model, "--dtype", "float32", "--gpu-memory-utilization", "0.1", "--device", "cpu",
+                    "--kv-connector", "NoisyReloadConnector", "--kv-connector-module-path", "noisy_connector",
+                    "--kv-connector-extra-config", json.dumps({"store_dir": str(tmp_path / "store")}),
+                    "--fixture", "fixtures/selftest-cpu.json", "--reuses", "2", "--report", str(report)],
+                   env={"PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'connectors'}"})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    data = json.loads(report.read_text())
+    arm = next(a for a in data["arms"] if a["name"] == "NoisyReloadConnector")
+    assert arm["verdict"] == "FAIL"
+    (probe,) = arm["probes"]
+    assert [r["cached_tokens"] for r in probe["requests"]] == [0, 1488, 1488]
+    assert all(isinstance(r["first_diff"], int) for r in probe["requests"][1:])
+    assert "FAIL @" in proc.stdout
