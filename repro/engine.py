@@ -19,20 +19,10 @@ import sys
 import traceback
 
 from repro.atomic import write_json_atomic
+from repro.provenance import package_version
 
 RESULT_KIND = "kvkit-arm-result"
 RESULT_SCHEMA_VERSION = 1
-
-
-def _version(name: str) -> str:
-    from importlib import metadata
-
-    for dist in (name, f"{name}-cpu"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return "unavailable: not installed"
 
 
 def build_chat_prompt(tokenizer, spec: dict) -> tuple[list[int], list[dict]]:
@@ -103,9 +93,9 @@ def _collect_versions() -> dict:
     out = {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "vllm": _version("vllm"),
-        "lmcache": _version("lmcache"),
-        "transformers": _version("transformers"),
+        "vllm": package_version("vllm"),
+        "lmcache": package_version("lmcache"),
+        "transformers": package_version("transformers"),
         "cuda_available": bool(torch.cuda.is_available()),
         "torch_cuda": torch.version.cuda or "none",
     }
