@@ -160,6 +160,7 @@ def run_job(job: dict, keep: list) -> dict:
             cached = getattr(out, "num_cached_tokens", None)
             requests.append({
                 "role": "cold" if i == 0 else "reuse",
+                "request_id": str(out.request_id),
                 "cached_tokens": None if cached is None else int(cached),
                 "token_ids": [int(t) for t in comp.token_ids],
                 "logprobs": [_top_logprobs(s) for s in (comp.logprobs or [])],

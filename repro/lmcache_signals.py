@@ -1,8 +1,118 @@
-"""LMCache's own signals in an arm log: hit counts, degraded mode, CUDA ops, double unpins."""
+"""LMCache's own signals in an arm log, cross-checked against vLLM's per-request counters.
+
+What LMCache says is evidence beside the verdict, not the verdict itself: vLLM's cached-token
+count decides hit or miss; LMCache's per-request count (`kv_transfer_params`), its "Retrieved N
+out of M" lines and its warnings are recorded, and every disagreement is reported. Two findings
+change the verdict: a start in degraded mode (LMCache caught its own start-up failure and
+silently recomputes) makes the arm ERROR, never PASS.
+"""
 
 from __future__ import annotations
 
+import re
+
+from repro.logscan import clean_line
+
+DEGRADED = re.compile(r"(Failed to initialize LMCacheManager components|Failed during post_init).*degraded mode")
+CUDA_OPS_MISSING = "lmcache.cuda_ops compiled extension not found"
+DOUBLE_UNPIN = re.compile(r"Pin count of MemoryObj \S*\s*is negative: (-?\d+)\.?\s*Double unpin occurred somewhere")
+RETRIEVED = re.compile(r"\[req_id=(?P<req>[^\]]+)\] Retrieved (?P<got>\d+) out of (?P<need>\d+) (?:required tokens \(from (?P<total>\d+) total tokens\)|out of total (?P<total2>\d+) tokens)")
+STORED = re.compile(r"\[req_id=(?P<req>[^\]]+)\] Stored (?P<stored>\d+) out of total (?P<total>\d+) tokens")
+LOOKUP = re.compile(r"Reqid: (?P<req>\S+), Total tokens (?P<total>\d+), Inference Engine computed tokens: (?P<computed>\d+), LMCache hit tokens: (?P<hit>\d+), (?:but )?need to load: (?P<load>\d+)")
+CONFIG = re.compile(r"LMCache Configuration: (?P<cfg>.*?)(?:\s+\([\w./-]+:\d+:[\w.]+\))?$")
+INITIALIZED = re.compile(r"LMCache initialized for role (?P<role>\S+) with version (?P<version>[^,]+)")
+MAX_CONFIG_CHARS = 4000
+
+
+def scan_log(text: str) -> dict:
+    """Everything LMCache said that the report needs, from one arm's log."""
+    out: dict = {"degraded": [], "cuda_ops": "unknown", "double_unpin_warnings": 0, "retrieves": [], "stores": [],
+                 "lookups": [], "config": None, "versions": []}
+    initialized = False
+    for raw in text.splitlines():
+        line = clean_line(raw)
+        if DEGRADED.search(line):
+            out["degraded"].append(line[:500])
+        if CUDA_OPS_MISSING in line:
+            out["cuda_ops"] = "not loaded: fell back to torch ops"
+        if DOUBLE_UNPIN.search(line):
+            out["double_unpin_warnings"] += 1
+        if m := RETRIEVED.search(line):
+            out["retrieves"].append({"req_id": m["req"], "retrieved": int(m["got"]), "required": int(m["need"]),
+                                     "total": int(m["total"] or m["total2"])})
+        if m := STORED.search(line):
+            out["stores"].append({"req_id": m["req"], "stored": int(m["stored"]), "total": int(m["total"])})
+        if m := LOOKUP.search(line):
+            out["lookups"].append({"req_id": m["req"], "total": int(m["total"]), "computed": int(m["computed"]),
+                                   "hit": int(m["hit"]), "need_to_load": int(m["load"])})
+        if (m := CONFIG.search(line)) and out["config"] is None:
+            out["config"] = m["cfg"][:MAX_CONFIG_CHARS]
+        if m := INITIALIZED.search(line):
+            initialized = True
+            if m["version"] not in out["versions"]:
+                out["versions"].append(m["version"].strip())
+    if out["cuda_ops"] == "unknown" and initialized and out["retrieves"]:
+        out["cuda_ops"] = "loaded: no fallback warning"
+    return out
+
+
+def _for_request(items: list[dict], request_id: str | None) -> list[dict]:
+    if request_id is None:
+        return []
+    return [i for i in items if i["req_id"] == request_id or i["req_id"].startswith(f"{request_id}-")]
+
+
+def cross_check(entry: dict, scan: dict) -> list[str]:
+    """Annotate each request with LMCache's view and list where it disagrees with vLLM's."""
+    findings = []
+    for probe in entry.get("probes", []):
+        for i, req in enumerate(probe.get("requests", [])):
+            ktp = req.get("kv_transfer_params") or {}
+            reported = ktp.get("num_lmcache_cached_tokens")
+            retrieves = _for_request(scan["retrieves"], req.get("request_id"))
+            lookups = _for_request(scan["lookups"], req.get("request_id"))
+            view = {"reported_hit_tokens": reported,
+                    "retrieved": sum(r["retrieved"] for r in retrieves) if retrieves else None,
+                    "required": sum(r["required"] for r in retrieves) if retrieves else None,
+                    "lookup_hit_tokens": lookups[-1]["hit"] if lookups else None}
+            req["lmcache"] = view
+            where = f"{probe['name']} {req['role']} {i}"
+            vllm_cached = req.get("cached_tokens")
+            if reported is None and req["role"] == "reuse":
+                findings.append(f"{where}: LMCache reported no per-request hit count")
+            if view["retrieved"] is not None and view["retrieved"] < view["required"]:
+                findings.append(f"{where}: LMCache retrieved {view['retrieved']} of {view['required']} required tokens")
+            if vllm_cached and view["retrieved"] is None and req["role"] == "reuse":
+                findings.append(f"{where}: vLLM counted {vllm_cached} cached tokens but no LMCache retrieve was logged")
+            if reported is not None and vllm_cached is not None and reported not in (vllm_cached, vllm_cached + 1):
+                findings.append(f"{where}: LMCache reports {reported} hit tokens, vLLM {vllm_cached} cached")
+    return findings
+
 
 def lmcache_findings(entry: dict, log_text: str) -> None:
-    """Annotate a judged LMCache arm entry in place (filled in by the GPU profile work)."""
-    entry.setdefault("lmcache", {})
+    """Annotate a judged LMCache arm entry in place; degraded mode turns the arm into an ERROR."""
+    scan = scan_log(log_text)
+    retrieves = len(scan["retrieves"])
+    entry["lmcache"] = {
+        "degraded_mode": bool(scan["degraded"]),
+        "degraded_messages": scan["degraded"][:3],
+        "cuda_ops": scan["cuda_ops"],
+        "double_unpin_warnings": scan["double_unpin_warnings"],
+        "retrieves": retrieves,
+        "double_unpin_per_retrieve": round(scan["double_unpin_warnings"] / retrieves, 3) if retrieves else None,
+        "stores": len(scan["stores"]),
+        "effective_config": scan["config"],
+        "versions_logged": scan["versions"],
+    }
+    findings = cross_check(entry, scan)
+    if scan["double_unpin_warnings"]:
+        findings.append(f"{scan['double_unpin_warnings']} 'Double unpin' warnings over {retrieves} retrieves "
+                        "(LMCache #5090; recorded, not a verdict)")
+    findings.append(f"LMCache CUDA ops: {scan['cuda_ops']}")
+    entry["findings"] = entry.get("findings", []) + findings
+    if scan["degraded"] and entry.get("verdict") != "ERROR":
+        entry["verdict"] = "ERROR"
+        entry["error"] = {"kind": "lmcache-degraded",
+                          "detail": "LMCache failed to start and ran in degraded mode (recompute, zero hits)",
+                          "log_tail": "\n".join(scan["degraded"][:3])}
+        entry["reasons"] = ["lmcache-degraded: LMCache failed to start and ran in degraded mode"] + entry.get("reasons", [])

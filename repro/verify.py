@@ -120,7 +120,9 @@ def run(opts: Options, argv: list[str]) -> int:
     report_path = Path(a.report)
     report_path.parent.mkdir(parents=True, exist_ok=True)
     started = utc_now()
-    extra_env = {"LMCACHE_CONFIG_FILE": str(Path(a.lmcache_config).resolve())} if a.lmcache_config else {}
+    extra_env = {"LMCACHE_LOG_LEVEL": os.environ.get("LMCACHE_LOG_LEVEL", "INFO")}  # its hit lines are INFO
+    if a.lmcache_config:
+        extra_env["LMCACHE_CONFIG_FILE"] = str(Path(a.lmcache_config).resolve())
     env = child_env(dict(os.environ), hashseed=HASHSEED, extra=extra_env)
     work = Path(tempfile.mkdtemp(prefix=f".{report_path.stem}.work-", dir=report_path.parent))
     logs_dir_name = f"{report_path.stem}.logs"
