@@ -15,7 +15,8 @@ ARTIFACTS = ROOT / "tests" / "artifacts"
 
 
 def run_cli(args: list[str], timeout: float = 1500, env: dict | None = None) -> subprocess.CompletedProcess:
-    full_env = dict(os.environ, PYTHONPATH=str(ROOT))
+    pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    full_env = dict(os.environ, PYTHONPATH=pythonpath)
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "repro.verify_kv_reuse", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, env=full_env)
