@@ -2,6 +2,7 @@
 .DEFAULT_GOAL := help
 PROFILE ?= auto
 MODEL ?=
+REPORT ?=
 PYTHON ?= python3
 TOOLS := .venvs/tools
 INV := $(TOOLS)/bin/inv
@@ -11,7 +12,7 @@ $(INV): requirements/tools.txt
 	@$(TOOLS)/bin/pip install --quiet --disable-pip-version-check -r requirements/tools.txt
 	@touch $(INV)
 
-.PHONY: help repro test bench model clean
+.PHONY: help repro test site bench model clean
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
@@ -21,6 +22,9 @@ repro: $(INV) ## Run the verification (PROFILE=cpu|gpu-lmcache-0.5.4|gpu-lmcache
 test: $(INV) ## Run all tests (unit, end-to-end on the real CPU engine)
 	@$(INV) test
 
+site: $(INV) ## Render site/ from reports/*.json (open site/index.html; works offline)
+	@$(INV) site
+
 bench: $(INV) ## Time the CPU acceptance: wall, summed engine starts, ratio (figures, not a test)
 	@$(INV) bench
 
@@ -29,3 +33,10 @@ model: $(INV) ## Generate the tiny CPU model into .cache/models
 
 clean: $(INV) ## Remove environments, generated models and local reports
 	@$(INV) clean
+
+.PHONY: kit kit-check
+kit: $(INV) ## Build dist/kvkit-<version>-<commit>.tar.gz to attach to an upstream issue (REPORT=extra report.json)
+	@$(INV) kit --report "$(REPORT)"
+
+kit-check: kit ## Unpack the kit into a temp dir and run its CPU self-test and tests there (many minutes)
+	@$(INV) kit-check

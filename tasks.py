@@ -4,6 +4,7 @@ environment. Run through the Makefile (`make repro`, `make test`, ...)."""
 from __future__ import annotations
 
 import hashlib
+import shlex
 import shutil
 import subprocess
 import sys
@@ -114,6 +115,17 @@ def test(c, k="", fast=False):
         raise Exit(code=result.exited)
 
 
+@task(help={"reports": "directory of kvkit-report JSON files (default: reports)", "out": "output directory (default: site)"})
+def site(c, reports="reports", out="site"):
+    """Render the static report site from the reports (pages, raw JSON and cited logs)."""
+    if not Path(reports).is_dir():
+        raise Exit(f"no {reports}/ directory: run `make repro` first", code=2)
+    result = run_py(c, venv_python("cpu"), f"-m repro site --reports {shlex.quote(reports)} --out {shlex.quote(out)}",
+                    warn=True)
+    if result.exited != 0:
+        raise Exit(code=result.exited)
+
+
 @task
 def bench(c):
     """Run the CPU acceptance once and print wall time, summed engine starts and their ratio."""
@@ -135,3 +147,32 @@ def clean(c):
         shutil.rmtree(p, ignore_errors=True)
     for p in (ROOT / "reports").glob("latest-*"):
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink()
+
+
+@task(help={"report": "an extra report JSON to include, its cited logs read beside it (default: only the "
+                      "committed reports/*.json)"})
+def kit(c, report=""):
+    """Build dist/kvkit-<version>-<commit>.tar.gz: HEAD's kit files, the reports, their logs and pages."""
+    args = "-m repro kit" + (f" --report {shlex.quote(report)}" if report else "")
+    result = run_py(c, venv_python("cpu"), args, warn=True)  # the CPU environment has the site renderer's jinja2
+    if result.exited != 0:
+        raise Exit(code=result.exited)
+
+
+@task(help={"archive": "the kit to check (default: dist/kvkit-<version>-<HEAD>.tar.gz)", "keep": "keep the unpacked tree"})
+def kit_check(c, archive="", keep=False):
+    """Unpack the kit into a temporary directory and run `make repro PROFILE=cpu` and `make test` there."""
+    args = "-m repro kit-check" + (f" {shlex.quote(archive)}" if archive else "") + (" --keep" if keep else "")
+    result = run_py(c, sys.executable, args, warn=True)  # standard library only: no environment to set up
+    if result.exited != 0:
+        raise Exit(code=result.exited)
+
+
+@task(positional=["report"], help={"report": "a kvkit report JSON", "out": "write the Markdown to FILE (default: stdout)"})
+def issue_md(c, report, out=""):
+    """Print a report as GitHub Markdown to paste into an upstream issue (under 65,536 characters)."""
+    args = f"-m repro issue-md {shlex.quote(report)}" + (f" --out {shlex.quote(out)}" if out else "")
+    result = run_py(c, sys.executable, args, warn=True)
+    if result.exited != 0:
+        raise Exit(code=result.exited)
+

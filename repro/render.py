@@ -1,0 +1,157 @@
+"""The static report site: `reports/*.json` (and writeups `reports/<stem>.md`) rendered into `site/`.
+
+A pure function of the reports: sorted inputs, dates from the reports, byte-identical output for
+unchanged inputs; report pages are written first and `index.html` last. Pages are self-contained
+(inline CSS, no scripts, no external resources) so they work from file:// and offline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path, PurePosixPath
+from urllib.parse import quote, urlsplit
+from xml.etree.ElementTree import Element
+
+import jinja2
+import markdown
+from markdown.treeprocessors import Treeprocessor
+from markupsafe import Markup
+
+from repro.atomic import write_bytes_atomic
+from repro.errors import EXIT_USAGE, UsageError
+from repro.report import load_report
+from repro.site_model import build_index_row, build_report_page
+
+TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+RAW_DIR = "raw"  # copies of the reports and their cited logs, so the links work offline
+GENERATOR = "kvkit-site"  # marks pages this module wrote; only those are ever pruned
+_SAFE_SCHEMES = ("", "http", "https", "mailto")
+
+
+def make_environment() -> jinja2.Environment:
+    """The one Jinja environment: autoescape on explicitly (names end in .j2), undefined names fail."""
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)), autoescape=True,
+                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                              keep_trailing_newline=True)
+
+
+class _OfflineLinks(Treeprocessor):
+    """Writeups may not load anything (an image from elsewhere is a network request) or link to script URLs."""
+
+    def run(self, root: Element) -> None:
+        for el in root.iter():
+            if el.tag == "a" and urlsplit(el.get("href", "")).scheme.lower() not in _SAFE_SCHEMES:
+                del el.attrib["href"]
+            if el.tag == "img":
+                src = urlsplit(el.get("src", ""))
+                if src.scheme or src.netloc:
+                    el.tag, el.text = "span", f"[image not embedded: {el.get('alt', '')}]"
+                    el.attrib.clear()
+
+
+def render_writeup(text: str) -> Markup:
+    """A Markdown writeup as HTML. Writeups are ours, yet raw HTML in them is shown as text, not passed through."""
+    md = markdown.Markdown(extensions=["tables", "fenced_code"], output_format="html")
+    md.preprocessors.deregister("html_block")
+    md.inlinePatterns.deregister("html")
+    md.treeprocessors.register(_OfflineLinks(md), "kvkit-offline-links", 0)
+    return Markup(md.convert(text))
+
+
+def _relative_log(log: object) -> PurePosixPath | None:
+    """An arm's log path, only if it stays inside the report's directory."""
+    if not isinstance(log, str) or not log:
+        return None
+    path = PurePosixPath(log)
+    return None if path.is_absolute() or ".." in path.parts else path
+
+
+def render_report_page(report: dict, *, stem: str, writeup: Markup | None = None,
+                       log_hrefs: dict[str, str | None] | None = None, raw_href: str | None = None,
+                       env: jinja2.Environment | None = None) -> str:
+    """One report's page as HTML text (links relative to the site root)."""
+    env = env or make_environment()
+    page = build_report_page(report, stem=stem, raw_href=raw_href or f"{RAW_DIR}/{quote(stem)}.json",
+                             log_hrefs=log_hrefs or {})
+    return env.get_template("report.html.j2").render(page=page, writeup=writeup, generator=GENERATOR)
+
+
+def render_index(rows: list, env: jinja2.Environment | None = None) -> str:
+    env = env or make_environment()
+    return env.get_template("index.html.j2").render(rows=rows, generator=GENERATOR)
+
+
+def _write(path: Path, data: bytes, written: list[Path]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not (path.is_file() and path.read_bytes() == data):  # unchanged files keep their mtime
+        write_bytes_atomic(path, data)
+    written.append(path)
+
+
+def _copy_logs(report: dict, reports_dir: Path, out_dir: Path, written: list[Path]) -> dict[str, str | None]:
+    hrefs: dict[str, str | None] = {}
+    for arm in report["arms"]:
+        rel = _relative_log(arm.get("log"))
+        src = reports_dir / rel if rel else None
+        if src is None or not src.is_file():
+            hrefs[arm["name"]] = None
+            continue
+        _write(out_dir / RAW_DIR / rel, src.read_bytes(), written)
+        hrefs[arm["name"]] = f"{RAW_DIR}/{quote(rel.as_posix())}"
+    return hrefs
+
+
+def _prune(out_dir: Path, keep: set[Path]) -> None:
+    """Drop pages and raw copies of reports that are gone; never touch files this module did not write."""
+    for page in out_dir.glob("*.html"):
+        if page not in keep and f'name="generator" content="{GENERATOR}"' in page.read_text(encoding="utf-8", errors="replace"):
+            page.unlink()
+    raw = out_dir / RAW_DIR
+    if raw.is_dir():
+        for path in sorted(raw.rglob("*"), reverse=True):
+            if path.is_file() and path not in keep:
+                path.unlink()
+            elif path.is_dir() and not any(path.iterdir()):
+                path.rmdir()
+        if not any(raw.iterdir()):
+            raw.rmdir()
+
+
+def render_site(reports_dir: Path, out_dir: Path) -> list[Path]:
+    """Render every `reports_dir/*.json` into `out_dir`; returns the files written, index.html last."""
+    reports_dir, out_dir = Path(reports_dir), Path(out_dir)
+    if not reports_dir.is_dir():
+        raise UsageError(f"reports directory {reports_dir} does not exist")
+    sources = sorted(p for p in reports_dir.glob("*.json") if not p.name.startswith(".") and p.is_file())
+    env = make_environment()
+    written: list[Path] = []
+    rows = []
+    for src in sources:
+        report, raw = load_report(src), src.read_bytes()
+        stem = src.stem
+        _write(out_dir / RAW_DIR / src.name, raw, written)
+        hrefs = _copy_logs(report, reports_dir, out_dir, written)
+        md = src.with_suffix(".md")
+        writeup = render_writeup(md.read_text(encoding="utf-8")) if md.is_file() else None
+        html = render_report_page(report, stem=stem, writeup=writeup, log_hrefs=hrefs, env=env)
+        _write(out_dir / f"{stem}.html", html.encode("utf-8"), written)
+        rows.append(build_index_row(report, stem=stem, href=quote(f"{stem}.html")))
+    _write(out_dir / "index.html", render_index(rows, env).encode("utf-8"), written)
+    _prune(out_dir, set(written))
+    return written
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m repro site", description="Render the static report site.")
+    parser.add_argument("--reports", default="reports", help="directory of kvkit-report JSON files (default: reports)")
+    parser.add_argument("--out", default="site", help="output directory (default: site)")
+    args = parser.parse_args(argv)
+    try:
+        written = render_site(Path(args.reports), Path(args.out))
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    pages = sum(1 for p in written if p.suffix == ".html") - 1
+    print(f"{Path(args.out) / 'index.html'}: {pages} report page(s), {len(written)} file(s)")
+    return 0

@@ -1,0 +1,304 @@
+"""The report site's view models: small frozen objects built from a report dict, so templates only loop and print.
+
+Pure: no file, clock or environment access. Every date shown comes from the report itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass
+
+from repro.report import arm_title, cached_cell, diff_cell
+
+TOKENS_PER_ROW = 16  # token-ID grid width: wide enough for the usual 16-token window, narrow enough for a phone
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+_HEX = re.compile(r"^[0-9a-f]{7,40}$")
+
+
+@dataclass(frozen=True)
+class TableRow:
+    """One probe in the connector-vs-native table: name · prompt tokens · cached · verdict · @first diff."""
+
+    probe: str
+    tokens: str
+    cached: str
+    verdict: str
+    diff: str
+    note: str
+    anchor: str
+
+
+@dataclass(frozen=True)
+class ArmBlock:
+    title: str
+    verdict: str
+    rows: tuple[TableRow, ...]
+    error: tuple[str, str, str] | None  # kind, detail, log tail
+    findings: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TokenCell:
+    text: str
+    css: str  # "" same as baseline, "diff" differs, "first" the recorded first difference, "gap" absent
+
+
+@dataclass(frozen=True)
+class TokenChunk:
+    indices: tuple[int, ...]
+    lines: tuple[tuple[str, tuple[TokenCell, ...]], ...]
+
+
+@dataclass(frozen=True)
+class RequestLine:
+    label: str
+    cached: str
+    first_diff: str
+    finish: str
+    margin: str
+    text: str
+
+
+@dataclass(frozen=True)
+class ProbeDetail:
+    anchor: str
+    arm: str
+    probe: str
+    verdict: str
+    reasons: tuple[str, ...]
+    skipped: str
+    requests: tuple[RequestLine, ...]
+    chunks: tuple[TokenChunk, ...]
+
+
+@dataclass(frozen=True)
+class ArmLog:
+    arm: str
+    path: str
+    href: str | None  # None: the log was not beside the report
+
+
+@dataclass(frozen=True)
+class ReportPage:
+    stem: str
+    title: str
+    claim: str
+    headline: str
+    subline: str
+    baseline: str
+    blocks: tuple[ArmBlock, ...]
+    details: tuple[ProbeDetail, ...]
+    warnings: tuple[tuple[str, int, str], ...]
+    warning_total: int
+    provenance: tuple[tuple[str, str], ...]
+    configs: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
+    reproduce: str
+    raw_href: str
+    logs: tuple[ArmLog, ...]
+
+
+@dataclass(frozen=True)
+class IndexRow:
+    href: str
+    stem: str
+    hardware: str
+    date: str
+    commit: str
+    vllm: str
+    lmcache: str
+    verdicts: tuple[tuple[str, str], ...]
+    acceptance: str
+
+
+def visible_text(text: object) -> str:
+    """Decoded model text with control characters spelled out (\\x11, \\n): HTML cannot show them."""
+    if not isinstance(text, str):
+        return "—"
+    return _CONTROL.sub(lambda m: _ESCAPES.get(m.group(), f"\\x{ord(m.group()):02x}"), text)
+
+
+def show(value: object) -> str:
+    """One scalar or structure as deterministic text; strings as they are."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def flatten(data: object, prefix: str = "") -> list[tuple[str, str]]:
+    """Nested dicts as sorted dotted keys; lists and scalars printed whole."""
+    if isinstance(data, dict) and data:
+        out: list[tuple[str, str]] = []
+        for key in sorted(data):
+            out.extend(flatten(data[key], f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return [(prefix, show(data))]
+
+
+def commit_label(provenance: dict) -> str:
+    kit = provenance.get("kit") or {}
+    commit = str(kit.get("commit", "?"))
+    short = commit[:12] if _HEX.match(commit) else commit
+    return short + {True: "+dirty", False: "", None: " (dirty: unknown)"}.get(kit.get("dirty"), "")
+
+
+def package_version(report: dict, name: str) -> str:
+    prov = report["provenance"]
+    value = (prov.get("packages") or {}).get(name) or (prov.get("engine_versions") or {}).get(name)
+    return "—" if value is None else str(value)
+
+
+def format_margin(margin: object) -> str:
+    """The logprob margin at the divergence on both sides, e.g. '@9: baseline 152 (margin 0.682) · reuse 228 …'."""
+    if not isinstance(margin, dict):
+        return "—"
+
+    def num(key: str) -> str:
+        v = margin.get(key)
+        return "?" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    text = (f"@{num('index')}: baseline {num('baseline_token')} (margin {num('baseline_margin')}, "
+            f"top-2 gap {num('baseline_top_gap')}) · reuse {num('reuse_token')} (margin {num('reuse_margin')})")
+    if margin.get("baseline_gap_lower_bound") is not None:
+        text += f" · gap ≥ {num('baseline_gap_lower_bound')}"
+    return text + (" · NEAR TIE" if margin.get("near_tie") else "")
+
+
+def _cell_text(value: object) -> str:
+    return "?" if value is None else str(value)
+
+
+def _table_row(probe: dict, anchor: str) -> TableRow:
+    tokens = "" if probe.get("prompt_tokens") is None else str(probe["prompt_tokens"])
+    note = str(probe.get("skipped") or "")
+    return TableRow(probe=str(probe["name"]), tokens=tokens, cached=cached_cell(probe), verdict=str(probe["verdict"]),
+                    diff=diff_cell(probe), note=note, anchor=anchor)
+
+
+def _arm_block(arm: dict, arm_index: int) -> ArmBlock:
+    err = arm.get("error")
+    error = (str(err.get("kind", "?")), str(err.get("detail", "")), str(err.get("log_tail") or "")) if err else None
+    rows = tuple(_table_row(p, f"d{arm_index}-{i}") for i, p in enumerate(arm.get("probes") or []))
+    return ArmBlock(title=arm_title(arm), verdict=str(arm["verdict"]), rows=rows, error=error,
+                    findings=tuple(str(f) for f in arm.get("findings") or []))
+
+
+def _request_label(req: dict, reuse_no: int) -> str:
+    return f"reuse {reuse_no}" if req.get("role") == "reuse" else str(req.get("role", "?"))
+
+
+def _token_chunks(baseline: list | None, requests: list[dict]) -> tuple[TokenChunk, ...]:
+    """Baseline and every request's token IDs aligned by index, TOKENS_PER_ROW to a row."""
+    lines: list[tuple[str, list, int | None]] = []
+    if baseline is not None:
+        lines.append(("baseline", baseline, None))
+    reuse_no = 0
+    for req in requests:
+        reuse_no += req.get("role") == "reuse"
+        lines.append((_request_label(req, reuse_no), list(req.get("token_ids") or []), req.get("first_diff")))
+    width = max((len(ids) for _, ids, _ in lines), default=0)
+    chunks = []
+    for start in range(0, width, TOKENS_PER_ROW):
+        idx = tuple(range(start, min(start + TOKENS_PER_ROW, width)))
+        rows = []
+        for label, ids, first in lines:
+            cells = []
+            for i in idx:
+                if i >= len(ids):
+                    cells.append(TokenCell("", "first" if i == first else "gap"))
+                elif i == first:
+                    cells.append(TokenCell(str(ids[i]), "first"))
+                elif baseline is not None and (i >= len(baseline) or ids[i] != baseline[i]):
+                    cells.append(TokenCell(str(ids[i]), "diff"))
+                else:
+                    cells.append(TokenCell(str(ids[i]), ""))
+            rows.append((label, tuple(cells)))
+        chunks.append(TokenChunk(indices=idx, lines=tuple(rows)))
+    return tuple(chunks)
+
+
+def _probe_detail(arm: dict, probe: dict, baseline_probe: dict | None, anchor: str) -> ProbeDetail:
+    requests = list(probe.get("requests") or [])
+    base_reqs = (baseline_probe or {}).get("requests") or []
+    base_ids = list(base_reqs[0].get("token_ids") or []) if base_reqs else None
+    lines = []
+    if base_reqs:
+        b = base_reqs[0]
+        lines.append(RequestLine("baseline", _cell_text(b.get("cached_tokens")), "", str(b.get("finish_reason") or ""),
+                                 "—", visible_text(b.get("text"))))
+    reuse_no = 0
+    for req in requests:
+        reuse_no += req.get("role") == "reuse"
+        first = req.get("first_diff")
+        lines.append(RequestLine(_request_label(req, reuse_no), _cell_text(req.get("cached_tokens")),
+                                 "" if first is None else f"@{first}", str(req.get("finish_reason") or ""),
+                                 format_margin(req.get("margin")), visible_text(req.get("text"))))
+    return ProbeDetail(anchor=anchor, arm=arm_title(arm), probe=str(probe["name"]), verdict=str(probe["verdict"]),
+                       reasons=tuple(str(r) for r in probe.get("reasons") or []), skipped=str(probe.get("skipped") or ""),
+                       requests=tuple(lines), chunks=_token_chunks(base_ids, requests) if requests else ())
+
+
+def reproduce_command(provenance: dict) -> str:
+    """The exact command that made the report, preceded by the checkout of its commit when known."""
+    cmd = "python -m repro.verify_kv_reuse " + shlex.join(str(a) for a in provenance.get("argv") or [])
+    commit = str((provenance.get("kit") or {}).get("commit", ""))
+    return (f"git checkout {commit}\n" if _HEX.match(commit) else "") + cmd.rstrip()
+
+
+def _summary_lines(report: dict) -> tuple[str, str]:
+    prov = report["provenance"]
+    headline = f"{report.get('hardware_label', '?')} · {commit_label(prov)} · {str(prov.get('started_utc', '?'))[:10]}"
+    matched = report["acceptance"].get("matched")
+    acc = "n/a (no acceptance suite)" if matched is None else str(matched).lower()
+    return headline, f"{report.get('generations', '?')} generations · acceptance.matched = {acc}"
+
+
+def _baseline_line(arms: list[dict]) -> str:
+    base = next((a for a in arms if a["mode"] == "baseline"), None)
+    if base is None:
+        return "baseline: absent"
+    reasons = "; ".join(str(r) for r in base.get("reasons") or [])
+    return f"baseline (prefix caching off, no connector): {base['verdict']}" + (f" — {reasons}" if reasons else "")
+
+
+def build_report_page(report: dict, *, stem: str, raw_href: str, log_hrefs: dict[str, str | None]) -> ReportPage:
+    """The report page's view model; log_hrefs maps an arm's name to its copied log (None: not available)."""
+    arms = report["arms"]
+    baseline = next((a for a in arms if a["mode"] == "baseline"), None)
+    base_probes = {p["name"]: p for p in (baseline or {}).get("probes") or []}
+    blocks, details = [], []
+    for ai, arm in enumerate(arms):
+        if arm["mode"] == "baseline":
+            continue
+        blocks.append(_arm_block(arm, ai))
+        for pi, probe in enumerate(arm.get("probes") or []):
+            details.append(_probe_detail(arm, probe, base_probes.get(probe["name"]), f"d{ai}-{pi}"))
+    warnings = tuple((str(w.get("arm", "")), int(w.get("count", 0)), str(w.get("message", "")))
+                     for w in report.get("warnings") or [])
+    prov = report["provenance"]
+    provenance = [("kit.commit", commit_label(prov)), ("hardware_label", str(report.get("hardware_label", "?")))]
+    provenance += [kv for kv in flatten({k: v for k, v in prov.items() if k not in ("argv", "kit")}) if kv[0]]
+    provenance += [(f"kit.{k}", v) for k, v in flatten(prov.get("kit") or {}) if k not in ("commit", "dirty")]
+    configs = tuple((arm_title(a) if a["mode"] != "baseline" else "baseline", tuple(flatten(a.get("effective_config") or {})))
+                    for a in arms)
+    headline, subline = _summary_lines(report)
+    return ReportPage(
+        stem=stem, title=f"{report.get('hardware_label', '?')} · {str(prov.get('started_utc', '?'))[:10]}",
+        claim=show(report.get("claim_eligible", False)), headline=headline, subline=subline,
+        baseline=_baseline_line(arms), blocks=tuple(blocks), details=tuple(details), warnings=warnings,
+        warning_total=sum(w[1] for w in warnings), provenance=tuple(provenance), configs=configs,
+        reproduce=reproduce_command(prov), raw_href=raw_href,
+        logs=tuple(ArmLog(arm=str(a["name"]), path=str(a.get("log") or "—"), href=log_hrefs.get(a["name"])) for a in arms))
+
+
+def build_index_row(report: dict, *, stem: str, href: str) -> IndexRow:
+    prov = report["provenance"]
+    matched = report["acceptance"].get("matched")
+    return IndexRow(
+        href=href, stem=stem, hardware=str(report.get("hardware_label", "?")),
+        date=str(prov.get("started_utc", "?"))[:10], commit=commit_label(prov),
+        vllm=package_version(report, "vllm"), lmcache=package_version(report, "lmcache"),
+        verdicts=tuple((arm_title(a) if a["mode"] != "baseline" else "baseline", str(a["verdict"])) for a in report["arms"]),
+        acceptance="n/a" if matched is None else str(matched).lower())
