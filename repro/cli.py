@@ -12,11 +12,13 @@ import json
 import os
 import re
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from repro.errors import EXIT_USAGE, UsageError
 
+DEFAULT_ENGINE_MODULE = "repro.engine"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -50,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--logprobs", type=int, default=2, help="top-k logprobs recorded per generated token (>= 2)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds one arm may run")
     p.add_argument("--python", default=sys.executable, help=argparse.SUPPRESS)
+    # Tests only: a stand-in engine child for the failure-handling tests (never proof that the
+    # verification works). Any other module than the default also skips the vLLM preflight.
+    p.add_argument("--engine-module", default=DEFAULT_ENGINE_MODULE, help=argparse.SUPPRESS)
     return p
 
 
@@ -60,15 +65,23 @@ class Options:
     model_is_local: bool
 
 
-def _check_report_path(path: Path) -> None:
+def _check_report_path(path: Path, fixture: Path) -> None:
     if path.exists() and path.is_dir():
         raise UsageError(f"--report {path}: is a directory")
+    if path.exists() and fixture.exists() and path.resolve() == fixture.resolve():
+        raise UsageError(f"--report {path}: is the fixture itself")
     parent = path.parent if str(path.parent) else Path(".")
     probe = parent
     while not probe.exists():
         probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        raise UsageError(f"--report {path}: directory {probe} is not writable")
+    if not probe.is_dir():
+        raise UsageError(f"--report {path}: {probe} is not a directory")
+    try:  # os.access says yes to root on a read-only file system; a real file does not lie
+        fd, tmp = tempfile.mkstemp(prefix=".kvkit-writable-", dir=probe)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        raise UsageError(f"--report {path}: directory {probe} is not writable ({exc.strerror or exc})") from None
     if path.exists() and not os.access(path, os.W_OK):
         raise UsageError(f"--report {path}: file is not writable")
 
@@ -127,7 +140,7 @@ def validate(args: argparse.Namespace) -> Options:
         raise UsageError(f"--model {args.model}: directory has no config.json")
     if not local and (args.model.startswith((".", "/", "~")) or not _HUB_ID.match(args.model)):
         raise UsageError(f"--model {args.model}: no such local model directory")
-    _check_report_path(Path(args.report))
+    _check_report_path(Path(args.report), Path(args.fixture))
     return Options(args=args, extra_config=extra, model_is_local=local)
 
 

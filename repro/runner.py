@@ -7,6 +7,7 @@ lands there too. Every way a child can go wrong becomes a named failure kind wit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,11 +22,18 @@ from repro.atomic import write_bytes_atomic, write_json_atomic
 from repro.provenance import redact_text
 
 KIT_ROOT = Path(__file__).resolve().parent.parent
+ARM_RESULT_KIND = "kvkit-arm-result"
+PREFLIGHT_KIND = "kvkit-preflight"
 # Failure kinds, each distinct in the report.
 TIMEOUT, CRASH, OOM, NONZERO_EXIT, MISSING_OUTPUT, UNPARSABLE_OUTPUT, RAISED, INTERRUPTED = (
     "timeout", "crash", "out-of-memory", "nonzero-exit", "missing-output", "unparsable-output", "raised", "interrupted")
-_OOM_MARKERS = ("out of memory", "outofmemoryerror", "cannot allocate memory", "memoryerror", "oom-kill", "killed process")
-_GRACE_S = 10.0
+FAILURE_KINDS = (TIMEOUT, CRASH, OOM, NONZERO_EXIT, MISSING_OUTPUT, UNPARSABLE_OUTPUT, RAISED)
+_OOM_MARKERS = ("out of memory", "outofmemoryerror", "cannot allocate memory", "memoryerror", "oom-kill",
+                "oom_kill", "std::bad_alloc")
+_CGROUP_EVENTS = Path("/sys/fs/cgroup/memory.events")
+GRACE_S = 10.0  # SIGTERM to SIGKILL, for a child that is still running when it must stop
+_REAP_S = 5.0
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 @dataclass
@@ -38,6 +46,10 @@ class ArmOutcome:
     wall_s: float
     returncode: int | None = None
     extra: dict = field(default_factory=dict)
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM reached the kit: children are killed, no complete report is written."""
 
 
 def child_env(base: dict[str, str], *, hashseed: str, extra: dict[str, str]) -> dict[str, str]:
@@ -54,66 +66,169 @@ def child_env(base: dict[str, str], *, hashseed: str, extra: dict[str, str]) -> 
     return env
 
 
-def _kill_group(pgid: int, graceful: bool = True) -> None:
-    """SIGTERM the whole group, then SIGKILL whatever is left: vLLM spawns grandchildren.
+@contextlib.contextmanager
+def deferred_signals():
+    """Hold SIGINT and SIGTERM until the block ends: a second Ctrl-C must not cut a clean-up or a
+    publish in half. A signal that arrives meanwhile is delivered when the block exits."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
-    Once the child has exited its result is on disk, and the leftovers are killed at once."""
-    steps = ((signal.SIGTERM, _GRACE_S), (signal.SIGKILL, 5.0)) if graceful else ((signal.SIGKILL, 5.0),)
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes in a process group; a zombie already released its resources."""
+    members = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # no procfs: ask the kernel whether anything (zombies included) is left
+        try:
+            os.killpg(pgid, 0)
+            return [pgid]
+        except (ProcessLookupError, PermissionError):
+            return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry))
+    return members
+
+
+def kill_group(proc: subprocess.Popen, grace_s: float | None = None) -> None:
+    """SIGTERM the child's whole group, then SIGKILL what is left, and reap the child.
+
+    vLLM's engine core and workers are grandchildren in the same group; once the child itself
+    has exited (its result is on disk) the leftovers get SIGKILL at once (grace_s=0)."""
+    grace = GRACE_S if grace_s is None else grace_s
+    steps = ((signal.SIGTERM, grace), (signal.SIGKILL, _REAP_S)) if grace > 0 else ((signal.SIGKILL, _REAP_S),)
     for sig, wait in steps:
         try:
-            os.killpg(pgid, sig)
+            os.killpg(proc.pid, sig)
         except ProcessLookupError:
-            return
+            break
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.1)
+            proc.poll()  # reap the leader, or it lingers as a zombie in the group
+            if not group_members(proc.pid):
+                break
+            time.sleep(0.05)
+        else:
+            continue
+        break
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=_REAP_S)
 
 
-def classify_exit(returncode: int | None, log_text: str, timed_out: bool) -> tuple[str, str] | None:
-    """The failure kind for a child's exit, or None when it exited 0 (the output decides then)."""
-    low = log_text[-20000:].lower()
+def oom_kill_count() -> int | None:
+    """The cgroup's out-of-memory kill counter (cgroup v2), or None where it cannot be read."""
+    try:
+        for line in _CGROUP_EVENTS.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def classify_exit(returncode: int | None, log_text: str, timed_out: bool, oom_killed: bool = False) -> tuple[str, str] | None:
+    """The failure kind for a child's exit, or None when it exited 0 (the output decides then).
+
+    Out of memory is claimed only on evidence: the cgroup counted an OOM kill during the arm, or
+    the log says so. A bare SIGKILL is a crash (whose detail mentions the OOM killer)."""
     if timed_out:
         return TIMEOUT, "the arm ran past its time limit and was killed with its process group"
     if returncode == 0:
         return None
-    oom_hint = any(m in low for m in _OOM_MARKERS)
+    low = log_text[-20000:].lower()
+    marker = next((m for m in _OOM_MARKERS if m in low), None)
     if returncode is not None and returncode < 0:
         sig = signal.Signals(-returncode).name if -returncode in signal.Signals._value2member_map_ else str(-returncode)
-        if returncode == -signal.SIGKILL and oom_hint:
-            return OOM, f"killed by {sig}; the log mentions running out of memory"
+        if oom_killed:
+            return OOM, f"killed by {sig}; the kernel's out-of-memory killer fired during the arm"
+        if marker:
+            return OOM, f"killed by {sig}; the log mentions running out of memory ({marker!r})"
         if returncode == -signal.SIGKILL:
-            return OOM if "killed" in low[-500:] else CRASH, f"killed by {sig} (the out-of-memory killer sends SIGKILL)"
+            return CRASH, f"killed by {sig} from outside (no out-of-memory kill was counted or logged)"
         return CRASH, f"killed by {sig}"
-    if returncode == 137:
-        return OOM, "exit status 137 (SIGKILL, typically the out-of-memory killer)"
-    if oom_hint:
-        return OOM, f"exit status {returncode}; the log mentions running out of memory"
+    if oom_killed:
+        return OOM, f"exit status {returncode}; the kernel's out-of-memory killer fired during the arm"
+    if marker:
+        return OOM, f"exit status {returncode}; the log mentions running out of memory ({marker!r})"
     if returncode == 3:
         return RAISED, "the engine raised (see the log tail)"
     return NONZERO_EXIT, f"exit status {returncode}"
 
 
-def read_result(path: Path) -> tuple[dict | None, tuple[str, str] | None]:
+def read_result(path: Path, kind: str = ARM_RESULT_KIND) -> tuple[dict | None, tuple[str, str] | None]:
+    """The child's result and, when it did not deliver one, why (a failure kind and detail)."""
     if not path.exists():
         return None, (MISSING_OUTPUT, "the child exited without writing its result file")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         return None, (UNPARSABLE_OUTPUT, f"the result file is not valid JSON ({str(exc)[:200]})")
-    if not isinstance(data, dict) or data.get("kind") != "kvkit-arm-result" or not isinstance(data.get("probes"), list):
-        return None, (UNPARSABLE_OUTPUT, "the result file is not a kvkit arm result")
-    if data.get("error"):
-        err = data["error"]
+    if not isinstance(data, dict) or data.get("kind") != kind:
+        return None, (UNPARSABLE_OUTPUT, f"the result file is not a {kind} file")
+    if kind == ARM_RESULT_KIND and not isinstance(data.get("probes"), list):
+        return None, (UNPARSABLE_OUTPUT, "the result file has no probes list")
+    err = data.get("error")
+    if err:
+        err = err if isinstance(err, dict) else {"message": str(err)}
         return data, (RAISED, f"{err.get('type', 'Exception')}: {err.get('message', '')}"[:600])
     return data, None
 
 
-class Interrupted(Exception):
-    """SIGINT or SIGTERM reached the kit: children are killed, no complete report is written."""
+def run_child(argv: list[str], *, log_path: Path, env: dict[str, str], timeout_s: float) -> tuple[int | None, bool, bool, float]:
+    """Run one child in its own process group with its output in log_path; always reap the group.
+
+    Returns (returncode, timed_out, oom_killed, wall seconds). An interrupt (KeyboardInterrupt,
+    Interrupted) kills the group and propagates."""
+    t0 = time.monotonic()
+    oom_before = oom_kill_count()
+    with open(log_path, "wb") as log:
+        # A new session: the terminal's Ctrl-C reaches the parent only, which then stops the group.
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        except BaseException:
+            with deferred_signals():
+                kill_group(proc)
+            raise
+        with deferred_signals():
+            kill_group(proc, grace_s=None if proc.returncode is None else 0)  # its workers may live on
+    oom_after = oom_kill_count()
+    oom_killed = oom_before is not None and oom_after is not None and oom_after > oom_before
+    return proc.returncode, timed_out, oom_killed, time.monotonic() - t0
+
+
+def collect_outcome(returncode: int | None, timed_out: bool, oom_killed: bool, log_text: str, out_path: Path,
+                    kind: str = ARM_RESULT_KIND) -> tuple[dict | None, tuple[str, str] | None]:
+    """(result, failure) from how the child exited and what it left: exit 0 with a valid result
+    is the only success; exit 3 must come with the error record the engine writes."""
+    failure = classify_exit(returncode, log_text, timed_out, oom_killed)
+    if failure is not None and failure[0] != RAISED:
+        return None, failure
+    result, problem = read_result(out_path, kind)
+    if failure is None:
+        return result, problem
+    if problem is None or problem[0] != RAISED:
+        return None, (NONZERO_EXIT, f"exit status {returncode} and {problem[1] if problem else 'no error recorded'}")
+    return result, problem
 
 
 def run_arm(job: dict, *, workdir: Path, log_path: Path, env: dict[str, str], timeout_s: float,
@@ -124,35 +239,39 @@ def run_arm(job: dict, *, workdir: Path, log_path: Path, env: dict[str, str], ti
     out_path = workdir / f"{name}.result.json"
     job = dict(job, output=str(out_path))
     write_json_atomic(job_path, job)
-    t0 = time.monotonic()
-    timed_out = False
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([python, "-m", module, str(job_path)], stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        except BaseException:
-            _kill_group(proc.pid)
-            proc.wait()
-            raise
-        finally:
-            _kill_group(proc.pid, graceful=proc.returncode is None)  # its workers may live on
-        if proc.returncode is None:
-            proc.wait()
-    wall = time.monotonic() - t0
+    returncode, timed_out, oom_killed, wall = run_child([python, "-m", module, str(job_path)], log_path=log_path,
+                                                        env=env, timeout_s=timeout_s)
     text = redact_log(log_path, env)
-    failure = classify_exit(proc.returncode, text, timed_out)
-    result = None
-    if failure is None or failure[0] == RAISED:
-        result, problem = read_result(out_path)
-        failure = failure if failure and failure[0] != RAISED else problem or failure
+    result, failure = collect_outcome(returncode, timed_out, oom_killed, text, out_path)
+    if result is not None and job.get("fixture_sha256"):
+        result.setdefault("fixture_sha256", job["fixture_sha256"])  # what this child was fed
     outcome = ArmOutcome(name=name, result=result, log_path=log_path, log_text=text, wall_s=round(wall, 3),
-                         returncode=proc.returncode, failure=None)
+                         returncode=returncode, failure=None)
     if failure is not None:
         outcome.failure = {"kind": failure[0], "detail": failure[1], "log_tail": logscan.tail(text)}
     return outcome
+
+
+def run_preflight(connectors: list[dict], *, device: str, workdir: Path, env: dict[str, str], timeout_s: float,
+                  python: str = sys.executable, module: str = "repro.preflight_child") -> list[str]:
+    """Ask a child with vLLM imported whether the connectors load and the device fits.
+
+    Returns the problems found, each naming the flag or arm; the caller turns them into a usage
+    error. A preflight child that itself fails only warns: the arms then run and report their
+    own named errors, so a broken check never hides or invents a problem."""
+    job_path, out_path, log_path = (workdir / f"preflight.{x}" for x in ("job.json", "result.json", "log"))
+    write_json_atomic(job_path, {"kind": "kvkit-preflight-job", "connectors": connectors, "device": device,
+                                 "output": str(out_path)})
+    returncode, timed_out, oom_killed, _ = run_child([python, "-m", module, str(job_path)], log_path=log_path,
+                                                     env=env, timeout_s=timeout_s)
+    text = redact_log(log_path, env)
+    result, failure = collect_outcome(returncode, timed_out, oom_killed, text, out_path, PREFLIGHT_KIND)
+    if failure is not None or not isinstance(result.get("problems"), list):
+        why = f"{failure[0]}: {failure[1]}" if failure else "no problems list"
+        print(f"[kvkit] warning: the preflight check did not complete ({why}); running the arms anyway",
+              file=sys.stderr, flush=True)
+        return []
+    return [str(p) for p in result["problems"]]
 
 
 def redact_log(log_path: Path, env: dict[str, str]) -> str:

@@ -9,18 +9,19 @@ import signal
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 from repro import __version__, logscan
 from repro.atomic import write_json_atomic
-from repro.cli import Options, fail_usage, parse_args
+from repro.cli import DEFAULT_ENGINE_MODULE, Options, fail_usage, parse_args
 from repro.errors import EXIT_RUNTIME, EXIT_USAGE, UsageError
 from repro.evaluate import judge_arm
 from repro.fixtures import Fixture, check_probes_fit, load_fixture
 from repro.lmcache_signals import lmcache_findings
 from repro.provenance import collect_provenance, hardware_label, utc_now
 from repro.report import REPORT_KIND, REPORT_SCHEMA_VERSION, check_acceptance, exit_code, format_summary, generations
-from repro.runner import INTERRUPTED, Interrupted, child_env, run_arm
+from repro.runner import INTERRUPTED, Interrupted, child_env, deferred_signals, run_arm, run_preflight
 from repro.suite import build_probes, requests_for
 from repro.verdict import ERROR
 
@@ -130,19 +131,22 @@ def run(opts: Options, argv: list[str]) -> int:
     entries: list[dict] = []
     t0 = time.monotonic()
     try:
+        _preflight(opts, arms, work, env)
         baseline_result = None
         for arm in arms:
             arm = _materialize(arm, scratch)
             print(f"[kvkit] arm {arm['name']} ({arm['mode']}) ...", file=sys.stderr, flush=True)
-            outcome = run_arm(_job(opts, arm, probes), workdir=work, log_path=work / f"{arm['name']}.log",
-                              env=env, timeout_s=a.timeout, python=a.python)
+            outcome = run_arm(dict(_job(opts, arm, probes), fixture_sha256=fixture.sha256), workdir=work,
+                              log_path=work / f"{arm['name']}.log", env=env, timeout_s=a.timeout, python=a.python,
+                              module=a.engine_module)
             if arm["mode"] == "baseline" and outcome.failure is None:
                 baseline_result = outcome.result
             entries.append(_arm_entry(arm, outcome, baseline_result, a.block_size, logs_dir_name))
             print(f"[kvkit] arm {arm['name']}: {entries[-1]['verdict']} ({outcome.wall_s:.0f} s)", file=sys.stderr, flush=True)
         report = _assemble(opts, fixture, entries, argv, env, started, time.monotonic() - t0)
-        _publish_logs(work, report_path.parent / logs_dir_name, [e["name"] for e in entries])
-        write_json_atomic(report_path, report)
+        with deferred_signals():  # logs and report are swapped in together, or not at all
+            _publish_logs(work, report_path.parent / logs_dir_name, [e["name"] for e in entries])
+            write_json_atomic(report_path, report)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         for d in scratch:
@@ -150,6 +154,18 @@ def run(opts: Options, argv: list[str]) -> int:
     print(format_summary(report))
     print(f"report: {report_path}", file=sys.stderr)
     return exit_code(report)
+
+
+def _preflight(opts: Options, arms: list[dict], work: Path, env: dict) -> None:
+    """Connector and device problems as a usage error before any engine starts (a vLLM import)."""
+    if opts.args.engine_module != DEFAULT_ENGINE_MODULE:
+        return
+    conns = [{"arm": arm["name"], "name": arm["connector"]["name"], "module_path": arm["connector"]["module_path"]}
+             for arm in arms if arm["connector"]]
+    problems = run_preflight(conns, device=opts.args.device, workdir=work, env=env,
+                             timeout_s=min(opts.args.timeout, 600.0), python=opts.args.python)
+    if problems:
+        raise UsageError("; ".join(problems))
 
 
 def _publish_logs(work: Path, dest: Path, names: list[str]) -> None:
@@ -224,3 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
         return EXIT_RUNTIME if not isinstance(exc, PermissionError) else EXIT_USAGE
+    except Exception:  # a kit bug: say so, keep the traceback, and never exit 0 or 1
+        traceback.print_exc()
+        print("error: internal error in the kit (traceback above); no report written", file=sys.stderr)
+        return EXIT_RUNTIME

@@ -1,0 +1,84 @@
+"""Child side: the cheap checks that need vLLM imported, run once before any arm starts.
+
+`python -m repro.preflight_child JOB.json` checks that each connector resolves the way vLLM will
+resolve it (an importable module that has the class, or a name in vLLM's connector registry whose
+module loads) and that --device matches vLLM's platform. It writes one JSON result listing the
+problems; the parent turns them into a one-line usage error (exit 2) before any engine starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import traceback
+
+from repro.atomic import write_json_atomic
+from repro.provenance import package_version
+
+RESULT_KIND = "kvkit-preflight"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
+def check_connector(conn: dict, factory) -> str | None:
+    """Why the connector named in conn cannot be loaded, or None when it can."""
+    where, name, module_path = f"arm {conn['arm']}", conn["name"], conn.get("module_path")
+    if module_path:
+        try:
+            module = importlib.import_module(module_path)
+        except BaseException as exc:  # any import-time failure (SyntaxError, SystemExit, ...) is the user's
+            return f"{where}: connector module {module_path!r} does not import ({_first_line(exc)})"
+        if not isinstance(getattr(module, name, None), type):
+            return f"{where}: connector module {module_path!r} has no class {name!r}"
+        return None
+    known = sorted(factory._registry)
+    if name not in known:
+        return (f"{where}: unknown connector {name!r} (vLLM {package_version('vllm')} knows {', '.join(known)}; "
+                "for your own class add --kv-connector-module-path)")
+    try:
+        factory.get_connector_class_by_name(name)
+    except BaseException as exc:  # e.g. LMCacheConnectorV1 without lmcache installed
+        return f"{where}: connector {name!r} is registered in vLLM but does not load ({_first_line(exc)})"
+    return None
+
+
+def check_device(device: str, platform_type: str) -> str | None:
+    if device == "auto" or device == platform_type:
+        return None
+    return f"--device {device}: this machine's vLLM runs on {platform_type!r} (use --device {platform_type} or auto)"
+
+
+def run_preflight(job: dict) -> dict:
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.platforms import current_platform
+
+    platform_type = str(current_platform.device_type)
+    problems = [p for p in [check_device(job["device"], platform_type)] if p]
+    problems += [p for p in (check_connector(c, KVConnectorFactory) for c in job["connectors"]) if p]
+    return {"kind": RESULT_KIND, "schema_version": 1, "platform": platform_type,
+            "vllm": package_version("vllm"), "problems": problems, "error": None}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m repro.preflight_child JOB.json", file=sys.stderr)
+        return 2
+    with open(argv[0], encoding="utf-8") as fh:
+        job = json.load(fh)
+    try:
+        result, code = run_preflight(job), 0
+    except Exception as exc:  # the parent names it and runs the arms anyway
+        traceback.print_exc()
+        result = {"kind": RESULT_KIND, "schema_version": 1, "problems": [],
+                  "error": {"type": type(exc).__name__, "message": str(exc)[:2000]}}
+        code = 3
+    write_json_atomic(job["output"], result)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,103 @@
+"""A stand-in engine child for the failure-handling tests only; it never proves verification works.
+
+Run as `python -m tests.fake_engine JOB.json` (through run_arm(module=...) or the CLI's hidden
+--engine-module). It follows the real child's file contract, and the environment variable
+KVKIT_FAKE (JSON) tells it how to behave per arm:
+  {"modes": {"ARM or *": MODE}, "pid_dir": DIR, "echo_env": [NAMES], "config": {"ARM": {...}},
+   "sleep_s": S}
+MODE is one of ok, sigkill, segfault, hang, hang-ignore-term, oom, exit7, missing, garbage,
+wrong-kind, raise, raise-no-record, slow. With pid_dir, the child first starts a grandchild that
+sleeps and writes its pid to DIR/ARM.grandchild.pid (and its own to DIR/ARM.child.pid).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from repro.atomic import write_json_atomic
+
+
+def _result(job: dict, config: dict) -> dict:
+    mode = job["arm"]["mode"]
+    probes = []
+    for p in job["probes"]:
+        ids = p["prompt"]["token_ids"] if "token_ids" in p["prompt"] else list(range(1, p["prompt"]["chat"]["length"] + 1))
+        full = (len(ids) - 1) // job["engine"]["block_size"] * job["engine"]["block_size"]
+        requests = [{"role": "cold" if i == 0 else "reuse", "cached_tokens": 0 if i == 0 or mode == "baseline" else full,
+                     "token_ids": [(sum(ids) + k) % 97 for k in range(job["max_tokens"])], "logprobs": [],
+                     "finish_reason": "length", "kv_transfer_params": None, "text": ""}
+                    for i in range(p["requests"])]
+        probes.append({"name": p["name"], "prompt_token_ids": ids, "messages": None, "requests": requests})
+    e = job["engine"]
+    effective = {"model": e["model"], "revision": e["revision"], "dtype": e["dtype"], "max_model_len": e["max_model_len"],
+                 "seed": e["seed"], "enforce_eager": True, "block_size": e["block_size"],
+                 "enable_prefix_caching": mode == "native"}
+    effective.update(config.get(job["arm"]["name"], {}))
+    return {"kind": "kvkit-arm-result", "schema_version": 1, "arm": job["arm"]["name"], "pid": os.getpid(),
+            "versions": {"vllm": "fake", "torch": "fake", "lmcache": "fake"}, "effective_config": effective,
+            "probes": probes, "error": None, "engine_start_s": 0.0, "import_s": 0.0, "generation_s": 0.0}
+
+
+def _spawn_grandchild(pid_dir: str, arm: str) -> None:
+    # Same process group as this child, like vLLM's engine core and workers.
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    with open(os.path.join(pid_dir, f"{arm}.grandchild.pid"), "w") as fh:
+        fh.write(str(sleeper.pid))
+    with open(os.path.join(pid_dir, f"{arm}.child.pid"), "w") as fh:
+        fh.write(str(os.getpid()))
+
+
+def main(argv: list[str]) -> int:
+    with open(argv[0], encoding="utf-8") as fh:
+        job = json.load(fh)
+    spec = json.loads(os.environ.get("KVKIT_FAKE", "{}"))
+    arm = job["arm"]["name"]
+    mode = spec.get("modes", {}).get(arm, spec.get("modes", {}).get("*", "ok"))
+    print(f"fake-engine: arm={arm} mode={mode} pid={os.getpid()}", flush=True)
+    for name in spec.get("echo_env", []):
+        print(f"fake-engine: {name}={os.environ.get(name, '')}", flush=True)
+    if spec.get("pid_dir"):
+        _spawn_grandchild(spec["pid_dir"], arm)
+    out = job["output"]
+    if mode == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "segfault":
+        ctypes.string_at(0)
+    if mode == "hang-ignore-term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if mode in ("hang", "hang-ignore-term"):
+        while True:
+            time.sleep(1)
+    if mode == "slow":
+        time.sleep(float(spec.get("sleep_s", 30)))
+    if mode == "oom":
+        bytearray(1 << 50)  # a real MemoryError: nothing can allocate a petabyte
+    if mode == "exit7":
+        return 7
+    if mode == "missing":
+        return 0
+    if mode == "garbage":
+        with open(out, "w") as fh:
+            fh.write('{"kind": "kvkit-arm-result", "probes": [')
+        return 0
+    if mode == "wrong-kind":
+        write_json_atomic(out, {"kind": "something-else"})
+        return 0
+    if mode == "raise":
+        write_json_atomic(out, {"kind": "kvkit-arm-result", "schema_version": 1, "arm": arm, "probes": [],
+                                "error": {"type": "ValueError", "message": "fake engine raised"}})
+        return 3
+    if mode == "raise-no-record":
+        return 3
+    write_json_atomic(out, _result(job, spec.get("config", {})))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

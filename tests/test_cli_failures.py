@@ -1,0 +1,226 @@
+"""The whole command under failure: child errors in the report, interrupts, secrets, refusals to
+compare, and bad input (one line, exit 2, nothing overwritten). The engine child is
+tests/fake_engine.py through the hidden --engine-module flag: it proves failure handling only."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_cli
+
+FAKE = ["--engine-module", "tests.fake_engine"]
+OLD_REPORT = b'{"kind": "kvkit-report", "old": true}\n'
+OLD_LOG = b"old log\n"
+
+
+def _fixture(tmp: Path, probes: list | None = None, **top) -> Path:
+    probes = probes if probes is not None else [{"name": "p1", "prompt": {"token_ids": list(range(1, 40))}},
+                                                {"name": "p2", "prompt": {"token_ids": list(range(2, 60))}}]
+    data = {"kind": "kvkit-fixture", "schema_version": 1, "name": "t", "tokenizer": {"name": "fake"}, "probes": probes}
+    data.update(top)
+    path = tmp / "fixture.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.fixture
+def setup(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
+    report = tmp_path / "out" / "report.json"
+    report.parent.mkdir()
+    report.write_bytes(OLD_REPORT)
+    logs = report.parent / "report.logs"
+    logs.mkdir()
+    (logs / "baseline.log").write_bytes(OLD_LOG)
+    scratch = tmp_path / "tmpdir"
+    scratch.mkdir()
+    return {"tmp": tmp_path, "model": model, "report": report, "logs": logs, "fixture": _fixture(tmp_path),
+            "TMPDIR": scratch}
+
+
+def _args(s: dict, *extra: str, fixture: Path | None = None, report: Path | None = None) -> list[str]:
+    return ["--model", str(s["model"]), "--max-model-len", "256", "--max-tokens", "4", "--timeout", "60",
+            "--fixture", str(fixture or s["fixture"]), "--report", str(report or s["report"]), *FAKE, *extra]
+
+
+def _env(s: dict, **fake) -> dict:
+    return {"KVKIT_FAKE": json.dumps(fake), "TMPDIR": str(s["TMPDIR"])}
+
+
+def assert_untouched(s: dict) -> None:
+    assert s["report"].read_bytes() == OLD_REPORT
+    assert sorted(p.name for p in s["logs"].iterdir()) == ["baseline.log"]
+    assert (s["logs"] / "baseline.log").read_bytes() == OLD_LOG
+    assert [p.name for p in s["report"].parent.iterdir() if p.name.startswith(".")] == [], "work dir left behind"
+    assert list(s["TMPDIR"].iterdir()) == [], "scratch dir left behind"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def test_completed_run_with_fake_engine_writes_a_report(setup):
+    proc = run_cli(_args(setup, "--kv-connector", "ExampleConnector", "--compare-native"), env=_env(setup), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(setup["report"].read_text())
+    assert [a["verdict"] for a in data["arms"]] == ["PASS", "PASS", "PASS"] and data["complete"] is True
+    assert sorted(p.name for p in setup["logs"].iterdir()) == ["ExampleConnector.log", "baseline.log", "native.log"]
+
+
+@pytest.mark.parametrize("mode, kind", [("sigkill", "crash"), ("hang", "timeout"), ("oom", "out-of-memory"),
+                                        ("garbage", "unparsable-output"), ("missing", "missing-output"),
+                                        ("exit7", "nonzero-exit"), ("raise", "raised")])
+def test_child_failure_is_a_named_error_in_the_report_and_exit_3(setup, mode, kind):
+    pid_dir = setup["tmp"] / "pids"
+    pid_dir.mkdir()
+    proc = run_cli(_args(setup, "--kv-connector", "ExampleConnector", "--timeout", "3"),
+                   env=_env(setup, modes={"ExampleConnector": mode}, pid_dir=str(pid_dir)), timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    data = json.loads(setup["report"].read_text())
+    arm = data["arms"][1]
+    assert arm["verdict"] == "ERROR" and arm["error"]["kind"] == kind
+    assert f"mode={mode}" in arm["error"]["log_tail"]
+    assert data["errors"] == [{"arm": "ExampleConnector", "kind": kind, "detail": arm["error"]["detail"]}]
+    assert f"ERROR ExampleConnector: {kind}" in proc.stdout
+    for pid_file in pid_dir.iterdir():
+        assert not _alive(int(pid_file.read_text())), pid_file.name
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_mid_arm_kills_children_and_leaves_the_old_report(setup, sig):
+    pid_dir = setup["tmp"] / "pids"
+    pid_dir.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **_env(setup, modes={"ExampleConnector": "hang"}, pid_dir=str(pid_dir)))
+    proc = subprocess.Popen([sys.executable, "-m", "repro.verify_kv_reuse",
+                             *_args(setup, "--kv-connector", "ExampleConnector")], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (pid_dir / "ExampleConnector.grandchild.pid").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert_untouched(setup)
+    for pid_file in pid_dir.iterdir():
+        assert not _alive(int(pid_file.read_text())), pid_file.name
+
+
+def test_secrets_are_redacted_in_report_and_kept_logs(setup):
+    secret = "hf_abcdefghijklmnop0123"
+    proc = run_cli(_args(setup, "--kv-connector", "ExampleConnector", "--kv-connector-extra-config",
+                         json.dumps({"note": secret})),
+                   env={"HF_TOKEN": secret, "KVKIT_DB_PASSWORD": secret + "x", **_env(setup, echo_env=["HF_TOKEN", "KVKIT_DB_PASSWORD"])},
+                   timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = setup["report"].read_text()
+    data = json.loads(text)
+    assert data["provenance"]["env"]["HF_TOKEN"] == "<redacted>"
+    assert data["provenance"]["env"]["KVKIT_DB_PASSWORD"] == "<redacted>"
+    assert secret not in json.dumps(data["provenance"])
+    logs = "".join(p.read_text() for p in setup["logs"].iterdir())
+    assert "HF_TOKEN=<redacted>" in logs and "KVKIT_DB_PASSWORD=<redacted>" in logs and secret not in logs
+
+
+@pytest.mark.parametrize("key, value", [("dtype", "float16"), ("model", "other"), ("revision", "abc"),
+                                        ("block_size", 32)])
+def test_arms_that_differ_are_not_compared(setup, key, value):
+    proc = run_cli(_args(setup, "--kv-connector", "ExampleConnector"),
+                   env=_env(setup, config={"ExampleConnector": {key: value}}), timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    arm = json.loads(setup["report"].read_text())["arms"][1]
+    assert arm["verdict"] == "ERROR" and arm["probes"] == []
+    assert any(r.startswith(f"refusing to compare: {key} differs") for r in arm["reasons"]), arm["reasons"]
+
+
+def _edit_fixture(s: dict, drop: str | None = None, **change) -> list[str]:
+    data = json.loads(s["fixture"].read_text())
+    data.update(change)
+    data.pop(drop, None)
+    s["fixture"].write_text(json.dumps(data))
+    return []
+
+
+def _probes(s: dict, *probes: dict) -> list[str]:
+    _fixture(s["tmp"], list(probes))
+    return []
+
+
+def _lmcache_yaml(s: dict, text: str | None) -> list[str]:
+    path = s["tmp"] / "lmcache.yaml"
+    if text is not None:
+        path.write_text(text)
+    return ["--kv-connector", "LMCacheConnectorV1", "--lmcache-config", str(path)]
+
+
+def _tok(name: str, ids: list[int]) -> dict:
+    return {"name": name, "prompt": {"token_ids": ids}}
+
+
+# case: (set-up returning extra flags, what the one-line message must name)
+BAD_INPUT = {
+    "malformed fixture JSON": (lambda s: s["fixture"].write_text('{"kind": "kvkit-fixture",') and [], "not valid JSON"),
+    "fixture missing probes": (lambda s: _edit_fixture(s, drop="probes"), "fixture: missing field 'probes'"),
+    "fixture wrong type": (lambda s: _edit_fixture(s, name=5), "fixture.name: wrong type int"),
+    "fixture newer version": (lambda s: _edit_fixture(s, schema_version=99), "upgrade the kit"),
+    "token outside vocabulary": (lambda s: _probes(s, _tok("p", [1, 5000])), "token ID 5000 outside the vocabulary"),
+    "prompt too long": (lambda s: _probes(s, _tok("p", list(range(1, 300)))), "over max_model_len - max_tokens = 252"),
+    "duplicate probe names": (lambda s: _probes(s, _tok("p", [1, 2]), _tok("p", [3, 4])), "duplicate probe name 'p'"),
+    "missing fixture": (lambda s: s["fixture"].unlink() or [], "cannot read"),
+    "unreadable LMCache YAML": (lambda s: _lmcache_yaml(s, None), "--lmcache-config"),
+    "invalid LMCache YAML": (lambda s: _lmcache_yaml(s, "chunk_size: [1,\n"), "invalid YAML"),
+    "LMCache YAML bad chunk": (lambda s: _lmcache_yaml(s, "chunk_size: -4\n"), "chunk_size must be a positive"),
+    "LMCache YAML not a mapping": (lambda s: _lmcache_yaml(s, "- a\n- b\n"), "must be a mapping"),
+    "module path without connector": (lambda s: ["--kv-connector-module-path", "x.y"], "needs --kv-connector"),
+    "lmcache config without LMCache": (lambda s: ["--kv-connector", "ExampleConnector", "--lmcache-config",
+                                                  str(ROOT / "fixtures" / "lmcache-local-cpu.yaml")], "needs an LMCache"),
+    "LMCacheConnectorV1 with module path": (lambda s: ["--kv-connector", "LMCacheConnectorV1",
+                                                       "--kv-connector-module-path", "x"], "is in-tree"),
+    "nothing to compare": (lambda s: [], "nothing to compare"),
+    "extra config not JSON": (lambda s: ["--kv-connector", "ExampleConnector", "--kv-connector-extra-config", "{x"],
+                              "not valid JSON"),
+    "missing model path": (lambda s: ["--model", str(s["tmp"] / "no-model")], "no such local model directory"),
+    "model dir without config": (lambda s: (s["model"] / "config.json").unlink() or [], "has no config.json"),
+    "unknown flag": (lambda s: ["--frobnicate"], "unrecognized arguments"),
+    "reuses out of range": (lambda s: ["--reuses", "0"], "--reuses must be"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUT))
+def test_bad_input_is_one_line_exit_2_and_overwrites_nothing(setup, case):
+    make, message = BAD_INPUT[case]
+    extra = make(setup)
+    default_arm = [] if case in ("nothing to compare", "module path without connector") or "--kv-connector" in extra \
+        else ["--kv-connector", "ExampleConnector"]
+    proc = run_cli(_args(setup, *default_arm) + extra, env=_env(setup), timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: "), proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+    assert_untouched(setup)
+
+
+@pytest.mark.parametrize("where", ["parent is a file", "read-only file system", "report is a directory",
+                                   "report is the fixture"])
+def test_unwritable_report_path_is_a_usage_error(setup, where):
+    target = {"parent is a file": setup["fixture"] / "r.json", "read-only file system": Path("/proc/kvkit/r.json"),
+              "report is a directory": setup["logs"], "report is the fixture": setup["fixture"]}[where]
+    before = setup["fixture"].read_bytes()
+    proc = run_cli(_args(setup, "--kv-connector", "ExampleConnector", report=target), env=_env(setup), timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--report" in proc.stderr, proc.stderr
+    assert setup["fixture"].read_bytes() == before
+    assert_untouched(setup)

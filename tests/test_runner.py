@@ -1,0 +1,129 @@
+"""The parent side under child failures: every way a child goes wrong is a distinct named kind,
+with the log tail, and nothing the child started is left running. Uses tests/fake_engine.py: a
+stand-in child that fails on purpose (it proves failure handling, never verification)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from repro import runner
+from repro.runner import (CRASH, MISSING_OUTPUT, NONZERO_EXIT, OOM, RAISED, TIMEOUT, UNPARSABLE_OUTPUT,
+                          child_env, classify_exit, run_arm)
+
+FAKE = "tests.fake_engine"
+
+
+def _job(arm: str = "baseline", mode: str = "baseline") -> dict:
+    return {"arm": {"name": arm, "mode": mode, "connector": None},
+            "engine": {"model": "fake", "revision": None, "dtype": "float32", "seed": 0, "gpu_memory_utilization": 0.1,
+                       "max_model_len": 256, "block_size": 16, "device": "cpu"},
+            "max_tokens": 4, "logprobs": 2,
+            "probes": [{"name": "p", "prompt": {"token_ids": list(range(1, 40))}, "requests": 2}]}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def run_fake(tmp_path: Path, mode: str, timeout_s: float = 60.0, **spec) -> runner.ArmOutcome:
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir(exist_ok=True)
+    fake = {"modes": {"*": mode}, "pid_dir": str(pid_dir), **spec}
+    env = child_env(dict(os.environ), hashseed="0", extra={"KVKIT_FAKE": json.dumps(fake)})
+    return run_arm(_job(), workdir=tmp_path, log_path=tmp_path / "baseline.log", env=env, timeout_s=timeout_s,
+                   python=sys.executable, module=FAKE)
+
+
+def assert_no_leftovers(tmp_path: Path) -> None:
+    for name in ("baseline.child.pid", "baseline.grandchild.pid"):
+        path = tmp_path / "pids" / name
+        assert path.is_file(), f"the fake child did not get to write {name}"
+        pid = int(path.read_text())
+        assert not _alive(pid), f"{name} {pid} is still running"
+
+
+@pytest.mark.parametrize("mode, kind, detail", [
+    ("sigkill", CRASH, "SIGKILL"),
+    ("segfault", CRASH, "SIGSEGV"),
+    ("oom", OOM, "memoryerror"),
+    ("exit7", NONZERO_EXIT, "exit status 7"),
+    ("missing", MISSING_OUTPUT, "without writing"),
+    ("garbage", UNPARSABLE_OUTPUT, "not valid JSON"),
+    ("wrong-kind", UNPARSABLE_OUTPUT, "not a kvkit-arm-result"),
+    ("raise", RAISED, "ValueError: fake engine raised"),
+    ("raise-no-record", NONZERO_EXIT, "exit status 3"),
+])
+def test_each_child_failure_is_a_named_kind_with_the_log_tail(tmp_path, mode, kind, detail):
+    out = run_fake(tmp_path, mode)
+    assert out.result is None or kind == RAISED
+    assert out.failure is not None and out.failure["kind"] == kind
+    assert detail.lower() in out.failure["detail"].lower()
+    assert f"fake-engine: arm=baseline mode={mode}" in out.failure["log_tail"]
+    assert_no_leftovers(tmp_path)
+
+
+def test_success_reaps_grandchildren_too(tmp_path):
+    out = run_fake(tmp_path, "ok")
+    assert out.failure is None and out.result["probes"][0]["name"] == "p"
+    assert_no_leftovers(tmp_path)
+
+
+def test_hang_past_timeout_kills_the_whole_group(tmp_path):
+    t0 = time.monotonic()
+    out = run_fake(tmp_path, "hang", timeout_s=2)
+    assert out.failure["kind"] == TIMEOUT and "time limit" in out.failure["detail"]
+    assert "mode=hang" in out.failure["log_tail"]
+    assert time.monotonic() - t0 < 15
+    assert_no_leftovers(tmp_path)
+
+
+def test_a_child_that_ignores_sigterm_gets_sigkill(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "GRACE_S", 0.5)
+    out = run_fake(tmp_path, "hang-ignore-term", timeout_s=2)
+    assert out.failure["kind"] == TIMEOUT
+    assert_no_leftovers(tmp_path)
+
+
+def test_secret_env_values_are_redacted_from_the_kept_log(tmp_path):
+    secret = "hf_s3cr3t-value-123"
+    os.environ["KVKIT_TEST_API_KEY"] = secret
+    try:
+        out = run_fake(tmp_path, "exit7", echo_env=["KVKIT_TEST_API_KEY"])
+    finally:
+        del os.environ["KVKIT_TEST_API_KEY"]
+    log = (tmp_path / "baseline.log").read_text()
+    assert "KVKIT_TEST_API_KEY=<redacted>" in log and secret not in log
+    assert secret not in out.failure["log_tail"] and "<redacted>" in out.failure["log_tail"]
+
+
+@pytest.mark.parametrize("rc, log, timed_out, oom, kind", [
+    (None, "", True, False, TIMEOUT),
+    (0, "", False, False, None),
+    (-9, "", False, False, CRASH),
+    (-9, "", False, True, OOM),
+    (-9, "torch.OutOfMemoryError: CUDA out of memory", False, False, OOM),
+    (-11, "", False, False, CRASH),
+    (1, "RuntimeError: CUDA out of memory. Tried to allocate", False, False, OOM),
+    (137, "", False, True, OOM),
+    (137, "", False, False, NONZERO_EXIT),
+    (3, "", False, False, RAISED),
+    (2, "the process was killed by someone", False, False, NONZERO_EXIT),
+])
+def test_classify_exit(rc, log, timed_out, oom, kind):
+    got = classify_exit(rc, log, timed_out, oom)
+    assert (got[0] if got else None) == kind
+
+
+def test_oom_kill_counter_is_read_or_absent():
+    count = runner.oom_kill_count()
+    assert count is None or (isinstance(count, int) and count >= 0)
