@@ -12,6 +12,8 @@ commands:
   verify ARGS        the verifier (same as python -m repro.verify_kv_reuse ARGS)
   make-model DIR     write the tiny Qwen3-architecture CPU model into DIR, print its SHA-256
   bench --model DIR  run the CPU acceptance and print wall time vs summed engine starts
+  site [--reports DIR] [--out DIR]
+                     render the static report site (default: reports/ into site/)
 """
 
 
@@ -36,6 +38,10 @@ def main(argv: list[str]) -> int:
         from repro.bench import main as bench_main
 
         return bench_main(rest)
+    if cmd == "site":
+        from repro.render import main as site_main
+
+        return site_main(rest)
     print(f"error: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
     return EXIT_USAGE
 
