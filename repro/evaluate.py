@@ -19,6 +19,9 @@ def comparability_problems(baseline: dict, other: dict) -> list[str]:
     for key in COMPARABLE_CONFIG_KEYS:
         if bc.get(key) != oc.get(key):
             problems.append(f"{key} differs: baseline {bc.get(key)!r} vs {other['arm']} {oc.get(key)!r}")
+    if baseline.get("fixture_sha256") != other.get("fixture_sha256"):  # stamped by the runner from the job
+        problems.append(f"fixture hash differs: baseline {baseline.get('fixture_sha256')!r} vs {other['arm']} "
+                        f"{other.get('fixture_sha256')!r}")
     bv, ov = baseline.get("versions", {}), other.get("versions", {})
     for key in COMPARABLE_VERSION_KEYS:
         if bv.get(key) != ov.get(key):

@@ -1,0 +1,65 @@
+"""The one writer: a reader sees the old file or the whole new one, even when the writer is
+killed with SIGKILL at any point."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import ROOT
+from repro.atomic import dumps_json, write_json_atomic
+
+# The child alternates two large, distinct documents into one path as fast as it can.
+WRITER = """
+import sys
+from repro.atomic import write_json_atomic
+path = sys.argv[1]
+docs = [{"kind": "doc", "which": w, "payload": [w * 7] * 200000} for w in (1, 2)]
+print("ready", flush=True)
+i = 0
+while True:
+    write_json_atomic(path, docs[i % 2])
+    i += 1
+"""
+
+
+def test_kill_9_at_random_points_never_leaves_a_partial_file(tmp_path):
+    target = tmp_path / "report.json"
+    write_json_atomic(target, {"kind": "doc", "which": 0, "payload": []})
+    valid = {0, 1, 2}
+    rng = random.Random(6)
+    seen = set()
+    for _ in range(25):
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(target)], cwd=ROOT, stdout=subprocess.PIPE,
+                                env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        assert proc.stdout.readline().strip() == b"ready"
+        time.sleep(rng.uniform(0.0, 0.25))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        raw = target.read_bytes()
+        data = json.loads(raw)  # never truncated
+        assert data["which"] in valid
+        assert raw.decode() == dumps_json(data)  # complete, byte for byte
+        seen.add(data["which"])
+    assert seen & {1, 2}, "the writer never got to replace the file: the test proved nothing"
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name != "report.json"]
+    assert all(n.startswith(".report.json.") and n.endswith(".tmp") for n in leftovers), leftovers
+
+
+def test_writes_are_deterministic_and_refuse_unknown_types(tmp_path):
+    target = tmp_path / "a.json"
+    write_json_atomic(target, {"b": 1, "a": [1, "é"]})
+    assert target.read_text(encoding="utf-8") == '{\n  "a": [\n    1,\n    "é"\n  ],\n  "b": 1\n}\n'
+    try:
+        write_json_atomic(target, {"x": object()})
+    except TypeError:
+        pass
+    else:
+        raise AssertionError("an unknown type was serialized")
+    assert json.loads(target.read_text())["b"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
