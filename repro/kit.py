@@ -210,6 +210,10 @@ def format_finding(c: ChosenReport, files: set[str]) -> str:
              issue_md.format_table(r), issue_md.format_verdicts(r),
              "First diffs and margins:\n\n" + issue_md.format_diffs(r, token_limit=16),
              "Stack:\n\n" + issue_md.format_stack(r), run, issue_md.format_reproduce(r).split("\n\n")[0]]
+    if profile == "cpu":
+        parts.append("Its model is the kit's generated tiny model: `make model` writes it to "
+                     "`.cache/models/kvkit-tiny-qwen3` (pass that as `--model`); its SHA-256 must equal the "
+                     f"report's `provenance.model.sha256` ({r['provenance'].get('model', {}).get('sha256', '?')}).")
     if c.missing_logs:
         parts.append("Logs the report cites but that were not available when the kit was built: "
                      + ", ".join(f"`{m}`" for m in c.missing_logs) + ".")
