@@ -24,6 +24,7 @@ from pathlib import Path
 
 from repro import __version__
 from repro.errors import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, UsageError
+from repro.report import REPORT_KIND
 
 KIT_NAME = "kvkit"
 MAX_KIT_BYTES = 1_000_000
@@ -33,7 +34,6 @@ NEVER_PATHS = (".venvs/", ".cache/", "dist/", "site/", "reports/", "tests/artifa
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".onnx", ".h5", ".npz")
 EVIDENCE = "evidence"
 RAW = "raw"  # the site renderer's folder for report and log copies
-REPORT_KIND = "kvkit-report"
 # Set by kit-check in the unpacked tree, so its tests do not build and check a kit again.
 NESTED_ENV = "KVKIT_KIT_CHECK"
 
