@@ -111,7 +111,8 @@ def test_connector_vs_native_table_cells(reports, tmp_path):
     assert ["native prefix caching: PASS"] in body
     assert ["fixture", "1502", "0→1488×3", "FAIL", "@9"] in body
     assert ["chat-513", "513", "0→512", "FAIL", "@2"] in body
-    assert ["chat-513", "", "—", "SKIPPED", ""] in body  # ExampleConnector's skipped probe is shown, not dropped
+    skipped = body.index(["chat-513", "", "—", "SKIPPED", ""])  # ExampleConnector's skipped probe is shown, not dropped
+    assert body[skipped + 1][0].startswith("ExampleConnector matches whole prompts only when (L-1) % block_size != 0")
     assert not any(r and r[0].startswith("baseline") for r in body)  # a PASS baseline is a line above, not a block
     planted = body.index(["PlantedFault (PlantedFaultConnector): FAIL"])
     assert body[planted + 1:planted + 5] == [["fixture", "1502", "0→1488×3", "FAIL", "@9"],

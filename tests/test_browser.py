@@ -1,0 +1,261 @@
+"""The rendered site in a real headless Chromium: visible banner and table, right cells, no network request.
+
+Driven over the DevTools protocol on a pipe (--remote-debugging-pipe: fd 3 in, fd 4 out), so every
+request the page makes is seen as a Network event, whatever its scheme or host. Screenshots go to
+tests/artifacts/.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import json
+import os
+import select
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ARTIFACTS, ROOT
+from repro.render import render_site
+
+DATA = ROOT / "tests" / "data"
+STEM = "render-selftest"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-extensions", "--mute-audio", "--hide-scrollbars",
+         # Belt and braces: nothing could leave the machine anyway; the Network events still show attempts.
+         "--host-resolver-rules=MAP * ~NOTFOUND", "--remote-debugging-pipe"]
+
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (CI installs Debian's package)")
+
+PROBE_JS = """(() => {
+  const visible = el => { if (!el) return false; const r = el.getBoundingClientRect(), s = getComputedStyle(el);
+    return r.width > 0 && r.height > 0 && s.visibility !== 'hidden' && s.display !== 'none' && r.top < innerHeight * 4; };
+  const banner = document.getElementById('claim-banner'), table = document.getElementById('cmp');
+  return {
+    bannerVisible: visible(banner), bannerText: banner ? banner.innerText : null,
+    bannerTop: banner ? banner.getBoundingClientRect().top : null,
+    tableVisible: visible(table),
+    rows: table ? [...table.querySelectorAll('tr')].map(tr => [...tr.children].map(c => c.innerText.trim())) : [],
+    scripts: document.querySelectorAll('script').length, imgs: document.querySelectorAll('img').length,
+    bodyText: document.body.innerText,
+    scrollWidth: document.documentElement.scrollWidth, clientWidth: document.documentElement.clientWidth,
+  };
+})()"""
+
+
+class Browser:
+    """A minimal DevTools-protocol client over Chromium's pipe: one page, its Network and Page events."""
+
+    def __init__(self, user_data_dir: str):
+        self._log = open(Path(user_data_dir) / "chromium.log", "wb")  # noqa: SIM115 - closed in close()
+        to_child_r, self._to_child = os.pipe()
+        self._from_child, from_child_w = os.pipe()
+
+        def wire_fds() -> None:  # the child expects the protocol on fds 3 (reads) and 4 (writes)
+            r = fcntl.fcntl(to_child_r, fcntl.F_DUPFD_CLOEXEC, 10)
+            w = fcntl.fcntl(from_child_w, fcntl.F_DUPFD_CLOEXEC, 10)
+            os.dup2(r, 3)  # via fds >= 10, so that wiring one cannot clobber the other; dup2 clears CLOEXEC
+            os.dup2(w, 4)
+
+        self.proc = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={user_data_dir}", "about:blank"],
+                                     close_fds=False, preexec_fn=wire_fds,  # close_fds would run after wire_fds
+                                     stdout=subprocess.DEVNULL, stderr=self._log)
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self._buf = b""
+        self._id = 0
+        self.events: list[dict] = []
+        self.session = ""
+
+    def _read_message(self, deadline: float) -> dict:
+        while b"\0" not in self._buf:
+            ready, _, _ = select.select([self._from_child], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise TimeoutError("chromium did not answer in time")
+            chunk = os.read(self._from_child, 1 << 20)
+            if not chunk:
+                self._log.flush()
+                tail = (Path(self._log.name).read_bytes()[-2000:]).decode(errors="replace")
+                raise RuntimeError(f"chromium closed the DevTools pipe; its stderr ends:\n{tail}")
+            self._buf += chunk
+        raw, self._buf = self._buf.split(b"\0", 1)
+        return json.loads(raw)
+
+    def call(self, method: str, params: dict | None = None, timeout: float = 30, session: bool = True) -> dict:
+        self._id += 1
+        msg = {"id": self._id, "method": method, "params": params or {}}
+        if session and self.session:
+            msg["sessionId"] = self.session
+        os.write(self._to_child, json.dumps(msg).encode() + b"\0")
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self._read_message(deadline)
+            if reply.get("id") == self._id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply.get("result", {})
+            self.events.append(reply)
+
+    def wait_event(self, method: str, timeout: float = 30) -> dict:
+        deadline = time.monotonic() + timeout
+        for i, ev in enumerate(self.events):
+            if ev.get("method") == method:
+                return self.events.pop(i)
+        while True:
+            ev = self._read_message(deadline)
+            if ev.get("method") == method:
+                return ev
+            self.events.append(ev)
+
+    def open_page(self) -> None:
+        target = self.call("Target.createTarget", {"url": "about:blank"}, session=False)["targetId"]
+        self.session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True}, session=False)["sessionId"]
+        self.call("Network.enable")
+        self.call("Page.enable")
+
+    def load(self, url: str, width: int, height: int = 900, mobile: bool = False) -> list[str]:
+        """Navigate at a viewport size; returns every URL the page requested."""
+        self.call("Emulation.setDeviceMetricsOverride",
+                  {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": mobile})
+        self.events.clear()
+        self.call("Page.navigate", {"url": url})
+        self.wait_event("Page.loadEventFired")
+        time.sleep(0.3)  # late subresources (fonts, lazy images) would show up here
+        self.call("Runtime.evaluate", {"expression": "1"})  # drains queued events into self.events
+        return [e["params"]["request"]["url"] for e in self.events if e.get("method") == "Network.requestWillBeSent"]
+
+    def evaluate(self, expression: str):
+        res = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True})
+        if "exceptionDetails" in res:
+            raise RuntimeError(res["exceptionDetails"])
+        return res["result"]["value"]
+
+    def screenshot(self, path: Path, full_page: bool = True) -> None:
+        params: dict = {"format": "png"}
+        if full_page:
+            size = self.evaluate("[document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
+            params.update(captureBeyondViewport=True,
+                          clip={"x": 0, "y": 0, "width": size[0], "height": min(size[1], 6000), "scale": 1})
+        data = self.call("Page.captureScreenshot", params, timeout=60)["data"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(data))
+
+    def close(self) -> None:
+        try:
+            self.call("Browser.close", session=False, timeout=5)
+        except (RuntimeError, TimeoutError, OSError):
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self._to_child)
+        os.close(self._from_child)
+        self._log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with tempfile.TemporaryDirectory(prefix="kvkit-chromium-") as profile:
+        b = Browser(profile)
+        try:
+            b.open_page()
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    reports = tmp_path_factory.mktemp("reports")
+    for name in (f"{STEM}.json", f"{STEM}.md"):
+        shutil.copy(DATA / name, reports / name)
+    shutil.copytree(DATA / f"{STEM}.logs", reports / f"{STEM}.logs")
+    out = tmp_path_factory.mktemp("site")
+    render_site(reports, out)
+    return out
+
+
+def test_report_page_in_chromium_at_1280(browser, site):
+    url = (site / f"{STEM}.html").as_uri()
+    requested = browser.load(url, 1280)
+    assert requested == [url]  # the page itself, nothing else: no font, script, style or image
+    got = browser.evaluate(PROBE_JS)
+    browser.screenshot(ARTIFACTS / "site-report-1280.png")
+    assert got["bannerVisible"] and got["bannerTop"] < 120
+    assert "claim_eligible=false" in got["bannerText"] and "no speed, cost, throughput or latency claim" in got["bannerText"]
+    assert got["tableVisible"]
+    rows = [r[:5] for r in got["rows"]]
+    assert ["PlantedFault (PlantedFaultConnector): FAIL"] in rows
+    i = rows.index(["PlantedFault (PlantedFaultConnector): FAIL"])
+    assert rows[i + 1] == ["fixture", "1502", "0→1488×3", "FAIL", "@9"]
+    assert ["fixture", "1502", "0→1488×3", "PASS", ""] in rows
+    assert got["scripts"] == 0 and got["imgs"] == 0
+    assert got["scrollWidth"] <= got["clientWidth"]  # no sideways scrolling at 1280 px
+
+
+def test_report_page_in_chromium_at_phone_width(browser, site):
+    url = (site / f"{STEM}.html").as_uri()
+    assert browser.load(url, 390, 844, mobile=True) == [url]
+    got = browser.evaluate(PROBE_JS)
+    browser.screenshot(ARTIFACTS / "site-report-390.png")
+    assert got["bannerVisible"] and got["tableVisible"]
+    assert got["scrollWidth"] <= got["clientWidth"] + 1  # wide tables scroll inside their own box, not the page
+
+
+def test_index_page_in_chromium(browser, site):
+    url = (site / "index.html").as_uri()
+    assert browser.load(url, 1280) == [url]
+    text = browser.evaluate("document.body.innerText")
+    browser.screenshot(ARTIFACTS / "site-index-1280.png", full_page=False)
+    assert "CPU Intel(R) Xeon(R) Processor" in text and "0.28.0" in text and "PlantedFault (PlantedFaultConnector)" in text
+
+
+def test_hostile_model_text_stays_text_in_chromium(browser, tmp_path):
+    report = json.loads((DATA / f"{STEM}.json").read_text(encoding="utf-8"))
+    payload = '<script>alert(1)</script>"><img src=x onerror=alert(1)>'
+    for arm in report["arms"]:
+        for probe in arm["probes"]:
+            for req in probe["requests"]:
+                req["text"] = payload
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "x.json").write_text(json.dumps(report), encoding="utf-8")
+    render_site(tmp_path / "reports", tmp_path / "site")
+    url = (tmp_path / "site" / "x.html").as_uri()
+    assert browser.load(url, 1280) == [url]  # an <img src=x> that got through would be requested
+    got = browser.evaluate(PROBE_JS)
+    assert got["scripts"] == 0 and got["imgs"] == 0
+    assert payload in got["bodyText"]
+
+
+def test_the_network_check_sees_requests(browser, tmp_path):
+    """The harness itself: a page that does load something from elsewhere is caught."""
+    page = tmp_path / "leaky.html"
+    page.write_text('<!DOCTYPE html><link rel="stylesheet" href="https://fonts.example.invalid/a.css">'
+                    '<img src="http://cdn.example.invalid/x.png"><p>leaky</p>', encoding="utf-8")
+    requested = browser.load(page.as_uri(), 1280)
+    assert "https://fonts.example.invalid/a.css" in requested and "http://cdn.example.invalid/x.png" in requested
+
+
+def test_report_page_print_media(browser, site):
+    url = (site / f"{STEM}.html").as_uri()
+    browser.call("Emulation.setEmulatedMedia", {"media": "print"})
+    try:
+        assert browser.load(url, 800) == [url]
+        got = browser.evaluate(PROBE_JS)
+        crumbs = browser.evaluate("getComputedStyle(document.querySelector('.crumbs')).display")
+        browser.screenshot(ARTIFACTS / "site-report-print.png", full_page=False)
+        pdf = base64.b64decode(browser.call("Page.printToPDF", {}, timeout=60)["data"])
+    finally:
+        browser.call("Emulation.setEmulatedMedia", {"media": ""})
+    assert got["bannerVisible"] and got["tableVisible"] and crumbs == "none"
+    assert pdf.startswith(b"%PDF")
+    (ARTIFACTS / "site-report.pdf").write_bytes(pdf)
