@@ -311,3 +311,22 @@ def test_cli_site_command(reports, tmp_path):
     assert main(["site", "--reports", str(reports), "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "index.html").is_file()
     assert main(["site", "--reports", str(tmp_path / "nope"), "--out", str(tmp_path / "o2")]) == 2
+
+
+def test_gpu_shaped_probe_cells_margin_near_tie_and_short_output():
+    """What an LMCache run can produce: distinct first diffs, an unreported counter, a near tie, a short reuse."""
+    report = load_fixture()
+    planted = next(a for a in report["arms"] if a["name"] == "PlantedFault")
+    reqs = planted["probes"][0]["requests"]
+    reqs[1].update(first_diff=4, margin={"index": 4, "baseline_token": 61, "reuse_token": 7, "baseline_margin": 0.05,
+                                         "reuse_margin": 1.5, "baseline_top_gap": 0.05, "near_tie": True,
+                                         "baseline_gap_lower_bound": 0.04})
+    reqs[2].update(first_diff=15, token_ids=reqs[2]["token_ids"][:15])
+    reqs[3]["cached_tokens"] = None
+    page = Page(render_report_page(report, stem="g"))
+    assert ["fixture", "1502", "0→1488,1488,?", "FAIL", "@4,15,9"] in [r[:5] for r in page.rows["cmp"]]
+    text = page.all_text()
+    assert "@4: baseline 61 (margin 0.050, top-2 gap 0.050) · reuse 7 (margin 1.500) · gap ≥ 0.040 · NEAR TIE" in text
+    html = render_report_page(report, stem="g")
+    assert '<td class="first"></td>' in html  # reuse 2 ended before index 15: the first difference is its absence
+
