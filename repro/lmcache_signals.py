@@ -49,6 +49,7 @@ def scan_log(text: str) -> dict:
             out["config"] = m["cfg"][:MAX_CONFIG_CHARS]
         if m := INITIALIZED.search(line):
             initialized = True
+            out.setdefault("initialized", []).append(line[line.index("LMCache initialized"):][:600])
             if m["version"] not in out["versions"]:
                 out["versions"].append(m["version"].strip())
     if out["cuda_ops"] == "unknown" and initialized and out["retrieves"]:
@@ -101,7 +102,8 @@ def lmcache_findings(entry: dict, log_text: str) -> None:
         "retrieves": retrieves,
         "double_unpin_per_retrieve": round(scan["double_unpin_warnings"] / retrieves, 3) if retrieves else None,
         "stores": len(scan["stores"]),
-        "effective_config": scan["config"],
+        "effective_config": scan["config"] or "unavailable: LMCache logged no configuration line",
+        "initialized": scan.get("initialized", [])[:2],
         "versions_logged": scan["versions"],
     }
     findings = cross_check(entry, scan)

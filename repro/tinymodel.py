@@ -48,6 +48,13 @@ CONFIG = {
 # Argmax margins must be wide, so that legitimate floating-point differences between a cached
 # and an uncached prefill never flip a greedy token: scale lm_head well above the usual init.
 LM_HEAD_SCALE = 3.0
+# The float16 variant (`make-model --focus 8`, used for GPU runs): fp16 rounds logits to about
+# 1/2048 of their size, so a top-1/top-2 gap that small is a coin flip between a cached and an
+# uncached prefill. Letting only a few tokens compete widens the typical gap relative to the top
+# logit (for Gaussian logits, P(gap < 0.2% of top) falls from 1.5% with 320 competitors to 0.3%
+# with 8). It reduces near-ties; it cannot rule them out, and the report flags any it meets.
+FOCUS_TOKENS = " etaoinshrdlucmf"
+FOCUS_REST_SCALE = 0.05
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -135,7 +142,7 @@ def _tensor_shapes() -> list[tuple[str, tuple[int, ...], float]]:
     return out
 
 
-def build_safetensors(seed: int = MODEL_SEED) -> bytes:
+def build_safetensors(seed: int = MODEL_SEED, focus: int | None = None) -> bytes:
     """Serialize the weights by hand: a sorted JSON header and little-endian float32 data."""
     import numpy as np
 
@@ -146,8 +153,14 @@ def build_safetensors(seed: int = MODEL_SEED) -> bytes:
             arr = np.ones(shape, dtype="<f4")
         else:
             arr = (rng.standard_normal(shape) * std).astype("<f4")
+        if name == "lm_head.weight" and focus:
+            keep = [ord(ch) for ch in FOCUS_TOKENS[:focus]]
+            rest = np.ones((shape[0], 1), dtype="<f4") * np.float32(FOCUS_REST_SCALE)
+            rest[keep] = 1.0
+            arr = (arr * rest).astype("<f4")
         blobs.append((name, shape, arr.tobytes()))
-    header: dict[str, object] = {"__metadata__": {"format": "pt", "generator": f"repro.tinymodel seed={seed}"}}
+    generator = f"repro.tinymodel seed={seed}" + (f" focus={focus}" if focus else "")
+    header: dict[str, object] = {"__metadata__": {"format": "pt", "generator": generator}}
     offset = 0
     for name, shape, data in sorted(blobs):
         header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + len(data)]}
@@ -161,12 +174,12 @@ def _dump(obj: dict) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
 
 
-def model_files(seed: int = MODEL_SEED) -> dict[str, bytes]:
+def model_files(seed: int = MODEL_SEED, focus: int | None = None) -> dict[str, bytes]:
     cfg = dict(CONFIG)
     return {
         "config.json": _dump(cfg),
         "generation_config.json": _dump({"bos_token_id": 256, "eos_token_id": 258, "do_sample": False}),
-        "model.safetensors": build_safetensors(seed),
+        "model.safetensors": build_safetensors(seed, focus),
         "special_tokens_map.json": _dump({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}),
         "tokenizer.json": _dump(build_tokenizer_json()),
         "tokenizer_config.json": _dump(build_tokenizer_config()),
@@ -187,10 +200,10 @@ def digest_dir(path: Path) -> str:
     return digest_files(files)
 
 
-def make_tiny_model(dest: Path, seed: int = MODEL_SEED) -> str:
+def make_tiny_model(dest: Path, seed: int = MODEL_SEED, focus: int | None = None) -> str:
     """Write the model into dest (idempotent) and return its SHA-256."""
     dest = Path(dest)
-    files = model_files(seed)
+    files = model_files(seed, focus)
     digest = digest_files(files)
     marker = dest / "SHA256"
     if marker.is_file() and marker.read_text().strip() == digest and digest_dir(dest) == digest:

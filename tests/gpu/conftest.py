@@ -23,3 +23,15 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "tests/gpu/" in str(item.fspath):
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_fp16() -> str:
+    """The float16 variant of the tiny model: only 8 tokens compete, so fp16 logit rounding
+    produces fewer near-ties (see repro.tinymodel.FOCUS_TOKENS)."""
+    from kvkit_testutil import ROOT
+    from repro.tinymodel import make_tiny_model
+
+    path = ROOT / ".cache" / "models" / "kvkit-tiny-qwen3-focus8"
+    make_tiny_model(path, focus=8)
+    return str(path)

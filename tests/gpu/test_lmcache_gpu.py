@@ -24,9 +24,9 @@ def out_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def acceptance(tiny_model, out_dir):
+def acceptance(tiny_model_fp16, out_dir):
     report = out_dir / "h200-lmcache-tiny.json"
-    proc = run_cli(["--model", tiny_model, "--kv-connector", "LMCacheConnectorV1",
+    proc = run_cli(["--model", tiny_model_fp16, "--kv-connector", "LMCacheConnectorV1",
                     "--lmcache-config", "fixtures/lmcache-local-cpu.yaml", *COMMON, "--suite", "acceptance",
                     "--compare-native", "--fixture", "fixtures/selftest-gpu-lmcache.json", "--report", str(report)])
     print(proc.stdout)
@@ -52,10 +52,10 @@ def test_lmcache_fails_with_hits_and_native_passes(acceptance):
     assert prov["engine_versions"]["cuda_available"] is True
 
 
-def test_degraded_lmcache_start_is_never_pass(tiny_model, out_dir):
+def test_degraded_lmcache_start_is_never_pass(tiny_model_fp16, out_dir):
     report = out_dir / "h200-lmcache-degraded.json"
-    proc = run_cli(["--model", tiny_model, "--kv-connector", "LMCacheConnectorV1",
-                    "--lmcache-config", "tests/gpu/lmcache-rejected.yaml", *COMMON, "--reuses", "1",
+    proc = run_cli(["--model", tiny_model_fp16, "--kv-connector", "LMCacheConnectorV1",
+                    "--lmcache-config", "tests/gpu/lmcache-rejected.yaml", *COMMON, "--reuses", "1", "--timeout", "240",
                     "--fixture", "fixtures/selftest-gpu-lmcache.json", "--report", str(report)])
     data = json.loads(report.read_text())
     arm = next(a for a in data["arms"] if a["name"] == "LMCacheConnectorV1")
