@@ -1,6 +1,6 @@
 """Loading and validating fixtures: the probes, their tokenizer identity and expected verdicts.
 
-Fixture schema (kind "kvkit-fixture"):
+Fixture schema (kind "kvkit-fixture"; JSON Schema in schemas/fixture.schema.json):
   schema_version 1: first version.
 """
 
@@ -17,6 +17,7 @@ FIXTURE_KIND = "kvkit-fixture"
 FIXTURE_SCHEMA_VERSION = 1
 VERDICT_NAMES = ("PASS", "FAIL", "INCONCLUSIVE", "ERROR")
 _MAX_REUSES = 64
+_MAX_TOKEN_ID = 2**31  # the vocabulary check proper needs the model (check_probes_fit)
 
 
 @dataclass(frozen=True)
@@ -109,13 +110,15 @@ def parse_probe(obj: object, where: str, path) -> Probe:
         ids = prompt["token_ids"]
         if not isinstance(ids, list) or len(ids) < 2:
             raise _fail(path, f"{where}.prompt.token_ids: must be a list of at least 2 token IDs")
-        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
-            raise _fail(path, f"{where}.prompt.token_ids: every ID must be a non-negative integer")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < _MAX_TOKEN_ID for t in ids):
+            raise _fail(path, f"{where}.prompt.token_ids: every ID must be an integer from 0 to {_MAX_TOKEN_ID - 1}")
         return Probe(name=name, token_ids=tuple(ids), reuses=reuses)
     return Probe(name=name, chat=_parse_chat(prompt["chat"], f"{where}.prompt", path), reuses=reuses)
 
 
 def _parse_arm(obj: object, where: str, path) -> ArmSpec:
+    if not isinstance(obj, dict):
+        raise _fail(path, f"{where}: must be an object")
     name = _require(obj, "name", str, where, path)
     if name in ("baseline", "native") or not name:
         raise _fail(path, f"{where}.name: {name!r} is reserved")
@@ -142,13 +145,16 @@ def parse_fixture(data: object, path: str | Path, digest: str) -> Fixture:
     if version > FIXTURE_SCHEMA_VERSION:
         raise _fail(path, f"schema_version {version} is newer than this kit understands ({FIXTURE_SCHEMA_VERSION}): upgrade the kit")
     if version < FIXTURE_SCHEMA_VERSION:
-        raise _fail(path, f"schema_version {version} is old: migrate it with `python -m repro migrate`")
+        raise _fail(path, f"schema_version {version} is older than any this kit wrote and no migration exists")
     name = _require(data, "name", str, "fixture", path)
     tokenizer = _require(data, "tokenizer", dict, "fixture", path)
     _require(tokenizer, "name", str, "fixture.tokenizer", path)
     probes_raw = _require(data, "probes", list, "fixture", path)
     probes = tuple(parse_probe(p, f"probes[{i}]", path) for i, p in enumerate(probes_raw))
-    arms = tuple(_parse_arm(a, f"arms[{i}]", path) for i, a in enumerate(data.get("arms", [])))
+    arms_raw = data.get("arms", [])
+    if not isinstance(arms_raw, list):
+        raise _fail(path, "arms: must be a list")
+    arms = tuple(_parse_arm(a, f"arms[{i}]", path) for i, a in enumerate(arms_raw))
     expected = data.get("expected", {})
     if not isinstance(expected, dict):
         raise _fail(path, "expected: must be an object of arm -> {probe: verdict}")

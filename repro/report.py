@@ -1,7 +1,9 @@
 """The report: assembling the versioned JSON, acceptance, exit codes and the text summary.
 
-Report schema (kind "kvkit-report"):
-  schema_version 1: first version.
+Report schema (kind "kvkit-report"; JSON Schema in schemas/report.schema.json):
+  schema_version 1: first version (example kept forever: tests/data/report-v1-example.json).
+A newer file is refused ("upgrade the kit"). When version 2 comes, version 1 files are migrated
+only by an explicit command (`python -m repro migrate`, to be added with it), never on load.
 """
 
 from __future__ import annotations
@@ -129,10 +131,15 @@ def load_report(path: str | Path) -> dict:
     if version > REPORT_SCHEMA_VERSION:
         raise UsageError(f"report {path}: schema_version {version} is newer than this kit ({REPORT_SCHEMA_VERSION}): upgrade the kit")
     if version < REPORT_SCHEMA_VERSION:
-        raise UsageError(f"report {path}: schema_version {version} is old: migrate it with `python -m repro migrate`")
+        raise UsageError(f"report {path}: schema_version {version} is older than any this kit wrote and no migration "
+                         f"exists: regenerate it (old versions are migrated only by an explicit command)")
     for key, typ in (("arms", list), ("provenance", dict), ("acceptance", dict), ("errors", list)):
         if not isinstance(data.get(key), typ):
             raise UsageError(f"report {path}: field {key!r} missing or of the wrong type")
+    for i, arm in enumerate(data["arms"]):
+        if not isinstance(arm, dict) or not all(isinstance(arm.get(k), str) for k in ("name", "mode", "verdict")) \
+                or not isinstance(arm.get("probes"), list) or not all(isinstance(p, dict) for p in arm["probes"]):
+            raise UsageError(f"report {path}: arms[{i}] is not an arm (name, mode, verdict, probes)")
     return data
 
 

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from conftest import ROOT
+from kvkit_testutil import ROOT
 from repro.atomic import dumps_json, write_json_atomic
 
 # The child alternates two large, distinct documents into one path as fast as it can.
@@ -34,11 +34,11 @@ def test_kill_9_at_random_points_never_leaves_a_partial_file(tmp_path):
     valid = {0, 1, 2}
     rng = random.Random(6)
     seen = set()
-    for _ in range(25):
+    for _ in range(15):
         proc = subprocess.Popen([sys.executable, "-c", WRITER, str(target)], cwd=ROOT, stdout=subprocess.PIPE,
                                 env=dict(os.environ, PYTHONPATH=str(ROOT)))
         assert proc.stdout.readline().strip() == b"ready"
-        time.sleep(rng.uniform(0.0, 0.25))
+        time.sleep(rng.uniform(0.0, 0.15))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         raw = target.read_bytes()

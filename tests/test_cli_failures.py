@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli
+from kvkit_testutil import ROOT, run_cli
 
 FAKE = ["--engine-module", "tests.fake_engine"]
 OLD_REPORT = b'{"kind": "kvkit-report", "old": true}\n'

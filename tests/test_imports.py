@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import repro
-from conftest import ROOT
+from kvkit_testutil import ROOT
 
 ENGINE_SIDE = {"repro.engine", "repro.preflight_child", "repro.connectors.planted_fault"}
 

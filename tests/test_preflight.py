@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from conftest import have_vllm, run_cli
+from kvkit_testutil import have_vllm, run_cli
 from repro.runner import child_env, run_preflight
 
 pytestmark = pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")
