@@ -436,13 +436,11 @@ def check_kit(archive: Path, commands=CHECK_COMMANDS, keep: bool = False, check_
             print(f"[kvkit] kit-check: {' '.join(cmd)}", flush=True)
             rc = subprocess.run(list(cmd), cwd=tree, env=env).returncode
             if rc != 0:
-                print(f"[kvkit] kit-check FAILED: `{' '.join(cmd)}` exited {rc} (tree kept: {tree})", file=sys.stderr)
-                keep = True
+                print(f"[kvkit] kit-check FAILED: `{' '.join(cmd)}` exited {rc}", file=sys.stderr)
                 return EXIT_RUNTIME
         problems = check_provenance(tree) if check_report else []
         if problems:
             print("[kvkit] kit-check FAILED: " + "; ".join(problems), file=sys.stderr)
-            keep = True
             return EXIT_RUNTIME
         ok = True
         print(f"[kvkit] kit-check passed: {archive.name} runs from its own files", flush=True)
