@@ -34,6 +34,10 @@ model: $(INV) ## Generate the tiny CPU model into .cache/models
 clean: $(INV) ## Remove environments, generated models and local reports
 	@$(INV) clean
 
+.PHONY: detection
+detection: $(INV) ## Run every planted fault x position x window and the no-fault controls on the CPU engine (~20 min); writes reports/detection/ and site/detection.html
+	@$(INV) detection
+
 .PHONY: kit kit-check
 kit: $(INV) ## Build dist/kvkit-<version>-<commit>.tar.gz to attach to an upstream issue (REPORT=extra report.json)
 	@$(INV) kit --report "$(REPORT)"

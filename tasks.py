@@ -135,6 +135,14 @@ def bench(c):
 
 
 @task
+def detection(c):
+    """Run the detection-power study (faults x positions x windows, no-fault controls) and render its page."""
+    result = run_py(c, venv_python("cpu"), "-m repro detection", warn=True)
+    if result.exited != 0:
+        raise Exit(code=result.exited)
+
+
+@task
 def model(c):
     """Generate the tiny Qwen3-architecture model for CPU runs (deterministic bytes)."""
     make_model(c, venv_python("cpu"))

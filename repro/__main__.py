@@ -12,6 +12,11 @@ commands:
   verify ARGS        the verifier (same as python -m repro.verify_kv_reuse ARGS)
   make-model DIR     write the tiny Qwen3-architecture CPU model into DIR, print its SHA-256
   bench --model DIR  run the CPU acceptance and print wall time vs summed engine starts
+  detection [--report PATH] [--site PATH]
+                     run every planted fault x position x window and the no-fault controls on the
+                     CPU engine; write the detection matrix and its page
+  detection-site [--report PATH] [--site PATH]
+                     render the detection matrix page from an existing report
   site [--reports DIR] [--out DIR]
                      render the static report site (default: reports/ into site/)
   issue-md REPORT [--out FILE]
@@ -44,6 +49,10 @@ def main(argv: list[str]) -> int:
         from repro.bench import main as bench_main
 
         return bench_main(rest)
+    if cmd in ("detection", "detection-site"):
+        from repro.detection import main as detection_main
+
+        return detection_main(argv)
     if cmd == "site":
         from repro.render import main as site_main
 

@@ -2,23 +2,50 @@
 
 A positive control for the verifier. It behaves like a working external KV cache (block-granular
 prefix keys, counted hits, `kv_transfer_params` saying how many tokens were loaded) while the
-load path applies one configured fault. Blocks are copied whole (`kv[block_id]`), so the fault is
-independent of the backend's within-block layout.
+load path applies one configured fault. Blocks are copied whole (`kv[block_id]`), which assumes a
+per-layer KV tensor indexed by block first: vLLM's CPU backend, whose layout is
+(num_blocks, num_kv_heads, block_size, 2 * head_size). Per head, that memory is all the block's
+K rows (block_size x head_size) followed by all its V rows: the backend views it as
+(num_kv_heads, 2 * block_size, head_size) and splits dim 1 in two (cpu_attn.py).
 
 Configure through `kv_connector_extra_config`:
   store_dir    directory for stored blocks (a fresh one per arm; the runner makes it)
-  fault        none | zero_blocks | shift_blocks | stale | swap_kv | corrupt_layer |
-               overwrite_tail | drop_tail
-  first_block  first loaded block the fault touches (default 0)
+  fault        one of FAULTS (below)
+  first_block  first loaded block the fault touches; negative counts from the end of the loaded
+               blocks (-1 is the last one). Default 0, and -num_blocks for the two tail faults.
   num_blocks   how many blocks it touches (default 16, i.e. 256 tokens at block size 16)
-  layer        layer index for corrupt_layer (default 0)
-  scale        magnitude of the noise for corrupt_layer / overwrite_tail (default 1.0)
+  layer        layer index (model order) for corrupt_layer (default 0)
+  scale        standard deviation of the noise for corrupt_layer / overwrite_tail (default 1.0)
+  audit_path   optional JSON-lines file: one line per load with the faulted blocks and how far
+               each loaded block ended up from the stored KV (max |difference|), so a harness can
+               show that a fault really changed what attention reads
+
+The faults, each a bug class seen in KV offloading code:
+  none           faithful load (a no-fault control)
+  zero_blocks    the chunk arrives as zeros (a transfer that never filled its buffer)
+  shift_blocks   off by one block: block j gets block j+1's KV (the last loaded block, which has
+                 no successor among the loaded ones, gets block j-1's); keys carry RoPE of the
+                 wrong positions
+  stale          block j gets block j of the most recently stored *other* prompt that has a
+                 block j with different content (a stale chunk served for a colliding or
+                 reused slot); when no such prompt is stored the block loads faithfully and is
+                 not reported as faulted
+  swap_kv        K and V exchanged within each head (a transposed K/V layout)
+  corrupt_layer  Gaussian noise added to one layer's K and V only (a per-layer offset bug)
+  overwrite_tail the last num_blocks loaded blocks (a partial last chunk) overwritten with noise
+  drop_tail      the last num_blocks loaded blocks are never written but still counted as a hit:
+                 attention reads whatever the freshly allocated blocks held
+
+The scheduler side decides which blocks a load faults (and their sources), so
+`kv_transfer_params["planted_fault"]` reports exactly what the worker did.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +57,24 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 FAULTS = ("none", "zero_blocks", "shift_blocks", "stale", "swap_kv", "corrupt_layer", "overwrite_tail", "drop_tail")
+TAIL_FAULTS = ("overwrite_tail", "drop_tail")
+# Faults whose bytes come from another stored block: they need a source, else they do not apply.
+SOURCED_FAULTS = ("shift_blocks", "stale")
+
+
+def faulted_indices(fault: str, first_block: int | None, num_blocks: int, n_loaded: int) -> list[int]:
+    """Indices among the n_loaded blocks of one load that the fault touches."""
+    if fault == "none" or n_loaded <= 0 or num_blocks <= 0:
+        return []
+    if first_block is None:
+        first_block = -num_blocks if fault in TAIL_FAULTS else 0
+    start = first_block + n_loaded if first_block < 0 else first_block
+    return list(range(max(start, 0), min(start + num_blocks, n_loaded)))
+
+
+def _layer_order(name: str) -> tuple:
+    """Model order for layer names: 'layers.10' after 'layers.9' (plain sorting would not)."""
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
 
 
 @dataclass
@@ -39,6 +84,8 @@ class _Op:
     keys: list[str]
     block_ids: list[int]
     first_loaded_block: int = 0  # index of keys[0] within the prompt's blocks
+    faulted: list[int] = field(default_factory=list)  # indices into keys/block_ids
+    sources: dict[int, str] = field(default_factory=dict)  # faulted index -> key its bytes come from
 
 
 @dataclass
@@ -56,14 +103,16 @@ class PlantedFaultConnector(KVConnectorBase_V1):
         self.fault = str(extra.get("fault", "zero_blocks"))
         if self.fault not in FAULTS:
             raise ValueError(f"unknown planted fault {self.fault!r}; choose one of {', '.join(FAULTS)}")
-        self.first_block = int(extra.get("first_block", 0))
+        self.first_block = None if extra.get("first_block") is None else int(extra["first_block"])
         self.num_blocks = int(extra.get("num_blocks", 16))
         self.layer = int(extra.get("layer", 0))
         self.scale = float(extra.get("scale", 1.0))
+        self.audit_path = extra.get("audit_path")
         self.block_size = vllm_config.cache_config.block_size
         os.makedirs(self.store_dir, exist_ok=True)
         self._external: dict[str, int] = {}
-        self._loaded: dict[str, int] = {}
+        self._loaded: dict[str, tuple[int, list[int]]] = {}
+        self._stored_prompts: list[list[str]] = []  # block keys of each stored prompt, oldest first
         self._kv: dict[str, torch.Tensor] = {}
 
     # ---- shared helpers
@@ -95,6 +144,29 @@ class PlantedFaultConnector(KVConnectorBase_V1):
         if num_external_tokens > 0:
             self._external[request.request_id] = num_external_tokens
 
+    def _stale_source(self, block: int, key: str) -> str | None:
+        """Block `block` of the most recently stored prompt whose block there differs from ours."""
+        for keys in reversed(self._stored_prompts):
+            if len(keys) > block and keys[block] != key and self._have(keys[block]):
+                return keys[block]
+        return None
+
+    def _plan_load(self, op: _Op) -> None:
+        """Fill op.faulted and op.sources; a sourced fault without a source does not apply."""
+        n = len(op.keys)
+        for j in faulted_indices(self.fault, self.first_block, self.num_blocks, n):
+            if self.fault == "shift_blocks":
+                src = j + 1 if j + 1 < n else j - 1
+                if src < 0:
+                    continue
+                op.sources[j] = op.keys[src]
+            elif self.fault == "stale":
+                other = self._stale_source(op.first_loaded_block + j, op.keys[j])
+                if other is None:
+                    continue
+                op.sources[j] = other
+            op.faulted.append(j)
+
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
         meta = PlantedFaultMetadata()
         for req in scheduler_output.scheduled_new_reqs:
@@ -104,69 +176,76 @@ class PlantedFaultConnector(KVConnectorBase_V1):
             if external:
                 local = req.num_computed_tokens - external
                 b0, b1 = local // self.block_size, (local + external) // self.block_size
-                meta.ops.append(_Op(req.req_id, "load", self._keys(tokens, b1)[b0:], block_ids[b0:b1], b0))
-                self._loaded[req.req_id] = external
+                op = _Op(req.req_id, "load", self._keys(tokens, b1)[b0:], block_ids[b0:b1], b0)
+                self._plan_load(op)
+                meta.ops.append(op)
+                self._loaded[req.req_id] = (external, [b0 + j for j in op.faulted])
             else:
                 done = min(len(tokens), req.num_computed_tokens + scheduler_output.num_scheduled_tokens[req.req_id])
                 n = done // self.block_size
-                todo = [(k, b) for k, b in zip(self._keys(tokens, n), block_ids[:n]) if not self._have(k)]
+                keys = self._keys(tokens, n)
+                todo = [(k, b) for k, b in zip(keys, block_ids[:n]) if not self._have(k)]
                 if todo:
                     meta.ops.append(_Op(req.req_id, "store", [k for k, _ in todo], [b for _, b in todo]))
+                    self._stored_prompts.append(keys)
         return meta
 
     def request_finished(self, request, block_ids) -> tuple[bool, dict[str, Any] | None]:
-        loaded = self._loaded.pop(request.request_id, 0)
-        return False, {"planted_fault": {"loaded_tokens": loaded, "fault": self.fault}}
+        loaded, faulted = self._loaded.pop(request.request_id, (0, []))
+        return False, {"planted_fault": {"loaded_tokens": loaded, "fault": self.fault, "faulted_blocks": faulted}}
 
     # ---- worker side
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        self._kv = dict(sorted(kv_caches.items()))
+        self._kv = dict(sorted(kv_caches.items(), key=lambda item: _layer_order(item[0])))
 
-    def _stale_source(self, key: str) -> str | None:
-        """A stored block of some other prompt, for the stale-chunk fault."""
-        for name in sorted(os.listdir(self.store_dir)):
-            if name.endswith(".pt") and name[:-3] != key:
-                return name[:-3]
-        return None
-
-    def _fault_applies(self, j: int, n: int) -> bool:
-        if self.fault in ("overwrite_tail", "drop_tail"):
-            return j >= n - self.num_blocks
-        return self.first_block <= j < self.first_block + self.num_blocks
+    def _corrupt(self, blob: torch.Tensor, j: int) -> torch.Tensor:
+        """The faulted version of one block, blob: [num_layers, num_kv_heads, block_size, 2*head_size]."""
+        if self.fault == "zero_blocks":
+            return torch.zeros_like(blob)
+        if self.fault == "swap_kv":
+            # per head the block is K rows then V rows (see the module docstring): swap the halves
+            layers, heads = blob.shape[0], blob.shape[1]
+            return blob.reshape(layers, heads, 2, -1).flip(2).reshape(blob.shape).contiguous()
+        if self.fault == "corrupt_layer":
+            g = torch.Generator().manual_seed(j)
+            out = blob.clone()
+            out[self.layer] += self.scale * torch.randn(blob.shape[1:], generator=g).to(blob.dtype)
+            return out
+        if self.fault == "overwrite_tail":
+            g = torch.Generator().manual_seed(1000 + j)
+            return (self.scale * torch.randn(blob.shape, generator=g)).to(blob.dtype)
+        return blob  # shift_blocks and stale: the bytes already come from the wrong block
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
-        layers = list(self._kv.items())
+        layers = list(self._kv.values())
         for op in self._get_connector_metadata().ops:
             if op.kind != "load":
                 continue
-            blobs = [torch.load(self._path(k)) for k in op.keys]  # each: [num_layers, *block_shape]
-            if self.fault == "shift_blocks":
-                # off by one block inside the faulted window: block j gets block j+1's KV
-                lo, hi = self.first_block, min(self.first_block + self.num_blocks, len(blobs))
-                window = blobs[lo:hi]
-                blobs[lo:hi] = window[1:] + window[:1]
-            for j, (block_id, blob) in enumerate(zip(op.block_ids, blobs)):
-                hit = self._fault_applies(j, len(blobs))
-                if hit and self.fault == "drop_tail":
-                    continue  # counted as loaded, never written
-                if hit and self.fault == "stale":
-                    other = self._stale_source(op.keys[j])
-                    if other is not None:
-                        blob = torch.load(self._path(other))
-                for li, (_, kv) in enumerate(layers):
-                    src = blob[li].to(kv.device)
-                    if hit and self.fault == "zero_blocks":
-                        src = torch.zeros_like(src)
-                    elif hit and self.fault == "swap_kv":
-                        half = src.shape[-1] // 2
-                        src = torch.cat([src[..., half:], src[..., :half]], dim=-1)
-                    elif hit and self.fault == "corrupt_layer" and li == self.layer:
-                        g = torch.Generator().manual_seed(j)
-                        src = src + self.scale * torch.randn(src.shape, generator=g).to(src.dtype)
-                    elif hit and self.fault == "overwrite_tail":
-                        g = torch.Generator().manual_seed(1000 + j)
-                        src = (self.scale * torch.randn(src.shape, generator=g)).to(src.dtype)
-                    kv[block_id].copy_(src)
+            faulted, diffs = set(op.faulted), []
+            for j, (key, block_id) in enumerate(zip(op.keys, op.block_ids)):
+                true = torch.load(self._path(key))  # [num_layers, *block_shape]
+                if j in faulted and self.fault == "drop_tail":
+                    src = None  # counted as loaded, never written
+                elif j in faulted:
+                    src = self._corrupt(torch.load(self._path(op.sources[j])) if j in op.sources else true, j)
+                else:
+                    src = true
+                for li, kv in enumerate(layers):
+                    if src is not None:
+                        kv[block_id].copy_(src[li].to(kv.device))
+                diffs.append(max(float((kv[block_id].cpu() - true[li]).abs().max()) for li, kv in enumerate(layers)))
+            self._write_audit(op, diffs)
+
+    def _write_audit(self, op: _Op, diffs: list[float]) -> None:
+        if not self.audit_path:
+            return
+        b0 = op.first_loaded_block
+        line = {"first_loaded_block": b0, "loaded_blocks": len(op.keys), "fault": self.fault,
+                "faulted_blocks": [b0 + j for j in op.faulted],
+                "faulted_max_abs_diff": [[b0 + j, diffs[j]] for j in op.faulted],
+                "clean_max_abs_diff": max([d for j, d in enumerate(diffs) if j not in set(op.faulted)], default=0.0)}
+        with open(self.audit_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(line, sort_keys=True) + "\n")
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return
