@@ -13,13 +13,16 @@ import re
 
 from repro.logscan import clean_line
 
-DEGRADED = re.compile(r"(Failed to initialize LMCacheManager components|Failed during post_init).*degraded mode")
+# Start-up failure caught by LMCacheManager, or its health monitor giving up on a backend: either
+# way LMCache recomputes everything while vLLM reports a healthy engine.
+DEGRADED = re.compile(r"(Failed to initialize LMCacheManager components|Failed during post_init).*degraded mode"
+                      r"|System unhealthy, entering degraded mode|entering degraded mode")
 CUDA_OPS_MISSING = "lmcache.cuda_ops compiled extension not found"
 DOUBLE_UNPIN = re.compile(r"Pin count of MemoryObj \S*\s*is negative: (-?\d+)\.?\s*Double unpin occurred somewhere")
 RETRIEVED = re.compile(r"\[req_id=(?P<req>[^\]]+)\] Retrieved (?P<got>\d+) out of (?P<need>\d+) (?:required tokens \(from (?P<total>\d+) total tokens\)|out of total (?P<total2>\d+) tokens)")
 STORED = re.compile(r"\[req_id=(?P<req>[^\]]+)\] Stored (?P<stored>\d+) out of total (?P<total>\d+) tokens")
 LOOKUP = re.compile(r"Reqid: (?P<req>\S+), Total tokens (?P<total>\d+), Inference Engine computed tokens: (?P<computed>\d+), LMCache hit tokens: (?P<hit>\d+), (?:but )?need to load: (?P<load>\d+)")
-CONFIG = re.compile(r"LMCache Configuration: (?P<cfg>.*?)(?:\s+\([\w./-]+:\d+:[\w.]+\))?$")
+CONFIG = re.compile(r"(?:LMCache Configuration|Creating LMCacheEngine with config): (?P<cfg>.*?)(?:\s+\([\w./-]+:\d+:[\w.]+\))?$")
 INITIALIZED = re.compile(r"LMCache initialized for role (?P<role>\S+) with version (?P<version>[^,]+)")
 MAX_CONFIG_CHARS = 4000
 
@@ -83,6 +86,8 @@ def cross_check(entry: dict, scan: dict) -> list[str]:
                 findings.append(f"{where}: LMCache reported no per-request hit count")
             if view["retrieved"] is not None and view["retrieved"] < view["required"]:
                 findings.append(f"{where}: LMCache retrieved {view['retrieved']} of {view['required']} required tokens")
+            if view["retrieved"] is not None and vllm_cached is not None and view["retrieved"] != vllm_cached:
+                findings.append(f"{where}: LMCache retrieved {view['retrieved']} tokens where vLLM counted {vllm_cached} cached")
             if vllm_cached and view["retrieved"] is None and req["role"] == "reuse":
                 findings.append(f"{where}: vLLM counted {vllm_cached} cached tokens but no LMCache retrieve was logged")
             if reported is not None and vllm_cached is not None and reported not in (vllm_cached, vllm_cached + 1):

@@ -15,6 +15,14 @@ from pathlib import Path
 from repro.atomic import write_bytes_atomic
 
 MODEL_SEED = 1234
+# The seed of the float16 model used on GPUs. fp16 rounds logits to about 1/2048 of their size,
+# so a greedy step whose top-1/top-2 gap is that small relative to the top logit is a coin flip
+# between a cached and an uncached prefill: seed 1234 has one such step (gap 0.027% of the top
+# logit) and on an H200 native prefix caching flipped exactly there (a flagged near-tie). This
+# seed was chosen, by `python -m repro.margins --seeds 1-8` (float32, CPU, the self-test prompts),
+# as the one whose smallest relative gap over all 64 greedy steps is widest (1.27%, about 26 fp16
+# ULPs; seed 1234's is 0.027%). The choice looks only at the baseline's own margins, never at a cached run.
+FP16_MODEL_SEED = 6
 # Small enough to load in seconds on two CPU cores; head_dim 64 is a size every CPU attention
 # kernel supports.
 CONFIG = {
@@ -48,13 +56,6 @@ CONFIG = {
 # Argmax margins must be wide, so that legitimate floating-point differences between a cached
 # and an uncached prefill never flip a greedy token: scale lm_head well above the usual init.
 LM_HEAD_SCALE = 3.0
-# The float16 variant (`make-model --focus 8`, used for GPU runs): fp16 rounds logits to about
-# 1/2048 of their size, so a top-1/top-2 gap that small is a coin flip between a cached and an
-# uncached prefill. Letting only a few tokens compete widens the typical gap relative to the top
-# logit (for Gaussian logits, P(gap < 0.2% of top) falls from 1.5% with 320 competitors to 0.3%
-# with 8). It reduces near-ties; it cannot rule them out, and the report flags any it meets.
-FOCUS_TOKENS = " etaoinshrdlucmf"
-FOCUS_REST_SCALE = 0.05
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -142,7 +143,7 @@ def _tensor_shapes() -> list[tuple[str, tuple[int, ...], float]]:
     return out
 
 
-def build_safetensors(seed: int = MODEL_SEED, focus: int | None = None) -> bytes:
+def build_safetensors(seed: int = MODEL_SEED) -> bytes:
     """Serialize the weights by hand: a sorted JSON header and little-endian float32 data."""
     import numpy as np
 
@@ -153,14 +154,8 @@ def build_safetensors(seed: int = MODEL_SEED, focus: int | None = None) -> bytes
             arr = np.ones(shape, dtype="<f4")
         else:
             arr = (rng.standard_normal(shape) * std).astype("<f4")
-        if name == "lm_head.weight" and focus:
-            keep = [ord(ch) for ch in FOCUS_TOKENS[:focus]]
-            rest = np.ones((shape[0], 1), dtype="<f4") * np.float32(FOCUS_REST_SCALE)
-            rest[keep] = 1.0
-            arr = (arr * rest).astype("<f4")
         blobs.append((name, shape, arr.tobytes()))
-    generator = f"repro.tinymodel seed={seed}" + (f" focus={focus}" if focus else "")
-    header: dict[str, object] = {"__metadata__": {"format": "pt", "generator": generator}}
+    header: dict[str, object] = {"__metadata__": {"format": "pt", "generator": f"repro.tinymodel seed={seed}"}}
     offset = 0
     for name, shape, data in sorted(blobs):
         header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + len(data)]}
@@ -174,12 +169,12 @@ def _dump(obj: dict) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
 
 
-def model_files(seed: int = MODEL_SEED, focus: int | None = None) -> dict[str, bytes]:
+def model_files(seed: int = MODEL_SEED) -> dict[str, bytes]:
     cfg = dict(CONFIG)
     return {
         "config.json": _dump(cfg),
         "generation_config.json": _dump({"bos_token_id": 256, "eos_token_id": 258, "do_sample": False}),
-        "model.safetensors": build_safetensors(seed, focus),
+        "model.safetensors": build_safetensors(seed),
         "special_tokens_map.json": _dump({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}),
         "tokenizer.json": _dump(build_tokenizer_json()),
         "tokenizer_config.json": _dump(build_tokenizer_config()),
@@ -200,10 +195,10 @@ def digest_dir(path: Path) -> str:
     return digest_files(files)
 
 
-def make_tiny_model(dest: Path, seed: int = MODEL_SEED, focus: int | None = None) -> str:
+def make_tiny_model(dest: Path, seed: int = MODEL_SEED) -> str:
     """Write the model into dest (idempotent) and return its SHA-256."""
     dest = Path(dest)
-    files = model_files(seed, focus)
+    files = model_files(seed)
     digest = digest_files(files)
     marker = dest / "SHA256"
     if marker.is_file() and marker.read_text().strip() == digest and digest_dir(dest) == digest:

@@ -8,7 +8,7 @@ import sys
 import repro
 from kvkit_testutil import ROOT
 
-ENGINE_SIDE = {"repro.engine", "repro.preflight_child", "repro.connectors.planted_fault"}
+ENGINE_SIDE = {"repro.engine", "repro.margins", "repro.preflight_child", "repro.connectors.planted_fault"}
 
 
 def _modules():

@@ -5,16 +5,38 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
 
-from kvkit_testutil import run_cli
+from kvkit_testutil import ROOT, run_cli
 
-pytestmark = pytest.mark.gpu
+
+def _skip_reason() -> str | None:
+    """No conftest here: a second conftest.py would shadow tests/conftest.py for `import conftest`."""
+    if shutil.which("nvidia-smi") is None or subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode:
+        return "needs a CUDA GPU (nvidia-smi found none)"
+    if find_spec("lmcache") is None or find_spec("vllm") is None:
+        return "needs vllm and lmcache installed (PROFILE=gpu-lmcache-0.5.4)"
+    return None
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))]
 
 COMMON = ["--dtype", "float16", "--gpu-memory-utilization", "0.45", "--max-model-len", "2048", "--block-size", "16",
           "--max-tokens", "16", "--seed", "0", "--device", "cuda"]
+
+
+@pytest.fixture(scope="module")
+def tiny_model_fp16() -> str:
+    from repro.tinymodel import FP16_MODEL_SEED, make_tiny_model
+
+    path = ROOT / ".cache" / "models" / f"kvkit-tiny-qwen3-seed{FP16_MODEL_SEED}"
+    make_tiny_model(path, seed=FP16_MODEL_SEED)
+    return str(path)
 
 
 @pytest.fixture(scope="module")
