@@ -35,7 +35,7 @@ clean: $(INV) ## Remove environments, generated models and local reports
 	@$(INV) clean
 
 .PHONY: detection
-detection: $(INV) ## Run every planted fault x position x window and the no-fault controls on the CPU engine (~20 min); writes reports/detection/ and site/detection.html
+detection: $(INV) ## Run every planted fault x position x window and the no-fault controls on the CPU engine (~15 min); writes reports/detection/ (matrix JSON and page)
 	@$(INV) detection
 
 .PHONY: kit kit-check

@@ -58,7 +58,8 @@ FAULT_PARAMS = {
 }
 PREFIX_CHECK_FAULT = ("zero_blocks", "head")
 DEFAULT_REPORT = "reports/detection/detection-matrix.json"
-DEFAULT_SITE = "site/detection.html"
+# Beside the report, committed with it (site/ is the report site's generated, ignored output).
+DEFAULT_SITE = "reports/detection/detection.html"
 TEMPLATE = "detection.html.j2"
 METHOD = ("Greedy decoding is deterministic and causal: the first w tokens of a 32-token generation are "
           "exactly the w-token generation. So one 32-token run per arm gives every window: a probe is "
