@@ -13,6 +13,9 @@ from repro.verdict import FAIL, INCONCLUSIVE, PASS, Request
 
 COMMITTED = ROOT / detection.DEFAULT_REPORT
 COMMITTED_PAGE = ROOT / detection.DEFAULT_SITE
+# The kit archive packs no reports/ subdirectories; in a checkout the committed matrix must be there.
+needs_committed = pytest.mark.skipif(not COMMITTED.exists() and not (ROOT / ".git").exists(),
+                                     reason="reports/detection/ is not in this tree (the kit does not pack it)")
 BASE = list(range(100, 132))  # a 32-token baseline generation
 
 
@@ -111,6 +114,7 @@ def test_page_is_escaped_deterministic_and_self_contained():
     assert "1/1 @3" in html and "1.250" in html
 
 
+@needs_committed
 def test_committed_matrix_detects_every_fault_with_no_false_positive():
     report = detection.load_matrix(COMMITTED)
     kinds = {f["fault"] for f in report["faults"]}
@@ -132,6 +136,7 @@ def test_committed_matrix_detects_every_fault_with_no_false_positive():
     assert report["summary"]["ok"]
 
 
+@needs_committed
 def test_committed_matrix_faults_really_changed_the_kv():
     report = detection.load_matrix(COMMITTED)
     for f in report["faults"]:
@@ -144,5 +149,6 @@ def test_committed_matrix_faults_really_changed_the_kv():
     assert none and all(c["kv_audit"]["loads"] > 0 and c["kv_audit"]["max_abs_diff"] == 0.0 for c in none)
 
 
+@needs_committed
 def test_committed_page_is_the_rendering_of_the_committed_matrix():
     assert COMMITTED_PAGE.read_text(encoding="utf-8") == render_page(detection.load_matrix(COMMITTED))
