@@ -175,6 +175,21 @@ def run_job(job: dict, keep: list) -> dict:
     return result
 
 
+def _preflight_problems(job: dict) -> list[str]:
+    """The first arm's child checks every arm's connector and the device before building its
+    engine (see repro.preflight_child); problems go back to the parent as a usage error."""
+    if not job.get("preflight"):
+        return []
+    from repro.preflight_child import run_preflight
+
+    try:
+        return run_preflight(job["preflight"])["problems"]
+    except Exception:  # a broken check must not invent a problem: the arms report their own errors
+        traceback.print_exc()
+        print("kvkit-engine: warning: the preflight check did not complete; running the arm anyway", flush=True)
+        return []
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m repro.engine JOB.json", file=sys.stderr)
@@ -184,7 +199,10 @@ def main(argv: list[str]) -> int:
     print(f"kvkit-engine: arm={job['arm']['name']} pid={os.getpid()} PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED')}", flush=True)
     keep: list = []
     try:
-        result = run_job(job, keep)
+        problems = _preflight_problems(job)
+        result = run_job(job, keep) if not problems else {
+            "kind": RESULT_KIND, "schema_version": RESULT_SCHEMA_VERSION, "arm": job["arm"]["name"],
+            "probes": [], "error": None, "preflight_problems": problems}
         code = 0
     except BaseException as exc:  # the parent turns this into a named ERROR with the log tail
         traceback.print_exc()

@@ -21,7 +21,7 @@ from repro.fixtures import Fixture, check_probes_fit, load_fixture
 from repro.lmcache_signals import lmcache_findings
 from repro.provenance import collect_provenance, hardware_label, utc_now
 from repro.report import REPORT_KIND, REPORT_SCHEMA_VERSION, check_acceptance, exit_code, format_summary, generations
-from repro.runner import INTERRUPTED, Interrupted, child_env, deferred_signals, run_arm, run_preflight
+from repro.runner import INTERRUPTED, Interrupted, child_env, deferred_signals, run_arm
 from repro.suite import build_probes, requests_for
 from repro.verdict import ERROR
 
@@ -131,14 +131,18 @@ def run(opts: Options, argv: list[str]) -> int:
     entries: list[dict] = []
     t0 = time.monotonic()
     try:
-        _preflight(opts, arms, work, env)
         baseline_result = None
-        for arm in arms:
+        for i, arm in enumerate(arms):
             arm = _materialize(arm, scratch)
             print(f"[kvkit] arm {arm['name']} ({arm['mode']}) ...", file=sys.stderr, flush=True)
-            outcome = run_arm(dict(_job(opts, arm, probes), fixture_sha256=fixture.sha256), workdir=work,
-                              log_path=work / f"{arm['name']}.log", env=env, timeout_s=a.timeout, python=a.python,
-                              module=a.engine_module)
+            job = dict(_job(opts, arm, probes), fixture_sha256=fixture.sha256)
+            if i == 0:
+                job.update(_preflight_spec(opts, arms))
+            outcome = run_arm(job, workdir=work, log_path=work / f"{arm['name']}.log", env=env, timeout_s=a.timeout,
+                              python=a.python, module=a.engine_module)
+            problems = (outcome.result or {}).get("preflight_problems")
+            if problems:
+                raise UsageError("; ".join(str(p) for p in problems))
             if arm["mode"] == "baseline" and outcome.failure is None:
                 baseline_result = outcome.result
             entries.append(_arm_entry(arm, outcome, baseline_result, a.block_size, logs_dir_name))
@@ -156,16 +160,14 @@ def run(opts: Options, argv: list[str]) -> int:
     return exit_code(report)
 
 
-def _preflight(opts: Options, arms: list[dict], work: Path, env: dict) -> None:
-    """Connector and device problems as a usage error before any engine starts (a vLLM import)."""
+def _preflight_spec(opts: Options, arms: list[dict]) -> dict:
+    """Connector and device checks for the first child to make once vLLM is imported, before it
+    builds an engine: a problem is a usage error (exit 2), and no extra vLLM import is paid."""
     if opts.args.engine_module != DEFAULT_ENGINE_MODULE:
-        return
+        return {}
     conns = [{"arm": arm["name"], "name": arm["connector"]["name"], "module_path": arm["connector"]["module_path"]}
              for arm in arms if arm["connector"]]
-    problems = run_preflight(conns, device=opts.args.device, workdir=work, env=env,
-                             timeout_s=min(opts.args.timeout, 600.0), python=opts.args.python)
-    if problems:
-        raise UsageError("; ".join(problems))
+    return {"preflight": {"connectors": conns, "device": opts.args.device}}
 
 
 def _publish_logs(work: Path, dest: Path, names: list[str]) -> None:
