@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -55,12 +54,18 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.one is not None:
         _one_seed(args.one, args.fixture)
+    from repro.runner import child_env, run_child
+
     lo, _, hi = args.seeds.partition("-")
-    for seed in range(int(lo), int(hi or lo) + 1):  # one process per seed: a fresh engine each
-        out = subprocess.run([sys.executable, "-m", "repro.margins", "--one", str(seed), "--fixture", args.fixture],
-                             capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(KIT_ROOT)))
-        lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-        print(lines[-1] if lines else json.dumps({"seed": seed, "error": out.stderr.strip().splitlines()[-1:]}))
+    env = child_env(dict(os.environ), hashseed="0", extra={})
+    with tempfile.TemporaryDirectory(prefix="kvkit-margins-") as tmp:
+        for seed in range(int(lo), int(hi or lo) + 1):  # one process per seed: a fresh engine each
+            log = Path(tmp) / f"seed{seed}.log"
+            # run_child reaps the engine's own processes, which would otherwise hold a pipe open
+            run_child([sys.executable, "-m", "repro.margins", "--one", str(seed), "--fixture", args.fixture],
+                      log_path=log, env=env, timeout_s=900)
+            lines = [line for line in log.read_text(errors="replace").splitlines() if line.startswith('{"seed"')]
+            print(lines[-1] if lines else json.dumps({"seed": seed, "error": "no result; see the engine log"}), flush=True)
     return 0
 
 

@@ -8,6 +8,10 @@ import pytest
 from repro.report import load_report
 
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
+# An unpacked kit (make kit) carries the reports under evidence/, not reports/, and has no .git.
+pytestmark = pytest.mark.skipif(not (REPORTS / "h200-lmcache-tiny.json").exists()
+                                and not (REPORTS.parent / ".git").exists(),
+                                reason="the published reports are not in this tree (an unpacked kit)")
 
 
 def _arms(name):
