@@ -29,7 +29,8 @@ from repro.report import REPORT_KIND
 KIT_NAME = "kvkit"
 MAX_KIT_BYTES = 1_000_000
 # What a maintainer needs to run the kit; everything else in the repository stays out.
-KIT_PATHS = ("Makefile", "tasks.py", "pyproject.toml", "repro/", "fixtures/", "templates/", "requirements/", "tests/")
+KIT_PATHS = ("Makefile", "tasks.py", "pyproject.toml", "repro/", "fixtures/", "schemas/", "templates/", "requirements/",
+             "tests/")
 NEVER_PATHS = (".venvs/", ".cache/", "dist/", "site/", "reports/", "tests/artifacts/")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".onnx", ".h5", ".npz")
 EVIDENCE = "evidence"
