@@ -1,19 +1,15 @@
-"""Child side: the cheap checks that need vLLM imported, run once before any arm starts.
+"""Child side: the cheap checks that need vLLM imported, made before any engine is built.
 
-`python -m repro.preflight_child JOB.json` checks that each connector resolves the way vLLM will
-resolve it (an importable module that has the class, or a name in vLLM's connector registry whose
-module loads) and that --device matches vLLM's platform. It writes one JSON result listing the
-problems; the parent turns them into a one-line usage error (exit 2) before any engine starts.
+The first arm's engine child (repro.engine) calls run_preflight for every arm's connector: each
+must resolve the way vLLM will resolve it (an importable module that has the class, or a name in
+vLLM's connector registry whose module loads), and --device must match vLLM's platform. The
+parent turns the problems into a one-line usage error (exit 2).
 """
 
 from __future__ import annotations
 
 import importlib
-import json
-import sys
-import traceback
 
-from repro.atomic import write_json_atomic
 from repro.provenance import package_version
 
 RESULT_KIND = "kvkit-preflight"
@@ -61,24 +57,3 @@ def run_preflight(job: dict) -> dict:
     problems += [p for p in (check_connector(c, KVConnectorFactory) for c in job["connectors"]) if p]
     return {"kind": RESULT_KIND, "schema_version": 1, "platform": platform_type,
             "vllm": package_version("vllm"), "problems": problems, "error": None}
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m repro.preflight_child JOB.json", file=sys.stderr)
-        return 2
-    with open(argv[0], encoding="utf-8") as fh:
-        job = json.load(fh)
-    try:
-        result, code = run_preflight(job), 0
-    except Exception as exc:  # the parent names it and runs the arms anyway
-        traceback.print_exc()
-        result = {"kind": RESULT_KIND, "schema_version": 1, "problems": [],
-                  "error": {"type": type(exc).__name__, "message": str(exc)[:2000]}}
-        code = 3
-    write_json_atomic(job["output"], result)
-    return code
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

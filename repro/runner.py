@@ -23,7 +23,6 @@ from repro.provenance import redact_text
 
 KIT_ROOT = Path(__file__).resolve().parent.parent
 ARM_RESULT_KIND = "kvkit-arm-result"
-PREFLIGHT_KIND = "kvkit-preflight"
 # Failure kinds, each distinct in the report.
 TIMEOUT, CRASH, OOM, NONZERO_EXIT, MISSING_OUTPUT, UNPARSABLE_OUTPUT, RAISED, INTERRUPTED = (
     "timeout", "crash", "out-of-memory", "nonzero-exit", "missing-output", "unparsable-output", "raised", "interrupted")
@@ -250,28 +249,6 @@ def run_arm(job: dict, *, workdir: Path, log_path: Path, env: dict[str, str], ti
     if failure is not None:
         outcome.failure = {"kind": failure[0], "detail": failure[1], "log_tail": logscan.tail(text)}
     return outcome
-
-
-def run_preflight(connectors: list[dict], *, device: str, workdir: Path, env: dict[str, str], timeout_s: float,
-                  python: str = sys.executable, module: str = "repro.preflight_child") -> list[str]:
-    """Ask a child with vLLM imported whether the connectors load and the device fits.
-
-    Returns the problems found, each naming the flag or arm; the caller turns them into a usage
-    error. A preflight child that itself fails only warns: the arms then run and report their
-    own named errors, so a broken check never hides or invents a problem."""
-    job_path, out_path, log_path = (workdir / f"preflight.{x}" for x in ("job.json", "result.json", "log"))
-    write_json_atomic(job_path, {"kind": "kvkit-preflight-job", "connectors": connectors, "device": device,
-                                 "output": str(out_path)})
-    returncode, timed_out, oom_killed, _ = run_child([python, "-m", module, str(job_path)], log_path=log_path,
-                                                     env=env, timeout_s=timeout_s)
-    text = redact_log(log_path, env)
-    result, failure = collect_outcome(returncode, timed_out, oom_killed, text, out_path, PREFLIGHT_KIND)
-    if failure is not None or not isinstance(result.get("problems"), list):
-        why = f"{failure[0]}: {failure[1]}" if failure else "no problems list"
-        print(f"[kvkit] warning: the preflight check did not complete ({why}); running the arms anyway",
-              file=sys.stderr, flush=True)
-        return []
-    return [str(p) for p in result["problems"]]
 
 
 def redact_log(log_path: Path, env: dict[str, str]) -> str:

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from kvkit_testutil import have_vllm, run_cli
-from repro.runner import child_env, run_preflight
+from repro.runner import child_env, run_arm
 
 pytestmark = pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")
 
@@ -24,7 +24,13 @@ def test_every_connector_and_device_problem_is_named(tmp_path):
         {"arm": "e", "name": "NoSuchClass", "module_path": "repro.connectors.planted_fault"},
     ]
     env = child_env(dict(os.environ, PYTHONPATH=str(tmp_path)), hashseed="0", extra={})
-    problems = run_preflight(connectors, device="cuda", workdir=tmp_path, env=env, timeout_s=300)
+    # the first arm's engine child makes these checks before it builds an engine; with problems
+    # it builds none and hands them back
+    job = {"arm": {"name": "baseline", "mode": "baseline", "connector": None}, "engine": {}, "probes": [],
+           "preflight": {"connectors": connectors, "device": "cuda"}}
+    outcome = run_arm(job, workdir=tmp_path, log_path=tmp_path / "preflight.log", env=env, timeout_s=300)
+    assert outcome.failure is None, outcome.failure
+    problems = outcome.result["preflight_problems"]
     text = "\n".join(problems)
     assert not any(p.startswith(("arm a-ok", "arm b-ok")) for p in problems), text
     assert any(p.startswith("--device cuda: this machine's vLLM runs on 'cpu'") for p in problems), text
