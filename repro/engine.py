@@ -20,8 +20,8 @@ import traceback
 
 from repro.atomic import write_json_atomic
 from repro.provenance import package_version
+from repro.runner import ARM_RESULT_KIND
 
-RESULT_KIND = "kvkit-arm-result"
 RESULT_SCHEMA_VERSION = 1
 
 
@@ -132,8 +132,7 @@ def run_job(job: dict, keep: list) -> dict:
     torn down before the result is written (the parent reaps its processes)."""
     from vllm import LLM, SamplingParams, TokensPrompt
 
-    result: dict = {"kind": RESULT_KIND, "schema_version": RESULT_SCHEMA_VERSION, "arm": job["arm"]["name"],
-                    "pid": os.getpid(), "versions": _collect_versions(), "probes": [], "error": None}
+    result = _result(job, pid=os.getpid(), versions=_collect_versions())
     t0 = time.monotonic()
     llm = LLM(**_engine_kwargs(job))
     keep.append(llm)
@@ -175,6 +174,12 @@ def run_job(job: dict, keep: list) -> dict:
     return result
 
 
+def _result(job: dict, **fields) -> dict:
+    """A result record for the parent: what it is, which arm, and (so far) no probes or error."""
+    return {"kind": ARM_RESULT_KIND, "schema_version": RESULT_SCHEMA_VERSION, "arm": job["arm"]["name"],
+            "probes": [], "error": None, **fields}
+
+
 def _preflight_problems(job: dict) -> list[str]:
     """The first arm's child checks every arm's connector and the device before building its
     engine (see repro.preflight_child); problems go back to the parent as a usage error."""
@@ -183,7 +188,7 @@ def _preflight_problems(job: dict) -> list[str]:
     from repro.preflight_child import run_preflight
 
     try:
-        return run_preflight(job["preflight"])["problems"]
+        return run_preflight(job["preflight"])
     except Exception:  # a broken check must not invent a problem: the arms report their own errors
         traceback.print_exc()
         print("kvkit-engine: warning: the preflight check did not complete; running the arm anyway", flush=True)
@@ -200,14 +205,11 @@ def main(argv: list[str]) -> int:
     keep: list = []
     try:
         problems = _preflight_problems(job)
-        result = run_job(job, keep) if not problems else {
-            "kind": RESULT_KIND, "schema_version": RESULT_SCHEMA_VERSION, "arm": job["arm"]["name"],
-            "probes": [], "error": None, "preflight_problems": problems}
+        result = run_job(job, keep) if not problems else _result(job, preflight_problems=problems)
         code = 0
     except BaseException as exc:  # the parent turns this into a named ERROR with the log tail
         traceback.print_exc()
-        result = {"kind": RESULT_KIND, "schema_version": RESULT_SCHEMA_VERSION, "arm": job["arm"]["name"],
-                  "probes": [], "error": {"type": type(exc).__name__, "message": str(exc)[:2000]}}
+        result = _result(job, error={"type": type(exc).__name__, "message": str(exc)[:2000]})
         code = 3
     write_json_atomic(job["output"], result)
     sys.stdout.flush()

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from repro.errors import UsageError
+from repro.verdict import VERDICTS
 
 FIXTURE_KIND = "kvkit-fixture"
 FIXTURE_SCHEMA_VERSION = 1
-VERDICT_NAMES = ("PASS", "FAIL", "INCONCLUSIVE", "ERROR")
 _MAX_REUSES = 64
 _MAX_TOKEN_ID = 2**31  # the vocabulary check proper needs the model (check_probes_fit)
 
@@ -162,8 +162,8 @@ def parse_fixture(data: object, path: str | Path, digest: str) -> Fixture:
         if not isinstance(table, dict):
             raise _fail(path, f"expected.{arm}: must be an object of probe -> verdict")
         for probe, verdict in table.items():
-            if verdict not in VERDICT_NAMES:
-                raise _fail(path, f"expected.{arm}.{probe}: {verdict!r} is not one of {', '.join(VERDICT_NAMES)}")
+            if verdict not in VERDICTS:
+                raise _fail(path, f"expected.{arm}.{probe}: {verdict!r} is not one of {', '.join(VERDICTS)}")
     fixture = Fixture(name=name, path=str(path), sha256=digest, tokenizer=tokenizer, probes=probes,
                       arms=arms, expected=expected, raw=data)
     check_unique([p.name for p in probes], path, "probe")

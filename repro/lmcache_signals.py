@@ -15,8 +15,7 @@ from repro.logscan import clean_line
 
 # Start-up failure caught by LMCacheManager, or its health monitor giving up on a backend: either
 # way LMCache recomputes everything while vLLM reports a healthy engine.
-DEGRADED = re.compile(r"(Failed to initialize LMCacheManager components|Failed during post_init).*degraded mode"
-                      r"|System unhealthy, entering degraded mode|entering degraded mode")
+DEGRADED = re.compile(r"(?:operate in|entering) degraded mode")
 CUDA_OPS_MISSING = "lmcache.cuda_ops compiled extension not found"
 DOUBLE_UNPIN = re.compile(r"Pin count of MemoryObj \S*\s*is negative: (-?\d+)\.?\s*Double unpin occurred somewhere")
 RETRIEVED = re.compile(r"\[req_id=(?P<req>[^\]]+)\] Retrieved (?P<got>\d+) out of (?P<need>\d+) (?:required tokens \(from (?P<total>\d+) total tokens\)|out of total (?P<total2>\d+) tokens)")

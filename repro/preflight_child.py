@@ -12,7 +12,6 @@ import importlib
 
 from repro.provenance import package_version
 
-RESULT_KIND = "kvkit-preflight"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -48,12 +47,11 @@ def check_device(device: str, platform_type: str) -> str | None:
     return f"--device {device}: this machine's vLLM runs on {platform_type!r} (use --device {platform_type} or auto)"
 
 
-def run_preflight(job: dict) -> dict:
+def run_preflight(spec: dict) -> list[str]:
+    """Every problem with spec's connectors and device, each naming the flag or arm."""
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.platforms import current_platform
 
     platform_type = str(current_platform.device_type)
-    problems = [p for p in [check_device(job["device"], platform_type)] if p]
-    problems += [p for p in (check_connector(c, KVConnectorFactory) for c in job["connectors"]) if p]
-    return {"kind": RESULT_KIND, "schema_version": 1, "platform": platform_type,
-            "vllm": package_version("vllm"), "problems": problems, "error": None}
+    problems = [p for p in [check_device(spec["device"], platform_type)] if p]
+    return problems + [p for p in (check_connector(c, KVConnectorFactory) for c in spec["connectors"]) if p]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from repro import __version__
 from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME, UsageError
 from repro.verdict import ERROR, PASS
 
@@ -142,6 +141,3 @@ def load_report(path: str | Path) -> dict:
             raise UsageError(f"report {path}: arms[{i}] is not an arm (name, mode, verdict, probes)")
     return data
 
-
-def tool_version() -> str:
-    return __version__

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from repro import logscan
@@ -26,7 +26,6 @@ ARM_RESULT_KIND = "kvkit-arm-result"
 # Failure kinds, each distinct in the report.
 TIMEOUT, CRASH, OOM, NONZERO_EXIT, MISSING_OUTPUT, UNPARSABLE_OUTPUT, RAISED, INTERRUPTED = (
     "timeout", "crash", "out-of-memory", "nonzero-exit", "missing-output", "unparsable-output", "raised", "interrupted")
-FAILURE_KINDS = (TIMEOUT, CRASH, OOM, NONZERO_EXIT, MISSING_OUTPUT, UNPARSABLE_OUTPUT, RAISED)
 _OOM_MARKERS = ("out of memory", "outofmemoryerror", "cannot allocate memory", "memoryerror", "oom-kill",
                 "oom_kill", "std::bad_alloc")
 _CGROUP_EVENTS = Path("/sys/fs/cgroup/memory.events")
@@ -44,7 +43,6 @@ class ArmOutcome:
     log_text: str
     wall_s: float
     returncode: int | None = None
-    extra: dict = field(default_factory=dict)
 
 
 class Interrupted(Exception):
@@ -169,7 +167,7 @@ def classify_exit(returncode: int | None, log_text: str, timed_out: bool, oom_ki
     return NONZERO_EXIT, f"exit status {returncode}"
 
 
-def read_result(path: Path, kind: str = ARM_RESULT_KIND) -> tuple[dict | None, tuple[str, str] | None]:
+def read_result(path: Path) -> tuple[dict | None, tuple[str, str] | None]:
     """The child's result and, when it did not deliver one, why (a failure kind and detail)."""
     if not path.exists():
         return None, (MISSING_OUTPUT, "the child exited without writing its result file")
@@ -177,9 +175,9 @@ def read_result(path: Path, kind: str = ARM_RESULT_KIND) -> tuple[dict | None, t
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         return None, (UNPARSABLE_OUTPUT, f"the result file is not valid JSON ({str(exc)[:200]})")
-    if not isinstance(data, dict) or data.get("kind") != kind:
-        return None, (UNPARSABLE_OUTPUT, f"the result file is not a {kind} file")
-    if kind == ARM_RESULT_KIND and not isinstance(data.get("probes"), list):
+    if not isinstance(data, dict) or data.get("kind") != ARM_RESULT_KIND:
+        return None, (UNPARSABLE_OUTPUT, f"the result file is not a {ARM_RESULT_KIND} file")
+    if not isinstance(data.get("probes"), list):
         return None, (UNPARSABLE_OUTPUT, "the result file has no probes list")
     err = data.get("error")
     if err:
@@ -215,14 +213,14 @@ def run_child(argv: list[str], *, log_path: Path, env: dict[str, str], timeout_s
     return proc.returncode, timed_out, oom_killed, time.monotonic() - t0
 
 
-def collect_outcome(returncode: int | None, timed_out: bool, oom_killed: bool, log_text: str, out_path: Path,
-                    kind: str = ARM_RESULT_KIND) -> tuple[dict | None, tuple[str, str] | None]:
+def collect_outcome(returncode: int | None, timed_out: bool, oom_killed: bool, log_text: str,
+                    out_path: Path) -> tuple[dict | None, tuple[str, str] | None]:
     """(result, failure) from how the child exited and what it left: exit 0 with a valid result
     is the only success; exit 3 must come with the error record the engine writes."""
     failure = classify_exit(returncode, log_text, timed_out, oom_killed)
     if failure is not None and failure[0] != RAISED:
         return None, failure
-    result, problem = read_result(out_path, kind)
+    result, problem = read_result(out_path)
     if failure is None:
         return result, problem
     if problem is None or problem[0] != RAISED:

@@ -58,8 +58,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 FAULTS = ("none", "zero_blocks", "shift_blocks", "stale", "swap_kv", "corrupt_layer", "overwrite_tail", "drop_tail")
 TAIL_FAULTS = ("overwrite_tail", "drop_tail")
-# Faults whose bytes come from another stored block: they need a source, else they do not apply.
-SOURCED_FAULTS = ("shift_blocks", "stale")
 
 
 def faulted_indices(fault: str, first_block: int | None, num_blocks: int, n_loaded: int) -> list[int]:
