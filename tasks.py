@@ -28,7 +28,7 @@ REFERENCE_REVISION = "c1899de289a04d12100db370d81485cdf75e47ca"
 
 def has_cuda() -> bool:
     try:
-        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=20).returncode == 0
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=20, check=False).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -39,7 +39,9 @@ def resolve_profile(profile: str) -> str:
     if profile not in PROFILES:
         raise Exit(f"unknown PROFILE={profile}; choose one of: auto, {', '.join(PROFILES)}", code=2)
     if profile.startswith("gpu") and not has_cuda():
-        raise Exit(f"PROFILE={profile} needs a CUDA GPU (nvidia-smi found none); on this machine use PROFILE=cpu", code=2)
+        raise Exit(
+            f"PROFILE={profile} needs a CUDA GPU (nvidia-smi found none); on this machine use PROFILE=cpu", code=2
+        )
     return profile
 
 
@@ -60,11 +62,13 @@ def venv_python(profile: str, extra: list[str] | None = None) -> str:
     if not py.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     for r in todo:
-        subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r", str(ROOT / r)],
-                       check=True)
+        subprocess.run(
+            [str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r", str(ROOT / r)], check=True
+        )
         if profile == "cpu":
-            subprocess.run([str(py), "-m", "pip", "uninstall", "--quiet", "-y", *CPU_UNWANTED],
-                           check=False, capture_output=True)
+            subprocess.run(
+                [str(py), "-m", "pip", "uninstall", "--quiet", "-y", *CPU_UNWANTED], check=False, capture_output=True
+            )
         done = {line for line in done if not line.startswith(r + " ")} | {_req_line(r)}
         stamp.write_text("".join(sorted(line + "\n" for line in done)))
     return str(py)
@@ -81,17 +85,25 @@ def make_model(c, py: str) -> str:
 
 def reference_args(profile: str, model: str, report: str) -> str:
     if profile == "cpu":
-        return (f"--model {model} --dtype float32 --gpu-memory-utilization 0.1 --max-model-len 2048 "
-                f"--block-size 16 --max-tokens 16 --seed 0 --device cpu --suite acceptance --compare-native "
-                f"--fixture fixtures/selftest-cpu.json --report {report}")
-    return (f"--model {model} --model-revision {REFERENCE_REVISION} --kv-connector LMCacheConnectorV1 "
-            f"--lmcache-config fixtures/lmcache-local-cpu.yaml --dtype float16 --gpu-memory-utilization 0.45 "
-            f"--max-model-len 2048 --block-size 16 --max-tokens 16 --seed 0 --device cuda --suite acceptance "
-            f"--compare-native --fixture fixtures/efim-018-l4.json --report {report}")
+        return (
+            f"--model {model} --dtype float32 --gpu-memory-utilization 0.1 --max-model-len 2048 "
+            f"--block-size 16 --max-tokens 16 --seed 0 --device cpu --suite acceptance --compare-native "
+            f"--fixture fixtures/selftest-cpu.json --report {report}"
+        )
+    return (
+        f"--model {model} --model-revision {REFERENCE_REVISION} --kv-connector LMCacheConnectorV1 "
+        f"--lmcache-config fixtures/lmcache-local-cpu.yaml --dtype float16 --gpu-memory-utilization 0.45 "
+        f"--max-model-len 2048 --block-size 16 --max-tokens 16 --seed 0 --device cuda --suite acceptance "
+        f"--compare-native --fixture fixtures/efim-018-l4.json --report {report}"
+    )
 
 
-@task(help={"profile": "cpu | gpu-lmcache-0.5.4 | gpu-lmcache-0.5.5rc5 | auto (default: CUDA → gpu-lmcache-0.5.4, else cpu)",
-            "model": "model name or local directory (GPU profiles; default Qwen/Qwen3-0.6B)"})
+@task(
+    help={
+        "profile": "cpu | gpu-lmcache-0.5.4 | gpu-lmcache-0.5.5rc5 | auto (default: CUDA → gpu-lmcache-0.5.4, else cpu)",
+        "model": "model name or local directory (GPU profiles; default Qwen/Qwen3-0.6B)",
+    }
+)
 def repro(c, profile="auto", model=""):
     """Run the reference verification for a profile and print its summary."""
     profile = resolve_profile(profile)
@@ -115,13 +127,19 @@ def test(c, k="", fast=False):
         raise Exit(code=result.exited)
 
 
-@task(help={"reports": "directory of kvkit-report JSON files (default: reports)", "out": "output directory (default: site)"})
+@task(
+    help={
+        "reports": "directory of kvkit-report JSON files (default: reports)",
+        "out": "output directory (default: site)",
+    }
+)
 def site(c, reports="reports", out="site"):
     """Render the static report site from the reports (pages, raw JSON and cited logs)."""
     if not Path(reports).is_dir():
         raise Exit(f"no {reports}/ directory: run `make repro` first", code=2)
-    result = run_py(c, venv_python("cpu"), f"-m repro site --reports {shlex.quote(reports)} --out {shlex.quote(out)}",
-                    warn=True)
+    result = run_py(
+        c, venv_python("cpu"), f"-m repro site --reports {shlex.quote(reports)} --out {shlex.quote(out)}", warn=True
+    )
     if result.exited != 0:
         raise Exit(code=result.exited)
 
@@ -157,8 +175,12 @@ def clean(c):
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink()
 
 
-@task(help={"report": "an extra report JSON to include, its cited logs read beside it (default: only the "
-                      "committed reports/*.json)"})
+@task(
+    help={
+        "report": "an extra report JSON to include, its cited logs read beside it (default: only the "
+        "committed reports/*.json)"
+    }
+)
 def kit(c, report=""):
     """Build dist/kvkit-<version>-<commit>.tar.gz: HEAD's kit files, the reports, their logs and pages."""
     args = "-m repro kit" + (f" --report {shlex.quote(report)}" if report else "")
@@ -167,7 +189,9 @@ def kit(c, report=""):
         raise Exit(code=result.exited)
 
 
-@task(help={"archive": "the kit to check (default: dist/kvkit-<version>-<HEAD>.tar.gz)", "keep": "keep the unpacked tree"})
+@task(
+    help={"archive": "the kit to check (default: dist/kvkit-<version>-<HEAD>.tar.gz)", "keep": "keep the unpacked tree"}
+)
 def kit_check(c, archive="", keep=False):
     """Unpack the kit into a temporary directory and run `make repro PROFILE=cpu` and `make test` there."""
     args = "-m repro kit-check" + (f" {shlex.quote(archive)}" if archive else "") + (" --keep" if keep else "")
@@ -176,11 +200,12 @@ def kit_check(c, archive="", keep=False):
         raise Exit(code=result.exited)
 
 
-@task(positional=["report"], help={"report": "a kvkit report JSON", "out": "write the Markdown to FILE (default: stdout)"})
+@task(
+    positional=["report"], help={"report": "a kvkit report JSON", "out": "write the Markdown to FILE (default: stdout)"}
+)
 def issue_md(c, report, out=""):
     """Print a report as GitHub Markdown to paste into an upstream issue (under 65,536 characters)."""
     args = f"-m repro issue-md {shlex.quote(report)}" + (f" --out {shlex.quote(out)}" if out else "")
     result = run_py(c, sys.executable, args, warn=True)
     if result.exited != 0:
         raise Exit(code=result.exited)
-

@@ -54,11 +54,11 @@ def main(argv: list[str]) -> int:
 
         return detection_main(argv)
     if cmd == "site":
-        from repro.render import main as site_main
+        from repro.publish.site import main as site_main
 
         return site_main(rest)
     if cmd == "issue-md":
-        from repro.issue_md import main as issue_md_main
+        from repro.publish.issue_md import main as issue_md_main
 
         return issue_md_main(rest)
     if cmd in ("kit", "kit-check"):

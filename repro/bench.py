@@ -25,11 +25,28 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="kvkit-bench-") as tmp:
         report = Path(tmp) / "bench.json"
-        cmd = [sys.executable, "-m", "repro.verify_kv_reuse", "--model", args.model, "--dtype", "float32",
-               "--gpu-memory-utilization", "0.1", "--device", "cpu", "--suite", "acceptance", "--compare-native",
-               "--fixture", args.fixture, "--report", str(report)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "repro.verify_kv_reuse",
+            "--model",
+            args.model,
+            "--dtype",
+            "float32",
+            "--gpu-memory-utilization",
+            "0.1",
+            "--device",
+            "cpu",
+            "--suite",
+            "acceptance",
+            "--compare-native",
+            "--fixture",
+            args.fixture,
+            "--report",
+            str(report),
+        ]
         t0 = time.monotonic()
-        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL)
+        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, check=False)
         wall = time.monotonic() - t0
         if not report.exists():
             print(f"bench: the run wrote no report (exit {proc.returncode})", file=sys.stderr)
@@ -41,10 +58,14 @@ def main(argv: list[str]) -> int:
     print(f"arms: {len(arms)}  probes/arm: {max(len(a['probes']) for a in arms)}  generations: {data['generations']}")
     for a, s in zip(arms, starts):
         t = a["timing"]
-        print(f"  {a['name']:<18} engine start {s:6.1f} s   generation {t.get('generation_s') or 0:5.1f} s   child wall {t['wall_s']:6.1f} s")
+        print(
+            f"  {a['name']:<18} engine start {s:6.1f} s   generation {t.get('generation_s') or 0:5.1f} s   child wall {t['wall_s']:6.1f} s"
+        )
     ratio = wall / total if total else float("inf")
     print(f"wall time: {wall:.1f} s")
     print(f"sum of engine starts (inside children): {total:.1f} s")
-    print(f"ratio wall / engine starts: {ratio:.3f}  (target <= {TARGET_RATIO}: {'met' if ratio <= TARGET_RATIO else 'NOT met'})")
+    print(
+        f"ratio wall / engine starts: {ratio:.3f}  (target <= {TARGET_RATIO}: {'met' if ratio <= TARGET_RATIO else 'NOT met'})"
+    )
     print("figures describe the kit's own overhead; claim_eligible=false, no performance claim")
     return 0 if proc.returncode == 0 else proc.returncode

@@ -28,12 +28,16 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m repro.verify_kv_reuse",
-                description="Run one configuration with caching off and with KV reuse on, in separate "
-                            "processes, and compare greedy token IDs exactly.")
+    p = _Parser(
+        prog="python -m repro.verify_kv_reuse",
+        description="Run one configuration with caching off and with KV reuse on, in separate "
+        "processes, and compare greedy token IDs exactly.",
+    )
     p.add_argument("--model", required=True, help="hub name or local directory")
     p.add_argument("--model-revision", default=None)
-    p.add_argument("--kv-connector", default=None, help="connector class name (in-tree, or with --kv-connector-module-path)")
+    p.add_argument(
+        "--kv-connector", default=None, help="connector class name (in-tree, or with --kv-connector-module-path)"
+    )
     p.add_argument("--kv-connector-module-path", default=None, help="module to load the connector class from")
     p.add_argument("--kv-connector-extra-config", default=None, help="JSON object passed as kv_connector_extra_config")
     p.add_argument("--lmcache-config", default=None, help="LMCache YAML, given to the child as LMCACHE_CONFIG_FILE")
@@ -113,9 +117,15 @@ def validate(args: argparse.Namespace) -> Options:
     if args.lmcache_config and not (args.kv_connector and "lmcache" in args.kv_connector.lower()):
         raise UsageError("--lmcache-config needs an LMCache connector (e.g. --kv-connector LMCacheConnectorV1)")
     if args.kv_connector == "LMCacheConnectorV1" and args.kv_connector_module_path:
-        raise UsageError("LMCacheConnectorV1 is in-tree: drop --kv-connector-module-path (or use LMCacheConnectorV1Dynamic)")
-    for flag, value, lo in (("--max-tokens", args.max_tokens, 1), ("--block-size", args.block_size, 1),
-                            ("--max-model-len", args.max_model_len, 2), ("--logprobs", args.logprobs, 2)):
+        raise UsageError(
+            "LMCacheConnectorV1 is in-tree: drop --kv-connector-module-path (or use LMCacheConnectorV1Dynamic)"
+        )
+    for flag, value, lo in (
+        ("--max-tokens", args.max_tokens, 1),
+        ("--block-size", args.block_size, 1),
+        ("--max-model-len", args.max_model_len, 2),
+        ("--logprobs", args.logprobs, 2),
+    ):
         if value < lo:
             raise UsageError(f"{flag} must be at least {lo}")
     if args.reuses is not None and not 1 <= args.reuses <= 64:

@@ -37,9 +37,13 @@ class Margin:
 
     def as_dict(self) -> dict:
         return {
-            "index": self.index, "baseline_token": self.baseline_token, "reuse_token": self.reuse_token,
-            "baseline_margin": _r(self.baseline_margin), "baseline_gap_lower_bound": _r(self.baseline_gap_lower_bound),
-            "reuse_margin": _r(self.reuse_margin), "baseline_top_gap": _r(self.baseline_top_gap),
+            "index": self.index,
+            "baseline_token": self.baseline_token,
+            "reuse_token": self.reuse_token,
+            "baseline_margin": _r(self.baseline_margin),
+            "baseline_gap_lower_bound": _r(self.baseline_gap_lower_bound),
+            "reuse_margin": _r(self.reuse_margin),
+            "baseline_top_gap": _r(self.baseline_top_gap),
             "near_tie": self.near_tie,
         }
 
@@ -55,8 +59,9 @@ def _lookup(top: list[list], token: int | None) -> float | None:
     return None
 
 
-def margin_at(index: int, baseline_ids: list[int], reuse_ids: list[int],
-              baseline_top: list[list], reuse_top: list[list]) -> Margin:
+def margin_at(
+    index: int, baseline_ids: list[int], reuse_ids: list[int], baseline_top: list[list], reuse_top: list[list]
+) -> Margin:
     """How decisive each side was at the divergence.
 
     baseline_top and reuse_top are [[token_id, logprob], ...] best first at that position.
@@ -72,6 +77,13 @@ def margin_at(index: int, baseline_ids: list[int], reuse_ids: list[int],
         # the reuse token is not in the baseline's top-k: the gap is at least top-1 minus the worst listed
         lower = base_a - baseline_top[-1][1]
     reuse_margin = reuse_b - reuse_a if reuse_b is not None and reuse_a is not None else None
-    return Margin(index=index, baseline_token=a, reuse_token=b, baseline_margin=baseline_margin,
-                  baseline_gap_lower_bound=lower, reuse_margin=reuse_margin, baseline_top_gap=top_gap,
-                  near_tie=top_gap is not None and top_gap < NEAR_TIE_NATS)
+    return Margin(
+        index=index,
+        baseline_token=a,
+        reuse_token=b,
+        baseline_margin=baseline_margin,
+        baseline_gap_lower_bound=lower,
+        reuse_margin=reuse_margin,
+        baseline_top_gap=top_gap,
+        near_tie=top_gap is not None and top_gap < NEAR_TIE_NATS,
+    )

@@ -24,11 +24,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from repro import __version__
+from repro import __version__, evaluate
 from repro.atomic import write_bytes_atomic, write_json_atomic
-from repro import evaluate
 from repro.provenance import allowed_env, hardware, kit_commit, package_version, utc_now
-from repro.runner import KIT_ROOT, child_env, run_arm
+from repro.runner import child_env, run_arm
 from repro.verdict import FAIL, INCONCLUSIVE, PASS, Request, decide_probe
 
 KIND = "kvkit-detection-matrix"
@@ -61,11 +60,13 @@ DEFAULT_REPORT = "reports/detection/detection-matrix.json"
 # Beside the report, committed with it (site/ is the report site's generated, ignored output).
 DEFAULT_SITE = "reports/detection/detection.html"
 TEMPLATE = "detection.html.j2"
-METHOD = ("Greedy decoding is deterministic and causal: the first w tokens of a 32-token generation are "
-          "exactly the w-token generation. So one 32-token run per arm gives every window: a probe is "
-          "detected at window w iff the verifier's rule (repro.verdict.decide_probe) on the first w tokens "
-          "says FAIL, i.e. a reuse that reported a hit differs from the baseline at an index below w. "
-          "prefix_check re-runs one arm with max_tokens 8 and compares it with the prefix.")
+METHOD = (
+    "Greedy decoding is deterministic and causal: the first w tokens of a 32-token generation are "
+    "exactly the w-token generation. So one 32-token run per arm gives every window: a probe is "
+    "detected at window w iff the verifier's rule (repro.verdict.decide_probe) on the first w tokens "
+    "says FAIL, i.e. a reuse that reported a hit differs from the baseline at an index below w. "
+    "prefix_check re-runs one arm with max_tokens 8 and compares it with the prefix."
+)
 
 _FILLERS = (
     "Release notes, section four. The scheduler keeps a queue of waiting requests and admits them when "
@@ -86,15 +87,22 @@ DECOY = ("decoy", 485)
 def prompt_spec(name: str, length: int) -> dict:
     """A chat prompt of exactly `length` tokens, as the engine job's `prompt.chat`."""
     i = sum(map(ord, name)) % len(_FILLERS)
-    return {"messages": [{"role": "system", "content": f"{name.capitalize()} probe. You are a careful assistant."},
-                         {"role": "user", "content": "Summarize these notes in one sentence.\n\n"}],
-            "length": length, "filler": _FILLERS[i]}
+    return {
+        "messages": [
+            {"role": "system", "content": f"{name.capitalize()} probe. You are a careful assistant."},
+            {"role": "user", "content": "Summarize these notes in one sentence.\n\n"},
+        ],
+        "length": length,
+        "filler": _FILLERS[i],
+    }
 
 
 # ---- pure core: windows, cells, summary ---------------------------------------------------------
 
-def window_verdicts(baseline: list[int], cold: Request, reuses: list[Request],
-                    windows: tuple[int, ...] = WINDOWS) -> dict[int, str]:
+
+def window_verdicts(
+    baseline: list[int], cold: Request, reuses: list[Request], windows: tuple[int, ...] = WINDOWS
+) -> dict[int, str]:
     """The verifier's probe verdict had it generated only w tokens, for each window w."""
     out = {}
     for w in windows:
@@ -140,18 +148,30 @@ def summarize(faults: list[dict], controls: list[dict], prefix_ok: bool) -> dict
         cells = f["windows"].values()
         detected[f["fault"]] = detected.get(f["fault"], False) or any(c["detected"] > 0 for c in cells)
         reliable[f["fault"]] = reliable.get(f["fault"], False) or any(c["status"] == "detected" for c in cells)
-        missed += [f"{f['fault']}/{f['position']}@{w}:{c['status']}" for w, c in sorted(f["windows"].items(), key=lambda x: int(x[0]))
-                   if c["status"] != "detected"]
+        missed += [
+            f"{f['fault']}/{f['position']}@{w}:{c['status']}"
+            for w, c in sorted(f["windows"].items(), key=lambda x: int(x[0]))
+            if c["status"] != "detected"
+        ]
     fp = sum(c["false_positives"][str(max(WINDOWS))] for c in controls)
     exercised = sum(c["reuses_exercised"] for c in controls)
-    errors = [f"{f['fault']}/{f['position']}" for f in faults if f["error"]] + [c["arm"] for c in controls if c["error"]]
+    errors = [f"{f['fault']}/{f['position']}" for f in faults if f["error"]] + [
+        c["arm"] for c in controls if c["error"]
+    ]
     every = bool(detected) and all(detected.values())
     ok = every and fp == 0 and exercised > 0 and prefix_ok and not errors
-    return {"fault_kinds_detected": detected, "every_fault_detected": every,
-            "fault_kinds_reliably_detected": reliable,
-            "every_fault_reliably_detected": bool(reliable) and all(reliable.values()),
-            "not_fully_detected_cells": missed, "false_positives": fp, "control_reuses_exercised": exercised,
-            "arm_errors": errors, "prefix_check_ok": prefix_ok, "ok": ok}
+    return {
+        "fault_kinds_detected": detected,
+        "every_fault_detected": every,
+        "fault_kinds_reliably_detected": reliable,
+        "every_fault_reliably_detected": bool(reliable) and all(reliable.values()),
+        "not_fully_detected_cells": missed,
+        "false_positives": fp,
+        "control_reuses_exercised": exercised,
+        "arm_errors": errors,
+        "prefix_check_ok": prefix_ok,
+        "ok": ok,
+    }
 
 
 def judge_probe(base_probe: dict, probe: dict) -> dict:
@@ -164,31 +184,64 @@ def judge_probe(base_probe: dict, probe: dict) -> dict:
     diffs = [r["first_diff"] for r in reuses]
     first = min((d for d in diffs if d is not None), default=None)
     margin = next((r["margin"] for r in reuses if r["first_diff"] == first and first is not None), None)
-    return {"name": probe["name"], "prompt_tokens": len(probe["prompt_token_ids"]),
-            "cold_cached_tokens": cold.get("cached_tokens"), "cold_first_diff": cold["first_diff"],
-            "reuse_cached_tokens": [r.get("cached_tokens") for r in reuses], "reuse_first_diffs": diffs,
-            "first_diff": first, "margin": margin, "verdicts": {str(w): v for w, v in verdicts.items()}}
+    return {
+        "name": probe["name"],
+        "prompt_tokens": len(probe["prompt_token_ids"]),
+        "cold_cached_tokens": cold.get("cached_tokens"),
+        "cold_first_diff": cold["first_diff"],
+        "reuse_cached_tokens": [r.get("cached_tokens") for r in reuses],
+        "reuse_first_diffs": diffs,
+        "first_diff": first,
+        "margin": margin,
+        "verdicts": {str(w): v for w, v in verdicts.items()},
+    }
 
 
 # ---- planning and running arms (I/O) -----------------------------------------------------------
 
+
 def _engine(model: str) -> dict:
-    return {"model": model, "revision": None, "dtype": "float32", "seed": 0, "gpu_memory_utilization": 0.1,
-            "max_model_len": 2048, "block_size": BLOCK_SIZE, "device": "cpu"}
+    return {
+        "model": model,
+        "revision": None,
+        "dtype": "float32",
+        "seed": 0,
+        "gpu_memory_utilization": 0.1,
+        "max_model_len": 2048,
+        "block_size": BLOCK_SIZE,
+        "device": "cpu",
+    }
 
 
-def _job(name: str, mode: str, connector: dict | None, model: str, probes: list[tuple[str, int, int]],
-         max_tokens: int = MAX_TOKENS) -> dict:
-    return {"arm": {"name": name, "mode": mode, "connector": connector}, "engine": _engine(model),
-            "max_tokens": max_tokens, "logprobs": LOGPROBS,
-            "probes": [{"name": n, "prompt": {"chat": prompt_spec(n, length)}, "requests": k} for n, length, k in probes]}
+def _job(
+    name: str,
+    mode: str,
+    connector: dict | None,
+    model: str,
+    probes: list[tuple[str, int, int]],
+    max_tokens: int = MAX_TOKENS,
+) -> dict:
+    return {
+        "arm": {"name": name, "mode": mode, "connector": connector},
+        "engine": _engine(model),
+        "max_tokens": max_tokens,
+        "logprobs": LOGPROBS,
+        "probes": [{"name": n, "prompt": {"chat": prompt_spec(n, length)}, "requests": k} for n, length, k in probes],
+    }
 
 
 def _planted(scratch: Path, name: str, fault: str, params: dict) -> dict:
     store = scratch / f"{name}.store"
-    return {"name": "PlantedFaultConnector", "module_path": "repro.connectors.planted_fault",
-            "extra_config": {"store_dir": str(store), "fault": fault, "audit_path": str(scratch / f"{name}.audit.jsonl"),
-                             **params}}
+    return {
+        "name": "PlantedFaultConnector",
+        "module_path": "repro.engine.connectors.planted_fault",
+        "extra_config": {
+            "store_dir": str(store),
+            "fault": fault,
+            "audit_path": str(scratch / f"{name}.audit.jsonl"),
+            **params,
+        },
+    }
 
 
 @dataclass
@@ -202,9 +255,14 @@ class Runner:
     def run(self, job: dict) -> tuple[dict | None, dict | None]:
         name = job["arm"]["name"]
         print(f"[kvkit] detection arm {name} ...", file=sys.stderr, flush=True)
-        out = run_arm(job, workdir=self.work, log_path=self.work / f"{name}.log", env=self.env, timeout_s=self.timeout_s)
-        print(f"[kvkit] detection arm {name}: {'ok' if out.failure is None else out.failure['kind']} ({out.wall_s:.0f} s)",
-              file=sys.stderr, flush=True)
+        out = run_arm(
+            job, workdir=self.work, log_path=self.work / f"{name}.log", env=self.env, timeout_s=self.timeout_s
+        )
+        print(
+            f"[kvkit] detection arm {name}: {'ok' if out.failure is None else out.failure['kind']} ({out.wall_s:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
         failure = None if out.failure is None else {k: out.failure[k] for k in ("kind", "detail", "log_tail")}
         return out.result, failure
 
@@ -226,36 +284,62 @@ def _compare_error(baseline: dict | None, result: dict | None, failure: dict | N
     return None
 
 
-def fault_entry(fault: str, position: str, params: dict, result: dict | None, error: dict | None,
-                baseline: dict | None, audit: list[dict]) -> dict:
+def fault_entry(
+    fault: str,
+    position: str,
+    params: dict,
+    result: dict | None,
+    error: dict | None,
+    baseline: dict | None,
+    audit: list[dict],
+) -> dict:
     """The matrix row of one fault arm: per-probe evidence and one cell per window."""
-    entry = {"fault": fault, "position": position, "params": params, "error": error, "probes": [],
-             "windows": {str(w): Cell("error", 0, 0).__dict__ for w in WINDOWS}}
+    entry = {
+        "fault": fault,
+        "position": position,
+        "params": params,
+        "error": error,
+        "probes": [],
+        "windows": {str(w): Cell("error", 0, 0).__dict__ for w in WINDOWS},
+    }
     if error is not None:
         return entry
     base = {p["name"]: p for p in baseline["probes"]}
     loads = iter(audit)
     for probe in result["probes"]:
-        loaded = [next(loads, None) for r in probe["requests"]
-                  if ((r.get("kv_transfer_params") or {}).get("planted_fault") or {}).get("loaded_tokens")]
+        loaded = [
+            next(loads, None)
+            for r in probe["requests"]
+            if ((r.get("kv_transfer_params") or {}).get("planted_fault") or {}).get("loaded_tokens")
+        ]
         if probe["name"] == DECOY[0]:
             continue
         row = judge_probe(base[probe["name"]], probe)
         reuse = probe["requests"][-1]
-        row["faulted_blocks"] = ((reuse.get("kv_transfer_params") or {}).get("planted_fault") or {}).get("faulted_blocks")
+        row["faulted_blocks"] = ((reuse.get("kv_transfer_params") or {}).get("planted_fault") or {}).get(
+            "faulted_blocks"
+        )
         row["kv_audit"] = loaded[-1] if loaded else None
         entry["probes"].append(row)
     for w in WINDOWS:
         entry["windows"][str(w)] = summarize_cell([p["verdicts"][str(w)] for p in entry["probes"]]).__dict__
-        entry["windows"][str(w)]["first_diffs"] = [p["first_diff"] if p["verdicts"][str(w)] == FAIL else None
-                                                   for p in entry["probes"]]
+        entry["windows"][str(w)]["first_diffs"] = [
+            p["first_diff"] if p["verdicts"][str(w)] == FAIL else None for p in entry["probes"]
+        ]
     return entry
 
 
 def control_entry(arm: str, seed: int, result: dict | None, error: dict | None, baseline: dict | None) -> dict:
-    entry = {"arm": arm, "model_seed": seed, "error": error, "probes": [], "reuses_compared": 0,
-             "reuses_exercised": 0, "false_positives": {str(w): 0 for w in WINDOWS},
-             "inconclusive": {str(w): 0 for w in WINDOWS}}
+    entry = {
+        "arm": arm,
+        "model_seed": seed,
+        "error": error,
+        "probes": [],
+        "reuses_compared": 0,
+        "reuses_exercised": 0,
+        "false_positives": {str(w): 0 for w in WINDOWS},
+        "inconclusive": {str(w): 0 for w in WINDOWS},
+    }
     if error is not None:
         return entry
     base = {p["name"]: p for p in baseline["probes"]}
@@ -284,8 +368,14 @@ def prefix_check(short: dict | None, full: dict | None, window: int) -> dict:
             for a, b in zip(s["logprobs"], f["logprobs"][:window]):
                 if a and b and a[0][0] == b[0][0]:
                     lp_diff = max(lp_diff, abs(a[0][1] - b[0][1]))
-    return {"window": window, "ok": n > 0 and not mismatched, "requests_compared": n, "mismatched": mismatched,
-            "max_top1_logprob_abs_diff": round(lp_diff, 9), "detail": "token IDs of every request compared exactly"}
+    return {
+        "window": window,
+        "ok": n > 0 and not mismatched,
+        "requests_compared": n,
+        "mismatched": mismatched,
+        "max_top1_logprob_abs_diff": round(lp_diff, 9),
+        "detail": "token IDs of every request compared exactly",
+    }
 
 
 def _prepare_models(models_dir: Path, seeds: tuple[int, ...]) -> dict[int, tuple[str, str]]:
@@ -313,10 +403,19 @@ def run_controls(runner: Runner, models: dict, seeds: tuple[int, ...]) -> tuple[
         baselines[seed] = None if failure else base
         if seed not in seeds:
             continue
-        arms = [("ExampleConnector", "connector", {"name": "ExampleConnector", "module_path": None,
-                                                  "extra_config": {"shared_storage_path": str(runner.work / f"example-{seed}")}}),
-                ("native", "native", None),
-                ("PlantedFault-none", "connector", _planted(runner.work, f"none-{seed}", "none", {}))]
+        arms = [
+            (
+                "ExampleConnector",
+                "connector",
+                {
+                    "name": "ExampleConnector",
+                    "module_path": None,
+                    "extra_config": {"shared_storage_path": str(runner.work / f"example-{seed}")},
+                },
+            ),
+            ("native", "native", None),
+            ("PlantedFault-none", "connector", _planted(runner.work, f"none-{seed}", "none", {})),
+        ]
         for name, mode, conn in arms:
             result, failure = runner.run(_job(f"{name}-seed{seed}", mode, conn, model, _probe_plan(1 + CONTROL_REUSES)))
             error = _compare_error(baselines[seed], result, failure)
@@ -324,8 +423,10 @@ def run_controls(runner: Runner, models: dict, seeds: tuple[int, ...]) -> tuple[
             if conn and conn["name"] == "PlantedFaultConnector":
                 audit = _read_audit(Path(conn["extra_config"]["audit_path"]))
                 # a faithful load must be bit-exact: the connector itself adds no noise
-                entries[-1]["kv_audit"] = {"loads": len(audit),
-                                           "max_abs_diff": max((a["clean_max_abs_diff"] for a in audit), default=None)}
+                entries[-1]["kv_audit"] = {
+                    "loads": len(audit),
+                    "max_abs_diff": max((a["clean_max_abs_diff"] for a in audit), default=None),
+                }
     return baselines, entries
 
 
@@ -344,43 +445,83 @@ def run_faults(runner: Runner, model: str, baseline: dict | None, faults: tuple[
             result, failure = runner.run(job)
             results[(fault, position)] = result
             audit = _read_audit(Path(job["arm"]["connector"]["extra_config"]["audit_path"]))
-            params = {k: v for k, v in job["arm"]["connector"]["extra_config"].items() if k not in ("store_dir", "audit_path")}
-            entries.append(fault_entry(fault, position, params, result, _compare_error(baseline, result, failure),
-                                       baseline, audit))
+            params = {
+                k: v for k, v in job["arm"]["connector"]["extra_config"].items() if k not in ("store_dir", "audit_path")
+            }
+            entries.append(
+                fault_entry(fault, position, params, result, _compare_error(baseline, result, failure), baseline, audit)
+            )
     check = {"window": PREFIX_CHECK_WINDOW, "ok": False, "requests_compared": 0, "detail": "not run"}
     if PREFIX_CHECK_FAULT in results:
         job = _fault_job(runner, *PREFIX_CHECK_FAULT, model, PREFIX_CHECK_WINDOW)
         short, _failure = runner.run(job)
-        check = dict(prefix_check(short, results[PREFIX_CHECK_FAULT], PREFIX_CHECK_WINDOW),
-                     arm=job["arm"]["name"], compared_with=f"{PREFIX_CHECK_FAULT[0]}-{PREFIX_CHECK_FAULT[1]}")
+        check = dict(
+            prefix_check(short, results[PREFIX_CHECK_FAULT], PREFIX_CHECK_WINDOW),
+            arm=job["arm"]["name"],
+            compared_with=f"{PREFIX_CHECK_FAULT[0]}-{PREFIX_CHECK_FAULT[1]}",
+        )
     return entries, check
 
 
-def build_report(faults: list[dict], controls: list[dict], check: dict, models: dict, argv: list[str],
-                 env: dict, started: str, wall_s: float) -> dict:
+def build_report(
+    faults: list[dict],
+    controls: list[dict],
+    check: dict,
+    models: dict,
+    argv: list[str],
+    env: dict,
+    started: str,
+    wall_s: float,
+) -> dict:
     return {
-        "kind": KIND, "schema_version": SCHEMA_VERSION, "tool_version": __version__, "claim_eligible": False,
+        "kind": KIND,
+        "schema_version": SCHEMA_VERSION,
+        "tool_version": __version__,
+        "claim_eligible": False,
         "method": METHOD,
-        "config": {"windows": list(WINDOWS), "max_tokens": MAX_TOKENS, "block_size": BLOCK_SIZE, "dtype": "float32",
-                   "device": "cpu", "decoding": "greedy, ignore_eos, enforce_eager", "logprobs": LOGPROBS,
-                   "positions": POSITIONS, "fault_params": FAULT_PARAMS, "prompts": [list(p) for p in PROMPTS],
-                   "decoy": list(DECOY), "fault_model_seed": DEFAULT_MODEL_SEED,
-                   "control_model_seeds": sorted({c["model_seed"] for c in controls}),
-                   "control_reuses": CONTROL_REUSES,
-                   "models": {str(s): {"sha256": sha} for s, (_, sha) in sorted(models.items())}},
-        "faults": faults, "controls": controls, "prefix_check": check,
+        "config": {
+            "windows": list(WINDOWS),
+            "max_tokens": MAX_TOKENS,
+            "block_size": BLOCK_SIZE,
+            "dtype": "float32",
+            "device": "cpu",
+            "decoding": "greedy, ignore_eos, enforce_eager",
+            "logprobs": LOGPROBS,
+            "positions": POSITIONS,
+            "fault_params": FAULT_PARAMS,
+            "prompts": [list(p) for p in PROMPTS],
+            "decoy": list(DECOY),
+            "fault_model_seed": DEFAULT_MODEL_SEED,
+            "control_model_seeds": sorted({c["model_seed"] for c in controls}),
+            "control_reuses": CONTROL_REUSES,
+            "models": {str(s): {"sha256": sha} for s, (_, sha) in sorted(models.items())},
+        },
+        "faults": faults,
+        "controls": controls,
+        "prefix_check": check,
         "summary": summarize(faults, controls, bool(check.get("ok"))),
         # Diagnostics only (how long `make detection` takes here), never a performance claim.
         "diagnostics": {"wall_s": round(wall_s, 1)},
-        "provenance": {"kit": kit_commit(), "argv": argv, "started_utc": started, "ended_utc": utc_now(),
-                       "hardware": hardware(),
-                       "packages": {n: package_version(n) for n in ("torch", "vllm", "transformers")},
-                       "env": allowed_env(env)},
+        "provenance": {
+            "kit": kit_commit(),
+            "argv": argv,
+            "started_utc": started,
+            "ended_utc": utc_now(),
+            "hardware": hardware(),
+            "packages": {n: package_version(n) for n in ("torch", "vllm", "transformers")},
+            "env": allowed_env(env),
+        },
     }
 
 
-def run_detection(report_path: Path, models_dir: Path, seeds: tuple[int, ...], faults: tuple[str, ...],
-                  timeout_s: float, argv: list[str]) -> dict:
+def run_detection(
+    report_path: Path,
+    models_dir: Path,
+    seeds: tuple[int, ...],
+    faults: tuple[str, ...],
+    timeout_s: float,
+    argv: list[str],
+) -> dict:
     started, t0 = utc_now(), time.monotonic()
     report_path.parent.mkdir(parents=True, exist_ok=True)
     env = child_env(dict(os.environ), hashseed="0", extra={})
@@ -399,13 +540,16 @@ def run_detection(report_path: Path, models_dir: Path, seeds: tuple[int, ...], f
 
 # ---- the page ------------------------------------------------------------------------------------
 
+
 def load_matrix(path: Path) -> dict:
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     if data.get("kind") != KIND:
         raise ValueError(f"{path} is not a {KIND} report")
     if data.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(f"{path} has schema_version {data.get('schema_version')}; this kit reads {SCHEMA_VERSION}"
-                         + (" (upgrade the kit)" if data.get("schema_version", 0) > SCHEMA_VERSION else ""))
+        raise ValueError(
+            f"{path} has schema_version {data.get('schema_version')}; this kit reads {SCHEMA_VERSION}"
+            + (" (upgrade the kit)" if data.get("schema_version", 0) > SCHEMA_VERSION else "")
+        )
     return data
 
 
@@ -420,30 +564,61 @@ def page_model(report: dict) -> dict:
         for w in windows:
             c = f["windows"][w]
             shown = ",".join(str(d) for d in c.get("first_diffs", []) if d is not None)
-            cells.append({"status": c["status"], "text": f"{c['detected']}/{c['probes']}" + (f" @{shown}" if shown else "")})
-        margins = [p["margin"]["baseline_margin"] for p in f["probes"] if p.get("margin") and p["margin"]["baseline_margin"] is not None]
-        rows.append({"fault": f["fault"], "position": f["position"],
-                     "params": ", ".join(f"{k}={v}" for k, v in sorted(f["params"].items()) if k != "fault"),
-                     "cells": cells, "error": f"{f['error']['kind']}: {f['error']['detail']}" if f["error"] else "",
-                     "kv_changed": f"{sum(1 for d in diffs if d > 0)}/{len(diffs)} blocks, min max|Δ| {min(diffs):.3g}" if diffs else "no faulted block",
-                     "min_margin": f"{min(margins):.3f}" if margins else "–"})
-    controls = [{"arm": c["arm"], "seed": c["model_seed"], "compared": c["reuses_compared"], "exercised": c["reuses_exercised"],
-                 "fp": [c["false_positives"][w] for w in windows], "inconclusive": [c["inconclusive"][w] for w in windows],
-                 "error": f"{c['error']['kind']}: {c['error']['detail']}" if c["error"] else ""} for c in report["controls"]]
+            cells.append(
+                {"status": c["status"], "text": f"{c['detected']}/{c['probes']}" + (f" @{shown}" if shown else "")}
+            )
+        margins = [
+            p["margin"]["baseline_margin"]
+            for p in f["probes"]
+            if p.get("margin") and p["margin"]["baseline_margin"] is not None
+        ]
+        rows.append(
+            {
+                "fault": f["fault"],
+                "position": f["position"],
+                "params": ", ".join(f"{k}={v}" for k, v in sorted(f["params"].items()) if k != "fault"),
+                "cells": cells,
+                "error": f"{f['error']['kind']}: {f['error']['detail']}" if f["error"] else "",
+                "kv_changed": f"{sum(1 for d in diffs if d > 0)}/{len(diffs)} blocks, min max|Δ| {min(diffs):.3g}"
+                if diffs
+                else "no faulted block",
+                "min_margin": f"{min(margins):.3f}" if margins else "–",
+            }
+        )
+    controls = [
+        {
+            "arm": c["arm"],
+            "seed": c["model_seed"],
+            "compared": c["reuses_compared"],
+            "exercised": c["reuses_exercised"],
+            "fp": [c["false_positives"][w] for w in windows],
+            "inconclusive": [c["inconclusive"][w] for w in windows],
+            "error": f"{c['error']['kind']}: {c['error']['detail']}" if c["error"] else "",
+        }
+        for c in report["controls"]
+    ]
     s = report["summary"]
-    return {"windows": windows, "rows": rows, "controls": controls, "summary": s, "method": report["method"],
-            "prefix": report["prefix_check"], "started": report["provenance"]["started_utc"],
-            "commit": report["provenance"]["kit"].get("commit", "unavailable"),
-            "kinds": [{"fault": k, "detected": v, "reliable": s["fault_kinds_reliably_detected"][k]}
-                      for k, v in sorted(s["fault_kinds_detected"].items())],
-            "tool_version": report["tool_version"]}
+    return {
+        "windows": windows,
+        "rows": rows,
+        "controls": controls,
+        "summary": s,
+        "method": report["method"],
+        "prefix": report["prefix_check"],
+        "started": report["provenance"]["started_utc"],
+        "commit": report["provenance"]["kit"].get("commit", "unavailable"),
+        "kinds": [
+            {"fault": k, "detected": v, "reliable": s["fault_kinds_reliably_detected"][k]}
+            for k, v in sorted(s["fault_kinds_detected"].items())
+        ],
+        "tool_version": report["tool_version"],
+    }
 
 
 def render_page(report: dict) -> str:
-    import jinja2
+    from repro.publish.environment import make_environment
 
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(KIT_ROOT / "templates")), autoescape=True,
-                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    env = make_environment()
     return env.get_template(TEMPLATE).render(m=page_model(report))
 
 
@@ -460,7 +635,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--site", default=DEFAULT_SITE, help=f"the page (default {DEFAULT_SITE})")
     if cmd == "detection":
         p.add_argument("--models-dir", default=".cache/models", help="where the tiny models are generated")
-        p.add_argument("--seeds", default=",".join(map(str, CONTROL_MODEL_SEEDS)), help="control model seeds, comma separated")
+        p.add_argument(
+            "--seeds", default=",".join(map(str, CONTROL_MODEL_SEEDS)), help="control model seeds, comma separated"
+        )
         p.add_argument("--faults", default=",".join(FAULT_PARAMS), help="fault kinds, comma separated")
         p.add_argument("--timeout", type=float, default=600.0, help="seconds per arm")
     a = p.parse_args(rest)
@@ -468,7 +645,10 @@ def main(argv: list[str]) -> int:
         faults = tuple(f for f in a.faults.split(",") if f)
         unknown = [f for f in faults if f not in FAULT_PARAMS]
         if unknown:
-            print(f"error: unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(FAULT_PARAMS)}", file=sys.stderr)
+            print(
+                f"error: unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(FAULT_PARAMS)}",
+                file=sys.stderr,
+            )
             return 2
         seeds = tuple(int(s) for s in a.seeds.split(",") if s)
         report = run_detection(Path(a.report), Path(a.models_dir), seeds, faults, a.timeout, [cmd, *rest])
@@ -476,10 +656,12 @@ def main(argv: list[str]) -> int:
         report = load_matrix(Path(a.report))
     write_page(report, Path(a.site))
     s = report["summary"]
-    print(f"detection: every fault detected={s['every_fault_detected']} "
-          f"(on every probe of some cell: {s['every_fault_reliably_detected']}) false_positives={s['false_positives']} "
-          f"control reuses exercised={s['control_reuses_exercised']} prefix_check={s['prefix_check_ok']} "
-          f"errors={len(s['arm_errors'])}")
+    print(
+        f"detection: every fault detected={s['every_fault_detected']} "
+        f"(on every probe of some cell: {s['every_fault_reliably_detected']}) false_positives={s['false_positives']} "
+        f"control reuses exercised={s['control_reuses_exercised']} prefix_check={s['prefix_check_ok']} "
+        f"errors={len(s['arm_errors'])}"
+    )
     for cell in s["not_fully_detected_cells"]:
         print(f"  not fully detected: {cell}")
     print(f"report: {a.report}\npage: {a.site}", file=sys.stderr)

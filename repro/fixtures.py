@@ -90,8 +90,11 @@ def _parse_chat(chat: object, where: str, path) -> dict:
     filler = _require(chat, "filler", str, f"{where}.chat", path)
     if not filler.strip():
         raise _fail(path, f"{where}.chat.filler: empty")
-    return {"messages": [{"role": m["role"], "content": m["content"]} for m in messages],
-            "length": length, "filler": filler}
+    return {
+        "messages": [{"role": m["role"], "content": m["content"]} for m in messages],
+        "length": length,
+        "filler": filler,
+    }
 
 
 def parse_probe(obj: object, where: str, path) -> Probe:
@@ -102,7 +105,9 @@ def parse_probe(obj: object, where: str, path) -> Probe:
         raise _fail(path, f"{where}.name: {name!r} must be 1-64 letters, digits, '-', '_' or '.'")
     prompt = _require(obj, "prompt", dict, where, path)
     reuses = obj.get("reuses")
-    if reuses is not None and (not isinstance(reuses, int) or isinstance(reuses, bool) or not 1 <= reuses <= _MAX_REUSES):
+    if reuses is not None and (
+        not isinstance(reuses, int) or isinstance(reuses, bool) or not 1 <= reuses <= _MAX_REUSES
+    ):
         raise _fail(path, f"{where}.reuses: must be an integer from 1 to {_MAX_REUSES}")
     if ("token_ids" in prompt) == ("chat" in prompt):
         raise _fail(path, f"{where}.prompt: give exactly one of token_ids or chat")
@@ -143,7 +148,10 @@ def parse_fixture(data: object, path: str | Path, digest: str) -> Fixture:
     if not isinstance(version, int) or isinstance(version, bool):
         raise _fail(path, "schema_version missing or not an integer")
     if version > FIXTURE_SCHEMA_VERSION:
-        raise _fail(path, f"schema_version {version} is newer than this kit understands ({FIXTURE_SCHEMA_VERSION}): upgrade the kit")
+        raise _fail(
+            path,
+            f"schema_version {version} is newer than this kit understands ({FIXTURE_SCHEMA_VERSION}): upgrade the kit",
+        )
     if version < FIXTURE_SCHEMA_VERSION:
         raise _fail(path, f"schema_version {version} is older than any this kit wrote and no migration exists")
     name = _require(data, "name", str, "fixture", path)
@@ -164,8 +172,16 @@ def parse_fixture(data: object, path: str | Path, digest: str) -> Fixture:
         for probe, verdict in table.items():
             if verdict not in VERDICTS:
                 raise _fail(path, f"expected.{arm}.{probe}: {verdict!r} is not one of {', '.join(VERDICTS)}")
-    fixture = Fixture(name=name, path=str(path), sha256=digest, tokenizer=tokenizer, probes=probes,
-                      arms=arms, expected=expected, raw=data)
+    fixture = Fixture(
+        name=name,
+        path=str(path),
+        sha256=digest,
+        tokenizer=tokenizer,
+        probes=probes,
+        arms=arms,
+        expected=expected,
+        raw=data,
+    )
     check_unique([p.name for p in probes], path, "probe")
     check_unique([a.name for a in arms], path, "arm")
     return fixture
@@ -193,13 +209,19 @@ def load_fixture(path: str | Path) -> Fixture:
     return parse_fixture(data, path, hashlib.sha256(raw).hexdigest())
 
 
-def check_probes_fit(probes: list[Probe], *, vocab_size: int | None, max_model_len: int, max_tokens: int, where: str) -> None:
+def check_probes_fit(
+    probes: list[Probe], *, vocab_size: int | None, max_model_len: int, max_tokens: int, where: str
+) -> None:
     """Reject prompts the engine could not take: out-of-vocabulary IDs, or too long for the window."""
     limit = max_model_len - max_tokens
     for p in probes:
         if p.length > limit:
-            raise UsageError(f"{where}: probe {p.name!r} has {p.length} prompt tokens, over max_model_len - max_tokens = {limit}")
+            raise UsageError(
+                f"{where}: probe {p.name!r} has {p.length} prompt tokens, over max_model_len - max_tokens = {limit}"
+            )
         if vocab_size is not None and p.token_ids is not None:
             bad = [t for t in p.token_ids if t >= vocab_size]
             if bad:
-                raise UsageError(f"{where}: probe {p.name!r} has token ID {bad[0]} outside the vocabulary (size {vocab_size})")
+                raise UsageError(
+                    f"{where}: probe {p.name!r} has token ID {bad[0]} outside the vocabulary (size {vocab_size})"
+                )

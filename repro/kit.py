@@ -29,8 +29,17 @@ from repro.report import REPORT_KIND
 KIT_NAME = "kvkit"
 MAX_KIT_BYTES = 1_000_000
 # What a maintainer needs to run the kit; everything else in the repository stays out.
-KIT_PATHS = ("Makefile", "tasks.py", "pyproject.toml", "repro/", "fixtures/", "schemas/", "templates/", "requirements/",
-             "tests/")
+KIT_PATHS = (
+    "Makefile",
+    "tasks.py",
+    "pyproject.toml",
+    "repro/",
+    "fixtures/",
+    "schemas/",
+    "templates/",
+    "requirements/",
+    "tests/",
+)
 NEVER_PATHS = (".venvs/", ".cache/", "dist/", "site/", "reports/", "tests/artifacts/")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".onnx", ".h5", ".npz")
 EVIDENCE = "evidence"
@@ -53,7 +62,9 @@ def _git(root: Path, *args: str) -> bytes:
         raise UsageError("building a kit needs git (not found)") from None
     except subprocess.CalledProcessError as exc:
         msg = exc.stderr.decode(errors="replace").strip().splitlines()
-        raise UsageError(f"building a kit needs a git checkout: git {args[0]} failed ({msg[-1] if msg else exc.returncode})") from None
+        raise UsageError(
+            f"building a kit needs a git checkout: git {args[0]} failed ({msg[-1] if msg else exc.returncode})"
+        ) from None
 
 
 def head_commit(root: Path) -> tuple[str, int]:
@@ -82,8 +93,11 @@ def committed_files(root: Path, commit: str) -> list[tuple[str, bool]]:
 
 
 def committed_reports(root: Path, commit: str) -> list[str]:
-    return [p for p, _ in committed_files(root, commit) if p.startswith("reports/") and p.count("/") == 1
-            and p.endswith(".json")]
+    return [
+        p
+        for p, _ in committed_files(root, commit)
+        if p.startswith("reports/") and p.count("/") == 1 and p.endswith(".json")
+    ]
 
 
 def read_blob(root: Path, commit: str, path: str) -> bytes:
@@ -134,13 +148,15 @@ def gather_reports(root: Path, commit: str, extra: list[str], use_committed: boo
         tracked = {p for p, _ in committed_files(root, commit)}
         for path in committed_reports(root, commit):
             base = Path(path).parent
-            reader = lambda rel, b=base: read_blob(root, commit, (b / rel).as_posix()) if (b / rel).as_posix() in tracked else None  # noqa: E731
+            reader = lambda rel, b=base: (
+                read_blob(root, commit, (b / rel).as_posix()) if (b / rel).as_posix() in tracked else None
+            )
             chosen.append(choose_report(Path(path).name, read_blob(root, commit, path), reader))
     for path in extra:
         p = Path(path)
         if not p.is_file():
             raise UsageError(f"--report {path}: no such file")
-        reader = lambda rel, b=p.parent: (b / rel).read_bytes() if (b / rel).is_file() else None  # noqa: E731
+        reader = lambda rel, b=p.parent: (b / rel).read_bytes() if (b / rel).is_file() else None
         chosen.append(choose_report(p.name, p.read_bytes(), reader))
     names = [c.name for c in chosen]
     dupes = sorted({n for n in names if names.count(n) > 1})
@@ -150,13 +166,13 @@ def gather_reports(root: Path, commit: str, extra: list[str], use_committed: boo
 
 
 def render_pages(reports: list[ChosenReport], scratch: Path) -> tuple[dict[str, bytes], str | None]:
-    """The site pages of the chosen reports from repro.render, or a note on why there are none."""
+    """The site pages of the chosen reports from repro.publish.site, or a note on why there are none."""
     if not reports:
         return {}, "no report chosen, so no pages"
     try:
-        from repro.render import render_site
+        from repro.publish.site import render_site
     except ImportError as exc:
-        return {}, f"pages not rendered: the site renderer (repro.render.render_site) is not available ({exc})"
+        return {}, f"pages not rendered: the site renderer (repro.publish.site.render_site) is not available ({exc})"
     reports_dir, out_dir = scratch / "reports", scratch / "site"
     for c in reports:
         inputs = {c.name: c.data, **c.logs, **({f"{Path(c.name).stem}.md": c.writeup} if c.writeup is not None else {})}
@@ -200,32 +216,51 @@ def profile_for(report: dict, files: set[str]) -> str:
 
 
 def format_finding(c: ChosenReport, files: set[str]) -> str:
-    from repro import issue_md
+    from repro.publish import issue_md
 
     r = c.report
     profile = profile_for(r, files)
-    run = (f"`make repro PROFILE={profile}` reruns this stack's reference command; the exact command of "
-           "this report (run it with the profile's `.venvs/{profile}/bin/python`) is:").replace("{profile}", profile) \
-        if profile else "No packed profile matches this report's stack; its exact command was:"
-    parts = [f"### `{EVIDENCE}/{RAW}/{c.name}`: {r.get('hardware_label', '?')} · {str(r['provenance'].get('started_utc', '?'))[:10]}",
-             issue_md.format_table(r), issue_md.format_verdicts(r),
-             "First diffs and margins:\n\n" + issue_md.format_diffs(r, token_limit=16),
-             "Stack:\n\n" + issue_md.format_stack(r), run, issue_md.format_reproduce(r).split("\n\n")[0]]
+    run = (
+        (
+            f"`make repro PROFILE={profile}` reruns this stack's reference command; the exact command of "
+            "this report (run it with the profile's `.venvs/{profile}/bin/python`) is:"
+        ).replace("{profile}", profile)
+        if profile
+        else "No packed profile matches this report's stack; its exact command was:"
+    )
+    parts = [
+        f"### `{EVIDENCE}/{RAW}/{c.name}`: {r.get('hardware_label', '?')} · {str(r['provenance'].get('started_utc', '?'))[:10]}",
+        issue_md.format_table(r),
+        issue_md.format_verdicts(r),
+        "First diffs and margins:\n\n" + issue_md.format_diffs(r, token_limit=16),
+        "Stack:\n\n" + issue_md.format_stack(r),
+        run,
+        issue_md.format_reproduce(r).split("\n\n")[0],
+    ]
     if profile == "cpu":
-        parts.append("Its model is the kit's generated tiny model: `make model` writes it to "
-                     "`.cache/models/kvkit-tiny-qwen3` (pass that as `--model`); its SHA-256 must equal the "
-                     f"report's `provenance.model.sha256` ({r['provenance'].get('model', {}).get('sha256', '?')}).")
+        parts.append(
+            "Its model is the kit's generated tiny model: `make model` writes it to "
+            "`.cache/models/kvkit-tiny-qwen3` (pass that as `--model`); its SHA-256 must equal the "
+            f"report's `provenance.model.sha256` ({r['provenance'].get('model', {}).get('sha256', '?')})."
+        )
     if c.missing_logs:
-        parts.append("Logs the report cites but that were not available when the kit was built: "
-                     + ", ".join(f"`{m}`" for m in c.missing_logs) + ".")
+        parts.append(
+            "Logs the report cites but that were not available when the kit was built: "
+            + ", ".join(f"`{m}`" for m in c.missing_logs)
+            + "."
+        )
     return "\n\n".join(parts)
 
 
 def kit_readme(commit: str, reports: list[ChosenReport], files: set[str], pages_note: str | None) -> str:
     found = "\n\n".join(format_finding(c, files) for c in reports) or (
-        "No report was chosen when this kit was built: run the command below to produce one.")
-    pages = (f"Rendered pages: `{EVIDENCE}/index.html` (works offline from `file://`)." if pages_note is None
-             else f"Rendered pages: none ({pages_note}).")
+        "No report was chosen when this kit was built: run the command below to produce one."
+    )
+    pages = (
+        f"Rendered pages: `{EVIDENCE}/index.html` (works offline from `file://`)."
+        if pages_note is None
+        else f"Rendered pages: none ({pages_note})."
+    )
     return f"""# {KIT_NAME} {__version__}: silent KV-cache reuse corruption, a reproduction kit
 
 Built from {KIT_NAME} commit `{commit}` (also in `COMMIT`). Prefix KV reuse (vLLM's native prefix
@@ -299,7 +334,9 @@ def collect_entries(root: Path, commit: str, reports: list[ChosenReport], scratc
     return sorted(entries, key=lambda e: e.path)
 
 
-def _tar_info(name: str, mtime: int, *, size: int = 0, directory: bool = False, executable: bool = False) -> tarfile.TarInfo:
+def _tar_info(
+    name: str, mtime: int, *, size: int = 0, directory: bool = False, executable: bool = False
+) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
     info.type = tarfile.DIRTYPE if directory else tarfile.REGTYPE
     info.mode = 0o755 if directory or executable else 0o644
@@ -349,8 +386,10 @@ def build_kit(root: Path, out_dir: Path, extra_reports: list[str] | None = None,
     data = archive_bytes(name, entries, mtime)
     if len(data) >= MAX_KIT_BYTES:
         big = sorted(entries, key=lambda e: -len(e.data))[:5]
-        raise UsageError(f"kit would be {len(data)} bytes (limit {MAX_KIT_BYTES}); largest: "
-                         + ", ".join(f"{e.path} ({len(e.data)})" for e in big))
+        raise UsageError(
+            f"kit would be {len(data)} bytes (limit {MAX_KIT_BYTES}); largest: "
+            + ", ".join(f"{e.path} ({len(e.data)})" for e in big)
+        )
     path = out_dir / f"{name}.tar.gz"
     write_bytes_atomic(path, data)
     return path
@@ -411,8 +450,11 @@ def check_provenance(tree: Path) -> list[str]:
     report = json.loads(path.read_text(encoding="utf-8"))
     kit = report["provenance"]["kit"]
     want = (tree / "COMMIT").read_text().strip()
-    problems = [] if kit.get("commit") == want and kit.get("source") == "COMMIT file" else [
-        f"report provenance.kit = {kit}, expected commit {want} from the COMMIT file"]
+    problems = (
+        []
+        if kit.get("commit") == want and kit.get("source") == "COMMIT file"
+        else [f"report provenance.kit = {kit}, expected commit {want} from the COMMIT file"]
+    )
     if report["acceptance"].get("matched") is not True:
         problems.append("the CPU self-test's acceptance did not match")
     return problems
@@ -426,7 +468,9 @@ def check_kit(archive: Path, commands=CHECK_COMMANDS, keep: bool = False, check_
     try:
         tree = unpack(archive, work)
         problems = verify_sums(tree)
-        print(f"[kvkit] unpacked {archive.name} into {tree}; SHA256SUMS: {'ok' if not problems else problems}", flush=True)
+        print(
+            f"[kvkit] unpacked {archive.name} into {tree}; SHA256SUMS: {'ok' if not problems else problems}", flush=True
+        )
         if problems:
             return EXIT_RUNTIME
         if (tree / ".git").exists():
@@ -461,9 +505,15 @@ def main(argv: list[str]) -> int:
     cmd, rest = argv[0], argv[1:]
     parser = argparse.ArgumentParser(prog=f"python -m repro {cmd}")
     if cmd == "kit":
-        parser.add_argument("--report", action="append", default=[], help="a report JSON to include (repeatable); "
-                            "its cited logs are read beside it")
-        parser.add_argument("--no-committed-reports", action="store_true", help="leave out the committed reports/*.json")
+        parser.add_argument(
+            "--report",
+            action="append",
+            default=[],
+            help="a report JSON to include (repeatable); its cited logs are read beside it",
+        )
+        parser.add_argument(
+            "--no-committed-reports", action="store_true", help="leave out the committed reports/*.json"
+        )
         parser.add_argument("--out-dir", default="dist", help="where to write the archive (default: dist)")
     else:
         parser.add_argument("archive", nargs="?", help="the kit (default: dist/kvkit-<version>-<HEAD>.tar.gz)")
@@ -473,8 +523,11 @@ def main(argv: list[str]) -> int:
         if cmd == "kit":
             dirty = dirty_kit_paths(root)
             if dirty:
-                print(f"[kvkit] note: the kit packs HEAD; uncommitted changes to {len(dirty)} kit file(s) are left out: "
-                      + ", ".join(dirty), file=sys.stderr)
+                print(
+                    f"[kvkit] note: the kit packs HEAD; uncommitted changes to {len(dirty)} kit file(s) are left out: "
+                    + ", ".join(dirty),
+                    file=sys.stderr,
+                )
             path = build_kit(root, Path(args.out_dir), [r for r in args.report if r], not args.no_committed_reports)
             data = path.read_bytes()
             print(f"{path}  {len(data)} bytes  sha256 {hashlib.sha256(data).hexdigest()}")

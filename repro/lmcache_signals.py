@@ -18,18 +18,32 @@ from repro.logscan import clean_line
 DEGRADED = re.compile(r"(?:operate in|entering) degraded mode")
 CUDA_OPS_MISSING = "lmcache.cuda_ops compiled extension not found"
 DOUBLE_UNPIN = re.compile(r"Pin count of MemoryObj \S*\s*is negative: (-?\d+)\.?\s*Double unpin occurred somewhere")
-RETRIEVED = re.compile(r"\[req_id=(?P<req>[^\]]+)\] Retrieved (?P<got>\d+) out of (?P<need>\d+) (?:required tokens \(from (?P<total>\d+) total tokens\)|out of total (?P<total2>\d+) tokens)")
+RETRIEVED = re.compile(
+    r"\[req_id=(?P<req>[^\]]+)\] Retrieved (?P<got>\d+) out of (?P<need>\d+) (?:required tokens \(from (?P<total>\d+) total tokens\)|out of total (?P<total2>\d+) tokens)"
+)
 STORED = re.compile(r"\[req_id=(?P<req>[^\]]+)\] Stored (?P<stored>\d+) out of total (?P<total>\d+) tokens")
-LOOKUP = re.compile(r"Reqid: (?P<req>\S+), Total tokens (?P<total>\d+), Inference Engine computed tokens: (?P<computed>\d+), LMCache hit tokens: (?P<hit>\d+), (?:but )?need to load: (?P<load>\d+)")
-CONFIG = re.compile(r"(?:LMCache Configuration|Creating LMCacheEngine with config): (?P<cfg>.*?)(?:\s+\([\w./-]+:\d+:[\w.]+\))?$")
+LOOKUP = re.compile(
+    r"Reqid: (?P<req>\S+), Total tokens (?P<total>\d+), Inference Engine computed tokens: (?P<computed>\d+), LMCache hit tokens: (?P<hit>\d+), (?:but )?need to load: (?P<load>\d+)"
+)
+CONFIG = re.compile(
+    r"(?:LMCache Configuration|Creating LMCacheEngine with config): (?P<cfg>.*?)(?:\s+\([\w./-]+:\d+:[\w.]+\))?$"
+)
 INITIALIZED = re.compile(r"LMCache initialized for role (?P<role>\S+) with version (?P<version>[^,]+)")
 MAX_CONFIG_CHARS = 4000
 
 
 def scan_log(text: str) -> dict:
     """Everything LMCache said that the report needs, from one arm's log."""
-    out: dict = {"degraded": [], "cuda_ops": "unknown", "double_unpin_warnings": 0, "retrieves": [], "stores": [],
-                 "lookups": [], "config": None, "versions": []}
+    out: dict = {
+        "degraded": [],
+        "cuda_ops": "unknown",
+        "double_unpin_warnings": 0,
+        "retrieves": [],
+        "stores": [],
+        "lookups": [],
+        "config": None,
+        "versions": [],
+    }
     initialized = False
     for raw in text.splitlines():
         line = clean_line(raw)
@@ -40,18 +54,31 @@ def scan_log(text: str) -> dict:
         if DOUBLE_UNPIN.search(line):
             out["double_unpin_warnings"] += 1
         if m := RETRIEVED.search(line):
-            out["retrieves"].append({"req_id": m["req"], "retrieved": int(m["got"]), "required": int(m["need"]),
-                                     "total": int(m["total"] or m["total2"])})
+            out["retrieves"].append(
+                {
+                    "req_id": m["req"],
+                    "retrieved": int(m["got"]),
+                    "required": int(m["need"]),
+                    "total": int(m["total"] or m["total2"]),
+                }
+            )
         if m := STORED.search(line):
             out["stores"].append({"req_id": m["req"], "stored": int(m["stored"]), "total": int(m["total"])})
         if m := LOOKUP.search(line):
-            out["lookups"].append({"req_id": m["req"], "total": int(m["total"]), "computed": int(m["computed"]),
-                                   "hit": int(m["hit"]), "need_to_load": int(m["load"])})
+            out["lookups"].append(
+                {
+                    "req_id": m["req"],
+                    "total": int(m["total"]),
+                    "computed": int(m["computed"]),
+                    "hit": int(m["hit"]),
+                    "need_to_load": int(m["load"]),
+                }
+            )
         if (m := CONFIG.search(line)) and out["config"] is None:
             out["config"] = m["cfg"][:MAX_CONFIG_CHARS]
         if m := INITIALIZED.search(line):
             initialized = True
-            out.setdefault("initialized", []).append(line[line.index("LMCache initialized"):][:600])
+            out.setdefault("initialized", []).append(line[line.index("LMCache initialized") :][:600])
             if m["version"] not in out["versions"]:
                 out["versions"].append(m["version"].strip())
     if out["cuda_ops"] == "unknown" and initialized and out["retrieves"]:
@@ -74,10 +101,12 @@ def cross_check(entry: dict, scan: dict) -> list[str]:
             reported = ktp.get("num_lmcache_cached_tokens")
             retrieves = _for_request(scan["retrieves"], req.get("request_id"))
             lookups = _for_request(scan["lookups"], req.get("request_id"))
-            view = {"reported_hit_tokens": reported,
-                    "retrieved": sum(r["retrieved"] for r in retrieves) if retrieves else None,
-                    "required": sum(r["required"] for r in retrieves) if retrieves else None,
-                    "lookup_hit_tokens": lookups[-1]["hit"] if lookups else None}
+            view = {
+                "reported_hit_tokens": reported,
+                "retrieved": sum(r["retrieved"] for r in retrieves) if retrieves else None,
+                "required": sum(r["required"] for r in retrieves) if retrieves else None,
+                "lookup_hit_tokens": lookups[-1]["hit"] if lookups else None,
+            }
             req["lmcache"] = view
             where = f"{probe['name']} {req['role']} {i}"
             vllm_cached = req.get("cached_tokens")
@@ -86,7 +115,9 @@ def cross_check(entry: dict, scan: dict) -> list[str]:
             if view["retrieved"] is not None and view["retrieved"] < view["required"]:
                 findings.append(f"{where}: LMCache retrieved {view['retrieved']} of {view['required']} required tokens")
             if view["retrieved"] is not None and vllm_cached is not None and view["retrieved"] != vllm_cached:
-                findings.append(f"{where}: LMCache retrieved {view['retrieved']} tokens where vLLM counted {vllm_cached} cached")
+                findings.append(
+                    f"{where}: LMCache retrieved {view['retrieved']} tokens where vLLM counted {vllm_cached} cached"
+                )
             if vllm_cached and view["retrieved"] is None and req["role"] == "reuse":
                 findings.append(f"{where}: vLLM counted {vllm_cached} cached tokens but no LMCache retrieve was logged")
             if reported is not None and vllm_cached is not None and reported not in (vllm_cached, vllm_cached + 1):
@@ -112,13 +143,19 @@ def lmcache_findings(entry: dict, log_text: str) -> None:
     }
     findings = cross_check(entry, scan)
     if scan["double_unpin_warnings"]:
-        findings.append(f"{scan['double_unpin_warnings']} 'Double unpin' warnings over {retrieves} retrieves "
-                        "(LMCache #5090; recorded, not a verdict)")
+        findings.append(
+            f"{scan['double_unpin_warnings']} 'Double unpin' warnings over {retrieves} retrieves "
+            "(LMCache #5090; recorded, not a verdict)"
+        )
     findings.append(f"LMCache CUDA ops: {scan['cuda_ops']}")
     entry["findings"] = entry.get("findings", []) + findings
     if scan["degraded"] and entry.get("verdict") != "ERROR":
         entry["verdict"] = "ERROR"
-        entry["error"] = {"kind": "lmcache-degraded",
-                          "detail": "LMCache failed to start and ran in degraded mode (recompute, zero hits)",
-                          "log_tail": "\n".join(scan["degraded"][:3])}
-        entry["reasons"] = ["lmcache-degraded: LMCache failed to start and ran in degraded mode"] + entry.get("reasons", [])
+        entry["error"] = {
+            "kind": "lmcache-degraded",
+            "detail": "LMCache failed to start and ran in degraded mode (recompute, zero hits)",
+            "log_tail": "\n".join(scan["degraded"][:3]),
+        }
+        entry["reasons"] = ["lmcache-degraded: LMCache failed to start and ran in degraded mode"] + entry.get(
+            "reasons", []
+        )

@@ -7,8 +7,12 @@ from collections import Counter
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _PROC_PREFIX = re.compile(r"^(\((?:EngineCore|Worker|APIServer|EngineCore_DP\d+)[^)]*\)\s*)+")
-_VLLM_LINE = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+\[(?P<where>[^\]]+)\]\s*(?P<msg>.*)$")
-_LMC_LINE = re.compile(r"^\[[^\]]+\]\s+LMCache\s+(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s*(?P<msg>.*?)(?:\s+\((?P<where>[^()]*:\d+:[^()]*)\))?$")
+_VLLM_LINE = re.compile(
+    r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+\[(?P<where>[^\]]+)\]\s*(?P<msg>.*)$"
+)
+_LMC_LINE = re.compile(
+    r"^\[[^\]]+\]\s+LMCache\s+(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s*(?P<msg>.*?)(?:\s+\((?P<where>[^()]*:\d+:[^()]*)\))?$"
+)
 _PY_WARNING = re.compile(r"^(?P<where>\S+\.py):\d+: (?P<cat>\w*Warning): (?P<msg>.*)$")
 _VOLATILE = [
     (re.compile(r"0x[0-9a-fA-F]+"), "0x…"),

@@ -12,9 +12,21 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-KIT_ROOT = Path(__file__).resolve().parent.parent
+from repro.paths import KIT_ROOT
+
 _SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASS", re.IGNORECASE)
-ENV_ALLOW_PREFIXES = ("VLLM_", "LMCACHE_", "CUDA_", "NCCL_", "HF_", "TRANSFORMERS_", "PYTORCH_", "OMP_", "MKL_", "KVKIT_")
+ENV_ALLOW_PREFIXES = (
+    "VLLM_",
+    "LMCACHE_",
+    "CUDA_",
+    "NCCL_",
+    "HF_",
+    "TRANSFORMERS_",
+    "PYTORCH_",
+    "OMP_",
+    "MKL_",
+    "KVKIT_",
+)
 ENV_ALLOW_NAMES = ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "DO_NOT_TRACK", "NVIDIA_VISIBLE_DEVICES", "LD_PRELOAD")
 REDACTED = "<redacted>"
 
@@ -113,8 +125,13 @@ def gpu_info() -> dict:
 
 def hardware() -> dict:
     gpu = gpu_info()
-    return {"machine": platform.machine(), "cpu": _cpu_model(), "cpu_count": os.cpu_count(),
-            "memory_gib": _memory_gib(), **gpu}
+    return {
+        "machine": platform.machine(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "memory_gib": _memory_gib(),
+        **gpu,
+    }
 
 
 def hardware_label(hw: dict) -> str:
@@ -149,8 +166,16 @@ def model_digest(model: str) -> str:
         return f"unavailable: {exc.strerror or exc}"
 
 
-def collect_provenance(*, argv: list[str], env: dict[str, str], started: str, fixture_path: str,
-                       fixture_sha256: str, model: str, lmcache_config: str | None) -> dict:
+def collect_provenance(
+    *,
+    argv: list[str],
+    env: dict[str, str],
+    started: str,
+    fixture_path: str,
+    fixture_sha256: str,
+    model: str,
+    lmcache_config: str | None,
+) -> dict:
     return {
         "kit": kit_commit(),
         "argv": [redact_text(a, env) for a in argv],
@@ -161,6 +186,8 @@ def collect_provenance(*, argv: list[str], env: dict[str, str], started: str, fi
         "packages": {n: package_version(n) for n in ("torch", "vllm", "lmcache", "transformers")},
         "fixture": {"path": fixture_path, "sha256": fixture_sha256},
         "model": {"name": model, "sha256": model_digest(model)},
-        "lmcache_config": None if lmcache_config is None else {"path": lmcache_config, "sha256": sha256_file(lmcache_config)},
+        "lmcache_config": None
+        if lmcache_config is None
+        else {"path": lmcache_config, "sha256": sha256_file(lmcache_config)},
         "env": allowed_env(env),
     }

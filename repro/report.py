@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from repro.display import acceptance_label, arm_title, cached_cell, diff_cell, headline
 from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME, UsageError
 from repro.verdict import ERROR, PASS
 
@@ -26,8 +27,13 @@ def generations(arms: list[dict]) -> int:
 def check_acceptance(arms: list[dict], expected: dict, suite: str | None) -> dict:
     """Observed verdicts against the fixture's expected ones; matched only if all were checked."""
     if suite != "acceptance":
-        return {"suite": suite, "matched": None, "checked": [], "unchecked_arms": [],
-                "note": "no acceptance suite was run"}
+        return {
+            "suite": suite,
+            "matched": None,
+            "checked": [],
+            "unchecked_arms": [],
+            "note": "no acceptance suite was run",
+        }
     checked, unchecked = [], []
     by_name = {a["name"]: a for a in arms}
     for arm in arms:
@@ -37,7 +43,11 @@ def check_acceptance(arms: list[dict], expected: dict, suite: str | None) -> dic
         arm = by_name.get(arm_name)
         probes = {p["name"]: p for p in (arm or {}).get("probes", [])}
         for probe_name, want in sorted(table.items()):
-            got = probes[probe_name]["verdict"] if probe_name in probes else (arm["verdict"] if arm and arm["verdict"] == ERROR else None)
+            got = (
+                probes[probe_name]["verdict"]
+                if probe_name in probes
+                else (arm["verdict"] if arm and arm["verdict"] == ERROR else None)
+            )
             checked.append({"arm": arm_name, "probe": probe_name, "expected": want, "observed": got, "ok": got == want})
     matched = bool(checked) and all(c["ok"] for c in checked) and not unchecked
     return {"suite": suite, "matched": matched, "checked": checked, "unchecked_arms": unchecked}
@@ -56,44 +66,11 @@ def exit_code(report: dict) -> int:
     return EXIT_MISMATCH if any(a["verdict"] != PASS for a in report["arms"] if a["name"] in unchecked) else EXIT_OK
 
 
-def cached_cell(probe: dict) -> str:
-    """'0→1280×3': the cold request's cached count, then the reuses' (collapsed when equal)."""
-    reqs = probe.get("requests") or []
-    if not reqs:
-        return "—"
-    fmt = lambda c: "?" if c is None else str(c)  # noqa: E731 - absent is shown, never read as 0
-    cold, reuses = fmt(reqs[0].get("cached_tokens")), [fmt(r.get("cached_tokens")) for r in reqs[1:]]
-    if not reuses:
-        return cold
-    if len(set(reuses)) == 1:
-        return f"{cold}→{reuses[0]}" + (f"×{len(reuses)}" if len(reuses) > 1 else "")
-    return f"{cold}→{','.join(reuses)}"
-
-
-def diff_cell(probe: dict) -> str:
-    """'@4,15': the distinct first differing indices of the reuses, in order of appearance."""
-    seen: list[int] = []
-    for r in (probe.get("requests") or [])[1:]:
-        d = r.get("first_diff")
-        if d is not None and d not in seen:
-            seen.append(d)
-    return "@" + ",".join(str(d) for d in seen) if seen else ""
-
-
-def arm_title(arm: dict) -> str:
-    if arm["mode"] == "native":
-        return "native prefix caching"
-    return arm["name"] if arm["name"] == (arm.get("connector") or {}).get("name") else f"{arm['name']} ({(arm.get('connector') or {}).get('name')})"
-
-
 def format_summary(report: dict) -> str:
-    prov = report["provenance"]
-    kit = prov["kit"]
-    commit = str(kit.get("commit", "?"))[:12] + ("+dirty" if kit.get("dirty") else "")
-    lines = [f"{report['hardware_label']} · {commit} · {prov['started_utc'][:10]}"]
-    acc = report["acceptance"]["matched"]
-    acc_txt = "n/a (no acceptance suite)" if acc is None else str(acc).lower()
-    lines.append(f"# {report['generations']} generations · acceptance.matched = {acc_txt}")
+    lines = [
+        headline(report),
+        f"# {report['generations']} generations · acceptance.matched = {acceptance_label(report)}",
+    ]
     for arm in report["arms"]:
         if arm["mode"] == "baseline":
             if arm["verdict"] != PASS:
@@ -128,16 +105,23 @@ def load_report(path: str | Path) -> dict:
     if not isinstance(version, int) or isinstance(version, bool):
         raise UsageError(f"report {path}: schema_version missing or not an integer")
     if version > REPORT_SCHEMA_VERSION:
-        raise UsageError(f"report {path}: schema_version {version} is newer than this kit ({REPORT_SCHEMA_VERSION}): upgrade the kit")
+        raise UsageError(
+            f"report {path}: schema_version {version} is newer than this kit ({REPORT_SCHEMA_VERSION}): upgrade the kit"
+        )
     if version < REPORT_SCHEMA_VERSION:
-        raise UsageError(f"report {path}: schema_version {version} is older than any this kit wrote and no migration "
-                         f"exists: regenerate it (old versions are migrated only by an explicit command)")
+        raise UsageError(
+            f"report {path}: schema_version {version} is older than any this kit wrote and no migration "
+            f"exists: regenerate it (old versions are migrated only by an explicit command)"
+        )
     for key, typ in (("arms", list), ("provenance", dict), ("acceptance", dict), ("errors", list)):
         if not isinstance(data.get(key), typ):
             raise UsageError(f"report {path}: field {key!r} missing or of the wrong type")
     for i, arm in enumerate(data["arms"]):
-        if not isinstance(arm, dict) or not all(isinstance(arm.get(k), str) for k in ("name", "mode", "verdict")) \
-                or not isinstance(arm.get("probes"), list) or not all(isinstance(p, dict) for p in arm["probes"]):
+        if (
+            not isinstance(arm, dict)
+            or not all(isinstance(arm.get(k), str) for k in ("name", "mode", "verdict"))
+            or not isinstance(arm.get("probes"), list)
+            or not all(isinstance(p, dict) for p in arm["probes"])
+        ):
             raise UsageError(f"report {path}: arms[{i}] is not an arm (name, mode, verdict, probes)")
     return data
-

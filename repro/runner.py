@@ -19,15 +19,30 @@ from pathlib import Path
 
 from repro import logscan
 from repro.atomic import write_bytes_atomic, write_json_atomic
+from repro.paths import KIT_ROOT
 from repro.provenance import redact_text
 
-KIT_ROOT = Path(__file__).resolve().parent.parent
 ARM_RESULT_KIND = "kvkit-arm-result"
 # Failure kinds, each distinct in the report.
 TIMEOUT, CRASH, OOM, NONZERO_EXIT, MISSING_OUTPUT, UNPARSABLE_OUTPUT, RAISED, INTERRUPTED = (
-    "timeout", "crash", "out-of-memory", "nonzero-exit", "missing-output", "unparsable-output", "raised", "interrupted")
-_OOM_MARKERS = ("out of memory", "outofmemoryerror", "cannot allocate memory", "memoryerror", "oom-kill",
-                "oom_kill", "std::bad_alloc")
+    "timeout",
+    "crash",
+    "out-of-memory",
+    "nonzero-exit",
+    "missing-output",
+    "unparsable-output",
+    "raised",
+    "interrupted",
+)
+_OOM_MARKERS = (
+    "out of memory",
+    "outofmemoryerror",
+    "cannot allocate memory",
+    "memoryerror",
+    "oom-kill",
+    "oom_kill",
+    "std::bad_alloc",
+)
 _CGROUP_EVENTS = Path("/sys/fs/cgroup/memory.events")
 GRACE_S = 10.0  # SIGTERM to SIGKILL, for a child that is still running when it must stop
 _REAP_S = 5.0
@@ -51,14 +66,19 @@ class Interrupted(Exception):
 
 def child_env(base: dict[str, str], *, hashseed: str, extra: dict[str, str]) -> dict[str, str]:
     env = dict(base)
-    env.update({
-        "PYTHONHASHSEED": hashseed,
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join([str(KIT_ROOT)] + ([base["PYTHONPATH"]] if base.get("PYTHONPATH") else [])),
-        # no telemetry leaves the machine, and logs stay greppable
-        "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "LMCACHE_TRACK_USAGE": "false",
-        "VLLM_LOGGING_COLOR": "0", "NO_COLOR": "1",
-    })
+    env.update(
+        {
+            "PYTHONHASHSEED": hashseed,
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join([str(KIT_ROOT)] + ([base["PYTHONPATH"]] if base.get("PYTHONPATH") else [])),
+            # no telemetry leaves the machine, and logs stay greppable
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "LMCACHE_TRACK_USAGE": "false",
+            "VLLM_LOGGING_COLOR": "0",
+            "NO_COLOR": "1",
+        }
+    )
     env.update(extra)
     return env
 
@@ -95,7 +115,7 @@ def group_members(pgid: int) -> list[int]:
             stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rfind(")") + 2:].split()
+        fields = stat[stat.rfind(")") + 2 :].split()
         if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
             members.append(int(entry))
     return members
@@ -138,7 +158,9 @@ def oom_kill_count() -> int | None:
     return None
 
 
-def classify_exit(returncode: int | None, log_text: str, timed_out: bool, oom_killed: bool = False) -> tuple[str, str] | None:
+def classify_exit(
+    returncode: int | None, log_text: str, timed_out: bool, oom_killed: bool = False
+) -> tuple[str, str] | None:
     """The failure kind for a child's exit, or None when it exited 0 (the output decides then).
 
     Out of memory is claimed only on evidence: the cgroup counted an OOM kill during the arm, or
@@ -186,7 +208,9 @@ def read_result(path: Path) -> tuple[dict | None, tuple[str, str] | None]:
     return data, None
 
 
-def run_child(argv: list[str], *, log_path: Path, env: dict[str, str], timeout_s: float) -> tuple[int | None, bool, bool, float]:
+def run_child(
+    argv: list[str], *, log_path: Path, env: dict[str, str], timeout_s: float
+) -> tuple[int | None, bool, bool, float]:
     """Run one child in its own process group with its output in log_path; always reap the group.
 
     Returns (returncode, timed_out, oom_killed, wall seconds). An interrupt (KeyboardInterrupt,
@@ -195,8 +219,9 @@ def run_child(argv: list[str], *, log_path: Path, env: dict[str, str], timeout_s
     oom_before = oom_kill_count()
     with open(log_path, "wb") as log:
         # A new session: the terminal's Ctrl-C reaches the parent only, which then stops the group.
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         timed_out = False
         try:
             proc.wait(timeout=timeout_s)
@@ -213,8 +238,9 @@ def run_child(argv: list[str], *, log_path: Path, env: dict[str, str], timeout_s
     return proc.returncode, timed_out, oom_killed, time.monotonic() - t0
 
 
-def collect_outcome(returncode: int | None, timed_out: bool, oom_killed: bool, log_text: str,
-                    out_path: Path) -> tuple[dict | None, tuple[str, str] | None]:
+def collect_outcome(
+    returncode: int | None, timed_out: bool, oom_killed: bool, log_text: str, out_path: Path
+) -> tuple[dict | None, tuple[str, str] | None]:
     """(result, failure) from how the child exited and what it left: exit 0 with a valid result
     is the only success; exit 3 must come with the error record the engine writes."""
     failure = classify_exit(returncode, log_text, timed_out, oom_killed)
@@ -228,22 +254,38 @@ def collect_outcome(returncode: int | None, timed_out: bool, oom_killed: bool, l
     return result, problem
 
 
-def run_arm(job: dict, *, workdir: Path, log_path: Path, env: dict[str, str], timeout_s: float,
-            python: str = sys.executable, module: str = "repro.engine") -> ArmOutcome:
+def run_arm(
+    job: dict,
+    *,
+    workdir: Path,
+    log_path: Path,
+    env: dict[str, str],
+    timeout_s: float,
+    python: str = sys.executable,
+    module: str = "repro.engine",
+) -> ArmOutcome:
     """Run one arm's child to completion (or failure) and reap everything it started."""
     name = job["arm"]["name"]
     job_path = workdir / f"{name}.job.json"
     out_path = workdir / f"{name}.result.json"
     job = dict(job, output=str(out_path))
     write_json_atomic(job_path, job)
-    returncode, timed_out, oom_killed, wall = run_child([python, "-m", module, str(job_path)], log_path=log_path,
-                                                        env=env, timeout_s=timeout_s)
+    returncode, timed_out, oom_killed, wall = run_child(
+        [python, "-m", module, str(job_path)], log_path=log_path, env=env, timeout_s=timeout_s
+    )
     text = redact_log(log_path, env)
     result, failure = collect_outcome(returncode, timed_out, oom_killed, text, out_path)
     if result is not None and job.get("fixture_sha256"):
         result.setdefault("fixture_sha256", job["fixture_sha256"])  # what this child was fed
-    outcome = ArmOutcome(name=name, result=result, log_path=log_path, log_text=text, wall_s=round(wall, 3),
-                         returncode=returncode, failure=None)
+    outcome = ArmOutcome(
+        name=name,
+        result=result,
+        log_path=log_path,
+        log_text=text,
+        wall_s=round(wall, 3),
+        returncode=returncode,
+        failure=None,
+    )
     if failure is not None:
         outcome.failure = {"kind": failure[0], "detail": failure[1], "log_tail": logscan.tail(text)}
     return outcome

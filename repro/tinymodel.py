@@ -87,8 +87,17 @@ def build_tokenizer_json() -> dict:
     added = []
     for i, tok in enumerate(specials):
         vocab[tok] = 256 + i
-        added.append({"id": 256 + i, "content": tok, "single_word": False, "lstrip": False,
-                      "rstrip": False, "normalized": False, "special": True})
+        added.append(
+            {
+                "id": 256 + i,
+                "content": tok,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+        )
     return {
         "version": "1.0",
         "truncation": None,
@@ -98,9 +107,18 @@ def build_tokenizer_json() -> dict:
         "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
         "post_processor": None,
         "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-                  "ignore_merges": False, "vocab": vocab, "merges": []},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": [],
+        },
     }
 
 
@@ -129,15 +147,15 @@ def _tensor_shapes() -> list[tuple[str, tuple[int, ...], float]]:
         out += [
             (p + "input_layernorm.weight", (h,), 0.0),
             (p + "post_attention_layernorm.weight", (h,), 0.0),
-            (p + "self_attn.q_proj.weight", (nq, h), h ** -0.5),
-            (p + "self_attn.k_proj.weight", (nkv, h), h ** -0.5),
-            (p + "self_attn.v_proj.weight", (nkv, h), h ** -0.5),
-            (p + "self_attn.o_proj.weight", (h, nq), nq ** -0.5),
+            (p + "self_attn.q_proj.weight", (nq, h), h**-0.5),
+            (p + "self_attn.k_proj.weight", (nkv, h), h**-0.5),
+            (p + "self_attn.v_proj.weight", (nkv, h), h**-0.5),
+            (p + "self_attn.o_proj.weight", (h, nq), nq**-0.5),
             (p + "self_attn.q_norm.weight", (hd,), 0.0),
             (p + "self_attn.k_norm.weight", (hd,), 0.0),
-            (p + "mlp.gate_proj.weight", (inter, h), h ** -0.5),
-            (p + "mlp.up_proj.weight", (inter, h), h ** -0.5),
-            (p + "mlp.down_proj.weight", (h, inter), inter ** -0.5),
+            (p + "mlp.gate_proj.weight", (inter, h), h**-0.5),
+            (p + "mlp.up_proj.weight", (inter, h), h**-0.5),
+            (p + "mlp.down_proj.weight", (h, inter), inter**-0.5),
         ]
     out += [("model.norm.weight", (h,), 0.0), ("lm_head.weight", (v, h), LM_HEAD_SCALE)]
     return out

@@ -49,7 +49,9 @@ def decide_baseline_probe(cold: Request) -> ProbeVerdict:
     if cold.cached_tokens is None:
         return ProbeVerdict(INCONCLUSIVE, ("baseline hit counter missing: cannot confirm caching was off",), None)
     if cold.cached_tokens > 0:
-        return ProbeVerdict(INCONCLUSIVE, (f"baseline reported {cold.cached_tokens} cached tokens with caching off",), None)
+        return ProbeVerdict(
+            INCONCLUSIVE, (f"baseline reported {cold.cached_tokens} cached tokens with caching off",), None
+        )
     return ProbeVerdict(PASS, (), None)
 
 

@@ -37,19 +37,39 @@ def plan_arms(opts: Options, fixture: Fixture) -> list[dict]:
         extra = dict(opts.extra_config)
         if a.kv_connector == "ExampleConnector":
             extra.setdefault("shared_storage_path", TMPDIR_TOKEN)
-        if a.kv_connector == "PlantedFaultConnector" and a.kv_connector_module_path == "repro.connectors.planted_fault":
+        if (
+            a.kv_connector == "PlantedFaultConnector"
+            and a.kv_connector_module_path == "repro.engine.connectors.planted_fault"
+        ):
             extra.setdefault("store_dir", TMPDIR_TOKEN)
-        arms.append({"name": a.kv_connector, "mode": "connector", "skip_probes": {},
-                     "connector": {"name": a.kv_connector, "module_path": a.kv_connector_module_path, "extra_config": extra}})
+        arms.append(
+            {
+                "name": a.kv_connector,
+                "mode": "connector",
+                "skip_probes": {},
+                "connector": {"name": a.kv_connector, "module_path": a.kv_connector_module_path, "extra_config": extra},
+            }
+        )
     else:
         for spec in fixture.arms:
-            arms.append({"name": spec.name, "mode": "connector", "skip_probes": dict(spec.skip_probes),
-                         "connector": {"name": spec.connector, "module_path": spec.module_path,
-                                       "extra_config": dict(spec.extra_config)}})
+            arms.append(
+                {
+                    "name": spec.name,
+                    "mode": "connector",
+                    "skip_probes": dict(spec.skip_probes),
+                    "connector": {
+                        "name": spec.connector,
+                        "module_path": spec.module_path,
+                        "extra_config": dict(spec.extra_config),
+                    },
+                }
+            )
     if a.compare_native:
         arms.append({"name": "native", "mode": "native", "connector": None, "skip_probes": {}})
     if len(arms) == 1:
-        raise UsageError("nothing to compare: give --kv-connector or --compare-native (or a fixture that declares arms)")
+        raise UsageError(
+            "nothing to compare: give --kv-connector or --compare-native (or a fixture that declares arms)"
+        )
     return arms
 
 
@@ -72,12 +92,27 @@ def _job(opts: Options, arm: dict, probes: list) -> dict:
     model = str(Path(a.model).resolve()) if opts.model_is_local else a.model
     return {
         "arm": {k: arm[k] for k in ("name", "mode", "connector")},
-        "engine": {"model": model, "revision": a.model_revision, "dtype": a.dtype, "seed": a.seed,
-                   "gpu_memory_utilization": a.gpu_memory_utilization, "max_model_len": a.max_model_len,
-                   "block_size": a.block_size, "device": a.device},
-        "max_tokens": a.max_tokens, "logprobs": a.logprobs,
-        "probes": [{"name": p.name, "prompt": p.prompt_spec(), "requests": 1 if arm["mode"] == "baseline" else requests_for(p, a.reuses)}
-                   for p in probes if p.name not in arm["skip_probes"]],
+        "engine": {
+            "model": model,
+            "revision": a.model_revision,
+            "dtype": a.dtype,
+            "seed": a.seed,
+            "gpu_memory_utilization": a.gpu_memory_utilization,
+            "max_model_len": a.max_model_len,
+            "block_size": a.block_size,
+            "device": a.device,
+        },
+        "max_tokens": a.max_tokens,
+        "logprobs": a.logprobs,
+        "probes": [
+            {
+                "name": p.name,
+                "prompt": p.prompt_spec(),
+                "requests": 1 if arm["mode"] == "baseline" else requests_for(p, a.reuses),
+            }
+            for p in probes
+            if p.name not in arm["skip_probes"]
+        ],
     }
 
 
@@ -91,18 +126,28 @@ def _vocab_size(opts: Options) -> int | None:
 
 
 def _arm_entry(arm: dict, outcome, baseline_result: dict | None, block_size: int, logs_rel: str) -> dict:
-    entry = {"name": arm["name"], "mode": arm["mode"], "connector": arm["connector"], "error": None,
-             "log": f"{logs_rel}/{arm['name']}.log", "warnings": logscan.count_warnings(outcome.log_text),
-             "effective_config": None, "versions": None, "probes": [], "findings": [],
-             "timing": {"wall_s": outcome.wall_s}}
+    entry = {
+        "name": arm["name"],
+        "mode": arm["mode"],
+        "connector": arm["connector"],
+        "error": None,
+        "log": f"{logs_rel}/{arm['name']}.log",
+        "warnings": logscan.count_warnings(outcome.log_text),
+        "effective_config": None,
+        "versions": None,
+        "probes": [],
+        "findings": [],
+        "timing": {"wall_s": outcome.wall_s},
+    }
     res = outcome.result
     if res is not None:
         entry["effective_config"] = res.get("effective_config")
         entry["versions"] = res.get("versions")
         entry["timing"].update({k: res.get(k) for k in ("engine_start_s", "import_s", "generation_s")})
     if outcome.failure is not None:
-        entry.update(error=outcome.failure, verdict=ERROR,
-                     reasons=[f"{outcome.failure['kind']}: {outcome.failure['detail']}"])
+        entry.update(
+            error=outcome.failure, verdict=ERROR, reasons=[f"{outcome.failure['kind']}: {outcome.failure['detail']}"]
+        )
         return entry
     probes, verdict, reasons = judge_arm(res, baseline_result, arm["mode"], block_size, arm["skip_probes"])
     entry.update(probes=probes, verdict=verdict, reasons=reasons)
@@ -115,8 +160,13 @@ def run(opts: Options, argv: list[str]) -> int:
     a = opts.args
     fixture = load_fixture(a.fixture)
     probes = build_probes(fixture.probes, a.suite)
-    check_probes_fit(probes, vocab_size=_vocab_size(opts), max_model_len=a.max_model_len,
-                     max_tokens=a.max_tokens, where=f"fixture {a.fixture}")
+    check_probes_fit(
+        probes,
+        vocab_size=_vocab_size(opts),
+        max_model_len=a.max_model_len,
+        max_tokens=a.max_tokens,
+        where=f"fixture {a.fixture}",
+    )
     arms = plan_arms(opts, fixture)
     report_path = Path(a.report)
     report_path.parent.mkdir(parents=True, exist_ok=True)
@@ -138,15 +188,26 @@ def run(opts: Options, argv: list[str]) -> int:
             job = dict(_job(opts, arm, probes), fixture_sha256=fixture.sha256)
             if i == 0:
                 job.update(_preflight_spec(opts, arms))
-            outcome = run_arm(job, workdir=work, log_path=work / f"{arm['name']}.log", env=env, timeout_s=a.timeout,
-                              python=a.python, module=a.engine_module)
+            outcome = run_arm(
+                job,
+                workdir=work,
+                log_path=work / f"{arm['name']}.log",
+                env=env,
+                timeout_s=a.timeout,
+                python=a.python,
+                module=a.engine_module,
+            )
             problems = (outcome.result or {}).get("preflight_problems")
             if problems:
                 raise UsageError("; ".join(str(p) for p in problems))
             if arm["mode"] == "baseline" and outcome.failure is None:
                 baseline_result = outcome.result
             entries.append(_arm_entry(arm, outcome, baseline_result, a.block_size, logs_dir_name))
-            print(f"[kvkit] arm {arm['name']}: {entries[-1]['verdict']} ({outcome.wall_s:.0f} s)", file=sys.stderr, flush=True)
+            print(
+                f"[kvkit] arm {arm['name']}: {entries[-1]['verdict']} ({outcome.wall_s:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
         report = _assemble(opts, fixture, entries, argv, env, started, time.monotonic() - t0)
         with deferred_signals():  # logs and report are swapped in together, or not at all
             _publish_logs(work, report_path.parent / logs_dir_name, [e["name"] for e in entries])
@@ -165,8 +226,11 @@ def _preflight_spec(opts: Options, arms: list[dict]) -> dict:
     builds an engine: a problem is a usage error (exit 2), and no extra vLLM import is paid."""
     if opts.args.engine_module != DEFAULT_ENGINE_MODULE:
         return {}
-    conns = [{"arm": arm["name"], "name": arm["connector"]["name"], "module_path": arm["connector"]["module_path"]}
-             for arm in arms if arm["connector"]]
+    conns = [
+        {"arm": arm["name"], "name": arm["connector"]["name"], "module_path": arm["connector"]["module_path"]}
+        for arm in arms
+        if arm["connector"]
+    ]
     return {"preflight": {"connectors": conns, "device": opts.args.device}}
 
 
@@ -187,11 +251,19 @@ def _publish_logs(work: Path, dest: Path, names: list[str]) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _assemble(opts: Options, fixture: Fixture, entries: list[dict], argv: list[str], env: dict,
-              started: str, wall_s: float) -> dict:
+def _assemble(
+    opts: Options, fixture: Fixture, entries: list[dict], argv: list[str], env: dict, started: str, wall_s: float
+) -> dict:
     a = opts.args
-    prov = collect_provenance(argv=argv, env=env, started=started, fixture_path=a.fixture,
-                              fixture_sha256=fixture.sha256, model=a.model, lmcache_config=a.lmcache_config)
+    prov = collect_provenance(
+        argv=argv,
+        env=env,
+        started=started,
+        fixture_path=a.fixture,
+        fixture_sha256=fixture.sha256,
+        model=a.model,
+        lmcache_config=a.lmcache_config,
+    )
     prov["ended_utc"] = utc_now()
     prov["pythonhashseed"] = HASHSEED
     base = next((e for e in entries if e["mode"] == "baseline"), None)
@@ -201,15 +273,31 @@ def _assemble(opts: Options, fixture: Fixture, entries: list[dict], argv: list[s
     warnings = [{"arm": e["name"], "message": m, "count": c} for e in entries for m, c in e["warnings"].items()]
     starts = [e["timing"].get("engine_start_s") for e in entries if e["timing"].get("engine_start_s") is not None]
     report = {
-        "kind": REPORT_KIND, "schema_version": REPORT_SCHEMA_VERSION, "tool_version": __version__,
-        "claim_eligible": False, "complete": True,
+        "kind": REPORT_KIND,
+        "schema_version": REPORT_SCHEMA_VERSION,
+        "tool_version": __version__,
+        "claim_eligible": False,
+        "complete": True,
         "fixture": {"name": fixture.name, "tokenizer": fixture.tokenizer, "sha256": fixture.sha256},
-        "config": {"model": a.model, "model_revision": a.model_revision, "dtype": a.dtype, "block_size": a.block_size,
-                   "max_tokens": a.max_tokens, "max_model_len": a.max_model_len, "seed": a.seed,
-                   "gpu_memory_utilization": a.gpu_memory_utilization, "device": a.device, "suite": a.suite,
-                   "compare_native": a.compare_native, "reuses": a.reuses, "logprobs": a.logprobs,
-                   "kv_connector": a.kv_connector, "kv_connector_module_path": a.kv_connector_module_path,
-                   "lmcache_config": a.lmcache_config, "decoding": "greedy, ignore_eos, enforce_eager"},
+        "config": {
+            "model": a.model,
+            "model_revision": a.model_revision,
+            "dtype": a.dtype,
+            "block_size": a.block_size,
+            "max_tokens": a.max_tokens,
+            "max_model_len": a.max_model_len,
+            "seed": a.seed,
+            "gpu_memory_utilization": a.gpu_memory_utilization,
+            "device": a.device,
+            "suite": a.suite,
+            "compare_native": a.compare_native,
+            "reuses": a.reuses,
+            "logprobs": a.logprobs,
+            "kv_connector": a.kv_connector,
+            "kv_connector_module_path": a.kv_connector_module_path,
+            "lmcache_config": a.lmcache_config,
+            "decoding": "greedy, ignore_eos, enforce_eager",
+        },
         "arms": entries,
         "generations": generations(entries),
         "acceptance": check_acceptance(entries, fixture.expected, a.suite),
@@ -236,13 +324,15 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         return fail_usage(exc)
     except (KeyboardInterrupt, Interrupted) as exc:
-        print(f"error: {INTERRUPTED} ({exc or 'SIGINT'}): children killed; no report written, the previous one is untouched",
-              file=sys.stderr)
+        print(
+            f"error: {INTERRUPTED} ({exc or 'SIGINT'}): children killed; no report written, the previous one is untouched",
+            file=sys.stderr,
+        )
         return 130
     except OSError as exc:
         print(f"error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
         return EXIT_RUNTIME if not isinstance(exc, PermissionError) else EXIT_USAGE
-    except Exception:  # a kit bug: say so, keep the traceback, and never exit 0 or 1
+    except Exception:  # noqa: BLE001 - a kit bug: say so, keep the traceback, and never exit 0 or 1
         traceback.print_exc()
         print("error: internal error in the kit (traceback above); no report written", file=sys.stderr)
         return EXIT_RUNTIME

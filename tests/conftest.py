@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kvkit_testutil import ARTIFACTS, ROOT, have_vllm, run_cli  # noqa: E402,F401
+from kvkit_testutil import ARTIFACTS, ROOT, have_vllm, run_cli  # noqa: F401
 
 
 @pytest.fixture(scope="session")

@@ -27,21 +27,50 @@ def _result(job: dict, config: dict) -> dict:
     mode = job["arm"]["mode"]
     probes = []
     for p in job["probes"]:
-        ids = p["prompt"]["token_ids"] if "token_ids" in p["prompt"] else list(range(1, p["prompt"]["chat"]["length"] + 1))
+        ids = (
+            p["prompt"]["token_ids"]
+            if "token_ids" in p["prompt"]
+            else list(range(1, p["prompt"]["chat"]["length"] + 1))
+        )
         full = (len(ids) - 1) // job["engine"]["block_size"] * job["engine"]["block_size"]
-        requests = [{"role": "cold" if i == 0 else "reuse", "cached_tokens": 0 if i == 0 or mode == "baseline" else full,
-                     "token_ids": [(sum(ids) + k) % 97 for k in range(job["max_tokens"])], "logprobs": [],
-                     "finish_reason": "length", "kv_transfer_params": None, "text": ""}
-                    for i in range(p["requests"])]
+        requests = [
+            {
+                "role": "cold" if i == 0 else "reuse",
+                "cached_tokens": 0 if i == 0 or mode == "baseline" else full,
+                "token_ids": [(sum(ids) + k) % 97 for k in range(job["max_tokens"])],
+                "logprobs": [],
+                "finish_reason": "length",
+                "kv_transfer_params": None,
+                "text": "",
+            }
+            for i in range(p["requests"])
+        ]
         probes.append({"name": p["name"], "prompt_token_ids": ids, "messages": None, "requests": requests})
     e = job["engine"]
-    effective = {"model": e["model"], "revision": e["revision"], "dtype": e["dtype"], "max_model_len": e["max_model_len"],
-                 "seed": e["seed"], "enforce_eager": True, "block_size": e["block_size"],
-                 "enable_prefix_caching": mode == "native"}
+    effective = {
+        "model": e["model"],
+        "revision": e["revision"],
+        "dtype": e["dtype"],
+        "max_model_len": e["max_model_len"],
+        "seed": e["seed"],
+        "enforce_eager": True,
+        "block_size": e["block_size"],
+        "enable_prefix_caching": mode == "native",
+    }
     effective.update(config.get(job["arm"]["name"], {}))
-    return {"kind": "kvkit-arm-result", "schema_version": 1, "arm": job["arm"]["name"], "pid": os.getpid(),
-            "versions": {"vllm": "fake", "torch": "fake", "lmcache": "fake"}, "effective_config": effective,
-            "probes": probes, "error": None, "engine_start_s": 0.0, "import_s": 0.0, "generation_s": 0.0}
+    return {
+        "kind": "kvkit-arm-result",
+        "schema_version": 1,
+        "arm": job["arm"]["name"],
+        "pid": os.getpid(),
+        "versions": {"vllm": "fake", "torch": "fake", "lmcache": "fake"},
+        "effective_config": effective,
+        "probes": probes,
+        "error": None,
+        "engine_start_s": 0.0,
+        "import_s": 0.0,
+        "generation_s": 0.0,
+    }
 
 
 def _spawn_grandchild(pid_dir: str, arm: str) -> None:
@@ -90,8 +119,16 @@ def main(argv: list[str]) -> int:
         write_json_atomic(out, {"kind": "something-else"})
         return 0
     if mode == "raise":
-        write_json_atomic(out, {"kind": "kvkit-arm-result", "schema_version": 1, "arm": arm, "probes": [],
-                                "error": {"type": "ValueError", "message": "fake engine raised"}})
+        write_json_atomic(
+            out,
+            {
+                "kind": "kvkit-arm-result",
+                "schema_version": 1,
+                "arm": arm,
+                "probes": [],
+                "error": {"type": "ValueError", "message": "fake engine raised"},
+            },
+        )
         return 3
     if mode == "raise-no-record":
         return 3

@@ -18,8 +18,15 @@ def run_cli(args: list[str], timeout: float = 1500, env: dict | None = None) -> 
     pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     full_env = dict(os.environ, PYTHONPATH=pythonpath)
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "repro.verify_kv_reuse", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env=full_env)
+    return subprocess.run(
+        [sys.executable, "-m", "repro.verify_kv_reuse", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        check=False,
+    )
 
 
 def have_vllm() -> bool:

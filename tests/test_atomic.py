@@ -12,6 +12,7 @@ import sys
 import time
 
 from kvkit_testutil import ROOT
+
 from repro.atomic import dumps_json, write_json_atomic
 
 # The child alternates two large, distinct documents into one path as fast as it can.
@@ -36,8 +37,12 @@ def test_kill_9_at_random_points_never_leaves_a_partial_file(tmp_path):
     rng = random.Random(6)
     seen = set()
     for _ in range(15):
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(target)], cwd=ROOT, stdout=subprocess.PIPE,
-                                env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(target)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        )
         assert proc.stdout.readline().strip() == b"ready"
         time.sleep(rng.uniform(0.0, 0.3))
         proc.send_signal(signal.SIGKILL)

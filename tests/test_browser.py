@@ -19,18 +19,29 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ARTIFACTS, ROOT
-from repro.render import render_site
+
+from repro.publish.site import render_site
 
 DATA = ROOT / "tests" / "data"
 STEM = "render-selftest"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-extensions", "--mute-audio", "--hide-scrollbars",
-         # Belt and braces: nothing could leave the machine anyway; the Network events still show attempts.
-         "--host-resolver-rules=MAP * ~NOTFOUND", "--remote-debugging-pipe"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-extensions",
+    "--mute-audio",
+    "--hide-scrollbars",
+    # Belt and braces: nothing could leave the machine anyway; the Network events still show attempts.
+    "--host-resolver-rules=MAP * ~NOTFOUND",
+    "--remote-debugging-pipe",
+]
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (CI installs Debian's package)")
 
@@ -64,9 +75,13 @@ class Browser:
             os.dup2(r, 3)  # via fds >= 10, so that wiring one cannot clobber the other; dup2 clears CLOEXEC
             os.dup2(w, 4)
 
-        self.proc = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={user_data_dir}", "about:blank"],
-                                     close_fds=False, preexec_fn=wire_fds,  # close_fds would run after wire_fds
-                                     stdout=subprocess.DEVNULL, stderr=self._log)
+        self.proc = subprocess.Popen(
+            [CHROMIUM, *FLAGS, f"--user-data-dir={user_data_dir}", "about:blank"],
+            close_fds=False,
+            preexec_fn=wire_fds,  # noqa: PLW1509 - close_fds would run after wire_fds
+            stdout=subprocess.DEVNULL,
+            stderr=self._log,
+        )
         os.close(to_child_r)
         os.close(from_child_w)
         self._buf = b""
@@ -116,14 +131,18 @@ class Browser:
 
     def open_page(self) -> None:
         target = self.call("Target.createTarget", {"url": "about:blank"}, session=False)["targetId"]
-        self.session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True}, session=False)["sessionId"]
+        self.session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True}, session=False)[
+            "sessionId"
+        ]
         self.call("Network.enable")
         self.call("Page.enable")
 
     def load(self, url: str, width: int, height: int = 900, mobile: bool = False) -> list[str]:
         """Navigate at a viewport size; returns every URL the page requested."""
-        self.call("Emulation.setDeviceMetricsOverride",
-                  {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": mobile})
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": mobile},
+        )
         self.events.clear()
         self.call("Page.navigate", {"url": url})
         self.wait_event("Page.loadEventFired")
@@ -141,8 +160,10 @@ class Browser:
         params: dict = {"format": "png"}
         if full_page:
             size = self.evaluate("[document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
-            params.update(captureBeyondViewport=True,
-                          clip={"x": 0, "y": 0, "width": size[0], "height": min(size[1], 6000), "scale": 1})
+            params.update(
+                captureBeyondViewport=True,
+                clip={"x": 0, "y": 0, "width": size[0], "height": min(size[1], 6000), "scale": 1},
+            )
         data = self.call("Page.captureScreenshot", params, timeout=60)["data"]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(base64.b64decode(data))
@@ -191,7 +212,10 @@ def test_report_page_in_chromium_at_1280(browser, site):
     got = browser.evaluate(PROBE_JS)
     browser.screenshot(ARTIFACTS / "site-report-1280.png")
     assert got["bannerVisible"] and got["bannerTop"] < 120
-    assert "claim_eligible=false" in got["bannerText"] and "no speed, cost, throughput or latency claim" in got["bannerText"]
+    assert (
+        "claim_eligible=false" in got["bannerText"]
+        and "no speed, cost, throughput or latency claim" in got["bannerText"]
+    )
     assert got["tableVisible"]
     rows = [r[:5] for r in got["rows"]]
     assert ["PlantedFault (PlantedFaultConnector): FAIL"] in rows
@@ -216,7 +240,9 @@ def test_index_page_in_chromium(browser, site):
     assert browser.load(url, 1280) == [url]
     text = browser.evaluate("document.body.innerText")
     browser.screenshot(ARTIFACTS / "site-index-1280.png", full_page=False)
-    assert "CPU Intel(R) Xeon(R) Processor" in text and "0.28.0" in text and "PlantedFault (PlantedFaultConnector)" in text
+    assert (
+        "CPU Intel(R) Xeon(R) Processor" in text and "0.28.0" in text and "PlantedFault (PlantedFaultConnector)" in text
+    )
 
 
 def test_hostile_model_text_stays_text_in_chromium(browser, tmp_path):
@@ -239,8 +265,11 @@ def test_hostile_model_text_stays_text_in_chromium(browser, tmp_path):
 def test_the_network_check_sees_requests(browser, tmp_path):
     """The harness itself: a page that does load something from elsewhere is caught."""
     page = tmp_path / "leaky.html"
-    page.write_text('<!DOCTYPE html><link rel="stylesheet" href="https://fonts.example.invalid/a.css">'
-                    '<img src="http://cdn.example.invalid/x.png"><p>leaky</p>', encoding="utf-8")
+    page.write_text(
+        '<!DOCTYPE html><link rel="stylesheet" href="https://fonts.example.invalid/a.css">'
+        '<img src="http://cdn.example.invalid/x.png"><p>leaky</p>',
+        encoding="utf-8",
+    )
     requested = browser.load(page.as_uri(), 1280)
     assert "https://fonts.example.invalid/a.css" in requested and "http://cdn.example.invalid/x.png" in requested
 

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from kvkit_testutil import ROOT, run_cli
 
 FAKE = ["--engine-module", "tests.fake_engine"]
@@ -22,8 +21,14 @@ OLD_LOG = b"old log\n"
 
 
 def _fixture(tmp: Path, probes: list | None = None, **top) -> Path:
-    probes = probes if probes is not None else [{"name": "p1", "prompt": {"token_ids": list(range(1, 40))}},
-                                                {"name": "p2", "prompt": {"token_ids": list(range(2, 60))}}]
+    probes = (
+        probes
+        if probes is not None
+        else [
+            {"name": "p1", "prompt": {"token_ids": list(range(1, 40))}},
+            {"name": "p2", "prompt": {"token_ids": list(range(2, 60))}},
+        ]
+    )
     data = {"kind": "kvkit-fixture", "schema_version": 1, "name": "t", "tokenizer": {"name": "fake"}, "probes": probes}
     data.update(top)
     path = tmp / "fixture.json"
@@ -44,13 +49,33 @@ def setup(tmp_path):
     (logs / "baseline.log").write_bytes(OLD_LOG)
     scratch = tmp_path / "tmpdir"
     scratch.mkdir()
-    return {"tmp": tmp_path, "model": model, "report": report, "logs": logs, "fixture": _fixture(tmp_path),
-            "TMPDIR": scratch}
+    return {
+        "tmp": tmp_path,
+        "model": model,
+        "report": report,
+        "logs": logs,
+        "fixture": _fixture(tmp_path),
+        "TMPDIR": scratch,
+    }
 
 
 def _args(s: dict, *extra: str, fixture: Path | None = None, report: Path | None = None) -> list[str]:
-    return ["--model", str(s["model"]), "--max-model-len", "256", "--max-tokens", "4", "--timeout", "60",
-            "--fixture", str(fixture or s["fixture"]), "--report", str(report or s["report"]), *FAKE, *extra]
+    return [
+        "--model",
+        str(s["model"]),
+        "--max-model-len",
+        "256",
+        "--max-tokens",
+        "4",
+        "--timeout",
+        "60",
+        "--fixture",
+        str(fixture or s["fixture"]),
+        "--report",
+        str(report or s["report"]),
+        *FAKE,
+        *extra,
+    ]
 
 
 def _env(s: dict, **fake) -> dict:
@@ -80,14 +105,26 @@ def test_completed_run_with_fake_engine_writes_a_report(setup):
     assert sorted(p.name for p in setup["logs"].iterdir()) == ["ExampleConnector.log", "baseline.log", "native.log"]
 
 
-@pytest.mark.parametrize("mode, kind", [("sigkill", "crash"), ("hang", "timeout"), ("oom", "out-of-memory"),
-                                        ("garbage", "unparsable-output"), ("missing", "missing-output"),
-                                        ("exit7", "nonzero-exit"), ("raise", "raised")])
+@pytest.mark.parametrize(
+    "mode, kind",
+    [
+        ("sigkill", "crash"),
+        ("hang", "timeout"),
+        ("oom", "out-of-memory"),
+        ("garbage", "unparsable-output"),
+        ("missing", "missing-output"),
+        ("exit7", "nonzero-exit"),
+        ("raise", "raised"),
+    ],
+)
 def test_child_failure_is_a_named_error_in_the_report_and_exit_3(setup, mode, kind):
     pid_dir = setup["tmp"] / "pids"
     pid_dir.mkdir()
-    proc = run_cli(_args(setup, "--kv-connector", "ExampleConnector", "--timeout", "3"),
-                   env=_env(setup, modes={"ExampleConnector": mode}, pid_dir=str(pid_dir)), timeout=120)
+    proc = run_cli(
+        _args(setup, "--kv-connector", "ExampleConnector", "--timeout", "3"),
+        env=_env(setup, modes={"ExampleConnector": mode}, pid_dir=str(pid_dir)),
+        timeout=120,
+    )
     assert proc.returncode == 3, proc.stderr
     data = json.loads(setup["report"].read_text())
     arm = data["arms"][1]
@@ -103,10 +140,17 @@ def test_child_failure_is_a_named_error_in_the_report_and_exit_3(setup, mode, ki
 def test_interrupt_mid_arm_kills_children_and_leaves_the_old_report(setup, sig):
     pid_dir = setup["tmp"] / "pids"
     pid_dir.mkdir()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), **_env(setup, modes={"ExampleConnector": "hang"}, pid_dir=str(pid_dir)))
-    proc = subprocess.Popen([sys.executable, "-m", "repro.verify_kv_reuse",
-                             *_args(setup, "--kv-connector", "ExampleConnector")], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = dict(
+        os.environ, PYTHONPATH=str(ROOT), **_env(setup, modes={"ExampleConnector": "hang"}, pid_dir=str(pid_dir))
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "repro.verify_kv_reuse", *_args(setup, "--kv-connector", "ExampleConnector")],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while not (pid_dir / "ExampleConnector.grandchild.pid").exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
@@ -122,10 +166,15 @@ def test_interrupt_mid_arm_kills_children_and_leaves_the_old_report(setup, sig):
 
 def test_secrets_are_redacted_in_report_and_kept_logs(setup):
     secret = "hf_abcdefghijklmnop0123"
-    proc = run_cli(_args(setup, "--kv-connector", "ExampleConnector", "--kv-connector-extra-config",
-                         json.dumps({"note": secret})),
-                   env={"HF_TOKEN": secret, "KVKIT_DB_PASSWORD": secret + "x", **_env(setup, echo_env=["HF_TOKEN", "KVKIT_DB_PASSWORD"])},
-                   timeout=120)
+    proc = run_cli(
+        _args(setup, "--kv-connector", "ExampleConnector", "--kv-connector-extra-config", json.dumps({"note": secret})),
+        env={
+            "HF_TOKEN": secret,
+            "KVKIT_DB_PASSWORD": secret + "x",
+            **_env(setup, echo_env=["HF_TOKEN", "KVKIT_DB_PASSWORD"]),
+        },
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     text = setup["report"].read_text()
     data = json.loads(text)
@@ -136,11 +185,15 @@ def test_secrets_are_redacted_in_report_and_kept_logs(setup):
     assert "HF_TOKEN=<redacted>" in logs and "KVKIT_DB_PASSWORD=<redacted>" in logs and secret not in logs
 
 
-@pytest.mark.parametrize("key, value", [("dtype", "float16"), ("model", "other"), ("revision", "abc"),
-                                        ("block_size", 32)])
+@pytest.mark.parametrize(
+    "key, value", [("dtype", "float16"), ("model", "other"), ("revision", "abc"), ("block_size", 32)]
+)
 def test_arms_that_differ_are_not_compared(setup, key, value):
-    proc = run_cli(_args(setup, "--kv-connector", "ExampleConnector"),
-                   env=_env(setup, config={"ExampleConnector": {key: value}}), timeout=120)
+    proc = run_cli(
+        _args(setup, "--kv-connector", "ExampleConnector"),
+        env=_env(setup, config={"ExampleConnector": {key: value}}),
+        timeout=120,
+    )
     assert proc.returncode == 3, proc.stderr
     arm = json.loads(setup["report"].read_text())["arms"][1]
     assert arm["verdict"] == "ERROR" and arm["probes"] == []
@@ -186,13 +239,24 @@ BAD_INPUT = {
     "LMCache YAML bad chunk": (lambda s: _lmcache_yaml(s, "chunk_size: -4\n"), "chunk_size must be a positive"),
     "LMCache YAML not a mapping": (lambda s: _lmcache_yaml(s, "- a\n- b\n"), "must be a mapping"),
     "module path without connector": (lambda s: ["--kv-connector-module-path", "x.y"], "needs --kv-connector"),
-    "lmcache config without LMCache": (lambda s: ["--kv-connector", "ExampleConnector", "--lmcache-config",
-                                                  str(ROOT / "fixtures" / "lmcache-local-cpu.yaml")], "needs an LMCache"),
-    "LMCacheConnectorV1 with module path": (lambda s: ["--kv-connector", "LMCacheConnectorV1",
-                                                       "--kv-connector-module-path", "x"], "is in-tree"),
+    "lmcache config without LMCache": (
+        lambda s: [
+            "--kv-connector",
+            "ExampleConnector",
+            "--lmcache-config",
+            str(ROOT / "fixtures" / "lmcache-local-cpu.yaml"),
+        ],
+        "needs an LMCache",
+    ),
+    "LMCacheConnectorV1 with module path": (
+        lambda s: ["--kv-connector", "LMCacheConnectorV1", "--kv-connector-module-path", "x"],
+        "is in-tree",
+    ),
     "nothing to compare": (lambda s: [], "nothing to compare"),
-    "extra config not JSON": (lambda s: ["--kv-connector", "ExampleConnector", "--kv-connector-extra-config", "{x"],
-                              "not valid JSON"),
+    "extra config not JSON": (
+        lambda s: ["--kv-connector", "ExampleConnector", "--kv-connector-extra-config", "{x"],
+        "not valid JSON",
+    ),
     "missing model path": (lambda s: ["--model", str(s["tmp"] / "no-model")], "no such local model directory"),
     "model dir without config": (lambda s: (s["model"] / "config.json").unlink() or [], "has no config.json"),
     "unknown flag": (lambda s: ["--frobnicate"], "unrecognized arguments"),
@@ -204,8 +268,11 @@ BAD_INPUT = {
 def test_bad_input_is_one_line_exit_2_and_overwrites_nothing(setup, case):
     make, message = BAD_INPUT[case]
     extra = make(setup)
-    default_arm = [] if case in ("nothing to compare", "module path without connector") or "--kv-connector" in extra \
+    default_arm = (
+        []
+        if case in ("nothing to compare", "module path without connector") or "--kv-connector" in extra
         else ["--kv-connector", "ExampleConnector"]
+    )
     proc = run_cli(_args(setup, *default_arm) + extra, env=_env(setup), timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: "), proc.stderr
@@ -214,11 +281,16 @@ def test_bad_input_is_one_line_exit_2_and_overwrites_nothing(setup, case):
     assert_untouched(setup)
 
 
-@pytest.mark.parametrize("where", ["parent is a file", "read-only file system", "report is a directory",
-                                   "report is the fixture"])
+@pytest.mark.parametrize(
+    "where", ["parent is a file", "read-only file system", "report is a directory", "report is the fixture"]
+)
 def test_unwritable_report_path_is_a_usage_error(setup, where):
-    target = {"parent is a file": setup["fixture"] / "r.json", "read-only file system": Path("/proc/kvkit/r.json"),
-              "report is a directory": setup["logs"], "report is the fixture": setup["fixture"]}[where]
+    target = {
+        "parent is a file": setup["fixture"] / "r.json",
+        "read-only file system": Path("/proc/kvkit/r.json"),
+        "report is a directory": setup["logs"],
+        "report is the fixture": setup["fixture"],
+    }[where]
     before = setup["fixture"].read_bytes()
     proc = run_cli(_args(setup, "--kv-connector", "ExampleConnector", report=target), env=_env(setup), timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--report" in proc.stderr, proc.stderr

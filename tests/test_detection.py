@@ -5,17 +5,19 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import ROOT
+
 from repro import detection
-from repro.detection import (Cell, prefix_check, render_page, summarize, summarize_cell, window_verdicts)
+from repro.detection import Cell, prefix_check, render_page, summarize, summarize_cell, window_verdicts
 from repro.verdict import FAIL, INCONCLUSIVE, PASS, Request
 
 COMMITTED = ROOT / detection.DEFAULT_REPORT
 COMMITTED_PAGE = ROOT / detection.DEFAULT_SITE
 # The kit archive packs no reports/ subdirectories; in a checkout the committed matrix must be there.
-needs_committed = pytest.mark.skipif(not COMMITTED.exists() and not (ROOT / ".git").exists(),
-                                     reason="reports/detection/ is not in this tree (the kit does not pack it)")
+needs_committed = pytest.mark.skipif(
+    not COMMITTED.exists() and not (ROOT / ".git").exists(),
+    reason="reports/detection/ is not in this tree (the kit does not pack it)",
+)
 BASE = list(range(100, 132))  # a 32-token baseline generation
 
 
@@ -23,15 +25,18 @@ def _diverge_at(i: int | None) -> tuple[int, ...]:
     return tuple(BASE) if i is None else tuple(BASE[:i] + [7] * (32 - i))
 
 
-@pytest.mark.parametrize("first_diff, expected", [
-    (None, {8: PASS, 16: PASS, 32: PASS}),
-    (0, {8: FAIL, 16: FAIL, 32: FAIL}),
-    (7, {8: FAIL, 16: FAIL, 32: FAIL}),
-    (8, {8: PASS, 16: FAIL, 32: FAIL}),   # index 8 is the 9th token: outside an 8-token window
-    (15, {8: PASS, 16: FAIL, 32: FAIL}),
-    (16, {8: PASS, 16: PASS, 32: FAIL}),
-    (31, {8: PASS, 16: PASS, 32: FAIL}),
-])
+@pytest.mark.parametrize(
+    "first_diff, expected",
+    [
+        (None, {8: PASS, 16: PASS, 32: PASS}),
+        (0, {8: FAIL, 16: FAIL, 32: FAIL}),
+        (7, {8: FAIL, 16: FAIL, 32: FAIL}),
+        (8, {8: PASS, 16: FAIL, 32: FAIL}),  # index 8 is the 9th token: outside an 8-token window
+        (15, {8: PASS, 16: FAIL, 32: FAIL}),
+        (16, {8: PASS, 16: PASS, 32: FAIL}),
+        (31, {8: PASS, 16: PASS, 32: FAIL}),
+    ],
+)
 def test_detected_at_window_iff_first_diff_below_it(first_diff, expected):
     cold = Request(tuple(BASE), 0)
     assert window_verdicts(BASE, cold, [Request(_diverge_at(first_diff), 384)]) == expected
@@ -58,18 +63,30 @@ def test_cells():
 
 def _fault(kind: str, statuses: list[str]) -> dict:
     n = {"detected": 2, "partial": 1, "missed": 0, "inconclusive": 0}
-    return {"fault": kind, "position": "head", "error": None,
-            "windows": {str(w): {"status": s, "detected": n[s], "probes": 2} for w, s in zip(detection.WINDOWS, statuses)}}
+    return {
+        "fault": kind,
+        "position": "head",
+        "error": None,
+        "windows": {str(w): {"status": s, "detected": n[s], "probes": 2} for w, s in zip(detection.WINDOWS, statuses)},
+    }
 
 
 def _control(fp: int, exercised: int = 4) -> dict:
-    return {"arm": "native", "error": None, "reuses_exercised": exercised,
-            "false_positives": {str(w): fp for w in detection.WINDOWS}}
+    return {
+        "arm": "native",
+        "error": None,
+        "reuses_exercised": exercised,
+        "false_positives": {str(w): fp for w in detection.WINDOWS},
+    }
 
 
 def test_summary_needs_every_kind_detected_zero_false_positives_and_exercised_controls():
     ok = summarize([_fault("a", ["missed", "partial", "detected"]), _fault("b", ["detected"] * 3)], [_control(0)], True)
-    assert ok["ok"] and ok["every_fault_detected"] and ok["not_fully_detected_cells"] == ["a/head@8:missed", "a/head@16:partial"]
+    assert (
+        ok["ok"]
+        and ok["every_fault_detected"]
+        and ok["not_fully_detected_cells"] == ["a/head@8:missed", "a/head@16:partial"]
+    )
     partial = summarize([_fault("a", ["missed", "partial", "partial"])], [_control(0)], True)
     assert partial["ok"] and not partial["every_fault_reliably_detected"]  # one diverging probe fails the arm
     assert not summarize([_fault("a", ["missed", "missed", "inconclusive"])], [_control(0)], True)["ok"]
@@ -79,8 +96,14 @@ def test_summary_needs_every_kind_detected_zero_false_positives_and_exercised_co
 
 
 def _run(tokens: list[list[int]]) -> dict:
-    return {"probes": [{"name": "p", "requests": [{"token_ids": t, "logprobs": [[[x, -0.5], [0, -3.0]] for x in t]}
-                                                  for t in tokens]}]}
+    return {
+        "probes": [
+            {
+                "name": "p",
+                "requests": [{"token_ids": t, "logprobs": [[[x, -0.5], [0, -3.0]] for x in t]} for t in tokens],
+            }
+        ]
+    }
 
 
 def test_prefix_check():
@@ -92,17 +115,29 @@ def test_prefix_check():
 
 def _fake_report() -> dict:
     cell = {"status": "detected", "detected": 1, "probes": 1, "first_diffs": [3]}
-    return {"kind": detection.KIND, "schema_version": detection.SCHEMA_VERSION, "tool_version": "0.1.0",
-            "method": "m <script>", "config": {"windows": list(detection.WINDOWS)},
-            "faults": [{"fault": "zero_blocks", "position": "head", "params": {"num_blocks": 1, "fault": "zero_blocks"},
-                        "error": None, "windows": {str(w): cell for w in detection.WINDOWS},
-                        "probes": [{"kv_audit": {"faulted_max_abs_diff": [[0, 3.5]]},
-                                    "margin": {"baseline_margin": 1.25}}]}],
-            "controls": [dict(_control(0), model_seed=1234, reuses_compared=4,
-                              inconclusive={str(w): 0 for w in detection.WINDOWS})],
-            "prefix_check": {"window": 8, "ok": True, "requests_compared": 3},
-            "summary": summarize([_fault("zero_blocks", ["detected"] * 3)], [_control(0)], True),
-            "provenance": {"started_utc": "2026-11-29T00:00:00Z", "kit": {"commit": "abc"}}}
+    return {
+        "kind": detection.KIND,
+        "schema_version": detection.SCHEMA_VERSION,
+        "tool_version": "0.1.0",
+        "method": "m <script>",
+        "config": {"windows": list(detection.WINDOWS)},
+        "faults": [
+            {
+                "fault": "zero_blocks",
+                "position": "head",
+                "params": {"num_blocks": 1, "fault": "zero_blocks"},
+                "error": None,
+                "windows": {str(w): cell for w in detection.WINDOWS},
+                "probes": [{"kv_audit": {"faulted_max_abs_diff": [[0, 3.5]]}, "margin": {"baseline_margin": 1.25}}],
+            }
+        ],
+        "controls": [
+            dict(_control(0), model_seed=1234, reuses_compared=4, inconclusive={str(w): 0 for w in detection.WINDOWS})
+        ],
+        "prefix_check": {"window": 8, "ok": True, "requests_compared": 3},
+        "summary": summarize([_fault("zero_blocks", ["detected"] * 3)], [_control(0)], True),
+        "provenance": {"started_utc": "2026-11-29T00:00:00Z", "kit": {"commit": "abc"}},
+    }
 
 
 def test_page_is_escaped_deterministic_and_self_contained():

@@ -5,21 +5,46 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import ROOT, have_vllm, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
 
-REQUIRED_TOP = {"kind", "schema_version", "tool_version", "claim_eligible", "generations", "acceptance", "arms",
-                "warnings", "errors", "provenance"}
+REQUIRED_TOP = {
+    "kind",
+    "schema_version",
+    "tool_version",
+    "claim_eligible",
+    "generations",
+    "acceptance",
+    "arms",
+    "warnings",
+    "errors",
+    "provenance",
+}
 
 
 @pytest.fixture(scope="module")
 def selftest(tiny_model, tmp_path_factory):
     report = tmp_path_factory.mktemp("selftest") / "selftest.json"
-    proc = run_cli(["--model", tiny_model, "--dtype", "float32", "--gpu-memory-utilization", "0.1", "--device", "cpu",
-                    "--suite", "acceptance", "--compare-native", "--fixture", "fixtures/selftest-cpu.json",
-                    "--report", str(report)])
+    proc = run_cli(
+        [
+            "--model",
+            tiny_model,
+            "--dtype",
+            "float32",
+            "--gpu-memory-utilization",
+            "0.1",
+            "--device",
+            "cpu",
+            "--suite",
+            "acceptance",
+            "--compare-native",
+            "--fixture",
+            "fixtures/selftest-cpu.json",
+            "--report",
+            str(report),
+        ]
+    )
     return proc, report
 
 
@@ -51,7 +76,12 @@ def test_four_arms_verdicts(selftest):
             assert r["kv_transfer_params"]["planted_fault"]["loaded_tokens"] == r["cached_tokens"]
     native = next(a for a in data["arms"] if a["name"] == "native")
     cached = {p["name"]: [r["cached_tokens"] for r in p["requests"]] for p in native["probes"]}
-    assert cached == {"fixture": [0, 1488, 1488, 1488], "chat-511": [0, 496], "chat-512": [0, 496], "chat-513": [0, 512]}
+    assert cached == {
+        "fixture": [0, 1488, 1488, 1488],
+        "chat-511": [0, 496],
+        "chat-512": [0, 496],
+        "chat-513": [0, 512],
+    }
     example = next(a for a in data["arms"] if a["name"] == "ExampleConnector")
     skipped = [p for p in example["probes"] if p["verdict"] == "SKIPPED"]
     assert [p["name"] for p in skipped] == ["chat-513"] and skipped[0]["skipped"]
@@ -83,25 +113,62 @@ def test_report_contract(selftest):
                 assert all(len(step) >= 2 for step in r["logprobs"])
                 assert "first_diff" in r
     prov = data["provenance"]
-    for key in ("kit", "started_utc", "ended_utc", "hardware", "python", "packages", "fixture", "model", "env",
-                "pythonhashseed"):
+    for key in (
+        "kit",
+        "started_utc",
+        "ended_utc",
+        "hardware",
+        "python",
+        "packages",
+        "fixture",
+        "model",
+        "env",
+        "pythonhashseed",
+    ):
         assert key in prov
     assert prov["started_utc"].endswith("Z")
     assert len(prov["fixture"]["sha256"]) == 64 and len(prov["model"]["sha256"]) == 64
     assert prov["env"]["PYTHONHASHSEED"] == "0"
     assert prov["engine_versions"]["vllm"].startswith("0.")
-    submitted = {p["name"]: p["submitted_token_ids"] for a in data["arms"] for p in a["probes"] if p["submitted_token_ids"]}
-    assert {n: len(ids) for n, ids in submitted.items()} == {"fixture": 1502, "chat-511": 511, "chat-512": 512, "chat-513": 513}
+    submitted = {
+        p["name"]: p["submitted_token_ids"] for a in data["arms"] for p in a["probes"] if p["submitted_token_ids"]
+    }
+    assert {n: len(ids) for n, ids in submitted.items()} == {
+        "fixture": 1502,
+        "chat-511": 511,
+        "chat-512": 512,
+        "chat-513": 513,
+    }
 
 
 def test_out_of_tree_faulty_connector_fails_without_kit_changes(tiny_model, tmp_path):
     """Any faulty connector class, loaded by module path, is caught: here one written for the test."""
     report = tmp_path / "custom.json"
-    proc = run_cli(["--model", tiny_model, "--dtype", "float32", "--gpu-memory-utilization", "0.1", "--device", "cpu",
-                    "--kv-connector", "NoisyReloadConnector", "--kv-connector-module-path", "noisy_connector",
-                    "--kv-connector-extra-config", json.dumps({"store_dir": str(tmp_path / "store")}),
-                    "--fixture", "fixtures/selftest-cpu.json", "--reuses", "2", "--report", str(report)],
-                   env={"PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'connectors'}"})
+    proc = run_cli(
+        [
+            "--model",
+            tiny_model,
+            "--dtype",
+            "float32",
+            "--gpu-memory-utilization",
+            "0.1",
+            "--device",
+            "cpu",
+            "--kv-connector",
+            "NoisyReloadConnector",
+            "--kv-connector-module-path",
+            "noisy_connector",
+            "--kv-connector-extra-config",
+            json.dumps({"store_dir": str(tmp_path / "store")}),
+            "--fixture",
+            "fixtures/selftest-cpu.json",
+            "--reuses",
+            "2",
+            "--report",
+            str(report),
+        ],
+        env={"PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'connectors'}"},
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     data = json.loads(report.read_text())
     arm = next(a for a in data["arms"] if a["name"] == "NoisyReloadConnector")

@@ -5,10 +5,11 @@ import pkgutil
 import subprocess
 import sys
 
-import repro
 from kvkit_testutil import ROOT
 
-ENGINE_SIDE = {"repro.engine", "repro.margins", "repro.preflight_child", "repro.connectors.planted_fault"}
+import repro
+
+ENGINE_SIDE = {"repro.engine", "repro.margins", "repro.engine.preflight", "repro.engine.connectors.planted_fault"}
 
 
 def _modules():

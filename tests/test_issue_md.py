@@ -7,9 +7,9 @@ import json
 from html.parser import HTMLParser
 
 import markdown
-
 from conftest import ROOT
-from repro.issue_md import GITHUB_BODY_LIMIT, format_issue_md, format_table
+
+from repro.publish.issue_md import GITHUB_BODY_LIMIT, format_issue_md, format_table
 from repro.report import CLAIM_LINE
 
 SAMPLE = ROOT / "tests" / "data" / "kit-sample-report.json"
@@ -88,7 +88,7 @@ def test_double_unpin_count_is_a_warning():
 def test_pipes_cannot_break_the_table():
     report = load_sample()
     report["arms"][1]["probes"][0]["name"] = "a|b"
-    header, *rows = html_tables(format_table(report))[0]
+    _header, *rows = html_tables(format_table(report))[0]
     assert rows[0][:2] == ["ExampleConnector", "a|b"] and len(rows[0]) == 6
 
 
@@ -122,7 +122,7 @@ def test_hard_cap_closes_code_and_keeps_the_claim_line():
 
 
 def test_cli_writes_the_file(tmp_path):
-    from repro.issue_md import main
+    from repro.publish.issue_md import main
 
     out = tmp_path / "issue.md"
     assert main([str(SAMPLE), "--out", str(out)]) == 0

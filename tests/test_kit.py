@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
-import json
 import os
 import shutil
 import subprocess
@@ -14,8 +13,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, have_vllm
+
 from repro import kit
 from repro.errors import UsageError
 
@@ -26,8 +25,14 @@ needs_git = pytest.mark.skipif(not HAVE_GIT, reason="building a kit needs git")
 
 def _git(repo: Path, *args: str) -> str:
     env = dict(os.environ, GIT_AUTHOR_DATE="2026-01-02T03:04:05Z", GIT_COMMITTER_DATE="2026-01-02T03:04:05Z")
-    return subprocess.run(["git", "-c", "user.name=kvkit-test", "-c", "user.email=test@kvkit.invalid", *args],
-                          cwd=repo, env=env, check=True, capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["git", "-c", "user.name=kvkit-test", "-c", "user.email=test@kvkit.invalid", *args],
+        cwd=repo,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
 
 
 def _write(path: Path, data: bytes | str) -> None:
@@ -90,9 +95,20 @@ def test_same_commit_same_bytes(repo, tmp_path):
 def test_contents_and_exclusions(repo, tmp_path):
     archive = kit.build_kit(repo, tmp_path)
     names = set(members(archive))
-    for rel in ("Makefile", "tasks.py", "pyproject.toml", "repro/__init__.py", "fixtures/f.json", "requirements/cpu.txt",
-                "tests/test_x.py", "README.md", "COMMIT", "SHA256SUMS", "evidence/raw/selftest.json",
-                "evidence/raw/selftest.logs/baseline.log"):
+    for rel in (
+        "Makefile",
+        "tasks.py",
+        "pyproject.toml",
+        "repro/__init__.py",
+        "fixtures/f.json",
+        "requirements/cpu.txt",
+        "tests/test_x.py",
+        "README.md",
+        "COMMIT",
+        "SHA256SUMS",
+        "evidence/raw/selftest.json",
+        "evidence/raw/selftest.logs/baseline.log",
+    ):
         assert rel in names, rel
     for rel in names:
         assert not rel.startswith((".venvs", ".cache", "docs", "reports/", ".git")), rel
@@ -130,7 +146,7 @@ def test_pages_when_the_renderer_exists(repo, tmp_path):
     archive = kit.build_kit(repo, tmp_path)
     names = set(members(archive))
     try:
-        import repro.render  # noqa: F401
+        import repro.publish.site  # noqa: F401
     except ImportError:
         assert "pages not rendered" in read_member(archive, "README.md").decode()
         return
@@ -178,15 +194,25 @@ def test_unpack_refuses_escaping_members(tmp_path):
 
 
 def test_reports_may_only_cite_logs_beside_them():
-    assert kit.report_logs({"arms": [{"log": "r.logs/b.log"}, {"log": None}, {"log": "r.logs/b.log"}]}) == ["r.logs/b.log"]
+    assert kit.report_logs({"arms": [{"log": "r.logs/b.log"}, {"log": None}, {"log": "r.logs/b.log"}]}) == [
+        "r.logs/b.log"
+    ]
     with pytest.raises(UsageError):
         kit.report_logs({"arms": [{"log": "../secret.log"}]})
 
 
 def test_kit_paths():
     assert kit.is_kit_path("repro/kit.py") and kit.is_kit_path("Makefile") and kit.is_kit_path("tests/data/x.json")
-    for path in (".venvs/cpu/bin/python", ".cache/models/m/model.safetensors", "fixtures/w.bin", "reports/r.json",
-                 "site/index.html", "dist/k.tar.gz", "README.md", "Makefile.bak"):
+    for path in (
+        ".venvs/cpu/bin/python",
+        ".cache/models/m/model.safetensors",
+        "fixtures/w.bin",
+        "reports/r.json",
+        "site/index.html",
+        "dist/k.tar.gz",
+        "README.md",
+        "Makefile.bak",
+    ):
         assert not kit.is_kit_path(path), path
 
 
@@ -203,7 +229,10 @@ def _save(path: Path, data: bytes) -> Path:
 
 
 def _in_checkout() -> bool:
-    return HAVE_GIT and subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True).returncode == 0
+    return (
+        HAVE_GIT
+        and subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, check=False).returncode == 0
+    )
 
 
 @pytest.mark.skipif(not _in_checkout(), reason="building this kit needs its git checkout (an unpacked kit has none)")
@@ -227,10 +256,34 @@ def test_kit_check_runs_the_self_test_from_the_unpacked_kit(tmp_path, capsys):
     model = ".cache/models/kvkit-tiny-qwen3"
     commands = [
         (sys.executable, "-m", "repro", "make-model", model),
-        (sys.executable, "-m", "repro.verify_kv_reuse", "--model", model, "--dtype", "float32",
-         "--gpu-memory-utilization", "0.1", "--max-model-len", "2048", "--block-size", "16", "--max-tokens", "16",
-         "--seed", "0", "--device", "cpu", "--suite", "acceptance", "--compare-native",
-         "--fixture", "fixtures/selftest-cpu.json", "--report", kit.CHECK_REPORT),
+        (
+            sys.executable,
+            "-m",
+            "repro.verify_kv_reuse",
+            "--model",
+            model,
+            "--dtype",
+            "float32",
+            "--gpu-memory-utilization",
+            "0.1",
+            "--max-model-len",
+            "2048",
+            "--block-size",
+            "16",
+            "--max-tokens",
+            "16",
+            "--seed",
+            "0",
+            "--device",
+            "cpu",
+            "--suite",
+            "acceptance",
+            "--compare-native",
+            "--fixture",
+            "fixtures/selftest-cpu.json",
+            "--report",
+            kit.CHECK_REPORT,
+        ),
     ]
     assert kit.check_kit(archive, commands) == 0, capsys.readouterr().err[-3000:]
     assert "kit-check passed" in capsys.readouterr().out

@@ -31,8 +31,12 @@ def test_double_unpins_and_cuda_ops_fallback_are_counted():
 def test_health_monitor_degraded_mode_is_detected_and_makes_the_arm_error():
     scan = scan_log(DEGRADED)
     assert scan["degraded"] and "degraded mode" in scan["degraded"][0]
-    entry = {"name": "LMCacheConnectorV1", "verdict": "INCONCLUSIVE", "reasons": ["fixture: reuse 1: zero cached tokens"],
-             "probes": []}
+    entry = {
+        "name": "LMCacheConnectorV1",
+        "verdict": "INCONCLUSIVE",
+        "reasons": ["fixture: reuse 1: zero cached tokens"],
+        "probes": [],
+    }
     lmcache_findings(entry, DEGRADED)
     assert entry["verdict"] == "ERROR"
     assert entry["error"]["kind"] == "lmcache-degraded"
@@ -47,23 +51,63 @@ def test_degraded_mode_never_leaves_a_pass():
 
 def test_full_prompt_hit_retrieving_more_than_vllm_loaded_is_a_finding():
     """chat-512 on the H200: vLLM loaded 511 tokens, LMCache retrieved the whole 512 (LMCache #4614's edge)."""
-    entry = {"probes": [{"name": "chat-512", "requests": [
-        {"role": "reuse", "request_id": "7", "cached_tokens": 511, "kv_transfer_params": {"num_lmcache_cached_tokens": 512}}]}]}
+    entry = {
+        "probes": [
+            {
+                "name": "chat-512",
+                "requests": [
+                    {
+                        "role": "reuse",
+                        "request_id": "7",
+                        "cached_tokens": 511,
+                        "kv_transfer_params": {"num_lmcache_cached_tokens": 512},
+                    }
+                ],
+            }
+        ]
+    }
     findings = cross_check(entry, scan_log(HITS))
     assert entry["probes"][0]["requests"][0]["lmcache"]["retrieved"] == 512
     assert findings == ["chat-512 reuse 0: LMCache retrieved 512 tokens where vLLM counted 511 cached"]
 
 
 def test_cross_check_matches_requests_by_vllm_request_id_prefix():
-    entry = {"probes": [{"name": "fixture", "requests": [
-        {"role": "cold", "request_id": "0", "cached_tokens": 0, "kv_transfer_params": {"num_lmcache_cached_tokens": 0}},
-        {"role": "reuse", "request_id": "1", "cached_tokens": 1280, "kv_transfer_params": {"num_lmcache_cached_tokens": 1280}},
-        {"role": "reuse", "request_id": "2", "cached_tokens": 1024, "kv_transfer_params": {"num_lmcache_cached_tokens": 1280}},
-        {"role": "reuse", "request_id": "99", "cached_tokens": 256, "kv_transfer_params": None},
-    ]}]}
+    entry = {
+        "probes": [
+            {
+                "name": "fixture",
+                "requests": [
+                    {
+                        "role": "cold",
+                        "request_id": "0",
+                        "cached_tokens": 0,
+                        "kv_transfer_params": {"num_lmcache_cached_tokens": 0},
+                    },
+                    {
+                        "role": "reuse",
+                        "request_id": "1",
+                        "cached_tokens": 1280,
+                        "kv_transfer_params": {"num_lmcache_cached_tokens": 1280},
+                    },
+                    {
+                        "role": "reuse",
+                        "request_id": "2",
+                        "cached_tokens": 1024,
+                        "kv_transfer_params": {"num_lmcache_cached_tokens": 1280},
+                    },
+                    {"role": "reuse", "request_id": "99", "cached_tokens": 256, "kv_transfer_params": None},
+                ],
+            }
+        ]
+    }
     findings = cross_check(entry, scan_log(HITS))
     reqs = entry["probes"][0]["requests"]
-    assert reqs[1]["lmcache"] == {"reported_hit_tokens": 1280, "retrieved": 1280, "required": 1280, "lookup_hit_tokens": 1280}
+    assert reqs[1]["lmcache"] == {
+        "reported_hit_tokens": 1280,
+        "retrieved": 1280,
+        "required": 1280,
+        "lookup_hit_tokens": 1280,
+    }
     assert any("reuse 2: LMCache reports 1280 hit tokens, vLLM 1024 cached" in f for f in findings)
     assert any("reuse 3: LMCache reported no per-request hit count" in f for f in findings)
     assert any("reuse 3: vLLM counted 256 cached tokens but no LMCache retrieve was logged" in f for f in findings)

@@ -8,17 +8,18 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from kvkit_testutil import ROOT
+
 from repro.errors import UsageError
 from repro.fixtures import load_fixture, parse_fixture
 from repro.report import load_report
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False) | st.text(max_size=8),
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-    max_leaves=20)
+    max_leaves=20,
+)
 SHIPPED = [json.loads(p.read_text()) for p in sorted((ROOT / "fixtures").glob("*.json"))]
 REPORT = json.loads((ROOT / "tests" / "data" / "report-v1-example.json").read_text())
 
@@ -34,9 +35,28 @@ def _shrunk(obj):
 
 SMALL_REPORT = _shrunk(REPORT)
 # Keys the loaders look at, so that mutations land where the code branches.
-FIXTURE_KEYS = ["kind", "schema_version", "name", "tokenizer", "probes", "arms", "expected", "prompt", "token_ids",
-                "chat", "messages", "role", "content", "length", "filler", "reuses", "connector", "module_path",
-                "extra_config", "skip_probes"]
+FIXTURE_KEYS = [
+    "kind",
+    "schema_version",
+    "name",
+    "tokenizer",
+    "probes",
+    "arms",
+    "expected",
+    "prompt",
+    "token_ids",
+    "chat",
+    "messages",
+    "role",
+    "content",
+    "length",
+    "filler",
+    "reuses",
+    "connector",
+    "module_path",
+    "extra_config",
+    "skip_probes",
+]
 
 
 def _paths(obj, prefix=()):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from conftest import have_vllm
+
 from repro import detection
 from repro.runner import child_env, run_arm
 
@@ -19,8 +19,13 @@ def stored_blocks(tiny_model, tmp_path_factory):
     work = tmp_path_factory.mktemp("layout")
     conn = detection._planted(work, "none", "none", {})
     job = detection._job("layout-none", "connector", conn, tiny_model, [("alpha", 389, 2)], max_tokens=8)
-    out = run_arm(job, workdir=work, log_path=work / "arm.log", env=child_env(dict(os.environ), hashseed="0", extra={}),
-                  timeout_s=900)
+    out = run_arm(
+        job,
+        workdir=work,
+        log_path=work / "arm.log",
+        env=child_env(dict(os.environ), hashseed="0", extra={}),
+        timeout_s=900,
+    )
     assert out.failure is None, out.failure
     cold, reuse = out.result["probes"][0]["requests"]
     assert reuse["cached_tokens"] == 384 and reuse["token_ids"] == cold["token_ids"]
@@ -51,7 +56,7 @@ def test_swap_kv_exchanges_k_and_v(stored_blocks):
 
     import torch
 
-    from repro.connectors.planted_fault import PlantedFaultConnector
+    from repro.engine.connectors.planted_fault import PlantedFaultConnector
 
     blob = torch.load(stored_blocks[0])
     swapped = PlantedFaultConnector._corrupt(types.SimpleNamespace(fault="swap_kv"), blob, 0)

@@ -3,12 +3,11 @@ starts. These tests import the real vLLM (a few seconds each) but start no engin
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
-
 from kvkit_testutil import have_vllm, run_cli
+
 from repro.runner import child_env, run_arm
 
 pytestmark = pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")
@@ -18,36 +17,57 @@ def test_every_connector_and_device_problem_is_named(tmp_path):
     (tmp_path / "broken_conn.py").write_text("import no_such_package_kvkit\n")
     connectors = [
         {"arm": "a-ok", "name": "ExampleConnector", "module_path": None},
-        {"arm": "b-ok", "name": "PlantedFaultConnector", "module_path": "repro.connectors.planted_fault"},
+        {"arm": "b-ok", "name": "PlantedFaultConnector", "module_path": "repro.engine.connectors.planted_fault"},
         {"arm": "c", "name": "NoSuchConnector", "module_path": None},
         {"arm": "d", "name": "Broken", "module_path": "broken_conn"},
-        {"arm": "e", "name": "NoSuchClass", "module_path": "repro.connectors.planted_fault"},
+        {"arm": "e", "name": "NoSuchClass", "module_path": "repro.engine.connectors.planted_fault"},
     ]
     env = child_env(dict(os.environ, PYTHONPATH=str(tmp_path)), hashseed="0", extra={})
     # the first arm's engine child makes these checks before it builds an engine; with problems
     # it builds none and hands them back
-    job = {"arm": {"name": "baseline", "mode": "baseline", "connector": None}, "engine": {}, "probes": [],
-           "preflight": {"connectors": connectors, "device": "cuda"}}
+    job = {
+        "arm": {"name": "baseline", "mode": "baseline", "connector": None},
+        "engine": {},
+        "probes": [],
+        "preflight": {"connectors": connectors, "device": "cuda"},
+    }
     outcome = run_arm(job, workdir=tmp_path, log_path=tmp_path / "preflight.log", env=env, timeout_s=300)
     assert outcome.failure is None, outcome.failure
     problems = outcome.result["preflight_problems"]
     text = "\n".join(problems)
     assert not any(p.startswith(("arm a-ok", "arm b-ok")) for p in problems), text
     assert any(p.startswith("--device cuda: this machine's vLLM runs on 'cpu'") for p in problems), text
-    assert any(p.startswith("arm c: unknown connector 'NoSuchConnector'") and "ExampleConnector" in p
-               for p in problems), text
-    assert any(p.startswith("arm d: connector module 'broken_conn' does not import (ModuleNotFoundError")
-               for p in problems), text
-    assert any(p.startswith("arm e: connector module 'repro.connectors.planted_fault' has no class 'NoSuchClass'")
-               for p in problems), text
+    assert any(
+        p.startswith("arm c: unknown connector 'NoSuchConnector'") and "ExampleConnector" in p for p in problems
+    ), text
+    assert any(
+        p.startswith("arm d: connector module 'broken_conn' does not import (ModuleNotFoundError") for p in problems
+    ), text
+    assert any(
+        p.startswith("arm e: connector module 'repro.engine.connectors.planted_fault' has no class 'NoSuchClass'")
+        for p in problems
+    ), text
     assert len(problems) == 4, text
 
 
 def test_unknown_connector_is_exit_2_before_any_arm(tmp_path, tiny_model):
     report = tmp_path / "r.json"
     report.write_bytes(b"old\n")
-    proc = run_cli(["--model", tiny_model, "--device", "cpu", "--kv-connector", "NoSuchConnector",
-                    "--fixture", "fixtures/selftest-cpu.json", "--report", str(report)], timeout=300)
+    proc = run_cli(
+        [
+            "--model",
+            tiny_model,
+            "--device",
+            "cpu",
+            "--kv-connector",
+            "NoSuchConnector",
+            "--fixture",
+            "fixtures/selftest-cpu.json",
+            "--report",
+            str(report),
+        ],
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr
     # the first child checks every connector once vLLM is imported, before it builds an engine
     last = proc.stderr.strip().splitlines()[-1]

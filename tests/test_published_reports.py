@@ -9,9 +9,10 @@ from repro.report import load_report
 
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
 # An unpacked kit (make kit) carries the reports under evidence/, not reports/, and has no .git.
-pytestmark = pytest.mark.skipif(not (REPORTS / "h200-lmcache-tiny.json").exists()
-                                and not (REPORTS.parent / ".git").exists(),
-                                reason="the published reports are not in this tree (an unpacked kit)")
+pytestmark = pytest.mark.skipif(
+    not (REPORTS / "h200-lmcache-tiny.json").exists() and not (REPORTS.parent / ".git").exists(),
+    reason="the published reports are not in this tree (an unpacked kit)",
+)
 
 
 def _arms(name):
@@ -28,7 +29,18 @@ def test_h200_lmcache_fails_with_hits_and_first_diffs_native_passes():
     for p in failed:
         assert p["requests"][0]["cached_tokens"] == 0
         assert all(r["cached_tokens"] > 0 and isinstance(r["first_diff"], int) for r in p["requests"][1:])
-    assert [r["cached_tokens"] for p in native["probes"] for r in p["requests"]] == [0, 1488, 1488, 1488, 0, 496, 0, 496, 0, 512]
+    assert [r["cached_tokens"] for p in native["probes"] for r in p["requests"]] == [
+        0,
+        1488,
+        1488,
+        1488,
+        0,
+        496,
+        0,
+        496,
+        0,
+        512,
+    ]
     prov = data["provenance"]
     assert prov["hardware"]["gpus"] == ["NVIDIA H200"] and prov["hardware"]["driver"].startswith("580.")
     assert prov["hardware"]["cuda_driver_api"] == "13.0"

@@ -1,4 +1,4 @@
-"""The static report site: content, order, escaping, determinism and pruning (repro.render, repro.site_model)."""
+"""The static report site: content, order, escaping, determinism and pruning (repro.publish.site, repro.publish.site_model)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from pathlib import Path
 
 import jinja2
 import pytest
+from conftest import ROOT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT
 from repro.errors import UsageError
-from repro.render import make_environment, render_report_page, render_site, render_writeup
-from repro.site_model import visible_text
+from repro.publish.site import make_environment, render_report_page, render_site, render_writeup
+from repro.publish.site_model import visible_text
 
 DATA = ROOT / "tests" / "data"
 STEM = "render-selftest"
@@ -83,18 +83,31 @@ def test_site_files_pages_first_index_last(reports, tmp_path):
     written = render_site(reports, out)
     rel = [p.relative_to(out).as_posix() for p in written]
     assert rel[-1] == "index.html"
-    assert set(rel) == {f"raw/{STEM}.json", f"raw/{STEM}.logs/PlantedFault.log", f"raw/{STEM}.logs/baseline.log",
-                        f"{STEM}.html", "index.html"}
+    assert set(rel) == {
+        f"raw/{STEM}.json",
+        f"raw/{STEM}.logs/PlantedFault.log",
+        f"raw/{STEM}.logs/baseline.log",
+        f"{STEM}.html",
+        "index.html",
+    }
     assert (out / "raw" / f"{STEM}.json").read_bytes() == (reports / f"{STEM}.json").read_bytes()
-    assert (out / "raw" / f"{STEM}.logs" / "PlantedFault.log").read_bytes() == \
-        (reports / f"{STEM}.logs" / "PlantedFault.log").read_bytes()
+    assert (out / "raw" / f"{STEM}.logs" / "PlantedFault.log").read_bytes() == (
+        reports / f"{STEM}.logs" / "PlantedFault.log"
+    ).read_bytes()
 
 
 def test_report_page_sections_in_order(reports, tmp_path):
     render_site(reports, tmp_path / "site")
     html = (tmp_path / "site" / f"{STEM}.html").read_text(encoding="utf-8")
-    marks = ['id="claim-banner"', 'id="writeup"', 'id="table"', 'id="details"', 'id="warnings"', 'id="provenance"',
-             'id="reproduce"']
+    marks = [
+        'id="claim-banner"',
+        'id="writeup"',
+        'id="table"',
+        'id="details"',
+        'id="warnings"',
+        'id="provenance"',
+        'id="reproduce"',
+    ]
     positions = [html.index(m) for m in marks]
     assert positions == sorted(positions)
     assert html.index('id="claim-banner"') < html.index("<h1>")
@@ -115,21 +128,28 @@ def test_connector_vs_native_table_cells(reports, tmp_path):
     assert body[skipped + 1][0].startswith("ExampleConnector matches whole prompts only when (L-1) % block_size != 0")
     assert not any(r and r[0].startswith("baseline") for r in body)  # a PASS baseline is a line above, not a block
     planted = body.index(["PlantedFault (PlantedFaultConnector): FAIL"])
-    assert body[planted + 1:planted + 5] == [["fixture", "1502", "0→1488×3", "FAIL", "@9"],
-                                             ["chat-511", "511", "0→496", "FAIL", "@2"],
-                                             ["chat-512", "512", "0→496", "FAIL", "@2"],
-                                             ["chat-513", "513", "0→512", "FAIL", "@2"]]
+    assert body[planted + 1 : planted + 5] == [
+        ["fixture", "1502", "0→1488×3", "FAIL", "@9"],
+        ["chat-511", "511", "0→496", "FAIL", "@2"],
+        ["chat-512", "512", "0→496", "FAIL", "@2"],
+        ["chat-513", "513", "0→512", "FAIL", "@2"],
+    ]
 
 
 def test_probe_details_tokens_margin_cached(reports, tmp_path):
     render_site(reports, tmp_path / "site")
     html = (tmp_path / "site" / f"{STEM}.html").read_text(encoding="utf-8")
     ai = [a["name"] for a in load_fixture()["arms"]].index("PlantedFault")
-    section = html[html.index(f'id="d{ai}-0"'):html.index(f'id="d{ai}-1"')]
+    section = html[html.index(f'id="d{ai}-0"') : html.index(f'id="d{ai}-1"')]
     page = Page(section)
     req_rows = page.rows["req"]
-    assert [r[:3] for r in req_rows[1:]] == [["baseline", "0", ""], ["cold", "0", ""], ["reuse 1", "1488", "@9"],
-                                             ["reuse 2", "1488", "@9"], ["reuse 3", "1488", "@9"]]
+    assert [r[:3] for r in req_rows[1:]] == [
+        ["baseline", "0", ""],
+        ["cold", "0", ""],
+        ["reuse 1", "1488", "@9"],
+        ["reuse 2", "1488", "@9"],
+        ["reuse 3", "1488", "@9"],
+    ]
     assert req_rows[3][4].startswith("@9: baseline 152 (margin 0.682, top-2 gap 0.682) · reuse 228 (margin 5.998)")
     tok_rows = page.rows["tok"]
     assert tok_rows[1][:11] == ["baseline", "210", "192", "179", "249", "231", "61", "123", "311", "219", "152"]
@@ -144,7 +164,9 @@ def test_warnings_provenance_reproduce_links(reports, tmp_path):
     page = Page((tmp_path / "site" / f"{STEM}.html").read_text(encoding="utf-8"))
     text = " ".join(page.all_text().split())
     w = report["warnings"][0]
-    assert f"{w['arm']} {w['count']} {w['message']}" in " ".join(" ".join(r) for rows in page.rows.values() for r in rows)
+    assert f"{w['arm']} {w['count']} {w['message']}" in " ".join(
+        " ".join(r) for rows in page.rows.values() for r in rows
+    )
     assert f"{sum(x['count'] for x in report['warnings'])} warning line(s)" in text
     kv = page.rows["kv"]
     assert ["kit.commit", "unavailable: git exited 128 (dirty: unknown)"] in kv
@@ -167,9 +189,17 @@ def test_index_row(reports, tmp_path):
     rows = page.rows["reports"]
     assert rows[0] == ["report", "hardware", "date", "kit commit", "vLLM", "LMCache", "verdicts", "acceptance"]
     assert [r[0] for r in rows[1:]] == ["a-h200", STEM]  # sorted by file name
-    assert rows[1][:6] == ["a-h200", "NVIDIA H200", "2026-11-29", "0123456789ab+dirty", "0.28.0", "unavailable: not installed"]
-    assert rows[2][6] == ("baseline PASS ExampleConnector PASS PlantedFault (PlantedFaultConnector) FAIL "
-                          "native prefix caching PASS")
+    assert rows[1][:6] == [
+        "a-h200",
+        "NVIDIA H200",
+        "2026-11-29",
+        "0123456789ab+dirty",
+        "0.28.0",
+        "unavailable: not installed",
+    ]
+    assert rows[2][6] == (
+        "baseline PASS ExampleConnector PASS PlantedFault (PlantedFaultConnector) FAIL native prefix caching PASS"
+    )
     assert rows[2][7] == "true"
     assert [a["href"] for t, a in page.tags if t == "a"] == ["a-h200.html", f"{STEM}.html"]
 
@@ -186,7 +216,7 @@ def test_rerender_is_byte_identical(reports, tmp_path):
 
 def _scrub(html: str) -> str:
     """The page without its stylesheet: the gold file pins content and structure, not colours."""
-    return re.sub(r"<style>.*?</style>", "<style>…</style>", html, flags=re.S)
+    return re.sub(r"<style>.*?</style>", "<style>…</style>", html, flags=re.DOTALL)
 
 
 def test_report_page_matches_gold(reports, tmp_path):
@@ -206,7 +236,7 @@ def test_pages_are_self_contained(reports, tmp_path):
         assert not tags & {"script", "link", "img", "iframe", "object", "embed", "video", "audio", "source", "base"}
         assert not any(k in ("src", "srcset") or k.startswith("on") for _, attrs in page.tags for k in attrs)
         assert all(not re.match(r"^[a-z]+:|//", a.get("href", "")) for t, a in page.tags if t == "a")
-        style = re.search(r"<style>(.*?)</style>", html, re.S).group(1)
+        style = re.search(r"<style>(.*?)</style>", html, re.DOTALL).group(1)
         assert "url(" not in style and "@import" not in style and "@font-face" not in style
 
 
@@ -238,8 +268,12 @@ def test_model_text_is_escaped():
 
 
 def test_writeup_markdown_is_rendered_and_raw_html_shown_as_text():
-    html = str(render_writeup("# T\n\n**b** <script>alert(1)</script> [x](javascript:alert(1)) [ok](https://ex.org) "
-                              "![pic](https://ex.org/p.png)\n\n" + XSS[1]))
+    html = str(
+        render_writeup(
+            "# T\n\n**b** <script>alert(1)</script> [x](javascript:alert(1)) [ok](https://ex.org) "
+            "![pic](https://ex.org/p.png)\n\n" + XSS[1]
+        )
+    )
     page = Page(html)
     assert ("h1", {}) in page.tags and ("strong", {}) in page.tags
     assert not {t for t, _ in page.tags} & {"script", "img"}
@@ -266,10 +300,12 @@ def test_environment_is_strict():
 
 def test_error_arm_and_missing_baseline_render():
     report = load_fixture()
-    report["arms"][0].update(verdict="ERROR", probes=[], error={"kind": "timeout", "detail": "no result in 600 s",
-                                                                 "log_tail": "Killed"})
-    report["arms"][2].update(verdict="ERROR", probes=[], error={"kind": "crash", "detail": "exit code -9",
-                                                                "log_tail": "x"})
+    report["arms"][0].update(
+        verdict="ERROR", probes=[], error={"kind": "timeout", "detail": "no result in 600 s", "log_tail": "Killed"}
+    )
+    report["arms"][2].update(
+        verdict="ERROR", probes=[], error={"kind": "crash", "detail": "exit code -9", "log_tail": "x"}
+    )
     page = Page(render_report_page(report, stem="e"))
     text = " ".join(page.all_text().split())
     assert "baseline (prefix caching off, no connector): ERROR" in text
@@ -318,9 +354,19 @@ def test_gpu_shaped_probe_cells_margin_near_tie_and_short_output():
     report = load_fixture()
     planted = next(a for a in report["arms"] if a["name"] == "PlantedFault")
     reqs = planted["probes"][0]["requests"]
-    reqs[1].update(first_diff=4, margin={"index": 4, "baseline_token": 61, "reuse_token": 7, "baseline_margin": 0.05,
-                                         "reuse_margin": 1.5, "baseline_top_gap": 0.05, "near_tie": True,
-                                         "baseline_gap_lower_bound": 0.04})
+    reqs[1].update(
+        first_diff=4,
+        margin={
+            "index": 4,
+            "baseline_token": 61,
+            "reuse_token": 7,
+            "baseline_margin": 0.05,
+            "reuse_margin": 1.5,
+            "baseline_top_gap": 0.05,
+            "near_tie": True,
+            "baseline_gap_lower_bound": 0.04,
+        },
+    )
     reqs[2].update(first_diff=15, token_ids=reqs[2]["token_ids"][:15])
     reqs[3]["cached_tokens"] = None
     page = Page(render_report_page(report, stem="g"))
@@ -329,4 +375,3 @@ def test_gpu_shaped_probe_cells_margin_near_tie_and_short_output():
     assert "@4: baseline 61 (margin 0.050, top-2 gap 0.050) · reuse 7 (margin 1.500) · gap ≥ 0.040 · NEAR TIE" in text
     html = render_report_page(report, stem="g")
     assert '<td class="first"></td>' in html  # reuse 2 ended before index 15: the first difference is its absence
-

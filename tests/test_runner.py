@@ -13,18 +13,39 @@ from pathlib import Path
 import pytest
 
 from repro import runner
-from repro.runner import (CRASH, MISSING_OUTPUT, NONZERO_EXIT, OOM, RAISED, TIMEOUT, UNPARSABLE_OUTPUT,
-                          child_env, classify_exit, run_arm)
+from repro.runner import (
+    CRASH,
+    MISSING_OUTPUT,
+    NONZERO_EXIT,
+    OOM,
+    RAISED,
+    TIMEOUT,
+    UNPARSABLE_OUTPUT,
+    child_env,
+    classify_exit,
+    run_arm,
+)
 
 FAKE = "tests.fake_engine"
 
 
 def _job(arm: str = "baseline", mode: str = "baseline") -> dict:
-    return {"arm": {"name": arm, "mode": mode, "connector": None},
-            "engine": {"model": "fake", "revision": None, "dtype": "float32", "seed": 0, "gpu_memory_utilization": 0.1,
-                       "max_model_len": 256, "block_size": 16, "device": "cpu"},
-            "max_tokens": 4, "logprobs": 2,
-            "probes": [{"name": "p", "prompt": {"token_ids": list(range(1, 40))}, "requests": 2}]}
+    return {
+        "arm": {"name": arm, "mode": mode, "connector": None},
+        "engine": {
+            "model": "fake",
+            "revision": None,
+            "dtype": "float32",
+            "seed": 0,
+            "gpu_memory_utilization": 0.1,
+            "max_model_len": 256,
+            "block_size": 16,
+            "device": "cpu",
+        },
+        "max_tokens": 4,
+        "logprobs": 2,
+        "probes": [{"name": "p", "prompt": {"token_ids": list(range(1, 40))}, "requests": 2}],
+    }
 
 
 def _alive(pid: int) -> bool:
@@ -40,8 +61,15 @@ def run_fake(tmp_path: Path, mode: str, timeout_s: float = 60.0, **spec) -> runn
     pid_dir.mkdir(exist_ok=True)
     fake = {"modes": {"*": mode}, "pid_dir": str(pid_dir), **spec}
     env = child_env(dict(os.environ), hashseed="0", extra={"KVKIT_FAKE": json.dumps(fake)})
-    return run_arm(_job(), workdir=tmp_path, log_path=tmp_path / "baseline.log", env=env, timeout_s=timeout_s,
-                   python=sys.executable, module=FAKE)
+    return run_arm(
+        _job(),
+        workdir=tmp_path,
+        log_path=tmp_path / "baseline.log",
+        env=env,
+        timeout_s=timeout_s,
+        python=sys.executable,
+        module=FAKE,
+    )
 
 
 def assert_no_leftovers(tmp_path: Path) -> None:
@@ -52,17 +80,20 @@ def assert_no_leftovers(tmp_path: Path) -> None:
         assert not _alive(pid), f"{name} {pid} is still running"
 
 
-@pytest.mark.parametrize("mode, kind, detail", [
-    ("sigkill", CRASH, "SIGKILL"),
-    ("segfault", CRASH, "SIGSEGV"),
-    ("oom", OOM, "memoryerror"),
-    ("exit7", NONZERO_EXIT, "exit status 7"),
-    ("missing", MISSING_OUTPUT, "without writing"),
-    ("garbage", UNPARSABLE_OUTPUT, "not valid JSON"),
-    ("wrong-kind", UNPARSABLE_OUTPUT, "not a kvkit-arm-result"),
-    ("raise", RAISED, "ValueError: fake engine raised"),
-    ("raise-no-record", NONZERO_EXIT, "exit status 3"),
-])
+@pytest.mark.parametrize(
+    "mode, kind, detail",
+    [
+        ("sigkill", CRASH, "SIGKILL"),
+        ("segfault", CRASH, "SIGSEGV"),
+        ("oom", OOM, "memoryerror"),
+        ("exit7", NONZERO_EXIT, "exit status 7"),
+        ("missing", MISSING_OUTPUT, "without writing"),
+        ("garbage", UNPARSABLE_OUTPUT, "not valid JSON"),
+        ("wrong-kind", UNPARSABLE_OUTPUT, "not a kvkit-arm-result"),
+        ("raise", RAISED, "ValueError: fake engine raised"),
+        ("raise-no-record", NONZERO_EXIT, "exit status 3"),
+    ],
+)
 def test_each_child_failure_is_a_named_kind_with_the_log_tail(tmp_path, mode, kind, detail):
     out = run_fake(tmp_path, mode)
     assert out.result is None or kind == RAISED
@@ -106,19 +137,22 @@ def test_secret_env_values_are_redacted_from_the_kept_log(tmp_path):
     assert secret not in out.failure["log_tail"] and "<redacted>" in out.failure["log_tail"]
 
 
-@pytest.mark.parametrize("rc, log, timed_out, oom, kind", [
-    (None, "", True, False, TIMEOUT),
-    (0, "", False, False, None),
-    (-9, "", False, False, CRASH),
-    (-9, "", False, True, OOM),
-    (-9, "torch.OutOfMemoryError: CUDA out of memory", False, False, OOM),
-    (-11, "", False, False, CRASH),
-    (1, "RuntimeError: CUDA out of memory. Tried to allocate", False, False, OOM),
-    (137, "", False, True, OOM),
-    (137, "", False, False, NONZERO_EXIT),
-    (3, "", False, False, RAISED),
-    (2, "the process was killed by someone", False, False, NONZERO_EXIT),
-])
+@pytest.mark.parametrize(
+    "rc, log, timed_out, oom, kind",
+    [
+        (None, "", True, False, TIMEOUT),
+        (0, "", False, False, None),
+        (-9, "", False, False, CRASH),
+        (-9, "", False, True, OOM),
+        (-9, "torch.OutOfMemoryError: CUDA out of memory", False, False, OOM),
+        (-11, "", False, False, CRASH),
+        (1, "RuntimeError: CUDA out of memory. Tried to allocate", False, False, OOM),
+        (137, "", False, True, OOM),
+        (137, "", False, False, NONZERO_EXIT),
+        (3, "", False, False, RAISED),
+        (2, "the process was killed by someone", False, False, NONZERO_EXIT),
+    ],
+)
 def test_classify_exit(rc, log, timed_out, oom, kind):
     got = classify_exit(rc, log, timed_out, oom)
     assert (got[0] if got else None) == kind

@@ -9,13 +9,13 @@ import jsonschema
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from kvkit_testutil import ROOT, run_cli
+from test_cli_failures import _args, _env, setup  # noqa: F401 - setup is a pytest fixture
+from test_loaders_fuzz import SHIPPED, _mutate
+
 from repro.errors import UsageError
 from repro.fixtures import parse_fixture
 from repro.report import REPORT_SCHEMA_VERSION, load_report
-from test_cli_failures import _args, _env, setup  # noqa: F401 - setup is a pytest fixture
-from test_loaders_fuzz import SHIPPED, _mutate
 
 SCHEMAS = ROOT / "schemas"
 DATA = ROOT / "tests" / "data"
@@ -47,17 +47,21 @@ def test_every_report_version_has_an_example_that_loads_and_matches():
             REPORT.validate(data)
 
 
-def test_a_report_with_errors_matches_the_schema(setup):
-    proc = run_cli(_args(setup, "--kv-connector", "ExampleConnector", "--compare-native"),
-                   env=_env(setup, modes={"native": "sigkill"}), timeout=120)
+def test_a_report_with_errors_matches_the_schema(setup):  # noqa: F811 - the imported fixture
+    proc = run_cli(
+        _args(setup, "--kv-connector", "ExampleConnector", "--compare-native"),
+        env=_env(setup, modes={"native": "sigkill"}),
+        timeout=120,
+    )
     assert proc.returncode == 3, proc.stderr
     data = json.loads(setup["report"].read_text())
     REPORT.validate(data)
     assert data["errors"][0]["kind"] == "crash"
 
 
-@pytest.mark.parametrize("version, message", [(REPORT_SCHEMA_VERSION + 1, "upgrade the kit"),
-                                              (0, "no migration exists")])
+@pytest.mark.parametrize(
+    "version, message", [(REPORT_SCHEMA_VERSION + 1, "upgrade the kit"), (0, "no migration exists")]
+)
 def test_report_versions_outside_this_kit_are_refused_with_what_to_do(tmp_path, version, message):
     data = json.loads(OLD_VERSIONS[1].read_text())
     data["schema_version"] = version

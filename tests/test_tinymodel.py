@@ -1,4 +1,4 @@
-from repro.tinymodel import CONFIG, digest_dir, make_tiny_model, model_files, digest_files
+from repro.tinymodel import CONFIG, digest_dir, digest_files, make_tiny_model, model_files
 
 
 def test_same_seed_same_bytes(tmp_path):

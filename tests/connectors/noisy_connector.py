@@ -12,7 +12,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
 @dataclass
 class NoisyMeta(KVConnectorMetadata):
-    loads: list = field(default_factory=list)   # (path, block_ids)
+    loads: list = field(default_factory=list)  # (path, block_ids)
     stores: list = field(default_factory=list)  # (path, block_ids)
 
 

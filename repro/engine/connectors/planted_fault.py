@@ -118,7 +118,7 @@ class PlantedFaultConnector(KVConnectorBase_V1):
         """Chained per-block prefix hashes: block i's key covers tokens[: (i+1)*block_size]."""
         h, out = hashlib.sha256(), []
         for i in range(n_blocks):
-            h.update(repr(tokens[i * self.block_size:(i + 1) * self.block_size]).encode())
+            h.update(repr(tokens[i * self.block_size : (i + 1) * self.block_size]).encode())
             out.append(h.copy().hexdigest())
         return out
 
@@ -238,10 +238,14 @@ class PlantedFaultConnector(KVConnectorBase_V1):
         if not self.audit_path:
             return
         b0 = op.first_loaded_block
-        line = {"first_loaded_block": b0, "loaded_blocks": len(op.keys), "fault": self.fault,
-                "faulted_blocks": [b0 + j for j in op.faulted],
-                "faulted_max_abs_diff": [[b0 + j, diffs[j]] for j in op.faulted],
-                "clean_max_abs_diff": max([d for j, d in enumerate(diffs) if j not in set(op.faulted)], default=0.0)}
+        line = {
+            "first_loaded_block": b0,
+            "loaded_blocks": len(op.keys),
+            "fault": self.fault,
+            "faulted_blocks": [b0 + j for j in op.faulted],
+            "faulted_max_abs_diff": [[b0 + j, diffs[j]] for j in op.faulted],
+            "clean_max_abs_diff": max([d for j, d in enumerate(diffs) if j not in set(op.faulted)], default=0.0),
+        }
         with open(self.audit_path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(line, sort_keys=True) + "\n")
 

@@ -20,20 +20,13 @@ from markupsafe import Markup
 
 from repro.atomic import write_bytes_atomic
 from repro.errors import EXIT_USAGE, UsageError
+from repro.paths import RAW_DIR
+from repro.publish.environment import make_environment
+from repro.publish.site_model import build_index_row, build_report_page
 from repro.report import load_report
-from repro.site_model import build_index_row, build_report_page
 
-TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
-RAW_DIR = "raw"  # copies of the reports and their cited logs, so the links work offline
 GENERATOR = "kvkit-site"  # marks pages this module wrote; only those are ever pruned
 _SAFE_SCHEMES = ("", "http", "https", "mailto")
-
-
-def make_environment() -> jinja2.Environment:
-    """The one Jinja environment: autoescape on explicitly (names end in .j2), undefined names fail."""
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)), autoescape=True,
-                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-                              keep_trailing_newline=True)
 
 
 class _OfflineLinks(Treeprocessor):
@@ -67,13 +60,20 @@ def _relative_log(log: object) -> PurePosixPath | None:
     return None if path.is_absolute() or ".." in path.parts else path
 
 
-def render_report_page(report: dict, *, stem: str, writeup: Markup | None = None,
-                       log_hrefs: dict[str, str | None] | None = None, raw_href: str | None = None,
-                       env: jinja2.Environment | None = None) -> str:
+def render_report_page(
+    report: dict,
+    *,
+    stem: str,
+    writeup: Markup | None = None,
+    log_hrefs: dict[str, str | None] | None = None,
+    raw_href: str | None = None,
+    env: jinja2.Environment | None = None,
+) -> str:
     """One report's page as HTML text (links relative to the site root)."""
     env = env or make_environment()
-    page = build_report_page(report, stem=stem, raw_href=raw_href or f"{RAW_DIR}/{quote(stem)}.json",
-                             log_hrefs=log_hrefs or {})
+    page = build_report_page(
+        report, stem=stem, raw_href=raw_href or f"{RAW_DIR}/{quote(stem)}.json", log_hrefs=log_hrefs or {}
+    )
     return env.get_template("report.html.j2").render(page=page, writeup=writeup, generator=GENERATOR)
 
 
@@ -105,7 +105,9 @@ def _copy_logs(report: dict, reports_dir: Path, out_dir: Path, written: list[Pat
 def _prune(out_dir: Path, keep: set[Path]) -> None:
     """Drop pages and raw copies of reports that are gone; never touch files this module did not write."""
     for page in out_dir.glob("*.html"):
-        if page not in keep and f'name="generator" content="{GENERATOR}"' in page.read_text(encoding="utf-8", errors="replace"):
+        if page not in keep and f'name="generator" content="{GENERATOR}"' in page.read_text(
+            encoding="utf-8", errors="replace"
+        ):
             page.unlink()
     raw = out_dir / RAW_DIR
     if raw.is_dir():

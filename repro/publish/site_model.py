@@ -10,7 +10,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from repro.report import arm_title, cached_cell, diff_cell
+from repro.display import arm_title, cached_cell, diff_cell
 
 TOKENS_PER_ROW = 16  # token-ID grid width: wide enough for the usual 16-token window, narrow enough for a phone
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -159,8 +159,10 @@ def format_margin(margin: object) -> str:
         v = margin.get(key)
         return "?" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
 
-    text = (f"@{num('index')}: baseline {num('baseline_token')} (margin {num('baseline_margin')}, "
-            f"top-2 gap {num('baseline_top_gap')}) · reuse {num('reuse_token')} (margin {num('reuse_margin')})")
+    text = (
+        f"@{num('index')}: baseline {num('baseline_token')} (margin {num('baseline_margin')}, "
+        f"top-2 gap {num('baseline_top_gap')}) · reuse {num('reuse_token')} (margin {num('reuse_margin')})"
+    )
     if margin.get("baseline_gap_lower_bound") is not None:
         text += f" · gap ≥ {num('baseline_gap_lower_bound')}"
     return text + (" · NEAR TIE" if margin.get("near_tie") else "")
@@ -173,16 +175,28 @@ def _cell_text(value: object) -> str:
 def _table_row(probe: dict, anchor: str) -> TableRow:
     tokens = "" if probe.get("prompt_tokens") is None else str(probe["prompt_tokens"])
     note = str(probe.get("skipped") or "")
-    return TableRow(probe=str(probe["name"]), tokens=tokens, cached=cached_cell(probe), verdict=str(probe["verdict"]),
-                    diff=diff_cell(probe), note=note, anchor=anchor)
+    return TableRow(
+        probe=str(probe["name"]),
+        tokens=tokens,
+        cached=cached_cell(probe),
+        verdict=str(probe["verdict"]),
+        diff=diff_cell(probe),
+        note=note,
+        anchor=anchor,
+    )
 
 
 def _arm_block(arm: dict, arm_index: int) -> ArmBlock:
     err = arm.get("error")
     error = (str(err.get("kind", "?")), str(err.get("detail", "")), str(err.get("log_tail") or "")) if err else None
     rows = tuple(_table_row(p, f"d{arm_index}-{i}") for i, p in enumerate(arm.get("probes") or []))
-    return ArmBlock(title=arm_title(arm), verdict=str(arm["verdict"]), rows=rows, error=error,
-                    findings=tuple(str(f) for f in arm.get("findings") or []))
+    return ArmBlock(
+        title=arm_title(arm),
+        verdict=str(arm["verdict"]),
+        rows=rows,
+        error=error,
+        findings=tuple(str(f) for f in arm.get("findings") or []),
+    )
 
 
 def _request_label(req: dict, reuse_no: int) -> str:
@@ -226,18 +240,40 @@ def _probe_detail(arm: dict, probe: dict, baseline_probe: dict | None, anchor: s
     lines = []
     if base_reqs:
         b = base_reqs[0]
-        lines.append(RequestLine("baseline", _cell_text(b.get("cached_tokens")), "", str(b.get("finish_reason") or ""),
-                                 "—", visible_text(b.get("text"))))
+        lines.append(
+            RequestLine(
+                "baseline",
+                _cell_text(b.get("cached_tokens")),
+                "",
+                str(b.get("finish_reason") or ""),
+                "—",
+                visible_text(b.get("text")),
+            )
+        )
     reuse_no = 0
     for req in requests:
         reuse_no += req.get("role") == "reuse"
         first = req.get("first_diff")
-        lines.append(RequestLine(_request_label(req, reuse_no), _cell_text(req.get("cached_tokens")),
-                                 "" if first is None else f"@{first}", str(req.get("finish_reason") or ""),
-                                 format_margin(req.get("margin")), visible_text(req.get("text"))))
-    return ProbeDetail(anchor=anchor, arm=arm_title(arm), probe=str(probe["name"]), verdict=str(probe["verdict"]),
-                       reasons=tuple(str(r) for r in probe.get("reasons") or []), skipped=str(probe.get("skipped") or ""),
-                       requests=tuple(lines), chunks=_token_chunks(base_ids, requests) if requests else ())
+        lines.append(
+            RequestLine(
+                _request_label(req, reuse_no),
+                _cell_text(req.get("cached_tokens")),
+                "" if first is None else f"@{first}",
+                str(req.get("finish_reason") or ""),
+                format_margin(req.get("margin")),
+                visible_text(req.get("text")),
+            )
+        )
+    return ProbeDetail(
+        anchor=anchor,
+        arm=arm_title(arm),
+        probe=str(probe["name"]),
+        verdict=str(probe["verdict"]),
+        reasons=tuple(str(r) for r in probe.get("reasons") or []),
+        skipped=str(probe.get("skipped") or ""),
+        requests=tuple(lines),
+        chunks=_token_chunks(base_ids, requests) if requests else (),
+    )
 
 
 def reproduce_command(provenance: dict) -> str:
@@ -275,30 +311,52 @@ def build_report_page(report: dict, *, stem: str, raw_href: str, log_hrefs: dict
         blocks.append(_arm_block(arm, ai))
         for pi, probe in enumerate(arm.get("probes") or []):
             details.append(_probe_detail(arm, probe, base_probes.get(probe["name"]), f"d{ai}-{pi}"))
-    warnings = tuple((str(w.get("arm", "")), int(w.get("count", 0)), str(w.get("message", "")))
-                     for w in report.get("warnings") or [])
+    warnings = tuple(
+        (str(w.get("arm", "")), int(w.get("count", 0)), str(w.get("message", ""))) for w in report.get("warnings") or []
+    )
     prov = report["provenance"]
     provenance = [("kit.commit", commit_label(prov)), ("hardware_label", str(report.get("hardware_label", "?")))]
     provenance += [kv for kv in flatten({k: v for k, v in prov.items() if k not in ("argv", "kit")}) if kv[0]]
     provenance += [(f"kit.{k}", v) for k, v in flatten(prov.get("kit") or {}) if k not in ("commit", "dirty")]
-    configs = tuple((arm_title(a) if a["mode"] != "baseline" else "baseline", tuple(flatten(a.get("effective_config") or {})))
-                    for a in arms)
+    configs = tuple(
+        (arm_title(a) if a["mode"] != "baseline" else "baseline", tuple(flatten(a.get("effective_config") or {})))
+        for a in arms
+    )
     headline, subline = _summary_lines(report)
     return ReportPage(
-        stem=stem, title=f"{report.get('hardware_label', '?')} · {str(prov.get('started_utc', '?'))[:10]}",
-        claim=show(report.get("claim_eligible", False)), headline=headline, subline=subline,
-        baseline=_baseline_line(arms), blocks=tuple(blocks), details=tuple(details), warnings=warnings,
-        warning_total=sum(w[1] for w in warnings), provenance=tuple(provenance), configs=configs,
-        reproduce=reproduce_command(prov), raw_href=raw_href,
-        logs=tuple(ArmLog(arm=str(a["name"]), path=str(a.get("log") or "—"), href=log_hrefs.get(a["name"])) for a in arms))
+        stem=stem,
+        title=f"{report.get('hardware_label', '?')} · {str(prov.get('started_utc', '?'))[:10]}",
+        claim=show(report.get("claim_eligible", False)),
+        headline=headline,
+        subline=subline,
+        baseline=_baseline_line(arms),
+        blocks=tuple(blocks),
+        details=tuple(details),
+        warnings=warnings,
+        warning_total=sum(w[1] for w in warnings),
+        provenance=tuple(provenance),
+        configs=configs,
+        reproduce=reproduce_command(prov),
+        raw_href=raw_href,
+        logs=tuple(
+            ArmLog(arm=str(a["name"]), path=str(a.get("log") or "—"), href=log_hrefs.get(a["name"])) for a in arms
+        ),
+    )
 
 
 def build_index_row(report: dict, *, stem: str, href: str) -> IndexRow:
     prov = report["provenance"]
     matched = report["acceptance"].get("matched")
     return IndexRow(
-        href=href, stem=stem, hardware=str(report.get("hardware_label", "?")),
-        date=str(prov.get("started_utc", "?"))[:10], commit=commit_label(prov),
-        vllm=package_version(report, "vllm"), lmcache=package_version(report, "lmcache"),
-        verdicts=tuple((arm_title(a) if a["mode"] != "baseline" else "baseline", str(a["verdict"])) for a in report["arms"]),
-        acceptance="n/a" if matched is None else str(matched).lower())
+        href=href,
+        stem=stem,
+        hardware=str(report.get("hardware_label", "?")),
+        date=str(prov.get("started_utc", "?"))[:10],
+        commit=commit_label(prov),
+        vllm=package_version(report, "vllm"),
+        lmcache=package_version(report, "lmcache"),
+        verdicts=tuple(
+            (arm_title(a) if a["mode"] != "baseline" else "baseline", str(a["verdict"])) for a in report["arms"]
+        ),
+        acceptance="n/a" if matched is None else str(matched).lower(),
+    )

@@ -13,7 +13,6 @@ import importlib
 from repro.provenance import package_version
 
 
-
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
@@ -25,18 +24,20 @@ def check_connector(conn: dict, factory) -> str | None:
     if module_path:
         try:
             module = importlib.import_module(module_path)
-        except BaseException as exc:  # any import-time failure (SyntaxError, SystemExit, ...) is the user's
+        except BaseException as exc:  # noqa: BLE001 - any import-time failure (SyntaxError, SystemExit, ...) is the user's
             return f"{where}: connector module {module_path!r} does not import ({_first_line(exc)})"
         if not isinstance(getattr(module, name, None), type):
             return f"{where}: connector module {module_path!r} has no class {name!r}"
         return None
     known = sorted(factory._registry)
     if name not in known:
-        return (f"{where}: unknown connector {name!r} (vLLM {package_version('vllm')} knows {', '.join(known)}; "
-                "for your own class add --kv-connector-module-path)")
+        return (
+            f"{where}: unknown connector {name!r} (vLLM {package_version('vllm')} knows {', '.join(known)}; "
+            "for your own class add --kv-connector-module-path)"
+        )
     try:
         factory.get_connector_class_by_name(name)
-    except BaseException as exc:  # e.g. LMCacheConnectorV1 without lmcache installed
+    except BaseException as exc:  # noqa: BLE001 - e.g. LMCacheConnectorV1 without lmcache installed
         return f"{where}: connector {name!r} is registered in vLLM but does not load ({_first_line(exc)})"
     return None
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import shlex
 
-from repro.report import CLAIM_LINE, arm_title, cached_cell, diff_cell
+from repro.display import arm_title, cached_cell, diff_cell
+from repro.report import CLAIM_LINE
 
 GITHUB_BODY_LIMIT = 65_536  # characters GitHub accepts in an issue or comment body
 # Token lists are shortened step by step until the body fits; None shows them whole.
@@ -52,8 +53,10 @@ def format_table(report: dict) -> str:
 def format_verdicts(report: dict) -> str:
     """Each arm's verdict with its first reasons, and the acceptance result."""
     acc = report["acceptance"].get("matched")
-    lines = [f"- acceptance.matched = {'n/a (no acceptance suite)' if acc is None else str(acc).lower()}"
-             f" · {report.get('generations', '?')} generations"]
+    lines = [
+        f"- acceptance.matched = {'n/a (no acceptance suite)' if acc is None else str(acc).lower()}"
+        f" · {report.get('generations', '?')} generations"
+    ]
     for arm in report["arms"]:
         reasons = "; ".join(arm.get("reasons") or [])
         reasons = reasons if len(reasons) <= 400 else reasons[:399] + "…"
@@ -76,12 +79,17 @@ def format_tokens(ids: list[int] | None, limit: int | None) -> str:
 def _margin_text(m: dict | None) -> str:
     if not m:
         return "margin: not recorded"
-    fmt = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
-    base = (f"baseline margin {fmt(m.get('baseline_margin'))}" if m.get("baseline_margin") is not None
-            else f"baseline gap ≥ {fmt(m.get('baseline_gap_lower_bound'))} (reuse token outside its top-k)")
+    fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
+    base = (
+        f"baseline margin {fmt(m.get('baseline_margin'))}"
+        if m.get("baseline_margin") is not None
+        else f"baseline gap ≥ {fmt(m.get('baseline_gap_lower_bound'))} (reuse token outside its top-k)"
+    )
     tie = " · **near tie**" if m.get("near_tie") else ""
-    return (f"baseline token {m.get('baseline_token')} vs reuse token {m.get('reuse_token')}; {base} nats, "
-            f"reuse margin {fmt(m.get('reuse_margin'))} nats, baseline top-1/top-2 gap {fmt(m.get('baseline_top_gap'))}{tie}")
+    return (
+        f"baseline token {m.get('baseline_token')} vs reuse token {m.get('reuse_token')}; {base} nats, "
+        f"reuse margin {fmt(m.get('reuse_margin'))} nats, baseline top-1/top-2 gap {fmt(m.get('baseline_top_gap'))}{tie}"
+    )
 
 
 def _baseline_ids(report: dict, probe_name: str) -> list[int] | None:
@@ -101,8 +109,10 @@ def format_diffs(report: dict, token_limit: int | None) -> str:
             for i, r in enumerate(p.get("requests") or []):
                 if r.get("first_diff") is None:
                     continue
-                lines.append(f"- **{title(arm)}** / `{p['name']}` / {r.get('role', 'request')} {i}: "
-                             f"{r.get('cached_tokens')} cached tokens, first diff @{r['first_diff']}; {_margin_text(r.get('margin'))}")
+                lines.append(
+                    f"- **{title(arm)}** / `{p['name']}` / {r.get('role', 'request')} {i}: "
+                    f"{r.get('cached_tokens')} cached tokens, first diff @{r['first_diff']}; {_margin_text(r.get('margin'))}"
+                )
                 if token_limit != 0:
                     lines.append(f"  - baseline: {format_tokens(_baseline_ids(report, p['name']), token_limit)}")
                     lines.append(f"  - reuse: {format_tokens(r.get('token_ids'), token_limit)}")
@@ -143,22 +153,28 @@ def format_stack(report: dict) -> str:
     hw = prov.get("hardware") or {}
     pkgs = ", ".join(f"{k} {v}" for k, v in sorted((prov.get("packages") or {}).items()))
     engine = ", ".join(f"{k} {v}" for k, v in sorted((prov.get("engine_versions") or {}).items()))
-    hw_txt = ", ".join(f"{k} {', '.join(map(str, v)) or 'none' if isinstance(v, list) else v}" for k, v in sorted(hw.items()))
-    return "\n".join([
-        f"- packages (parent process): {pkgs or 'not recorded'}",
-        f"- engine process: {engine or 'not recorded'}",
-        f"- Python {prov.get('python', '?')} on {prov.get('platform', '?')}",
-        f"- hardware: **{report.get('hardware_label', '?')}** ({hw_txt or 'not recorded'})",
-        f"- kvkit {report.get('tool_version', '?')}, commit {kit.get('commit', '?')}"
-        + (" (dirty)" if kit.get("dirty") else ""),
-    ])
+    hw_txt = ", ".join(
+        f"{k} {', '.join(map(str, v)) or 'none' if isinstance(v, list) else v}" for k, v in sorted(hw.items())
+    )
+    return "\n".join(
+        [
+            f"- packages (parent process): {pkgs or 'not recorded'}",
+            f"- engine process: {engine or 'not recorded'}",
+            f"- Python {prov.get('python', '?')} on {prov.get('platform', '?')}",
+            f"- hardware: **{report.get('hardware_label', '?')}** ({hw_txt or 'not recorded'})",
+            f"- kvkit {report.get('tool_version', '?')}, commit {kit.get('commit', '?')}"
+            + (" (dirty)" if kit.get("dirty") else ""),
+        ]
+    )
 
 
 def format_reproduce(report: dict) -> str:
     argv = report["provenance"].get("argv") or []
-    return ("```sh\npython -m repro.verify_kv_reuse " + shlex.join(map(str, argv)) + "\n```\n\n"
-            "With the attached kvkit archive, `make repro` sets up the pinned environment and runs the reference "
-            "command for this machine (`PROFILE=cpu` for the CPU self-test); `README.md` in it says more.")
+    return (
+        "```sh\npython -m repro.verify_kv_reuse " + shlex.join(map(str, argv)) + "\n```\n\n"
+        "With the attached kvkit archive, `make repro` sets up the pinned environment and runs the reference "
+        "command for this machine (`PROFILE=cpu` for the CPU self-test); `README.md` in it says more."
+    )
 
 
 def render_body(report: dict, token_limit: int | None) -> str:

@@ -77,7 +77,9 @@ def _effective_config(llm) -> dict:
         "enable_prefix_caching": bool(cfg.cache_config.enable_prefix_caching),
         "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
         "max_num_seqs": cfg.scheduler_config.max_num_seqs,
-        "kv_transfer_config": None if ktc is None else {
+        "kv_transfer_config": None
+        if ktc is None
+        else {
             "kv_connector": ktc.kv_connector,
             "kv_role": ktc.kv_role,
             "kv_connector_module_path": ktc.kv_connector_module_path,
@@ -106,21 +108,32 @@ def _collect_versions() -> dict:
 
 def _engine_kwargs(job: dict) -> dict:
     e, arm = job["engine"], job["arm"]
-    kwargs = dict(
-        model=e["model"], tokenizer=e["model"], revision=e.get("revision"), dtype=e["dtype"], seed=e["seed"],
-        enforce_eager=True, gpu_memory_utilization=e["gpu_memory_utilization"],
-        max_model_len=e["max_model_len"], block_size=e["block_size"],
+    kwargs = {
+        "model": e["model"],
+        "tokenizer": e["model"],
+        "revision": e.get("revision"),
+        "dtype": e["dtype"],
+        "seed": e["seed"],
+        "enforce_eager": True,
+        "gpu_memory_utilization": e["gpu_memory_utilization"],
+        "max_model_len": e["max_model_len"],
+        "block_size": e["block_size"],
         # The whole prompt is prefilled in one step: connectors such as ExampleConnector store
         # only on a request's first scheduling step.
-        max_num_batched_tokens=max(e["max_model_len"], 2048), max_num_seqs=1,
-        enable_prefix_caching=arm["mode"] == "native", disable_log_stats=False,
-    )
+        "max_num_batched_tokens": max(e["max_model_len"], 2048),
+        "max_num_seqs": 1,
+        "enable_prefix_caching": arm["mode"] == "native",
+        "disable_log_stats": False,
+    }
     conn = arm.get("connector")
     if conn:
         from vllm.config import KVTransferConfig
 
-        ktc = dict(kv_connector=conn["name"], kv_role="kv_both",
-                   kv_connector_extra_config=dict(conn.get("extra_config") or {}))
+        ktc = {
+            "kv_connector": conn["name"],
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": dict(conn.get("extra_config") or {}),
+        }
         if conn.get("module_path"):
             ktc["kv_connector_module_path"] = conn["module_path"]
         kwargs["kv_transfer_config"] = KVTransferConfig(**ktc)
@@ -142,8 +155,13 @@ def run_job(job: dict, keep: list) -> dict:
     result["import_s"] = round(t0 - _T_PROCESS, 3)
     result["effective_config"] = _effective_config(llm)
     tokenizer = llm.get_tokenizer()
-    sp = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True,
-                        logprobs=job["logprobs"], seed=job["engine"]["seed"])
+    sp = SamplingParams(
+        temperature=0.0,
+        max_tokens=job["max_tokens"],
+        ignore_eos=True,
+        logprobs=job["logprobs"],
+        seed=job["engine"]["seed"],
+    )
     t_gen = time.monotonic()
     for probe in job["probes"]:
         if "token_ids" in probe["prompt"]:
@@ -157,39 +175,49 @@ def run_job(job: dict, keep: list) -> dict:
             out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0]
             comp = out.outputs[0]
             cached = getattr(out, "num_cached_tokens", None)
-            requests.append({
-                "role": "cold" if i == 0 else "reuse",
-                "request_id": str(out.request_id),
-                "cached_tokens": None if cached is None else int(cached),
-                "token_ids": [int(t) for t in comp.token_ids],
-                "logprobs": [_top_logprobs(s) for s in (comp.logprobs or [])],
-                "finish_reason": comp.finish_reason,
-                "kv_transfer_params": json.loads(json.dumps(out.kv_transfer_params, default=str))
-                if out.kv_transfer_params else None,
-                "text": comp.text,
-            })
-        result["probes"].append({"name": probe["name"], "prompt_token_ids": ids, "messages": messages,
-                                 "requests": requests})
+            requests.append(
+                {
+                    "role": "cold" if i == 0 else "reuse",
+                    "request_id": str(out.request_id),
+                    "cached_tokens": None if cached is None else int(cached),
+                    "token_ids": [int(t) for t in comp.token_ids],
+                    "logprobs": [_top_logprobs(s) for s in (comp.logprobs or [])],
+                    "finish_reason": comp.finish_reason,
+                    "kv_transfer_params": json.loads(json.dumps(out.kv_transfer_params, default=str))
+                    if out.kv_transfer_params
+                    else None,
+                    "text": comp.text,
+                }
+            )
+        result["probes"].append(
+            {"name": probe["name"], "prompt_token_ids": ids, "messages": messages, "requests": requests}
+        )
     result["generation_s"] = round(time.monotonic() - t_gen, 3)
     return result
 
 
 def _result(job: dict, **fields) -> dict:
     """A result record for the parent: what it is, which arm, and (so far) no probes or error."""
-    return {"kind": ARM_RESULT_KIND, "schema_version": RESULT_SCHEMA_VERSION, "arm": job["arm"]["name"],
-            "probes": [], "error": None, **fields}
+    return {
+        "kind": ARM_RESULT_KIND,
+        "schema_version": RESULT_SCHEMA_VERSION,
+        "arm": job["arm"]["name"],
+        "probes": [],
+        "error": None,
+        **fields,
+    }
 
 
 def _preflight_problems(job: dict) -> list[str]:
     """The first arm's child checks every arm's connector and the device before building its
-    engine (see repro.preflight_child); problems go back to the parent as a usage error."""
+    engine (see repro.engine.preflight); problems go back to the parent as a usage error."""
     if not job.get("preflight"):
         return []
-    from repro.preflight_child import run_preflight
+    from repro.engine.preflight import run_preflight
 
     try:
         return run_preflight(job["preflight"])
-    except Exception:  # a broken check must not invent a problem: the arms report their own errors
+    except Exception:  # noqa: BLE001 - a broken check must not invent a problem: the arms report their own errors
         traceback.print_exc()
         print("kvkit-engine: warning: the preflight check did not complete; running the arm anyway", flush=True)
         return []
@@ -201,13 +229,16 @@ def main(argv: list[str]) -> int:
         return 2
     with open(argv[0], encoding="utf-8") as fh:
         job = json.load(fh)
-    print(f"kvkit-engine: arm={job['arm']['name']} pid={os.getpid()} PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED')}", flush=True)
+    print(
+        f"kvkit-engine: arm={job['arm']['name']} pid={os.getpid()} PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED')}",
+        flush=True,
+    )
     keep: list = []
     try:
         problems = _preflight_problems(job)
         result = run_job(job, keep) if not problems else _result(job, preflight_problems=problems)
         code = 0
-    except BaseException as exc:  # the parent turns this into a named ERROR with the log tail
+    except BaseException as exc:  # noqa: BLE001 - the parent turns this into a named ERROR with the log tail
         traceback.print_exc()
         result = _result(job, error={"type": type(exc).__name__, "message": str(exc)[:2000]})
         code = 3
