@@ -7,7 +7,6 @@ whole run should be close to the sum of the engine start times measured inside t
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -15,11 +14,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from repro.commands import ArgumentParser
+
 TARGET_RATIO = 1.25
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m repro bench")
+    p = ArgumentParser(prog="python -m repro bench")
     p.add_argument("--model", required=True)
     p.add_argument("--fixture", default="fixtures/selftest-cpu.json")
     args = p.parse_args(argv)

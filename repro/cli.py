@@ -16,19 +16,15 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from repro.commands import ArgumentParser
 from repro.errors import EXIT_USAGE, UsageError
 
 DEFAULT_ENGINE_MODULE = "repro.engine"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit 2, no usage dump
-        raise UsageError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = ArgumentParser(
         prog="python -m repro.verify_kv_reuse",
         description="Run one configuration with caching off and with KV reuse on, in separate "
         "processes, and compare greedy token IDs exactly.",

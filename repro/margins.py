@@ -8,19 +8,19 @@ prefill. Looks at the baseline only.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import tempfile
 from pathlib import Path
 
+from repro.commands import ArgumentParser
 from repro.paths import FIXTURES_DIR
 from repro.runner import child_env, run_child
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m repro.margins")
+    p = ArgumentParser(prog="python -m repro.margins")
     p.add_argument("--seeds", default="1-8", help="a range like 1-8")
     p.add_argument("--fixture", default=str(FIXTURES_DIR / "selftest-cpu.json"))
     args = p.parse_args(argv)

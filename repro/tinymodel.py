@@ -226,3 +226,15 @@ def make_tiny_model(dest: Path, seed: int = MODEL_SEED) -> str:
         write_bytes_atomic(dest / name, data)
     write_bytes_atomic(marker, (digest + "\n").encode())
     return digest
+
+
+def main(argv: list[str]) -> int:
+    """`python -m repro make-model DIR`: write the model and print its SHA-256."""
+    from repro.commands import ArgumentParser
+
+    parser = ArgumentParser(prog="python -m repro make-model", description=main.__doc__)
+    parser.add_argument("dir", help="where to write the model")
+    parser.add_argument("--seed", type=int, default=MODEL_SEED, help=f"weight seed (default {MODEL_SEED})")
+    args = parser.parse_args(argv)
+    print(make_tiny_model(args.dir, seed=args.seed))
+    return 0

@@ -1,0 +1,129 @@
+"""The command registry behind `python -m repro COMMAND`, and the error handling every command shares.
+
+Each command is one row of COMMANDS: a name, its synopsis, and the `module:function` that takes
+the remaining arguments and returns an exit code. Every command parses its flags with
+ArgumentParser below, so bad usage is one line and exit 2 everywhere; run_command maps an
+OSError to one line and exit 3, and an interrupt to 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from repro.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, UsageError
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that raises UsageError (one line, exit 2) instead of printing its usage and exiting."""
+
+    def error(self, message: str):
+        raise UsageError(message)
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    synopsis: str
+    summary: str
+    target: str  # "module:function"; the function takes argv (without the command name) and returns an exit code
+
+    def load(self) -> Callable[[list[str]], int]:
+        module, _, func = self.target.partition(":")
+        return getattr(importlib.import_module(module), func)
+
+
+COMMANDS = (
+    Command("verify", "ARGS", "the verifier (same as python -m repro.verify_kv_reuse ARGS)", "repro.verify:main"),
+    Command(
+        "make-model",
+        "DIR",
+        "write the tiny Qwen3-architecture CPU model into DIR, print its SHA-256",
+        "repro.tinymodel:main",
+    ),
+    Command(
+        "bench", "--model DIR", "run the CPU acceptance and print wall time vs summed engine starts", "repro.bench:main"
+    ),
+    Command(
+        "margins",
+        "[--seeds 1-8]",
+        "per model seed, the smallest relative top-1/top-2 logit gap of the baseline",
+        "repro.margins:main",
+    ),
+    Command(
+        "detection",
+        "[--report PATH] [--site PATH]",
+        "run every planted fault x position x window and the no-fault controls on the CPU engine; "
+        "write the detection matrix and its page",
+        "repro.detection.commands:detection",
+    ),
+    Command(
+        "detection-site",
+        "[--report PATH] [--site PATH]",
+        "render the detection matrix page from an existing report",
+        "repro.detection.commands:detection_site",
+    ),
+    Command(
+        "site",
+        "[--reports DIR] [--out DIR]",
+        "render the static report site (default: reports/ into site/)",
+        "repro.publish.site:main",
+    ),
+    Command(
+        "issue-md",
+        "REPORT [--out FILE]",
+        "the report as GitHub Markdown to paste into an upstream issue",
+        "repro.publish.issue_md:main",
+    ),
+    Command(
+        "kit",
+        "[--report PATH ...]",
+        "build dist/kvkit-<version>-<commit>.tar.gz to attach to an upstream issue",
+        "repro.kit.commands:kit",
+    ),
+    Command(
+        "kit-check",
+        "[ARCHIVE] [--keep]",
+        "unpack the kit into a temporary directory and run its CPU self-test and tests there",
+        "repro.kit.commands:kit_check",
+    ),
+)
+BY_NAME = {c.name: c for c in COMMANDS}
+
+
+def usage() -> str:
+    lines = ["usage: python -m repro COMMAND [ARGS]", "", "commands:"]
+    for c in COMMANDS:
+        lines.append(f"  {c.name} {c.synopsis}")
+        lines.append(f"      {c.summary}")
+    return "\n".join(lines)
+
+
+def run_command(func: Callable[[list[str]], int], argv: list[str]) -> int:
+    """Call a command with the shared mapping: UsageError → 2, OSError → 3, interrupt → 130, one line each."""
+    try:
+        return func(argv)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:
+        where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
+        print(f"error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return EXIT_RUNTIME
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return EXIT_OK if argv else EXIT_USAGE
+    command = BY_NAME.get(argv[0])
+    if command is None:
+        print(f"error: unknown command {argv[0]!r} (python -m repro --help lists them)", file=sys.stderr)
+        return EXIT_USAGE
+    return run_command(command.load(), argv[1:])
