@@ -12,7 +12,7 @@ NO_SUITE = "n/a (no acceptance suite)"
 def commit_label(provenance: dict) -> str:
     """'1a2b3c4d5e6f', '…+dirty' or '… (dirty: unknown)'; a non-hash (e.g. 'unavailable: …') whole."""
     kit = provenance.get("kit") or {}
-    commit = str(kit.get("commit", "?"))
+    commit = str(kit.get("commit") or "?")  # an empty or null commit says nothing: shown as unknown
     short = commit[:12] if _HEX.match(commit) else commit
     return short + {True: "+dirty", False: "", None: " (dirty: unknown)"}.get(kit.get("dirty"), "")
 

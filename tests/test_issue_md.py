@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
+import sys
 from html.parser import HTMLParser
 
 import markdown
+import pytest
 from conftest import ROOT
 
+from repro.errors import UsageError
 from repro.publish.issue_md import GITHUB_BODY_LIMIT, format_issue_md, format_table
 from repro.report import CLAIM_LINE
 
@@ -62,6 +67,15 @@ def test_markdown_renders_the_verdict_table():
     assert ["PlantedFault (PlantedFaultConnector)", "chat-513", "513", "0→512", "FAIL", "@2"] in rows
     assert ["native prefix caching", "fixture", "1502", "0→1488×3", "PASS", ""] in rows
     assert ["ExampleConnector", "chat-513", "", "—", "SKIPPED", ""] in rows
+
+
+def test_title_is_hardware_kit_commit_and_date():
+    # The commit as every view shows it (display.commit_label): a probe's failure is spelled out, not "unknown commit".
+    title = "### KV-cache reuse verification: CPU Intel(R) Xeon(R) Processor · kvkit {} · 2026-11-29\n"
+    report = load_sample()
+    assert format_issue_md(report).startswith(title.format("unavailable: git exited 128 (dirty: unknown)"))
+    report["provenance"]["kit"] = {"commit": "0123456789abcdef0123456789abcdef01234567", "dirty": True}
+    assert format_issue_md(report).startswith(title.format("0123456789ab+dirty"))
 
 
 def test_sections_a_maintainer_needs():
@@ -127,4 +141,28 @@ def test_cli_writes_the_file(tmp_path):
     out = tmp_path / "issue.md"
     assert main([str(SAMPLE), "--out", str(out)]) == 0
     assert out.read_text(encoding="utf-8") == format_issue_md(load_sample())
-    assert main([str(tmp_path / "missing.json")]) == 2
+    with pytest.raises(UsageError, match="cannot read"):
+        main([str(tmp_path / "missing.json")])
+
+
+def run_repro(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    cmd = [sys.executable, "-m", "repro", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("issue-md",),  # the report argument is missing
+        ("issue-md", "tests/data/no-such-report.json"),
+        ("site", "--bogus"),
+        ("site", "--reports", "tests/data/no-such-dir"),
+    ],
+)
+def test_bad_usage_is_one_line_and_exit_2(args, tmp_path):
+    proc = run_repro(*args, *(["--out", str(tmp_path / "out")] if args[0] == "site" else []))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("error: "), proc.stderr
+    assert not (tmp_path / "out").exists()

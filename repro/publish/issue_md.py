@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import shlex
+import sys
 
-from repro.display import arm_title, cached_cell, diff_cell
-from repro.report import CLAIM_LINE
+from repro.atomic import write_bytes_atomic
+from repro.commands import ArgumentParser
+from repro.display import acceptance_label, arm_title, baseline_token_ids, cached_cell, commit_label, day, diff_cell
+from repro.errors import EXIT_OK
+from repro.report import CLAIM_LINE, load_report
+from repro.verdict import ERROR, PASS
 
 GITHUB_BODY_LIMIT = 65_536  # characters GitHub accepts in an issue or comment body
 # Token lists are shortened step by step until the body fits; None shows them whole.
@@ -21,26 +26,17 @@ def escape_cell(text: str) -> str:
     return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
 
 
-def title(arm: dict) -> str:
-    return "baseline" if arm["mode"] == "baseline" else arm_title(arm)
-
-
-def short_commit(report: dict) -> str:
-    commit = str((report["provenance"].get("kit") or {}).get("commit", ""))
-    return commit[:12] if commit and not commit.startswith("unavailable") else "unknown commit"
-
-
 def table_rows(report: dict) -> list[tuple[str, ...]]:
     """One row per probe of every arm but a passing baseline (it is what the others are compared to)."""
     rows = []
     for arm in report["arms"]:
-        if arm["mode"] == "baseline" and arm["verdict"] == "PASS":
+        if arm["mode"] == "baseline" and arm["verdict"] == PASS:
             continue
         for p in arm.get("probes", []):
             tokens = "" if p.get("prompt_tokens") is None else str(p["prompt_tokens"])
-            rows.append((title(arm), p["name"], tokens, cached_cell(p), p["verdict"], diff_cell(p)))
+            rows.append((arm_title(arm), p["name"], tokens, cached_cell(p), p["verdict"], diff_cell(p)))
         if not arm.get("probes"):
-            rows.append((title(arm), "—", "", "—", arm["verdict"], ""))
+            rows.append((arm_title(arm), "—", "", "—", arm["verdict"], ""))
     return rows
 
 
@@ -52,19 +48,15 @@ def format_table(report: dict) -> str:
 
 def format_verdicts(report: dict) -> str:
     """Each arm's verdict with its first reasons, and the acceptance result."""
-    acc = report["acceptance"].get("matched")
-    lines = [
-        f"- acceptance.matched = {'n/a (no acceptance suite)' if acc is None else str(acc).lower()}"
-        f" · {report.get('generations', '?')} generations"
-    ]
+    lines = [f"- acceptance.matched = {acceptance_label(report)} · {report.get('generations', '?')} generations"]
     for arm in report["arms"]:
         reasons = "; ".join(arm.get("reasons") or [])
         reasons = reasons if len(reasons) <= 400 else reasons[:399] + "…"
-        lines.append(f"- **{title(arm)}**: {arm['verdict']}" + (f" — {reasons}" if reasons else ""))
+        lines.append(f"- **{arm_title(arm)}**: {arm['verdict']}" + (f" — {reasons}" if reasons else ""))
         if arm.get("error"):
-            lines.append(f"  - ERROR {arm['error'].get('kind')}: {str(arm['error'].get('detail'))[:300]}")
+            lines.append(f"  - {ERROR} {arm['error'].get('kind')}: {str(arm['error'].get('detail'))[:300]}")
     for err in report.get("errors") or []:
-        lines.append(f"- ERROR {err.get('arm')}: {err.get('kind')}: {str(err.get('detail'))[:300]}")
+        lines.append(f"- {ERROR} {err.get('arm')}: {err.get('kind')}: {str(err.get('detail'))[:300]}")
     return "\n".join(lines)
 
 
@@ -92,15 +84,6 @@ def _margin_text(m: dict | None) -> str:
     )
 
 
-def _baseline_ids(report: dict, probe_name: str) -> list[int] | None:
-    for arm in report["arms"]:
-        if arm["mode"] == "baseline":
-            for p in arm.get("probes", []):
-                if p["name"] == probe_name and p.get("requests"):
-                    return p["requests"][0].get("token_ids")
-    return None
-
-
 def format_diffs(report: dict, token_limit: int | None) -> str:
     """Every reuse that differed: where, the logprob margins on both sides, and both token lists."""
     lines = []
@@ -110,11 +93,11 @@ def format_diffs(report: dict, token_limit: int | None) -> str:
                 if r.get("first_diff") is None:
                     continue
                 lines.append(
-                    f"- **{title(arm)}** / `{p['name']}` / {r.get('role', 'request')} {i}: "
+                    f"- **{arm_title(arm)}** / `{p['name']}` / {r.get('role', 'request')} {i}: "
                     f"{r.get('cached_tokens')} cached tokens, first diff @{r['first_diff']}; {_margin_text(r.get('margin'))}"
                 )
                 if token_limit != 0:
-                    lines.append(f"  - baseline: {format_tokens(_baseline_ids(report, p['name']), token_limit)}")
+                    lines.append(f"  - baseline: {format_tokens(baseline_token_ids(report, p['name']), token_limit)}")
                     lines.append(f"  - reuse: {format_tokens(r.get('token_ids'), token_limit)}")
     if not lines:
         return "No reuse differed from the baseline."
@@ -134,8 +117,8 @@ def format_warnings(report: dict) -> str:
     """LMCache signals and findings per arm, then log warnings grouped by message across arms."""
     lines = []
     for arm in report["arms"]:
-        lines += [f"- {title(arm)} · LMCache {signal}" for signal in lmcache_signals(arm)]
-        lines += [f"- {title(arm)} · {note}" for note in arm.get("findings") or []]
+        lines += [f"- {arm_title(arm)} · LMCache {signal}" for signal in lmcache_signals(arm)]
+        lines += [f"- {arm_title(arm)} · {note}" for note in arm.get("findings") or []]
     by_message: dict[str, list[str]] = {}
     for w in report.get("warnings") or []:
         msg = " ".join(str(w.get("message", "")).split())[:300].replace("`", "'")
@@ -178,13 +161,14 @@ def format_reproduce(report: dict) -> str:
 
 
 def render_body(report: dict, token_limit: int | None) -> str:
-    prov = report["provenance"]
+    commit = commit_label(report["provenance"])
     parts = [
-        f"### KV-cache reuse verification: {report.get('hardware_label', '?')} · kvkit {short_commit(report)} · "
-        f"{str(prov.get('started_utc', '?'))[:10]}",
-        "Generated token IDs of each reuse are compared exactly with a no-reuse baseline run in a separate "
-        "process (greedy decoding, `ignore_eos`). `0→1280×3`: the cold request reported 0 cached tokens, each "
-        "of 3 reuses 1280; `@4,15`: first differing token index.",
+        f"### KV-cache reuse verification: {report.get('hardware_label', '?')} · kvkit {commit} · {day(report)}",
+        (
+            "Generated token IDs of each reuse are compared exactly with a no-reuse baseline run in a separate "
+            "process (greedy decoding, `ignore_eos`). `0→1280×3`: the cold request reported 0 cached tokens, each "
+            "of 3 reuses 1280; `@4,15`: first differing token index."
+        ),
         format_table(report),
         format_verdicts(report),
         "#### First diffs and margins\n\n" + format_diffs(report, token_limit),
@@ -217,22 +201,11 @@ def format_issue_md(report: dict, limit: int = GITHUB_BODY_LIMIT) -> str:
 
 def main(argv: list[str]) -> int:
     """`python -m repro issue-md REPORT [--out FILE]`: print the issue body, or write it to FILE."""
-    import argparse
-    import sys
-
-    from repro.atomic import write_bytes_atomic
-    from repro.errors import EXIT_OK, EXIT_USAGE, UsageError
-    from repro.report import load_report
-
-    parser = argparse.ArgumentParser(prog="python -m repro issue-md", description=main.__doc__)
+    parser = ArgumentParser(prog="python -m repro issue-md", description=main.__doc__)
     parser.add_argument("report", help="a kvkit report JSON")
     parser.add_argument("--out", help="write the Markdown to this file instead of stdout")
     args = parser.parse_args(argv)
-    try:
-        body = format_issue_md(load_report(args.report))
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    body = format_issue_md(load_report(args.report))
     if args.out:
         write_bytes_atomic(args.out, body.encode("utf-8"))
         print(f"wrote {args.out} ({len(body)} characters)", file=sys.stderr)

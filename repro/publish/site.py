@@ -7,8 +7,6 @@ unchanged inputs; report pages are written first and `index.html` last. Pages ar
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path, PurePosixPath
 from urllib.parse import quote, urlsplit
 from xml.etree.ElementTree import Element
@@ -19,7 +17,8 @@ from markdown.treeprocessors import Treeprocessor
 from markupsafe import Markup
 
 from repro.atomic import write_bytes_atomic
-from repro.errors import EXIT_USAGE, UsageError
+from repro.commands import ArgumentParser
+from repro.errors import EXIT_OK, UsageError
 from repro.paths import RAW_DIR
 from repro.publish.environment import make_environment
 from repro.publish.site_model import build_index_row, build_report_page
@@ -145,15 +144,12 @@ def render_site(reports_dir: Path, out_dir: Path) -> list[Path]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m repro site", description="Render the static report site.")
+    """`python -m repro site [--reports DIR] [--out DIR]`: render the static report site."""
+    parser = ArgumentParser(prog="python -m repro site", description=main.__doc__)
     parser.add_argument("--reports", default="reports", help="directory of kvkit-report JSON files (default: reports)")
     parser.add_argument("--out", default="site", help="output directory (default: site)")
     args = parser.parse_args(argv)
-    try:
-        written = render_site(Path(args.reports), Path(args.out))
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    written = render_site(Path(args.reports), Path(args.out))
     pages = sum(1 for p in written if p.suffix == ".html") - 1
     print(f"{Path(args.out) / 'index.html'}: {pages} report page(s), {len(written)} file(s)")
-    return 0
+    return EXIT_OK

@@ -10,12 +10,22 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from repro.display import arm_title, cached_cell, diff_cell
+from repro.display import (
+    acceptance_label,
+    arm_title,
+    baseline_arm,
+    baseline_probes,
+    cached_cell,
+    commit_label,
+    day,
+    diff_cell,
+    headline,
+    is_commit_hash,
+)
 
 TOKENS_PER_ROW = 16  # token-ID grid width: wide enough for the usual 16-token window, narrow enough for a phone
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
-_HEX = re.compile(r"^[0-9a-f]{7,40}$")
 
 
 @dataclass(frozen=True)
@@ -135,13 +145,6 @@ def flatten(data: object, prefix: str = "") -> list[tuple[str, str]]:
             out.extend(flatten(data[key], f"{prefix}.{key}" if prefix else str(key)))
         return out
     return [(prefix, show(data))]
-
-
-def commit_label(provenance: dict) -> str:
-    kit = provenance.get("kit") or {}
-    commit = str(kit.get("commit", "?"))
-    short = commit[:12] if _HEX.match(commit) else commit
-    return short + {True: "+dirty", False: "", None: " (dirty: unknown)"}.get(kit.get("dirty"), "")
 
 
 def package_version(report: dict, name: str) -> str:
@@ -280,19 +283,11 @@ def reproduce_command(provenance: dict) -> str:
     """The exact command that made the report, preceded by the checkout of its commit when known."""
     cmd = "python -m repro.verify_kv_reuse " + shlex.join(str(a) for a in provenance.get("argv") or [])
     commit = str((provenance.get("kit") or {}).get("commit", ""))
-    return (f"git checkout {commit}\n" if _HEX.match(commit) else "") + cmd.rstrip()
+    return (f"git checkout {commit}\n" if is_commit_hash(commit) else "") + cmd.rstrip()
 
 
-def _summary_lines(report: dict) -> tuple[str, str]:
-    prov = report["provenance"]
-    headline = f"{report.get('hardware_label', '?')} · {commit_label(prov)} · {str(prov.get('started_utc', '?'))[:10]}"
-    matched = report["acceptance"].get("matched")
-    acc = "n/a (no acceptance suite)" if matched is None else str(matched).lower()
-    return headline, f"{report.get('generations', '?')} generations · acceptance.matched = {acc}"
-
-
-def _baseline_line(arms: list[dict]) -> str:
-    base = next((a for a in arms if a["mode"] == "baseline"), None)
+def _baseline_line(report: dict) -> str:
+    base = baseline_arm(report)
     if base is None:
         return "baseline: absent"
     reasons = "; ".join(str(r) for r in base.get("reasons") or [])
@@ -302,8 +297,7 @@ def _baseline_line(arms: list[dict]) -> str:
 def build_report_page(report: dict, *, stem: str, raw_href: str, log_hrefs: dict[str, str | None]) -> ReportPage:
     """The report page's view model; log_hrefs maps an arm's name to its copied log (None: not available)."""
     arms = report["arms"]
-    baseline = next((a for a in arms if a["mode"] == "baseline"), None)
-    base_probes = {p["name"]: p for p in (baseline or {}).get("probes") or []}
+    base_probes = baseline_probes(report)
     blocks, details = [], []
     for ai, arm in enumerate(arms):
         if arm["mode"] == "baseline":
@@ -318,18 +312,14 @@ def build_report_page(report: dict, *, stem: str, raw_href: str, log_hrefs: dict
     provenance = [("kit.commit", commit_label(prov)), ("hardware_label", str(report.get("hardware_label", "?")))]
     provenance += [kv for kv in flatten({k: v for k, v in prov.items() if k not in ("argv", "kit")}) if kv[0]]
     provenance += [(f"kit.{k}", v) for k, v in flatten(prov.get("kit") or {}) if k not in ("commit", "dirty")]
-    configs = tuple(
-        (arm_title(a) if a["mode"] != "baseline" else "baseline", tuple(flatten(a.get("effective_config") or {})))
-        for a in arms
-    )
-    headline, subline = _summary_lines(report)
+    configs = tuple((arm_title(a), tuple(flatten(a.get("effective_config") or {}))) for a in arms)
     return ReportPage(
         stem=stem,
-        title=f"{report.get('hardware_label', '?')} · {str(prov.get('started_utc', '?'))[:10]}",
+        title=f"{report.get('hardware_label', '?')} · {day(report)}",
         claim=show(report.get("claim_eligible", False)),
-        headline=headline,
-        subline=subline,
-        baseline=_baseline_line(arms),
+        headline=headline(report),
+        subline=f"{report.get('generations', '?')} generations · acceptance.matched = {acceptance_label(report)}",
+        baseline=_baseline_line(report),
         blocks=tuple(blocks),
         details=tuple(details),
         warnings=warnings,
@@ -345,18 +335,14 @@ def build_report_page(report: dict, *, stem: str, raw_href: str, log_hrefs: dict
 
 
 def build_index_row(report: dict, *, stem: str, href: str) -> IndexRow:
-    prov = report["provenance"]
-    matched = report["acceptance"].get("matched")
     return IndexRow(
         href=href,
         stem=stem,
         hardware=str(report.get("hardware_label", "?")),
-        date=str(prov.get("started_utc", "?"))[:10],
-        commit=commit_label(prov),
+        date=day(report),
+        commit=commit_label(report["provenance"]),
         vllm=package_version(report, "vllm"),
         lmcache=package_version(report, "lmcache"),
-        verdicts=tuple(
-            (arm_title(a) if a["mode"] != "baseline" else "baseline", str(a["verdict"])) for a in report["arms"]
-        ),
-        acceptance="n/a" if matched is None else str(matched).lower(),
+        verdicts=tuple((arm_title(a), str(a["verdict"])) for a in report["arms"]),
+        acceptance=acceptance_label(report, short=True),
     )
