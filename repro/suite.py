@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from repro.fixtures import Probe
+from repro.prompts import BOUNDARY_FILLER, chat_spec
 
 DEFAULT_REUSES = 3
 # Prompt lengths around LMCache's default 256-token chunk: one short of two chunks, exactly two
@@ -10,11 +11,6 @@ DEFAULT_REUSES = 3
 BOUNDARY_LENGTHS = (511, 512, 513)
 # One reuse each, as in the reference run (4 + 2 + 2 + 2 generations per reuse arm).
 BOUNDARY_REUSES = 1
-FILLER = (
-    "Release notes, section four. The scheduler keeps a queue of waiting requests and admits them "
-    "when blocks are free; a cache hit lets it skip the prefill of the shared prefix, and the "
-    "answer must not change because of that."
-)
 
 
 def boundary_probe(length: int) -> Probe:
@@ -25,14 +21,7 @@ def boundary_probe(length: int) -> Probe:
     """
     return Probe(
         name=f"chat-{length}",
-        chat={
-            "messages": [
-                {"role": "system", "content": f"{length}-token boundary probe. You are a careful assistant."},
-                {"role": "user", "content": "Summarize these notes in one sentence.\n\n"},
-            ],
-            "length": length,
-            "filler": FILLER,
-        },
+        chat=chat_spec(f"{length}-token boundary", length, BOUNDARY_FILLER),
         reuses=BOUNDARY_REUSES,
     )
 

@@ -1,4 +1,4 @@
-"""The detection matrix: window logic over fake generations, the page, and the committed matrix."""
+"""The detection study: windows and summary over fake generations, jobs, page, commands, the committed matrix."""
 
 from __future__ import annotations
 
@@ -7,22 +7,39 @@ import json
 import pytest
 from conftest import ROOT
 
-from repro import detection
-from repro.detection import Cell, prefix_check, render_page, summarize, summarize_cell, window_verdicts
+from repro.commands import run_command
+from repro.detection import plan
+from repro.detection.commands import detection, detection_site
+from repro.detection.matrix import (
+    Cell,
+    control_entry,
+    false_positives_by_window,
+    prefix_check,
+    summarize,
+    summarize_cell,
+    window_verdicts,
+)
+from repro.detection.page import load_matrix, page_model, render_page
+from repro.errors import UsageError
+from repro.tinymodel import MODEL_SEED
 from repro.verdict import FAIL, INCONCLUSIVE, PASS, Request
 
-COMMITTED = ROOT / detection.DEFAULT_REPORT
-COMMITTED_PAGE = ROOT / detection.DEFAULT_SITE
+COMMITTED = ROOT / plan.DEFAULT_REPORT
+COMMITTED_PAGE = ROOT / plan.DEFAULT_SITE
 # The kit archive packs no reports/ subdirectories; in a checkout the committed matrix must be there.
 needs_committed = pytest.mark.skipif(
     not COMMITTED.exists() and not (ROOT / ".git").exists(),
     reason="reports/detection/ is not in this tree (the kit does not pack it)",
 )
 BASE = list(range(100, 132))  # a 32-token baseline generation
+WINDOW_KEYS = [str(w) for w in plan.WINDOWS]
 
 
 def _diverge_at(i: int | None) -> tuple[int, ...]:
     return tuple(BASE) if i is None else tuple(BASE[:i] + [7] * (32 - i))
+
+
+# ---- windows and cells ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -53,12 +70,22 @@ def test_cold_divergence_inside_the_window_makes_it_inconclusive():
     assert verdicts == {8: PASS, 16: INCONCLUSIVE, 32: INCONCLUSIVE}
 
 
+def test_verdicts_are_not_monotonic_across_windows():
+    """A reuse that diverges at 5 FAILs at 8 tokens; the cold request diverging at 12 makes 16 and 32 INCONCLUSIVE."""
+    verdicts = window_verdicts(BASE, Request(_diverge_at(12), 0), [Request(_diverge_at(5), 384)])
+    assert verdicts == {8: FAIL, 16: INCONCLUSIVE, 32: INCONCLUSIVE}
+
+
 def test_cells():
     assert summarize_cell([FAIL, FAIL]) == Cell("detected", 2, 2)
     assert summarize_cell([FAIL, PASS]) == Cell("partial", 1, 2)
     assert summarize_cell([PASS, PASS]) == Cell("missed", 0, 2)
     assert summarize_cell([PASS, INCONCLUSIVE]) == Cell("inconclusive", 0, 2)
+    assert summarize_cell([FAIL, "ERROR"]) == Cell("error", 1, 2)
     assert summarize_cell([]).status == "error"
+
+
+# ---- the summary ------------------------------------------------------------------------------
 
 
 def _fault(kind: str, statuses: list[str]) -> dict:
@@ -67,32 +94,61 @@ def _fault(kind: str, statuses: list[str]) -> dict:
         "fault": kind,
         "position": "head",
         "error": None,
-        "windows": {str(w): {"status": s, "detected": n[s], "probes": 2} for w, s in zip(detection.WINDOWS, statuses)},
+        "windows": {w: {"status": s, "detected": n[s], "probes": 2} for w, s in zip(WINDOW_KEYS, statuses)},
     }
 
 
-def _control(fp: int, exercised: int = 4) -> dict:
-    return {
-        "arm": "native",
-        "error": None,
-        "reuses_exercised": exercised,
-        "false_positives": {str(w): fp for w in detection.WINDOWS},
-    }
+def _control(fp: int | dict[str, int], exercised: int = 4) -> dict:
+    counts = fp if isinstance(fp, dict) else {w: fp for w in WINDOW_KEYS}
+    return {"arm": "native", "error": None, "reuses_exercised": exercised, "false_positives": counts}
 
 
 def test_summary_needs_every_kind_detected_zero_false_positives_and_exercised_controls():
     ok = summarize([_fault("a", ["missed", "partial", "detected"]), _fault("b", ["detected"] * 3)], [_control(0)], True)
-    assert (
-        ok["ok"]
-        and ok["every_fault_detected"]
-        and ok["not_fully_detected_cells"] == ["a/head@8:missed", "a/head@16:partial"]
-    )
+    assert ok["ok"] and ok["every_fault_detected"]
+    assert ok["not_fully_detected_cells"] == ["a/head@8:missed", "a/head@16:partial"]
+    assert ok["false_positives"] == 0 and ok["false_positives_by_window"] == {"8": 0, "16": 0, "32": 0}
+    assert ok["control_reuses_exercised"] == 4 and ok["arm_errors"] == []
     partial = summarize([_fault("a", ["missed", "partial", "partial"])], [_control(0)], True)
     assert partial["ok"] and not partial["every_fault_reliably_detected"]  # one diverging probe fails the arm
     assert not summarize([_fault("a", ["missed", "missed", "inconclusive"])], [_control(0)], True)["ok"]
     assert not summarize([_fault("a", ["detected"] * 3)], [_control(1)], True)["ok"]
     assert not summarize([_fault("a", ["detected"] * 3)], [_control(0, exercised=0)], True)["ok"]
     assert not summarize([_fault("a", ["detected"] * 3)], [_control(0)], False)["ok"]
+    assert not summarize([], [_control(0)], True)["ok"]  # no fault ran: nothing was shown to be detected
+
+
+def test_a_false_positive_at_the_smallest_window_only_fails_the_study():
+    """Bug e: false positives were counted at the largest window only; a FAIL at 8 tokens that is INCONCLUSIVE at
+    16 and 32 (test_verdicts_are_not_monotonic_across_windows) went uncounted and the study said ok."""
+    controls = [_control(0), dict(_control({"8": 1, "16": 0, "32": 0}), arm="ExampleConnector")]
+    s = summarize([_fault("a", ["detected"] * 3)], controls, True)
+    assert not s["ok"]
+    assert s["false_positives"] == 1
+    assert s["false_positives_by_window"] == {"8": 1, "16": 0, "32": 0}
+
+
+def _request(tokens: tuple[int, ...], cached: int) -> dict:
+    return {"token_ids": list(tokens), "cached_tokens": cached, "logprobs": [[[t, -0.5], [0, -3.0]] for t in tokens]}
+
+
+def test_a_control_arm_failing_at_8_tokens_only_is_counted_and_fails_the_study():
+    """The same, end to end from engine results: the reuse diverges at 5, the cold request at 12."""
+    prompt = list(range(40))
+    baseline = {"probes": [{"name": "p", "prompt_token_ids": prompt, "requests": [_request(tuple(BASE), 0)]}]}
+    requests = [_request(_diverge_at(12), 0), _request(_diverge_at(5), 32)]
+    result = {"probes": [{"name": "p", "prompt_token_ids": prompt, "requests": requests}]}
+    entry = control_entry("native", MODEL_SEED, result, None, baseline)
+    assert entry["false_positives"] == {"8": 1, "16": 0, "32": 0}
+    assert entry["inconclusive"] == {"8": 0, "16": 1, "32": 1}
+    assert entry["reuses_compared"] == entry["reuses_exercised"] == 1
+    assert not summarize([_fault("a", ["detected"] * 3)], [entry], True)["ok"]
+    assert false_positives_by_window([entry]) == {"8": 1, "16": 0, "32": 0}
+
+
+def test_false_positives_by_window_sums_every_control_in_window_order():
+    controls = [_control({"32": 1, "8": 2, "16": 0}), _control({"16": 3, "8": 0, "32": 0})]
+    assert list(false_positives_by_window(controls).items()) == [("8", 2), ("16", 3), ("32", 1)]
 
 
 def _run(tokens: list[list[int]]) -> dict:
@@ -108,35 +164,74 @@ def _run(tokens: list[list[int]]) -> dict:
 
 def test_prefix_check():
     full = _run([list(range(32)), list(range(5)) + [9] * 27])
-    assert prefix_check(_run([list(range(8)), list(range(5)) + [9] * 3]), full, 8)["ok"]
+    good = prefix_check(_run([list(range(8)), list(range(5)) + [9] * 3]), full, 8)
+    assert good["ok"] and good["requests_compared"] == 2 and good["mismatched"] == []
     bad = prefix_check(_run([list(range(8)), list(range(8))]), full, 8)
     assert not bad["ok"] and bad["mismatched"] == ["p#1"]
+    assert not prefix_check(None, full, 8)["ok"]
 
 
-def _fake_report() -> dict:
+# ---- the jobs ---------------------------------------------------------------------------------
+
+
+def test_fault_job_runs_the_decoy_first_then_every_prompt_cold_and_reused(tmp_path):
+    job = plan.fault_job(tmp_path, "stale", "tail", "/m")
+    assert job["arm"]["name"] == "stale-tail" and job["arm"]["mode"] == "connector"
+    assert job["max_tokens"] == plan.MAX_TOKENS == 32 and job["logprobs"] == plan.LOGPROBS
+    assert job["engine"]["model"] == "/m" and job["engine"]["block_size"] == 16 and job["engine"]["dtype"] == "float32"
+    assert [(p["name"], p["requests"]) for p in job["probes"]] == [("decoy", 1)] + [(n, 2) for n, _ in plan.PROMPTS]
+    assert job["probes"][1]["prompt"] == {"chat": plan.prompt_spec("alpha", 389)}
+    extra = job["arm"]["connector"]["extra_config"]
+    assert extra["fault"] == "stale" and extra["first_block"] == -1 and extra["num_blocks"] == 1
+    assert extra["audit_path"] == str(tmp_path / "stale-tail.audit.jsonl")
+    short = plan.fault_job(tmp_path, "zero_blocks", "head", "/m", plan.PREFIX_CHECK_WINDOW)
+    assert short["arm"]["name"] == "zero_blocks-head-8tok" and short["max_tokens"] == 8
+
+
+def test_control_and_baseline_jobs(tmp_path):
+    base = plan.baseline_job(1, "/m1")
+    assert base["arm"] == {"name": "baseline-seed1", "mode": "baseline", "connector": None}
+    assert {p["requests"] for p in base["probes"]} == {1}
+    controls = plan.control_jobs(tmp_path, 1, "/m1")
+    assert [(name, job["arm"]["name"], job["arm"]["mode"]) for name, job in controls] == [
+        ("ExampleConnector", "ExampleConnector-seed1", "connector"),
+        ("native", "native-seed1", "native"),
+        ("PlantedFault-none", "PlantedFault-none-seed1", "connector"),
+    ]
+    assert all(p["requests"] == 1 + plan.CONTROL_REUSES for _, job in controls for p in job["probes"])
+    assert controls[2][1]["arm"]["connector"]["extra_config"]["fault"] == "none"
+
+
+def test_the_fault_model_is_the_kits_model():
+    assert plan.CONTROL_MODEL_SEEDS[0] == MODEL_SEED
+
+
+# ---- the page and the commands ----------------------------------------------------------------
+
+
+def _fake_report(controls: list[dict] | None = None) -> dict:
     cell = {"status": "detected", "detected": 1, "probes": 1, "first_diffs": [3]}
+    control = dict(_control(0), model_seed=1234, reuses_compared=4, inconclusive={w: 0 for w in WINDOW_KEYS})
     return {
-        "kind": detection.KIND,
-        "schema_version": detection.SCHEMA_VERSION,
+        "kind": plan.KIND,
+        "schema_version": plan.SCHEMA_VERSION,
         "tool_version": "0.1.0",
         "method": "m <script>",
-        "config": {"windows": list(detection.WINDOWS)},
+        "config": {"windows": list(plan.WINDOWS)},
         "faults": [
             {
                 "fault": "zero_blocks",
                 "position": "head",
                 "params": {"num_blocks": 1, "fault": "zero_blocks"},
                 "error": None,
-                "windows": {str(w): cell for w in detection.WINDOWS},
+                "windows": {w: cell for w in WINDOW_KEYS},
                 "probes": [{"kv_audit": {"faulted_max_abs_diff": [[0, 3.5]]}, "margin": {"baseline_margin": 1.25}}],
             }
         ],
-        "controls": [
-            dict(_control(0), model_seed=1234, reuses_compared=4, inconclusive={str(w): 0 for w in detection.WINDOWS})
-        ],
+        "controls": controls or [control],
         "prefix_check": {"window": 8, "ok": True, "requests_compared": 3},
         "summary": summarize([_fault("zero_blocks", ["detected"] * 3)], [_control(0)], True),
-        "provenance": {"started_utc": "2026-11-29T00:00:00Z", "kit": {"commit": "abc"}},
+        "provenance": {"started_utc": "2026-11-29T00:00:00Z", "kit": {"commit": "abcdef0123456789"}},
     }
 
 
@@ -146,34 +241,126 @@ def test_page_is_escaped_deterministic_and_self_contained():
     assert html == render_page(json.loads(json.dumps(report)))
     assert "<script>" not in html and "m &lt;script&gt;" in html
     assert "http://" not in html and "https://" not in html and "<link" not in html
-    assert "1/1 @3" in html and "1.250" in html
+    assert "1/1 @3" in html and "1.250" in html and "1/1 blocks, min max|Δ| 3.5" in html
+    assert "abcdef012345 " in html and "abcdef0123456" not in html
+    assert "<title>kvkit detection matrix</title>" in html and "Content-Security-Policy" in html  # the site's base
+    assert '<td class="mono">num_blocks=1</td>' in html  # the fault kind is its own column, not a parameter
+
+
+def test_page_recomputes_the_summary_and_shows_false_positives_per_window():
+    """The stored summary says 0 false positives; the per-window counts say one at 8 tokens. The page believes the
+    counts."""
+    control = dict(
+        _control({"8": 1, "16": 0, "32": 0}),
+        model_seed=1,
+        reuses_compared=4,
+        inconclusive={"8": 0, "16": 1, "32": 1},
+    )
+    report = _fake_report([control])
+    assert report["summary"]["false_positives"] == 0
+    m = page_model(report)
+    assert m.false_positives == 1 and m.false_positives_by_window == (("8", 1), ("16", 0), ("32", 0))
+    html = render_page(report)
+    assert 'false positives, all windows: <span class="bad">1</span>' in html
+    assert "(8 tokens: 1, 16 tokens: 0, 32 tokens: 0)" in html
+    assert '<td class="missed">1</td><td class="detected">0</td><td class="detected">0</td>' in html
+    assert "not read from the summary stored in the report" in html
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("{not json", "is not valid JSON"),
+        ("[1, 2]", "is not a kvkit-detection-matrix report"),
+        (json.dumps({"kind": "kvkit-report", "schema_version": 1}), "is not a kvkit-detection-matrix report"),
+        (json.dumps({"kind": plan.KIND, "schema_version": plan.SCHEMA_VERSION + 1}), "(upgrade the kit)"),
+        (json.dumps({"kind": plan.KIND, "schema_version": plan.SCHEMA_VERSION - 1}), "this kit reads 1"),
+        (json.dumps({"kind": plan.KIND}), "schema_version None"),
+        (json.dumps({"kind": plan.KIND, "schema_version": "1"}), "schema_version '1'"),
+    ],
+)
+def test_load_matrix_refuses_what_it_cannot_read_in_one_line(tmp_path, text, message):
+    path = tmp_path / "m.json"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(UsageError) as err:
+        load_matrix(path)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_detection_site_renders_the_page_and_exits_0(tmp_path, capsys):
+    report, site = tmp_path / "m.json", tmp_path / "out" / "d.html"
+    report.write_text(json.dumps(_fake_report()), encoding="utf-8")
+    assert run_command(detection_site, ["--report", str(report), "--site", str(site)]) == 0
+    assert site.read_text(encoding="utf-8") == render_page(_fake_report())
+    assert "false_positives=0 (per window 8:0,16:0,32:0)" in capsys.readouterr().out
+
+
+def test_detection_site_exits_1_when_a_control_has_a_false_positive(tmp_path, capsys):
+    control = dict(
+        _control({"8": 1, "16": 0, "32": 0}), model_seed=1, reuses_compared=4, inconclusive={w: 0 for w in WINDOW_KEYS}
+    )
+    report, site = tmp_path / "m.json", tmp_path / "d.html"
+    report.write_text(json.dumps(_fake_report([control])), encoding="utf-8")
+    assert run_command(detection_site, ["--report", str(report), "--site", str(site)]) == 1
+    assert "false_positives=1 (per window 8:1,16:0,32:0)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "func, argv, message",
+    [
+        (detection, ["--faults", "zero_blocks,bogus"], "unknown fault kind(s) bogus; choose from zero_blocks"),
+        (detection, ["--seeds", "1,x"], "model seeds must be integers"),
+        (detection, ["--bogus"], "unrecognized arguments: --bogus"),
+        (detection_site, ["extra"], "unrecognized arguments: extra"),
+    ],
+)
+def test_bad_usage_is_one_line_and_exit_2(func, argv, message, capsys):
+    assert run_command(func, argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and err.startswith("error: ")
+
+
+def test_detection_site_on_a_broken_report_is_one_line_and_exit_2(tmp_path, capsys):
+    report, site = tmp_path / "m.json", tmp_path / "d.html"
+    report.write_text("{", encoding="utf-8")
+    assert run_command(detection_site, ["--report", str(report), "--site", str(site)]) == 2
+    err = capsys.readouterr().err
+    assert "is not valid JSON" in err and err.count("\n") == 1 and not site.exists()
+
+
+# ---- the committed matrix ---------------------------------------------------------------------
 
 
 @needs_committed
 def test_committed_matrix_detects_every_fault_with_no_false_positive():
-    report = detection.load_matrix(COMMITTED)
+    report = load_matrix(COMMITTED)
     kinds = {f["fault"] for f in report["faults"]}
-    assert kinds == set(detection.FAULT_PARAMS) and len(kinds) >= 6
-    assert {f["position"] for f in report["faults"]} == set(detection.POSITIONS)
+    assert kinds == set(plan.FAULT_PARAMS) and len(kinds) >= 6
+    assert {f["position"] for f in report["faults"]} == set(plan.POSITIONS)
     for kind in kinds:
         cells = [c for f in report["faults"] if f["fault"] == kind for c in f["windows"].values()]
         assert any(c["detected"] > 0 for c in cells), kind  # the arm verdict is FAIL somewhere
     assert not [f for f in report["faults"] if f["error"]] and not [c for c in report["controls"] if c["error"]]
     for c in report["controls"]:
-        assert set(c["false_positives"].values()) == {0}, c["arm"]
+        assert set(c["false_positives"]) == set(WINDOW_KEYS) and set(c["false_positives"].values()) == {0}, c["arm"]
         assert c["reuses_exercised"] == c["reuses_compared"] > 0, c["arm"]
     pairs = {(c["model_seed"], p["name"]) for c in report["controls"] for p in c["probes"]}
     assert len(pairs) >= 5
     assert {c["arm"] for c in report["controls"]} >= {"ExampleConnector", "native", "PlantedFault-none"}
     assert report["prefix_check"]["ok"] and report["prefix_check"]["requests_compared"] > 0
-    # the summary is what the entries say, not something written beside them
-    assert report["summary"] == summarize(report["faults"], report["controls"], report["prefix_check"]["ok"])
-    assert report["summary"]["ok"]
+    assert report["config"]["fault_model_seed"] == MODEL_SEED
+    summary = summarize(report["faults"], report["controls"], report["prefix_check"]["ok"])
+    assert summary["ok"] and summary["false_positives_by_window"] == {w: 0 for w in WINDOW_KEYS}
+    # The stored summary was written before false positives were counted per window (no such key); every key it
+    # has still agrees with what the entries say.
+    stored = report["summary"]
+    assert "false_positives_by_window" not in stored
+    assert {k: summary[k] for k in stored} == stored
 
 
 @needs_committed
 def test_committed_matrix_faults_really_changed_the_kv():
-    report = detection.load_matrix(COMMITTED)
+    report = load_matrix(COMMITTED)
     for f in report["faults"]:
         for p in f["probes"]:
             audit = p["kv_audit"]
@@ -185,5 +372,14 @@ def test_committed_matrix_faults_really_changed_the_kv():
 
 
 @needs_committed
+def test_committed_matrix_was_run_with_todays_plan():
+    config = load_matrix(COMMITTED)["config"]
+    assert config["windows"] == list(plan.WINDOWS) and config["fault_params"] == plan.FAULT_PARAMS
+    assert config["prompts"] == [list(p) for p in plan.PROMPTS] and config["decoy"] == list(plan.DECOY)
+    assert config["positions"] == plan.POSITIONS and config["control_reuses"] == plan.CONTROL_REUSES
+    assert config["control_model_seeds"] == sorted(plan.CONTROL_MODEL_SEEDS)
+
+
+@needs_committed
 def test_committed_page_is_the_rendering_of_the_committed_matrix():
-    assert COMMITTED_PAGE.read_text(encoding="utf-8") == render_page(detection.load_matrix(COMMITTED))
+    assert COMMITTED_PAGE.read_text(encoding="utf-8") == render_page(load_matrix(COMMITTED))

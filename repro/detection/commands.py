@@ -1,0 +1,81 @@
+"""`python -m repro detection` and `detection-site`: flags, the run or the load, the page and the exit code."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from repro.commands import ArgumentParser
+from repro.detection import plan
+from repro.detection.matrix import summarize
+from repro.detection.page import load_matrix, write_page
+from repro.detection.run import run_detection
+from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME
+
+
+def _fault_kinds(text: str) -> tuple[str, ...]:
+    faults = tuple(f for f in text.split(",") if f)
+    unknown = [f for f in faults if f not in plan.FAULT_PARAMS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(plan.FAULT_PARAMS)}"
+        )
+    return faults
+
+
+def _seeds(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(s) for s in text.split(",") if s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"model seeds must be integers, comma separated: {text!r}") from None
+
+
+def _parser(command: str) -> ArgumentParser:
+    p = ArgumentParser(prog=f"python -m repro {command}")
+    p.add_argument("--report", default=plan.DEFAULT_REPORT, help=f"the matrix report (default {plan.DEFAULT_REPORT})")
+    p.add_argument("--site", default=plan.DEFAULT_SITE, help=f"the page (default {plan.DEFAULT_SITE})")
+    return p
+
+
+def _publish(report: dict, report_path: str, site_path: str) -> int:
+    """Write the page, print the summary (recomputed from the entries) and return the exit code."""
+    write_page(report, Path(site_path))
+    s = summarize(report["faults"], report["controls"], bool(report["prefix_check"].get("ok")))
+    per_window = ",".join(f"{w}:{n}" for w, n in s["false_positives_by_window"].items())
+    print(
+        f"detection: every fault detected={s['every_fault_detected']} "
+        f"(on every probe of some cell: {s['every_fault_reliably_detected']}) "
+        f"false_positives={s['false_positives']} (per window {per_window}) "
+        f"control reuses exercised={s['control_reuses_exercised']} prefix_check={s['prefix_check_ok']} "
+        f"errors={len(s['arm_errors'])}"
+    )
+    for cell in s["not_fully_detected_cells"]:
+        print(f"  not fully detected: {cell}")
+    print(f"report: {report_path}\npage: {site_path}", file=sys.stderr)
+    if s["ok"]:
+        return EXIT_OK
+    return EXIT_RUNTIME if s["arm_errors"] else EXIT_MISMATCH
+
+
+def detection(argv: list[str]) -> int:
+    """Run every fault arm and control on the CPU engine, write the matrix report and its page."""
+    p = _parser("detection")
+    p.add_argument("--models-dir", default=".cache/models", help="where the tiny models are generated")
+    p.add_argument(
+        "--seeds",
+        type=_seeds,
+        default=plan.CONTROL_MODEL_SEEDS,
+        help="control model seeds, comma separated (default %(default)s)",
+    )
+    p.add_argument("--faults", type=_fault_kinds, default=tuple(plan.FAULT_PARAMS), help="fault kinds, comma separated")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per arm")
+    a = p.parse_args(argv)
+    report = run_detection(Path(a.report), Path(a.models_dir), a.seeds, a.faults, a.timeout, ["detection", *argv])
+    return _publish(report, a.report, a.site)
+
+
+def detection_site(argv: list[str]) -> int:
+    """Render the page from an existing matrix report."""
+    a = _parser("detection-site").parse_args(argv)
+    return _publish(load_matrix(Path(a.report)), a.report, a.site)

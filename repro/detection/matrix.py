@@ -1,0 +1,224 @@
+"""The detection matrix's arithmetic: window verdicts, cells, entries and the summary (pure, no I/O)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from repro import evaluate
+from repro.detection.plan import DECOY, WINDOWS
+from repro.verdict import FAIL, INCONCLUSIVE, PASS, Request, decide_probe
+
+
+def window_verdicts(
+    baseline: list[int], cold: Request, reuses: list[Request], windows: tuple[int, ...] = WINDOWS
+) -> dict[int, str]:
+    """The verifier's probe verdict had it generated only w tokens, for each window w."""
+    out = {}
+    for w in windows:
+        cut = [Request(tuple(r.token_ids[:w]), r.cached_tokens) for r in reuses]
+        out[w] = decide_probe(tuple(baseline[:w]), Request(tuple(cold.token_ids[:w]), cold.cached_tokens), cut).verdict
+    return out
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (fault, position, window) over its probes."""
+
+    status: str  # detected | partial | missed | inconclusive | error
+    detected: int
+    probes: int
+
+
+def summarize_cell(verdicts: list[str]) -> Cell:
+    """detected: every probe FAIL; partial: some; missed: all PASS; else inconclusive (or error)."""
+    n, fails = len(verdicts), sum(v == FAIL for v in verdicts)
+    if n == 0 or any(v not in (PASS, FAIL, INCONCLUSIVE) for v in verdicts):
+        return Cell("error", fails, n)
+    if fails == n:
+        return Cell("detected", fails, n)
+    if fails:
+        return Cell("partial", fails, n)
+    if all(v == PASS for v in verdicts):
+        return Cell("missed", 0, n)
+    return Cell("inconclusive", 0, n)
+
+
+def false_positives_by_window(controls: list[dict]) -> dict[str, int]:
+    """Every control's false positives summed per window (keys in window order).
+
+    Verdicts are not monotonic across windows (a reuse can FAIL at 8 tokens and be INCONCLUSIVE at
+    32, when the cold request diverges in between), so no single window stands for the others.
+    """
+    out: dict[str, int] = {}
+    for c in controls:
+        for w, n in c["false_positives"].items():
+            out[w] = out.get(w, 0) + n
+    return dict(sorted(out.items(), key=lambda item: int(item[0])))
+
+
+def summarize(faults: list[dict], controls: list[dict], prefix_ok: bool) -> dict:
+    """Whether every fault kind is detected somewhere, the misses, and the false positives.
+
+    A kind is detected when, at some position and window, the verifier's arm verdict is FAIL: an
+    arm takes its worst probe, so one diverging probe is enough. It is reliably detected when
+    every probe of some cell diverged. A false positive at any window fails the study.
+    """
+    detected: dict[str, bool] = {}
+    reliable: dict[str, bool] = {}
+    missed = []
+    for f in faults:
+        cells = f["windows"].values()
+        detected[f["fault"]] = detected.get(f["fault"], False) or any(c["detected"] > 0 for c in cells)
+        reliable[f["fault"]] = reliable.get(f["fault"], False) or any(c["status"] == "detected" for c in cells)
+        missed += [
+            f"{f['fault']}/{f['position']}@{w}:{c['status']}"
+            for w, c in sorted(f["windows"].items(), key=lambda x: int(x[0]))
+            if c["status"] != "detected"
+        ]
+    fp = false_positives_by_window(controls)
+    exercised = sum(c["reuses_exercised"] for c in controls)
+    errors = [f"{f['fault']}/{f['position']}" for f in faults if f["error"]] + [
+        c["arm"] for c in controls if c["error"]
+    ]
+    every = bool(detected) and all(detected.values())
+    ok = every and all(n == 0 for n in fp.values()) and exercised > 0 and prefix_ok and not errors
+    return {
+        "fault_kinds_detected": detected,
+        "every_fault_detected": every,
+        "fault_kinds_reliably_detected": reliable,
+        "every_fault_reliably_detected": bool(reliable) and all(reliable.values()),
+        "not_fully_detected_cells": missed,
+        "false_positives": sum(fp.values()),
+        "false_positives_by_window": fp,
+        "control_reuses_exercised": exercised,
+        "arm_errors": errors,
+        "prefix_check_ok": prefix_ok,
+        "ok": ok,
+    }
+
+
+def judge_probe(base_probe: dict, probe: dict) -> dict:
+    """One probe of a reuse arm against the baseline's, at every window; the per-request first
+    diffs and margins are the verifier's own (repro.evaluate.judge_probe over the full run)."""
+    judged = evaluate.judge_probe(probe, base_probe, "connector")
+    cold, *reuses = judged["requests"]
+    view = [Request(tuple(r["token_ids"]), r.get("cached_tokens")) for r in judged["requests"]]
+    verdicts = window_verdicts(base_probe["requests"][0]["token_ids"], view[0], view[1:])
+    diffs = [r["first_diff"] for r in reuses]
+    first = min((d for d in diffs if d is not None), default=None)
+    margin = next((r["margin"] for r in reuses if r["first_diff"] == first and first is not None), None)
+    return {
+        "name": probe["name"],
+        "prompt_tokens": len(probe["prompt_token_ids"]),
+        "cold_cached_tokens": cold.get("cached_tokens"),
+        "cold_first_diff": cold["first_diff"],
+        "reuse_cached_tokens": [r.get("cached_tokens") for r in reuses],
+        "reuse_first_diffs": diffs,
+        "first_diff": first,
+        "margin": margin,
+        "verdicts": {str(w): v for w, v in verdicts.items()},
+    }
+
+
+def compare_error(baseline: dict | None, result: dict | None, failure: dict | None) -> dict | None:
+    """Why an arm's result cannot be judged against the baseline (None when it can)."""
+    if failure is not None:
+        return failure
+    if baseline is None:
+        return {"kind": "no-baseline", "detail": "the baseline arm failed: nothing to compare with", "log_tail": ""}
+    problems = evaluate.comparability_problems(baseline, result)
+    if problems:
+        return {"kind": "not-comparable", "detail": "; ".join(problems), "log_tail": ""}
+    return None
+
+
+def _planted(request: dict) -> dict:
+    return (request.get("kv_transfer_params") or {}).get("planted_fault") or {}
+
+
+def fault_entry(
+    fault: str,
+    position: str,
+    params: dict,
+    result: dict | None,
+    error: dict | None,
+    baseline: dict | None,
+    audit: list[dict],
+) -> dict:
+    """The matrix row of one fault arm: per-probe evidence and one cell per window."""
+    entry = {
+        "fault": fault,
+        "position": position,
+        "params": params,
+        "error": error,
+        "probes": [],
+        "windows": {str(w): asdict(Cell("error", 0, 0)) for w in WINDOWS},
+    }
+    if error is not None:
+        return entry
+    base = {p["name"]: p for p in baseline["probes"]}
+    loads = iter(audit)  # one audit line per request that loaded tokens, in request order
+    for probe in result["probes"]:
+        loaded = [next(loads, None) for r in probe["requests"] if _planted(r).get("loaded_tokens")]
+        if probe["name"] == DECOY[0]:
+            continue
+        row = judge_probe(base[probe["name"]], probe)
+        row["faulted_blocks"] = _planted(probe["requests"][-1]).get("faulted_blocks")
+        row["kv_audit"] = loaded[-1] if loaded else None
+        entry["probes"].append(row)
+    for w in WINDOWS:
+        entry["windows"][str(w)] = asdict(summarize_cell([p["verdicts"][str(w)] for p in entry["probes"]]))
+        entry["windows"][str(w)]["first_diffs"] = [
+            p["first_diff"] if p["verdicts"][str(w)] == FAIL else None for p in entry["probes"]
+        ]
+    return entry
+
+
+def control_entry(arm: str, seed: int, result: dict | None, error: dict | None, baseline: dict | None) -> dict:
+    """The matrix row of one no-fault arm: every FAIL is a false positive, counted per window."""
+    entry = {
+        "arm": arm,
+        "model_seed": seed,
+        "error": error,
+        "probes": [],
+        "reuses_compared": 0,
+        "reuses_exercised": 0,
+        "false_positives": {str(w): 0 for w in WINDOWS},
+        "inconclusive": {str(w): 0 for w in WINDOWS},
+    }
+    if error is not None:
+        return entry
+    base = {p["name"]: p for p in baseline["probes"]}
+    for probe in result["probes"]:
+        row = judge_probe(base[probe["name"]], probe)
+        entry["probes"].append(row)
+        entry["reuses_compared"] += len(row["reuse_cached_tokens"])
+        entry["reuses_exercised"] += sum(1 for c in row["reuse_cached_tokens"] if c)
+        for w, v in row["verdicts"].items():
+            entry["false_positives"][w] += v == FAIL
+            entry["inconclusive"][w] += v == INCONCLUSIVE
+    return entry
+
+
+def prefix_check(short: dict | None, full: dict | None, window: int) -> dict:
+    """Every request of the short run equals the first `window` tokens (and logprobs) of the full run."""
+    if short is None or full is None:
+        return {"window": window, "ok": False, "requests_compared": 0, "detail": "an arm failed"}
+    full_reqs = {p["name"]: p["requests"] for p in full["probes"]}
+    n, mismatched, lp_diff = 0, [], 0.0
+    for p in short["probes"]:
+        for i, (s, f) in enumerate(zip(p["requests"], full_reqs.get(p["name"], []))):
+            n += 1
+            if s["token_ids"] != f["token_ids"][:window]:
+                mismatched.append(f"{p['name']}#{i}")
+            for a, b in zip(s["logprobs"], f["logprobs"][:window]):
+                if a and b and a[0][0] == b[0][0]:
+                    lp_diff = max(lp_diff, abs(a[0][1] - b[0][1]))
+    return {
+        "window": window,
+        "ok": n > 0 and not mismatched,
+        "requests_compared": n,
+        "mismatched": mismatched,
+        "max_top1_logprob_abs_diff": round(lp_diff, 9),
+        "detail": "token IDs of every request compared exactly",
+    }

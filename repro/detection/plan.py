@@ -1,0 +1,145 @@
+"""What the detection study runs: windows, fault configurations, prompts, controls, and the arm jobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from repro.prompts import DETECTION_FILLERS, chat_spec
+from repro.tinymodel import MODEL_SEED
+
+KIND = "kvkit-detection-matrix"
+# 1: first version (faults x positions x windows, controls, prefix check).
+#    The `summary` block is derived from the entries and never read back: readers recompute it
+#    (repro.detection.matrix.summarize). Files written before false positives were counted at every
+#    window carry a summary whose `false_positives` is the count at the largest window only, and no
+#    `false_positives_by_window`; their per-window counts (controls[].false_positives) are complete.
+SCHEMA_VERSION = 1
+DEFAULT_REPORT = "reports/detection/detection-matrix.json"
+# Beside the report, committed with it (site/ is the report site's generated, ignored output).
+DEFAULT_SITE = "reports/detection/detection.html"
+
+# Greedy decoding is deterministic and causal, so one 32-token run per arm gives every window.
+WINDOWS = (8, 16, 32)
+MAX_TOKENS = max(WINDOWS)
+PREFIX_CHECK_WINDOW = 8
+LOGPROBS = 5
+BLOCK_SIZE = 16
+# Two models x five prompts = ten (model, prompt) pairs per control arm; each arm costs an engine
+# start (about 50 s on two shared cores), which is what bounds this list. Fault arms run on MODEL_SEED.
+CONTROL_MODEL_SEEDS = (MODEL_SEED, 1)
+CONTROL_REUSES = 2
+# first_block of each position: the first loaded block, and the last one.
+POSITIONS = {"head": 0, "tail": -1}
+# One block (16 tokens) per fault: the smallest unit a block-granular cache can get wrong.
+FAULT_PARAMS = {
+    "zero_blocks": {"num_blocks": 1},
+    "shift_blocks": {"num_blocks": 1},
+    "stale": {"num_blocks": 1},
+    "swap_kv": {"num_blocks": 1},
+    "corrupt_layer": {"num_blocks": 1, "layer": 0, "scale": 1.0},
+    "overwrite_tail": {"num_blocks": 1, "scale": 1.0},
+    "drop_tail": {"num_blocks": 1},
+}
+PREFIX_CHECK_FAULT = ("zero_blocks", "head")
+# (name, prompt length in tokens); lengths avoid (L-1) % 16 == 0, where ExampleConnector cannot hit.
+# The names lead the system message, so no two prompts share their first block.
+PROMPTS = (("alpha", 389), ("bravo", 421), ("charlie", 453), ("delta", 300), ("echo", 350))
+# Stored first, never reused: every fault probe then has an older *other* prompt for `stale`, and
+# it is the longest, so it has a block at every index the probes load.
+DECOY = ("decoy", 485)
+METHOD = (
+    "Greedy decoding is deterministic and causal: the first w tokens of a 32-token generation are "
+    "exactly the w-token generation. So one 32-token run per arm gives every window: a probe is "
+    "detected at window w iff the verifier's rule (repro.verdict.decide_probe) on the first w tokens "
+    "says FAIL, i.e. a reuse that reported a hit differs from the baseline at an index below w. "
+    "prefix_check re-runs one arm with max_tokens 8 and compares it with the prefix."
+)
+
+
+def prompt_spec(name: str, length: int) -> dict:
+    """A chat prompt of exactly `length` tokens, as the engine job's `prompt.chat`."""
+    filler = DETECTION_FILLERS[sum(map(ord, name)) % len(DETECTION_FILLERS)]
+    return chat_spec(name.capitalize(), length, filler)
+
+
+def probe_plan(requests: int) -> list[tuple[str, int, int]]:
+    """(name, length, requests) of every study prompt: 1 cold request, the rest reuses."""
+    return [(n, length, requests) for n, length in PROMPTS]
+
+
+def engine_config(model: str) -> dict:
+    return {
+        "model": model,
+        "revision": None,
+        "dtype": "float32",
+        "seed": 0,
+        "gpu_memory_utilization": 0.1,
+        "max_model_len": 2048,
+        "block_size": BLOCK_SIZE,
+        "device": "cpu",
+    }
+
+
+def arm_job(
+    name: str,
+    mode: str,
+    connector: dict | None,
+    model: str,
+    probes: list[tuple[str, int, int]],
+    max_tokens: int = MAX_TOKENS,
+) -> dict:
+    """The engine job of one arm (repro.runner.run_arm's input); every job of the study is built here."""
+    return {
+        "arm": {"name": name, "mode": mode, "connector": connector},
+        "engine": engine_config(model),
+        "max_tokens": max_tokens,
+        "logprobs": LOGPROBS,
+        "probes": [{"name": n, "prompt": {"chat": prompt_spec(n, length)}, "requests": k} for n, length, k in probes],
+    }
+
+
+def planted_connector(scratch: Path, name: str, fault: str, params: dict) -> dict:
+    """The planted-fault connector of arm `name`, its store and load audit under `scratch`."""
+    return {
+        "name": "PlantedFaultConnector",
+        "module_path": "repro.engine.connectors.planted_fault",
+        "extra_config": {
+            "store_dir": str(scratch / f"{name}.store"),
+            "fault": fault,
+            "audit_path": str(scratch / f"{name}.audit.jsonl"),
+            **params,
+        },
+    }
+
+
+def baseline_job(seed: int, model: str) -> dict:
+    return arm_job(f"baseline-seed{seed}", "baseline", None, model, probe_plan(1))
+
+
+def control_jobs(scratch: Path, seed: int, model: str) -> list[tuple[str, dict]]:
+    """(control name, job): ExampleConnector, native prefix caching and the planted connector with fault none."""
+    arms = [
+        (
+            "ExampleConnector",
+            "connector",
+            {
+                "name": "ExampleConnector",
+                "module_path": None,
+                "extra_config": {"shared_storage_path": str(scratch / f"example-{seed}")},
+            },
+        ),
+        ("native", "native", None),
+        ("PlantedFault-none", "connector", planted_connector(scratch, f"none-{seed}", "none", {})),
+    ]
+    return [
+        (name, arm_job(f"{name}-seed{seed}", mode, conn, model, probe_plan(1 + CONTROL_REUSES)))
+        for name, mode, conn in arms
+    ]
+
+
+def fault_job(scratch: Path, fault: str, position: str, model: str, max_tokens: int = MAX_TOKENS) -> dict:
+    """The decoy first (stored, never reused), then every prompt cold and once reused."""
+    params = dict(FAULT_PARAMS[fault], first_block=POSITIONS[position])
+    name = f"{fault}-{position}" + ("" if max_tokens == MAX_TOKENS else f"-{max_tokens}tok")
+    probes = [(DECOY[0], DECOY[1], 1)] + probe_plan(2)
+    return arm_job(name, "connector", planted_connector(scratch, name, fault, params), model, probes, max_tokens)

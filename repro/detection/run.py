@@ -1,0 +1,183 @@
+"""Running the detection study: models, arms through repro.runner.run_arm, and the matrix report written atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from repro import __version__
+from repro.atomic import write_json_atomic
+from repro.detection import plan
+from repro.detection.matrix import compare_error, control_entry, fault_entry, prefix_check, summarize
+from repro.provenance import allowed_env, hardware, kit_commit, package_version, utc_now
+from repro.runner import child_env, run_arm
+from repro.tinymodel import MODEL_NAME, MODEL_SEED, make_tiny_model
+
+
+@dataclass
+class Runner:
+    """Runs one arm at a time (the engines share two cores) and keeps the scratch directory."""
+
+    work: Path
+    env: dict
+    timeout_s: float
+
+    def run(self, job: dict) -> tuple[dict | None, dict | None]:
+        name = job["arm"]["name"]
+        print(f"[kvkit] detection arm {name} ...", file=sys.stderr, flush=True)
+        out = run_arm(
+            job, workdir=self.work, log_path=self.work / f"{name}.log", env=self.env, timeout_s=self.timeout_s
+        )
+        status = "ok" if out.failure is None else out.failure["kind"]
+        print(f"[kvkit] detection arm {name}: {status} ({out.wall_s:.0f} s)", file=sys.stderr, flush=True)
+        failure = None if out.failure is None else {k: out.failure[k] for k in ("kind", "detail", "log_tail")}
+        return out.result, failure
+
+
+def read_audit(job: dict) -> list[dict]:
+    """The planted connector's load audit of this job's arm (one JSON line per load)."""
+    path = Path(job["arm"]["connector"]["extra_config"]["audit_path"])
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def prepare_models(models_dir: Path, seeds: tuple[int, ...]) -> dict[int, tuple[str, str]]:
+    """{seed: (model directory, SHA-256)}; MODEL_SEED uses the kit's usual model directory."""
+    out = {}
+    for seed in sorted(set(seeds) | {MODEL_SEED}):
+        path = models_dir / (MODEL_NAME if seed == MODEL_SEED else f"{MODEL_NAME}-seed{seed}")
+        out[seed] = (str(path.resolve()), make_tiny_model(path, seed))
+    return out
+
+
+def run_controls(runner: Runner, models: dict, seeds: tuple[int, ...]) -> tuple[dict, list[dict]]:
+    """Per model seed: the baseline, then the no-fault control arms. Returns every seed's baseline
+    result too (the fault arms compare with MODEL_SEED's)."""
+    baselines, entries = {}, []
+    for seed in sorted(set(seeds) | {MODEL_SEED}):
+        model = models[seed][0]
+        base, failure = runner.run(plan.baseline_job(seed, model))
+        baselines[seed] = None if failure else base
+        if seed not in seeds:
+            continue
+        for name, job in plan.control_jobs(runner.work, seed, model):
+            result, failure = runner.run(job)
+            entry = control_entry(name, seed, result, compare_error(baselines[seed], result, failure), baselines[seed])
+            connector = job["arm"]["connector"]
+            if connector and connector["name"] == "PlantedFaultConnector":
+                audit = read_audit(job)
+                # a faithful load must be bit-exact: the connector itself adds no noise
+                entry["kv_audit"] = {
+                    "loads": len(audit),
+                    "max_abs_diff": max((a["clean_max_abs_diff"] for a in audit), default=None),
+                }
+            entries.append(entry)
+    return baselines, entries
+
+
+def run_faults(runner: Runner, model: str, baseline: dict | None, faults: tuple[str, ...]) -> tuple[list[dict], dict]:
+    """Every fault at every position, then the prefix check (a short re-run of one of them)."""
+    entries, results = [], {}
+    for fault in faults:
+        for position in plan.POSITIONS:
+            job = plan.fault_job(runner.work, fault, position, model)
+            result, failure = runner.run(job)
+            results[(fault, position)] = result
+            params = {
+                k: v for k, v in job["arm"]["connector"]["extra_config"].items() if k not in ("store_dir", "audit_path")
+            }
+            error = compare_error(baseline, result, failure)
+            entries.append(fault_entry(fault, position, params, result, error, baseline, read_audit(job)))
+    check = {"window": plan.PREFIX_CHECK_WINDOW, "ok": False, "requests_compared": 0, "detail": "not run"}
+    if plan.PREFIX_CHECK_FAULT in results:
+        job = plan.fault_job(runner.work, *plan.PREFIX_CHECK_FAULT, model, plan.PREFIX_CHECK_WINDOW)
+        short, _failure = runner.run(job)
+        check = dict(
+            prefix_check(short, results[plan.PREFIX_CHECK_FAULT], plan.PREFIX_CHECK_WINDOW),
+            arm=job["arm"]["name"],
+            compared_with="-".join(plan.PREFIX_CHECK_FAULT),
+        )
+    return entries, check
+
+
+def build_report(
+    faults: list[dict],
+    controls: list[dict],
+    check: dict,
+    models: dict,
+    argv: list[str],
+    env: dict,
+    started: str,
+    wall_s: float,
+) -> dict:
+    return {
+        "kind": plan.KIND,
+        "schema_version": plan.SCHEMA_VERSION,
+        "tool_version": __version__,
+        "claim_eligible": False,
+        "method": plan.METHOD,
+        "config": {
+            "windows": list(plan.WINDOWS),
+            "max_tokens": plan.MAX_TOKENS,
+            "block_size": plan.BLOCK_SIZE,
+            "dtype": "float32",
+            "device": "cpu",
+            "decoding": "greedy, ignore_eos, enforce_eager",
+            "logprobs": plan.LOGPROBS,
+            "positions": plan.POSITIONS,
+            "fault_params": plan.FAULT_PARAMS,
+            "prompts": [list(p) for p in plan.PROMPTS],
+            "decoy": list(plan.DECOY),
+            "fault_model_seed": MODEL_SEED,
+            "control_model_seeds": sorted({c["model_seed"] for c in controls}),
+            "control_reuses": plan.CONTROL_REUSES,
+            "models": {str(s): {"sha256": sha} for s, (_, sha) in sorted(models.items())},
+        },
+        "faults": faults,
+        "controls": controls,
+        "prefix_check": check,
+        "summary": summarize(faults, controls, bool(check.get("ok"))),
+        # Diagnostics only (how long `make detection` takes here), never a performance claim.
+        "diagnostics": {"wall_s": round(wall_s, 1)},
+        "provenance": {
+            "kit": kit_commit(),
+            "argv": argv,
+            "started_utc": started,
+            "ended_utc": utc_now(),
+            "hardware": hardware(),
+            "packages": {n: package_version(n) for n in ("torch", "vllm", "transformers")},
+            "env": allowed_env(env),
+        },
+    }
+
+
+def run_detection(
+    report_path: Path,
+    models_dir: Path,
+    seeds: tuple[int, ...],
+    faults: tuple[str, ...],
+    timeout_s: float,
+    argv: list[str],
+) -> dict:
+    """Run every arm, write the matrix report (atomically) and return it."""
+    started, t0 = utc_now(), time.monotonic()
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    env = child_env(dict(os.environ), hashseed="0", extra={})
+    models = prepare_models(models_dir, seeds)
+    work = Path(tempfile.mkdtemp(prefix=".detection.work-", dir=report_path.parent))
+    try:
+        runner = Runner(work=work, env=env, timeout_s=timeout_s)
+        baselines, controls = run_controls(runner, models, seeds)
+        faults_out, check = run_faults(runner, models[MODEL_SEED][0], baselines[MODEL_SEED], faults)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    report = build_report(faults_out, controls, check, models, argv, env, started, time.monotonic() - t0)
+    write_json_atomic(report_path, report)
+    return report
