@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, have_vllm
 
-from repro import kit
-from repro.errors import UsageError
+from repro import __version__
+from repro.commands import run_command
+from repro.errors import EXIT_USAGE, UsageError
+from repro.kit import archive, check, commands, evidence
 
 SAMPLE = ROOT / "tests" / "data" / "kit-sample-report.json"
 HAVE_GIT = shutil.which("git") is not None
@@ -71,30 +73,30 @@ def repo(tmp_path) -> Path:
     return root
 
 
-def members(archive: Path) -> dict[str, tarfile.TarInfo]:
-    with tarfile.open(archive, "r:gz") as tar:
+def members(tarball: Path) -> dict[str, tarfile.TarInfo]:
+    with tarfile.open(tarball, "r:gz") as tar:
         return {m.name.split("/", 1)[1] if "/" in m.name else "": m for m in tar.getmembers()}
 
 
-def read_member(archive: Path, rel: str) -> bytes:
-    with tarfile.open(archive, "r:gz") as tar:
+def read_member(tarball: Path, rel: str) -> bytes:
+    with tarfile.open(tarball, "r:gz") as tar:
         top = tar.getnames()[0].split("/")[0]
         return tar.extractfile(f"{top}/{rel}").read()
 
 
 @needs_git
 def test_same_commit_same_bytes(repo, tmp_path):
-    a = kit.build_kit(repo, tmp_path / "a")
-    b = kit.build_kit(repo, tmp_path / "b")
-    assert a.name == b.name == f"kvkit-{kit.__version__}-{_git(repo, 'rev-parse', 'HEAD').strip()[:7]}.tar.gz"
+    a = archive.build_kit(repo, tmp_path / "a")
+    b = archive.build_kit(repo, tmp_path / "b")
+    assert a.name == b.name == f"kvkit-{__version__}-{_git(repo, 'rev-parse', 'HEAD').strip()[:7]}.tar.gz"
     assert hashlib.sha256(a.read_bytes()).hexdigest() == hashlib.sha256(b.read_bytes()).hexdigest()
-    assert a.stat().st_size < kit.MAX_KIT_BYTES
+    assert a.stat().st_size < archive.MAX_KIT_BYTES
 
 
 @needs_git
 def test_contents_and_exclusions(repo, tmp_path):
-    archive = kit.build_kit(repo, tmp_path)
-    names = set(members(archive))
+    tarball = archive.build_kit(repo, tmp_path)
+    names = set(members(tarball))
     for rel in (
         "Makefile",
         "tasks.py",
@@ -114,16 +116,16 @@ def test_contents_and_exclusions(repo, tmp_path):
         assert not rel.startswith((".venvs", ".cache", "docs", "reports/", ".git")), rel
         assert not rel.endswith((".safetensors", "stale.log", "untracked.py", "latest-cpu.json")), rel
     commit = _git(repo, "rev-parse", "HEAD").strip()
-    assert read_member(archive, "COMMIT").decode() == commit + "\n"
+    assert read_member(tarball, "COMMIT").decode() == commit + "\n"
 
 
 @needs_git
 def test_entries_are_normalized(repo, tmp_path):
-    archive = kit.build_kit(repo, tmp_path)
-    raw = archive.read_bytes()
+    tarball = archive.build_kit(repo, tmp_path)
+    raw = tarball.read_bytes()
     assert raw[4:8] == b"\0\0\0\0" and not raw[3] & 0x08  # gzip: header time 0, no file name
     stamp = int(_git(repo, "show", "-s", "--format=%ct", "HEAD"))
-    infos = members(archive)
+    infos = members(tarball)
     assert list(infos) == sorted(infos)
     for rel, m in infos.items():
         assert (m.uid, m.gid, m.uname, m.gname, m.mtime) == (0, 0, "", "", stamp), rel
@@ -133,24 +135,31 @@ def test_entries_are_normalized(repo, tmp_path):
 
 @needs_git
 def test_readme_tells_the_finding_and_the_limits(repo, tmp_path):
-    readme = read_member(kit.build_kit(repo, tmp_path), "README.md").decode()
+    readme = read_member(archive.build_kit(repo, tmp_path), "README.md").decode()
     assert "| PlantedFault (PlantedFaultConnector) | fixture | 1502 | 0→1488×3 | FAIL | @9 |" in readme
     assert "make repro PROFILE=cpu" in readme
     assert "No performance claim" in readme and "suffix shape" in readme
     assert "not available when the kit was built" in readme and "selftest.logs/native.log" in readme
     assert _git(repo, "rev-parse", "HEAD").strip() in readme
+    # Markdown, so the template turns autoescape off: no HTML entities in the text.
+    assert "(ERROR > FAIL > INCONCLUSIVE > PASS)" in readme and "&gt;" not in readme and "&#39;" not in readme
 
 
 @needs_git
-def test_pages_when_the_renderer_exists(repo, tmp_path):
-    archive = kit.build_kit(repo, tmp_path)
-    names = set(members(archive))
-    try:
-        import repro.publish.site  # noqa: F401
-    except ImportError:
-        assert "pages not rendered" in read_member(archive, "README.md").decode()
-        return
-    assert {"evidence/index.html", "evidence/selftest.html"} <= names
+def test_pages_are_rendered_beside_the_raw_reports(repo, tmp_path):
+    tarball = archive.build_kit(repo, tmp_path)
+    names = set(members(tarball))
+    assert {"evidence/index.html", "evidence/selftest.html", "evidence/raw/selftest.json"} <= names
+    assert "Rendered pages: `evidence/index.html`" in read_member(tarball, "README.md").decode()
+
+
+@needs_git
+def test_readme_without_reports_says_so(repo, tmp_path):
+    tarball = archive.build_kit(repo, tmp_path, use_committed=False)
+    readme = read_member(tarball, "README.md").decode()
+    assert "No report was chosen when this kit was built" in readme
+    assert "Rendered pages: none (no report chosen, so no pages)." in readme
+    assert not any(n.startswith("evidence/") for n in members(tarball))
 
 
 @needs_git
@@ -158,51 +167,117 @@ def test_extra_report_with_logs_from_disk(repo, tmp_path):
     extra = tmp_path / "elsewhere" / "gpu-run.json"
     _write(extra, SAMPLE.read_bytes())
     _write(extra.parent / "selftest.logs" / "PlantedFault.log", "WARNING planted\n")
-    names = set(members(kit.build_kit(repo, tmp_path / "out", [str(extra)])))
+    names = set(members(archive.build_kit(repo, tmp_path / "out", [str(extra)])))
     assert {"evidence/raw/gpu-run.json", "evidence/raw/selftest.logs/PlantedFault.log"} <= names
     with pytest.raises(UsageError, match="share a file name"):
-        kit.build_kit(repo, tmp_path / "out", [str(repo / "reports" / "selftest.json")])
+        archive.build_kit(repo, tmp_path / "out", [str(repo / "reports" / "selftest.json")])
 
 
 @needs_git
 def test_size_limit_is_enforced(repo, tmp_path, monkeypatch):
-    monkeypatch.setattr(kit, "MAX_KIT_BYTES", 1000)
+    monkeypatch.setattr(archive, "MAX_KIT_BYTES", 1000)
     with pytest.raises(UsageError, match="limit 1000"):
-        kit.build_kit(repo, tmp_path)
+        archive.build_kit(repo, tmp_path)
     assert not list(tmp_path.glob("*.tar.gz"))
 
 
 def test_sums_catch_changed_missing_and_unlisted(tmp_path):
-    entries = [kit.Entry("a.txt", b"a"), kit.Entry("d/b.txt", b"b")]
+    entries = [archive.Entry("a.txt", b"a"), archive.Entry("d/b.txt", b"b")]
     sums = "".join(f"{hashlib.sha256(e.data).hexdigest()}  {e.path}\n" for e in entries)
-    data = kit.archive_bytes("top", entries + [kit.Entry("SHA256SUMS", sums.encode())], 0)
-    tree = kit.unpack(_save(tmp_path / "k.tar.gz", data), tmp_path / "x")
-    assert kit.verify_sums(tree) == []
+    data = archive.archive_bytes("top", entries + [archive.Entry("SHA256SUMS", sums.encode())], 0)
+    tree = check.unpack(_save(tmp_path / "k.tar.gz", data), tmp_path / "x")
+    assert check.verify_sums(tree) == []
     (tree / "a.txt").write_text("changed")
     (tree / "d" / "b.txt").unlink()
     (tree / "extra").write_text("")
-    assert kit.verify_sums(tree) == ["changed: a.txt", "missing: d/b.txt", "not listed: extra"]
+    assert check.verify_sums(tree) == ["changed: a.txt", "missing: d/b.txt", "not listed: extra"]
 
 
-def test_unpack_refuses_escaping_members(tmp_path):
+@pytest.fixture
+def old_tarfile(monkeypatch):
+    """tarfile as on Python < 3.10.12 / 3.11.4, which pyproject still admits: no data filter, and
+    extractall takes no `filter` keyword (extraction is fully trusted)."""
+    fully_trusted = getattr(tarfile, "fully_trusted_filter", None)
+    original = tarfile.TarFile.extractall
+
+    def extractall(self, path=".", members=None, *, numeric_owner=False, **kwargs):
+        if kwargs:
+            raise TypeError(f"extractall() got an unexpected keyword argument {next(iter(kwargs))!r}")
+        trusted = {"filter": fully_trusted} if fully_trusted else {}  # what "no filter" meant before 3.14
+        return original(self, path, members, numeric_owner=numeric_owner, **trusted)
+
+    monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    monkeypatch.setattr(tarfile.TarFile, "extractall", extractall)
+
+
+def _tar(*infos: tarfile.TarInfo) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        info = tarfile.TarInfo("top/../../evil")
-        tar.addfile(info, io.BytesIO(b""))
-    with pytest.raises(tarfile.FilterError):
-        kit.unpack(_save(tmp_path / "bad.tar.gz", buf.getvalue()), tmp_path / "x")
+        for info in infos:
+            tar.addfile(info, io.BytesIO(b"x" * info.size) if info.isreg() else None)
+    return buf.getvalue()
+
+
+def _member(name: str, kind: bytes = tarfile.REGTYPE, **fields) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.size, info.mode = kind, 1 if kind == tarfile.REGTYPE else 0, 0o644
+    for key, value in fields.items():
+        setattr(info, key, value)
+    return info
+
+
+HOSTILE_MEMBERS = {
+    "dotdot": _member("top/../../evil"),
+    "absolute": _member("/evil"),
+    "symlink": _member("top/evil", tarfile.SYMTYPE, linkname="../../evil"),
+    "hardlink": _member("top/evil", tarfile.LNKTYPE, linkname="top/a"),
+    "device": _member("top/evil", tarfile.CHRTYPE),
+    "setuid": _member("top/evil", mode=0o4755),
+    "huge": _member("top/evil", size=check.MAX_MEMBER_BYTES + 1),
+}
+
+
+@pytest.mark.parametrize("old_python", [False, True], ids=["data-filter", "no-data-filter"])
+def test_unpack_works_without_the_data_filter(tmp_path, request, old_python):
+    if old_python:
+        request.getfixturevalue("old_tarfile")
+    entries = [archive.Entry("a.txt", b"a"), archive.Entry("d/b.txt", b"b", executable=True)]
+    data = archive.archive_bytes("top", [*entries, archive.sums_entry(entries)], 0)
+    tree = check.unpack(_save(tmp_path / "k.tar.gz", data), tmp_path / "x")
+    assert tree == tmp_path / "x" / "top" and check.verify_sums(tree) == []
+    assert (tree / "d" / "b.txt").read_bytes() == b"b" and os.access(tree / "d" / "b.txt", os.X_OK)
+
+
+@pytest.mark.parametrize("hostile", sorted(HOSTILE_MEMBERS))
+@pytest.mark.parametrize("old_python", [False, True], ids=["data-filter", "no-data-filter"])
+def test_unpack_refuses_hostile_members(tmp_path, request, old_python, hostile):
+    if old_python:
+        request.getfixturevalue("old_tarfile")
+    data = _tar(_member("top", tarfile.DIRTYPE, mode=0o755), _member("top/a"), HOSTILE_MEMBERS[hostile])
+    with pytest.raises(UsageError, match="refused member"):
+        check.unpack(_save(tmp_path / "bad.tar.gz", data), tmp_path / "x")
+    assert not (tmp_path / "evil").exists() and not (tmp_path / "x" / "top").exists()
+
+
+def test_unpack_refuses_a_file_that_is_not_a_kit(tmp_path):
+    with pytest.raises(UsageError, match="refused"):
+        check.unpack(_save(tmp_path / "k.tar.gz", b"not a tar"), tmp_path / "x")
 
 
 def test_reports_may_only_cite_logs_beside_them():
-    assert kit.report_logs({"arms": [{"log": "r.logs/b.log"}, {"log": None}, {"log": "r.logs/b.log"}]}) == [
+    assert evidence.report_logs({"arms": [{"log": "r.logs/b.log"}, {"log": None}, {"log": "r.logs/b.log"}]}) == [
         "r.logs/b.log"
     ]
     with pytest.raises(UsageError):
-        kit.report_logs({"arms": [{"log": "../secret.log"}]})
+        evidence.report_logs({"arms": [{"log": "../secret.log"}]})
 
 
 def test_kit_paths():
-    assert kit.is_kit_path("repro/kit.py") and kit.is_kit_path("Makefile") and kit.is_kit_path("tests/data/x.json")
+    assert (
+        archive.is_kit_path("repro/kit/archive.py")
+        and archive.is_kit_path("Makefile")
+        and archive.is_kit_path("tests/data/x.json")
+    )
     for path in (
         ".venvs/cpu/bin/python",
         ".cache/models/m/model.safetensors",
@@ -213,14 +288,30 @@ def test_kit_paths():
         "README.md",
         "Makefile.bak",
     ):
-        assert not kit.is_kit_path(path), path
+        assert not archive.is_kit_path(path), path
 
 
 def test_archive_gzip_has_no_name_or_time():
-    data = kit.archive_bytes("top", [kit.Entry("a", b"x")], 123)
+    data = archive.archive_bytes("top", [archive.Entry("a", b"x")], 123)
     with gzip.GzipFile(fileobj=io.BytesIO(data)) as gz:
         gz.read()
         assert gz.mtime == 0 and gz.name == ""
+
+
+def test_kit_check_stays_on_the_standard_library():
+    """`inv kit-check` runs on a bare interpreter: the command must not pull in jinja2, markdown or the builder."""
+    code = (
+        "import sys, repro.kit.commands; print(sorted({'jinja2', 'markdown', 'repro.kit.archive'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_kit_check_command_usage_errors(tmp_path, capsys):
+    assert run_command(commands.kit_check, [str(tmp_path / "none.tar.gz")]) == EXIT_USAGE
+    assert run_command(commands.kit_check, ["--bogus"]) == EXIT_USAGE
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and "no such kit" in err[0] and "--bogus" in err[1]
 
 
 def _save(path: Path, data: bytes) -> Path:
@@ -237,24 +328,28 @@ def _in_checkout() -> bool:
 
 @pytest.mark.skipif(not _in_checkout(), reason="building this kit needs its git checkout (an unpacked kit has none)")
 def test_this_repository_kit_is_small_and_reproducible(tmp_path):
-    a = kit.build_kit(ROOT, tmp_path / "a", [str(SAMPLE)], use_committed=False)
-    b = kit.build_kit(ROOT, tmp_path / "b", [str(SAMPLE)], use_committed=False)
-    assert a.read_bytes() == b.read_bytes() and a.stat().st_size < kit.MAX_KIT_BYTES
-    names = set(members(a))
-    assert "repro/kit.py" in names or "repro/__init__.py" in names
+    a = archive.build_kit(ROOT, tmp_path / "a", [str(SAMPLE)], use_committed=False)
+    b = archive.build_kit(ROOT, tmp_path / "b", [str(SAMPLE)], use_committed=False)
+    assert a.read_bytes() == b.read_bytes() and a.stat().st_size < archive.MAX_KIT_BYTES
+    infos = members(a)
+    names = set(infos)
+    # Exactly HEAD's committed code (never the working tree's), which is the kit package, not the old kit.py.
+    packed_code = {n for n, m in infos.items() if m.isfile() and n.startswith("repro/")}
+    assert packed_code == set(_git(ROOT, "ls-tree", "-r", "--name-only", "HEAD", "--", "repro/").splitlines())
+    assert {"repro/kit/archive.py", "repro/kit/commands.py"} <= names and "repro/kit.py" not in names
     assert not any(n.startswith((".venvs", ".cache", "dist", "tests/artifacts")) for n in names)
 
 
 @pytest.mark.e2e
 @pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")
 @pytest.mark.skipif(not _in_checkout(), reason="building this kit needs its git checkout (an unpacked kit has none)")
-@pytest.mark.skipif(os.environ.get(kit.NESTED_ENV) == "1", reason="already inside a kit-check")
+@pytest.mark.skipif(os.environ.get(check.NESTED_ENV) == "1", reason="already inside a kit-check")
 def test_kit_check_runs_the_self_test_from_the_unpacked_kit(tmp_path, capsys):
     """The unpacked kit (no .git, no checkout on PYTHONPATH) runs the CPU self-test from its own files
     and records the packed commit from COMMIT. `make kit-check` does this with fresh environments."""
-    archive = kit.build_kit(ROOT, tmp_path, [str(SAMPLE)], use_committed=False)
+    tarball = archive.build_kit(ROOT, tmp_path, [str(SAMPLE)], use_committed=False)
     model = ".cache/models/kvkit-tiny-qwen3"
-    commands = [
+    steps = [
         (sys.executable, "-m", "repro", "make-model", model),
         (
             sys.executable,
@@ -282,8 +377,8 @@ def test_kit_check_runs_the_self_test_from_the_unpacked_kit(tmp_path, capsys):
             "--fixture",
             "fixtures/selftest-cpu.json",
             "--report",
-            kit.CHECK_REPORT,
+            check.CHECK_REPORT,
         ),
     ]
-    assert kit.check_kit(archive, commands) == 0, capsys.readouterr().err[-3000:]
+    assert check.check_kit(tarball, steps) == 0, capsys.readouterr().err[-3000:]
     assert "kit-check passed" in capsys.readouterr().out

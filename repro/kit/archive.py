@@ -1,0 +1,140 @@
+"""Building the kit archive: which files go in (from HEAD, never the working tree), SHA256SUMS, the bytes."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import shutil
+import sys
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from repro.atomic import write_bytes_atomic
+from repro.errors import UsageError
+from repro.kit import archive_name
+from repro.kit.evidence import ChosenReport, evidence_files, gather_reports
+from repro.kit.git import committed_files, dirty_paths, head_commit, read_blob
+from repro.kit.readme import render_readme
+
+MAX_KIT_BYTES = 1_000_000
+# What a maintainer needs to run the kit; everything else in the repository stays out.
+KIT_PATHS = (
+    "Makefile",
+    "tasks.py",
+    "pyproject.toml",
+    "repro/",
+    "fixtures/",
+    "schemas/",
+    "templates/",
+    "requirements/",
+    "tests/",
+)
+NEVER_PATHS = (".venvs/", ".cache/", "dist/", "site/", "reports/", "tests/artifacts/")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".onnx", ".h5", ".npz")
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: str  # inside the archive, below the top directory
+    data: bytes
+    executable: bool = False
+
+
+def is_kit_path(path: str) -> bool:
+    if path.startswith(NEVER_PATHS) or path.lower().endswith(WEIGHT_SUFFIXES):
+        return False
+    return any(path == p or (p.endswith("/") and path.startswith(p)) for p in KIT_PATHS)
+
+
+def dirty_kit_paths(root: Path) -> list[str]:
+    """Kit files with uncommitted changes: they are not packed, and the builder says so."""
+    return [p for p in dirty_paths(root) if is_kit_path(p)]
+
+
+def sums_entry(entries: list[Entry]) -> Entry:
+    """SHA256SUMS over the entries, in `sha256sum -c` format, sorted by path."""
+    lines = (f"{hashlib.sha256(e.data).hexdigest()}  {e.path}\n" for e in sorted(entries, key=lambda e: e.path))
+    return Entry("SHA256SUMS", "".join(lines).encode())
+
+
+def collect_entries(root: Path, commit: str, reports: list[ChosenReport], scratch: Path) -> list[Entry]:
+    """HEAD's kit files, evidence/, README.md, COMMIT and SHA256SUMS, sorted by path."""
+    kit_files = [(p, x) for p, x in committed_files(root, commit) if is_kit_path(p)]
+    entries = [Entry(p, read_blob(root, commit, p), x) for p, x in kit_files]
+    evidence, pages_note = evidence_files(reports, scratch)
+    entries += [Entry(rel, blob) for rel, blob in evidence.items()]
+    readme = render_readme(commit, reports, {p for p, _ in kit_files}, pages_note)
+    entries += [Entry("README.md", readme.encode("utf-8")), Entry("COMMIT", f"{commit}\n".encode())]
+    entries.append(sums_entry(entries))
+    if pages_note:
+        print(f"[kvkit] note: {pages_note}", file=sys.stderr)
+    return sorted(entries, key=lambda e: e.path)
+
+
+def _tar_info(
+    name: str, mtime: int, *, size: int = 0, directory: bool = False, executable: bool = False
+) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.DIRTYPE if directory else tarfile.REGTYPE
+    info.mode = 0o755 if directory or executable else 0o644
+    info.size, info.mtime = size, mtime
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def _parents(path: str) -> list[str]:
+    parts = path.split("/")[:-1]
+    return ["/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def archive_bytes(top: str, entries: list[Entry], mtime: int) -> bytes:
+    """A deterministic .tar.gz: directories, then files, in sorted order under one top directory.
+
+    Same entries and mtime give the same bytes: the commit's timestamp on every entry, owners 0/"",
+    modes 0644/0755, gzip header time 0 and no file name."""
+    dirs = sorted({top} | {f"{top}/{parent}" for e in entries for parent in _parents(e.path)})
+    members = [(d, None) for d in dirs] + [(f"{top}/{e.path}", e) for e in entries]
+    buf = io.BytesIO()
+    with (
+        gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0, compresslevel=9) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
+        for name, e in sorted(members, key=lambda m: m[0]):
+            if e is None:
+                tar.addfile(_tar_info(name, mtime, directory=True))
+            else:
+                tar.addfile(_tar_info(name, mtime, size=len(e.data), executable=e.executable), io.BytesIO(e.data))
+    return buf.getvalue()
+
+
+def check_size(data: bytes, entries: list[Entry]) -> None:
+    """Refuse a kit too big to attach, naming its largest entries."""
+    if len(data) >= MAX_KIT_BYTES:
+        big = sorted(entries, key=lambda e: -len(e.data))[:5]
+        raise UsageError(
+            f"kit would be {len(data)} bytes (limit {MAX_KIT_BYTES}); largest: "
+            + ", ".join(f"{e.path} ({len(e.data)})" for e in big)
+        )
+
+
+def build_kit(root: Path, out_dir: Path, extra_reports: list[str] | None = None, use_committed: bool = True) -> Path:
+    """Write out_dir/kvkit-<version>-<commit>.tar.gz from HEAD and the chosen reports; return its path."""
+    commit, mtime = head_commit(root)
+    reports = gather_reports(root, commit, list(extra_reports or []), use_committed)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # The site renderer writes files; its scratch space sits beside the output, not in /tmp.
+    scratch = Path(tempfile.mkdtemp(prefix=".kit-", dir=out_dir))
+    try:
+        entries = collect_entries(root, commit, reports, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    name = archive_name(commit)
+    data = archive_bytes(name, entries, mtime)
+    check_size(data, entries)
+    path = out_dir / f"{name}.tar.gz"
+    write_bytes_atomic(path, data)
+    return path
