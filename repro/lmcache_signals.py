@@ -2,14 +2,16 @@
 
 What LMCache says is evidence beside the verdict, not the verdict itself: vLLM's cached-token
 count decides hit or miss; LMCache's per-request count (`kv_transfer_params`), its "Retrieved N
-out of M" lines and its warnings are recorded, and every disagreement is reported. Two findings
-change the verdict: a start in degraded mode (LMCache caught its own start-up failure and
-silently recomputes) makes the arm ERROR, never PASS.
+out of M" lines and its warnings are recorded, and every disagreement is reported. One finding
+changes the verdict: a start in degraded mode (LMCache caught its own start-up failure and
+silently recomputes) makes the arm ERROR, never PASS; repro.verdict decides that, this module
+only reports what the log says.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from repro.logscan import clean_line
 
@@ -92,10 +94,11 @@ def _for_request(items: list[dict], request_id: str | None) -> list[dict]:
     return [i for i in items if i["req_id"] == request_id or i["req_id"].startswith(f"{request_id}-")]
 
 
-def cross_check(entry: dict, scan: dict) -> list[str]:
-    """Annotate each request with LMCache's view and list where it disagrees with vLLM's."""
+def cross_check(probes: list[dict], scan: dict) -> tuple[dict[tuple[str, int], dict], list[str]]:
+    """LMCache's view of each request ({(probe, index): view}) and where it disagrees with vLLM's."""
+    views: dict[tuple[str, int], dict] = {}
     findings = []
-    for probe in entry.get("probes", []):
+    for probe in probes:
         for i, req in enumerate(probe.get("requests", [])):
             ktp = req.get("kv_transfer_params") or {}
             reported = ktp.get("num_lmcache_cached_tokens")
@@ -107,7 +110,7 @@ def cross_check(entry: dict, scan: dict) -> list[str]:
                 "required": sum(r["required"] for r in retrieves) if retrieves else None,
                 "lookup_hit_tokens": lookups[-1]["hit"] if lookups else None,
             }
-            req["lmcache"] = view
+            views[(probe["name"], i)] = view
             where = f"{probe['name']} {req['role']} {i}"
             vllm_cached = req.get("cached_tokens")
             if reported is None and req["role"] == "reuse":
@@ -122,14 +125,24 @@ def cross_check(entry: dict, scan: dict) -> list[str]:
                 findings.append(f"{where}: vLLM counted {vllm_cached} cached tokens but no LMCache retrieve was logged")
             if reported is not None and vllm_cached is not None and reported not in (vllm_cached, vllm_cached + 1):
                 findings.append(f"{where}: LMCache reports {reported} hit tokens, vLLM {vllm_cached} cached")
-    return findings
+    return views, findings
 
 
-def lmcache_findings(entry: dict, log_text: str) -> None:
-    """Annotate a judged LMCache arm entry in place; degraded mode turns the arm into an ERROR."""
+@dataclass(frozen=True)
+class LMCacheEvidence:
+    """What LMCache's log says about one arm; the caller records it (repro.verdict decides on `degraded`)."""
+
+    signals: dict  # the arm's `lmcache` record
+    request_views: dict  # {(probe name, request index): LMCache's view of that request}
+    findings: tuple[str, ...]
+    degraded: tuple[str, ...]  # degraded-mode log lines (at most 3): LMCache silently recomputes
+
+
+def lmcache_evidence(probes: list[dict], log_text: str) -> LMCacheEvidence:
+    """Scan an LMCache arm's log and cross-check it with the arm's judged probes (nothing is modified)."""
     scan = scan_log(log_text)
     retrieves = len(scan["retrieves"])
-    entry["lmcache"] = {
+    signals = {
         "degraded_mode": bool(scan["degraded"]),
         "degraded_messages": scan["degraded"][:3],
         "cuda_ops": scan["cuda_ops"],
@@ -141,21 +154,11 @@ def lmcache_findings(entry: dict, log_text: str) -> None:
         "initialized": scan.get("initialized", [])[:2],
         "versions_logged": scan["versions"],
     }
-    findings = cross_check(entry, scan)
+    views, findings = cross_check(probes, scan)
     if scan["double_unpin_warnings"]:
         findings.append(
             f"{scan['double_unpin_warnings']} 'Double unpin' warnings over {retrieves} retrieves "
             "(LMCache #5090; recorded, not a verdict)"
         )
     findings.append(f"LMCache CUDA ops: {scan['cuda_ops']}")
-    entry["findings"] = entry.get("findings", []) + findings
-    if scan["degraded"] and entry.get("verdict") != "ERROR":
-        entry["verdict"] = "ERROR"
-        entry["error"] = {
-            "kind": "lmcache-degraded",
-            "detail": "LMCache failed to start and ran in degraded mode (recompute, zero hits)",
-            "log_tail": "\n".join(scan["degraded"][:3]),
-        }
-        entry["reasons"] = ["lmcache-degraded: LMCache failed to start and ran in degraded mode"] + entry.get(
-            "reasons", []
-        )
+    return LMCacheEvidence(signals, views, tuple(findings), tuple(scan["degraded"][:3]))

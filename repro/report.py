@@ -13,7 +13,8 @@ from pathlib import Path
 
 from repro.display import acceptance_label, arm_title, cached_cell, diff_cell, headline
 from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME, UsageError
-from repro.verdict import ERROR, PASS
+from repro.paths import SCHEMAS_DIR
+from repro.verdict import ERROR, PASS, SKIPPED
 
 REPORT_KIND = "kvkit-report"
 REPORT_SCHEMA_VERSION = 1
@@ -32,13 +33,22 @@ def check_acceptance(arms: list[dict], expected: dict, suite: str | None) -> dic
             "matched": None,
             "checked": [],
             "unchecked_arms": [],
+            "unchecked_probes": [],
             "note": "no acceptance suite was run",
         }
-    checked, unchecked = [], []
+    checked, unchecked, unlisted = [], [], []
     by_name = {a["name"]: a for a in arms}
     for arm in arms:
         if arm["mode"] != "baseline" and arm["name"] not in expected:
             unchecked.append(arm["name"])
+        # a probe an expected arm ran that its table does not list would never be checked
+        table = expected.get(arm["name"])
+        if table is not None:
+            unlisted += [
+                {"arm": arm["name"], "probe": p["name"], "observed": p["verdict"]}
+                for p in arm.get("probes", [])
+                if p["verdict"] != SKIPPED and p["name"] not in table
+            ]
     for arm_name, table in sorted(expected.items()):
         arm = by_name.get(arm_name)
         probes = {p["name"]: p for p in (arm or {}).get("probes", [])}
@@ -49,8 +59,14 @@ def check_acceptance(arms: list[dict], expected: dict, suite: str | None) -> dic
                 else (arm["verdict"] if arm and arm["verdict"] == ERROR else None)
             )
             checked.append({"arm": arm_name, "probe": probe_name, "expected": want, "observed": got, "ok": got == want})
-    matched = bool(checked) and all(c["ok"] for c in checked) and not unchecked
-    return {"suite": suite, "matched": matched, "checked": checked, "unchecked_arms": unchecked}
+    matched = bool(checked) and all(c["ok"] for c in checked) and not unchecked and not unlisted
+    return {
+        "suite": suite,
+        "matched": matched,
+        "checked": checked,
+        "unchecked_arms": unchecked,
+        "unchecked_probes": unlisted,
+    }
 
 
 def exit_code(report: dict) -> int:
@@ -125,3 +141,19 @@ def load_report(path: str | Path) -> dict:
         ):
             raise UsageError(f"report {path}: arms[{i}] is not an arm (name, mode, verdict, probes)")
     return data
+
+
+def validate_report(report: dict) -> None:
+    """Check a report against schemas/report.schema.json before it is written: the schema is the
+    authority on the report's shape, and a report that breaks it is a kit bug (ReportInvalid)."""
+    import jsonschema  # a dependency of vLLM, so present wherever the verifier runs
+
+    schema = json.loads((SCHEMAS_DIR / "report.schema.json").read_text(encoding="utf-8"))
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(report))
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
+        raise ReportInvalid(f"the report does not match schemas/report.schema.json at {where}: {error.message[:300]}")
+
+
+class ReportInvalid(Exception):
+    """A report the kit built breaks its own schema (a kit bug; nothing is written)."""

@@ -14,26 +14,29 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from repro import logscan
 from repro.atomic import write_bytes_atomic, write_json_atomic
+from repro.contract import (
+    CRASH,
+    EXIT_RAISED,
+    MISSING_OUTPUT,
+    NONZERO_EXIT,
+    OOM,
+    RAISED,
+    TIMEOUT,
+    UNPARSABLE_OUTPUT,
+    ArmResult,
+    ContractError,
+    Failure,
+    Job,
+)
 from repro.paths import KIT_ROOT
 from repro.provenance import redact_text
 
-ARM_RESULT_KIND = "kvkit-arm-result"
-# Failure kinds, each distinct in the report.
-TIMEOUT, CRASH, OOM, NONZERO_EXIT, MISSING_OUTPUT, UNPARSABLE_OUTPUT, RAISED, INTERRUPTED = (
-    "timeout",
-    "crash",
-    "out-of-memory",
-    "nonzero-exit",
-    "missing-output",
-    "unparsable-output",
-    "raised",
-    "interrupted",
-)
+INTERRUPTED = "interrupted"
 _OOM_MARKERS = (
     "out of memory",
     "outofmemoryerror",
@@ -49,11 +52,11 @@ _REAP_S = 5.0
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
-@dataclass
+@dataclass(frozen=True)
 class ArmOutcome:
     name: str
-    result: dict | None
-    failure: dict | None  # {"kind", "detail", "log_tail"} when the child did not deliver
+    result: ArmResult | None
+    failure: Failure | None  # when the child did not deliver
     log_path: Path
     log_text: str
     wall_s: float
@@ -184,12 +187,12 @@ def classify_exit(
         return OOM, f"exit status {returncode}; the kernel's out-of-memory killer fired during the arm"
     if marker:
         return OOM, f"exit status {returncode}; the log mentions running out of memory ({marker!r})"
-    if returncode == 3:
+    if returncode == EXIT_RAISED:
         return RAISED, "the engine raised (see the log tail)"
     return NONZERO_EXIT, f"exit status {returncode}"
 
 
-def read_result(path: Path) -> tuple[dict | None, tuple[str, str] | None]:
+def read_result(path: Path) -> tuple[ArmResult | None, tuple[str, str] | None]:
     """The child's result and, when it did not deliver one, why (a failure kind and detail)."""
     if not path.exists():
         return None, (MISSING_OUTPUT, "the child exited without writing its result file")
@@ -197,15 +200,13 @@ def read_result(path: Path) -> tuple[dict | None, tuple[str, str] | None]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         return None, (UNPARSABLE_OUTPUT, f"the result file is not valid JSON ({str(exc)[:200]})")
-    if not isinstance(data, dict) or data.get("kind") != ARM_RESULT_KIND:
-        return None, (UNPARSABLE_OUTPUT, f"the result file is not a {ARM_RESULT_KIND} file")
-    if not isinstance(data.get("probes"), list):
-        return None, (UNPARSABLE_OUTPUT, "the result file has no probes list")
-    err = data.get("error")
-    if err:
-        err = err if isinstance(err, dict) else {"message": str(err)}
-        return data, (RAISED, f"{err.get('type', 'Exception')}: {err.get('message', '')}"[:600])
-    return data, None
+    try:
+        result = ArmResult.from_json(data)
+    except ContractError as exc:
+        return None, (exc.kind, str(exc))
+    if result.error is not None:
+        return result, (RAISED, f"{result.error.type}: {result.error.message}"[:600])
+    return result, None
 
 
 def run_child(
@@ -240,7 +241,7 @@ def run_child(
 
 def collect_outcome(
     returncode: int | None, timed_out: bool, oom_killed: bool, log_text: str, out_path: Path
-) -> tuple[dict | None, tuple[str, str] | None]:
+) -> tuple[ArmResult | None, tuple[str, str] | None]:
     """(result, failure) from how the child exited and what it left: exit 0 with a valid result
     is the only success; exit 3 must come with the error record the engine writes."""
     failure = classify_exit(returncode, log_text, timed_out, oom_killed)
@@ -255,7 +256,7 @@ def collect_outcome(
 
 
 def run_arm(
-    job: dict,
+    job: Job,
     *,
     workdir: Path,
     log_path: Path,
@@ -265,30 +266,26 @@ def run_arm(
     module: str = "repro.engine",
 ) -> ArmOutcome:
     """Run one arm's child to completion (or failure) and reap everything it started."""
-    name = job["arm"]["name"]
+    name = job.arm.name
     job_path = workdir / f"{name}.job.json"
     out_path = workdir / f"{name}.result.json"
-    job = dict(job, output=str(out_path))
-    write_json_atomic(job_path, job)
+    write_json_atomic(job_path, replace(job, output=str(out_path)).to_json())
     returncode, timed_out, oom_killed, wall = run_child(
         [python, "-m", module, str(job_path)], log_path=log_path, env=env, timeout_s=timeout_s
     )
     text = redact_log(log_path, env)
     result, failure = collect_outcome(returncode, timed_out, oom_killed, text, out_path)
-    if result is not None and job.get("fixture_sha256"):
-        result.setdefault("fixture_sha256", job["fixture_sha256"])  # what this child was fed
-    outcome = ArmOutcome(
+    if result is not None and job.fixture_sha256 and result.fixture_sha256 is None:
+        result = replace(result, fixture_sha256=job.fixture_sha256)  # what this child was fed
+    return ArmOutcome(
         name=name,
         result=result,
+        failure=None if failure is None else Failure(failure[0], failure[1], logscan.tail(text)),
         log_path=log_path,
         log_text=text,
         wall_s=round(wall, 3),
         returncode=returncode,
-        failure=None,
     )
-    if failure is not None:
-        outcome.failure = {"kind": failure[0], "detail": failure[1], "log_tail": logscan.tail(text)}
-    return outcome
 
 
 def redact_log(log_path: Path, env: dict[str, str]) -> str:

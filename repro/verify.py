@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -10,128 +9,53 @@ import sys
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 from repro import __version__, logscan
-from repro.atomic import write_json_atomic
-from repro.cli import DEFAULT_ENGINE_MODULE, Options, fail_usage, parse_args
-from repro.errors import EXIT_RUNTIME, EXIT_USAGE, UsageError
+from repro.atomic import dumps_json, write_bytes_atomic
+from repro.cli import Options, parse_args
+from repro.commands import run_command
+from repro.contract import ArmResult
+from repro.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, UsageError
 from repro.evaluate import judge_arm
 from repro.fixtures import Fixture, check_probes_fit, load_fixture
-from repro.lmcache_signals import lmcache_findings
+from repro.lmcache_signals import lmcache_evidence
+from repro.plan import PlannedArm, arm_job, materialize, plan_arms, preflight_for, vocab_size
 from repro.provenance import collect_provenance, hardware_label, utc_now
-from repro.report import REPORT_KIND, REPORT_SCHEMA_VERSION, check_acceptance, exit_code, format_summary, generations
-from repro.runner import INTERRUPTED, Interrupted, child_env, deferred_signals, run_arm
-from repro.suite import build_probes, requests_for
-from repro.verdict import ERROR
+from repro.report import (
+    REPORT_KIND,
+    REPORT_SCHEMA_VERSION,
+    check_acceptance,
+    exit_code,
+    format_summary,
+    generations,
+    validate_report,
+)
+from repro.runner import INTERRUPTED, ArmOutcome, Interrupted, child_env, deferred_signals, run_arm
+from repro.suite import build_probes
+from repro.verdict import decide_child_failure, decide_lmcache_degraded
 
-TMPDIR_TOKEN = "@tmpdir"
 HASHSEED = "0"
 
 
-def plan_arms(opts: Options, fixture: Fixture) -> list[dict]:
-    """baseline first, then the connector arm(s), then native; each a job 'arm' record."""
-    a = opts.args
-    arms = [{"name": "baseline", "mode": "baseline", "connector": None, "skip_probes": {}}]
-    if a.kv_connector:
-        extra = dict(opts.extra_config)
-        if a.kv_connector == "ExampleConnector":
-            extra.setdefault("shared_storage_path", TMPDIR_TOKEN)
-        if (
-            a.kv_connector == "PlantedFaultConnector"
-            and a.kv_connector_module_path == "repro.engine.connectors.planted_fault"
-        ):
-            extra.setdefault("store_dir", TMPDIR_TOKEN)
-        arms.append(
-            {
-                "name": a.kv_connector,
-                "mode": "connector",
-                "skip_probes": {},
-                "connector": {"name": a.kv_connector, "module_path": a.kv_connector_module_path, "extra_config": extra},
-            }
-        )
-    else:
-        for spec in fixture.arms:
-            arms.append(
-                {
-                    "name": spec.name,
-                    "mode": "connector",
-                    "skip_probes": dict(spec.skip_probes),
-                    "connector": {
-                        "name": spec.connector,
-                        "module_path": spec.module_path,
-                        "extra_config": dict(spec.extra_config),
-                    },
-                }
-            )
-    if a.compare_native:
-        arms.append({"name": "native", "mode": "native", "connector": None, "skip_probes": {}})
-    if len(arms) == 1:
-        raise UsageError(
-            "nothing to compare: give --kv-connector or --compare-native (or a fixture that declares arms)"
-        )
-    return arms
+@dataclass
+class RunState:
+    """What the run has done so far, so that an interrupt or a crash is reported truthfully."""
+
+    report_path: Path | None = None
+    published: dict | None = None  # the report, once it and its logs are on disk
 
 
-def _materialize(arm: dict, scratch: list[str]) -> dict:
-    """Replace @tmpdir in connector settings with a fresh directory for this arm alone."""
-    conn = arm.get("connector")
-    if not conn:
-        return arm
-    extra = {}
-    for k, v in conn["extra_config"].items():
-        if v == TMPDIR_TOKEN:
-            v = tempfile.mkdtemp(prefix=f"kvkit-{arm['name']}-")
-            scratch.append(v)
-        extra[k] = v
-    return dict(arm, connector=dict(conn, extra_config=extra))
-
-
-def _job(opts: Options, arm: dict, probes: list) -> dict:
-    a = opts.args
-    model = str(Path(a.model).resolve()) if opts.model_is_local else a.model
-    return {
-        "arm": {k: arm[k] for k in ("name", "mode", "connector")},
-        "engine": {
-            "model": model,
-            "revision": a.model_revision,
-            "dtype": a.dtype,
-            "seed": a.seed,
-            "gpu_memory_utilization": a.gpu_memory_utilization,
-            "max_model_len": a.max_model_len,
-            "block_size": a.block_size,
-            "device": a.device,
-        },
-        "max_tokens": a.max_tokens,
-        "logprobs": a.logprobs,
-        "probes": [
-            {
-                "name": p.name,
-                "prompt": p.prompt_spec(),
-                "requests": 1 if arm["mode"] == "baseline" else requests_for(p, a.reuses),
-            }
-            for p in probes
-            if p.name not in arm["skip_probes"]
-        ],
-    }
-
-
-def _vocab_size(opts: Options) -> int | None:
-    if not opts.model_is_local:
-        return None
-    try:
-        return int(json.loads((Path(opts.args.model) / "config.json").read_text())["vocab_size"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _arm_entry(arm: dict, outcome, baseline_result: dict | None, block_size: int, logs_rel: str) -> dict:
+def arm_entry(arm: PlannedArm, outcome: ArmOutcome, baseline: ArmResult | None, block_size: int, logs_rel: str) -> dict:
+    """One arm of the report: its result judged against the baseline, or its failure."""
+    spec = arm.spec
     entry = {
-        "name": arm["name"],
-        "mode": arm["mode"],
-        "connector": arm["connector"],
+        "name": spec.name,
+        "mode": spec.mode,
+        "connector": spec.connector and spec.connector.to_json(),
         "error": None,
-        "log": f"{logs_rel}/{arm['name']}.log",
+        "log": f"{logs_rel}/{spec.name}.log",
         "warnings": logscan.count_warnings(outcome.log_text),
         "effective_config": None,
         "versions": None,
@@ -141,34 +65,47 @@ def _arm_entry(arm: dict, outcome, baseline_result: dict | None, block_size: int
     }
     res = outcome.result
     if res is not None:
-        entry["effective_config"] = res.get("effective_config")
-        entry["versions"] = res.get("versions")
-        entry["timing"].update({k: res.get(k) for k in ("engine_start_s", "import_s", "generation_s")})
+        entry.update(effective_config=res.effective_config, versions=res.versions)
+        entry["timing"].update(engine_start_s=res.engine_start_s, import_s=res.import_s, generation_s=res.generation_s)
     if outcome.failure is not None:
-        entry.update(
-            error=outcome.failure, verdict=ERROR, reasons=[f"{outcome.failure['kind']}: {outcome.failure['detail']}"]
-        )
+        verdict = decide_child_failure(outcome.failure.kind, outcome.failure.detail)
+        entry.update(error=outcome.failure.to_json(), verdict=verdict.verdict, reasons=list(verdict.reasons))
         return entry
-    probes, verdict, reasons = judge_arm(res, baseline_result, arm["mode"], block_size, arm["skip_probes"])
-    entry.update(probes=probes, verdict=verdict, reasons=reasons)
-    if arm["connector"] and "lmcache" in arm["connector"]["name"].lower():
-        lmcache_findings(entry, outcome.log_text)
+    probes, verdict = judge_arm(res, baseline, spec.mode, block_size, arm.skip_probes)
+    entry["probes"] = probes
+    if spec.connector is not None and "lmcache" in spec.connector.name.lower():
+        evidence = lmcache_evidence(probes, outcome.log_text)
+        entry["lmcache"] = evidence.signals
+        entry["findings"] += list(evidence.findings)
+        for probe in probes:
+            for i, req in enumerate(probe["requests"]):
+                req["lmcache"] = evidence.request_views[(probe["name"], i)]
+        degraded = decide_lmcache_degraded(verdict, evidence.degraded)
+        if degraded is not verdict:
+            entry["error"] = {
+                "kind": degraded.error_kind,
+                "detail": degraded.error_detail,
+                "log_tail": "\n".join(evidence.degraded),
+            }
+        verdict = degraded
+    entry.update(verdict=verdict.verdict, reasons=list(verdict.reasons))
     return entry
 
 
-def run(opts: Options, argv: list[str]) -> int:
+def run(opts: Options, argv: list[str], state: RunState) -> int:
     a = opts.args
     fixture = load_fixture(a.fixture)
     probes = build_probes(fixture.probes, a.suite)
     check_probes_fit(
         probes,
-        vocab_size=_vocab_size(opts),
+        vocab_size=vocab_size(opts),
         max_model_len=a.max_model_len,
         max_tokens=a.max_tokens,
         where=f"fixture {a.fixture}",
     )
     arms = plan_arms(opts, fixture)
-    report_path = Path(a.report)
+    preflight = preflight_for(opts, arms)
+    report_path = state.report_path = Path(a.report)
     report_path.parent.mkdir(parents=True, exist_ok=True)
     started = utc_now()
     extra_env = {"LMCACHE_LOG_LEVEL": os.environ.get("LMCACHE_LOG_LEVEL", "INFO")}  # its hit lines are INFO
@@ -181,37 +118,39 @@ def run(opts: Options, argv: list[str]) -> int:
     entries: list[dict] = []
     t0 = time.monotonic()
     try:
-        baseline_result = None
-        for i, arm in enumerate(arms):
-            arm = _materialize(arm, scratch)
-            print(f"[kvkit] arm {arm['name']} ({arm['mode']}) ...", file=sys.stderr, flush=True)
-            job = dict(_job(opts, arm, probes), fixture_sha256=fixture.sha256)
-            if i == 0:
-                job.update(_preflight_spec(opts, arms))
+        baseline = None
+        for i, planned in enumerate(arms):
+            arm = materialize(planned, scratch)
+            print(f"[kvkit] arm {arm.name} ({arm.spec.mode}) ...", file=sys.stderr, flush=True)
+            job = arm_job(opts, arm, probes, fixture.sha256, preflight if i == 0 else None)
             outcome = run_arm(
                 job,
                 workdir=work,
-                log_path=work / f"{arm['name']}.log",
+                log_path=work / f"{arm.name}.log",
                 env=env,
                 timeout_s=a.timeout,
                 python=a.python,
                 module=a.engine_module,
             )
-            problems = (outcome.result or {}).get("preflight_problems")
-            if problems:
-                raise UsageError("; ".join(str(p) for p in problems))
-            if arm["mode"] == "baseline" and outcome.failure is None:
-                baseline_result = outcome.result
-            entries.append(_arm_entry(arm, outcome, baseline_result, a.block_size, logs_dir_name))
+            if outcome.result is not None and outcome.result.preflight_problems:
+                raise UsageError("; ".join(outcome.result.preflight_problems))
+            if arm.spec.mode == "baseline" and outcome.failure is None:
+                baseline = outcome.result
+            entries.append(arm_entry(arm, outcome, baseline, a.block_size, logs_dir_name))
             print(
-                f"[kvkit] arm {arm['name']}: {entries[-1]['verdict']} ({outcome.wall_s:.0f} s)",
+                f"[kvkit] arm {arm.name}: {entries[-1]['verdict']} ({outcome.wall_s:.0f} s)",
                 file=sys.stderr,
                 flush=True,
             )
-        report = _assemble(opts, fixture, entries, argv, env, started, time.monotonic() - t0)
+        report = assemble(opts, fixture, entries, argv, env, started, time.monotonic() - t0)
+        # Serialize (and check against the schema) before anything on disk changes: a report that
+        # cannot be written leaves the old report and its logs as they were.
+        validate_report(report)
+        data = dumps_json(report).encode("utf-8")
         with deferred_signals():  # logs and report are swapped in together, or not at all
-            _publish_logs(work, report_path.parent / logs_dir_name, [e["name"] for e in entries])
-            write_json_atomic(report_path, report)
+            publish_logs(work, report_path.parent / logs_dir_name, [e["name"] for e in entries])
+            write_bytes_atomic(report_path, data)
+            state.published = report
     finally:
         shutil.rmtree(work, ignore_errors=True)
         for d in scratch:
@@ -221,20 +160,7 @@ def run(opts: Options, argv: list[str]) -> int:
     return exit_code(report)
 
 
-def _preflight_spec(opts: Options, arms: list[dict]) -> dict:
-    """Connector and device checks for the first child to make once vLLM is imported, before it
-    builds an engine: a problem is a usage error (exit 2), and no extra vLLM import is paid."""
-    if opts.args.engine_module != DEFAULT_ENGINE_MODULE:
-        return {}
-    conns = [
-        {"arm": arm["name"], "name": arm["connector"]["name"], "module_path": arm["connector"]["module_path"]}
-        for arm in arms
-        if arm["connector"]
-    ]
-    return {"preflight": {"connectors": conns, "device": opts.args.device}}
-
-
-def _publish_logs(work: Path, dest: Path, names: list[str]) -> None:
+def publish_logs(work: Path, dest: Path, names: list[str]) -> None:
     """Swap in the new arm logs only once the run completed, so an interrupted run leaves the
     previous report's logs as they were."""
     staged = work / "logs"
@@ -251,7 +177,7 @@ def _publish_logs(work: Path, dest: Path, names: list[str]) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _assemble(
+def assemble(
     opts: Options, fixture: Fixture, entries: list[dict], argv: list[str], env: dict, started: str, wall_s: float
 ) -> dict:
     a = opts.args
@@ -272,7 +198,7 @@ def _assemble(
     errors = [{"arm": e["name"], **{k: e["error"][k] for k in ("kind", "detail")}} for e in entries if e["error"]]
     warnings = [{"arm": e["name"], "message": m, "count": c} for e in entries for m, c in e["warnings"].items()]
     starts = [e["timing"].get("engine_start_s") for e in entries if e["timing"].get("engine_start_s") is not None]
-    report = {
+    return {
         "kind": REPORT_KIND,
         "schema_version": REPORT_SCHEMA_VERSION,
         "tool_version": __version__,
@@ -308,31 +234,45 @@ def _assemble(
         # Diagnostics only, for `make bench`: never a performance claim (claim_eligible is false).
         "diagnostics": {"wall_s": round(wall_s, 3), "engine_start_s_sum": round(sum(starts), 3)},
     }
-    return report
+
+
+def _interrupted(state: RunState, why: str) -> int:
+    if state.published is not None:  # the signal arrived after the report and its logs were swapped in
+        print(
+            f"error: {INTERRUPTED} ({why}) after the run completed: {state.report_path} and its logs are the new, "
+            "complete report",
+            file=sys.stderr,
+        )
+        return exit_code(state.published)
+    print(
+        f"error: {INTERRUPTED} ({why}): children killed; no report written, the previous one is untouched",
+        file=sys.stderr,
+    )
+    return EXIT_INTERRUPTED
+
+
+def _verify(argv: list[str]) -> int:
+    state = RunState()
+    try:
+        return run(parse_args(argv), argv, state)
+    except (KeyboardInterrupt, Interrupted) as exc:
+        return _interrupted(state, str(exc) or "SIGINT")
+    except UsageError:
+        raise  # repro.commands.run_command: one line, exit 2
+    except PermissionError as exc:  # a path the user gave that cannot be written: bad input, not a crash
+        raise UsageError(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
+    except Exception:  # noqa: BLE001 - a kit bug: say so, keep the traceback, and never exit 0 or 1
+        traceback.print_exc()
+        written = f"{state.report_path} was written before the error" if state.published else "no report written"
+        print(f"error: internal error in the kit (traceback above); {written}", file=sys.stderr)
+        return EXIT_RUNTIME
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """`python -m repro.verify_kv_reuse ARGS`: bad usage 2, OSError 3, interrupt 130 (repro.commands)."""
 
     def _on_term(signum, frame):
         raise Interrupted(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, _on_term)
-    try:
-        opts = parse_args(argv)
-        return run(opts, argv)
-    except UsageError as exc:
-        return fail_usage(exc)
-    except (KeyboardInterrupt, Interrupted) as exc:
-        print(
-            f"error: {INTERRUPTED} ({exc or 'SIGINT'}): children killed; no report written, the previous one is untouched",
-            file=sys.stderr,
-        )
-        return 130
-    except OSError as exc:
-        print(f"error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
-        return EXIT_RUNTIME if not isinstance(exc, PermissionError) else EXIT_USAGE
-    except Exception:  # noqa: BLE001 - a kit bug: say so, keep the traceback, and never exit 0 or 1
-        traceback.print_exc()
-        print("error: internal error in the kit (traceback above); no report written", file=sys.stderr)
-        return EXIT_RUNTIME
+    return run_command(_verify, list(sys.argv[1:] if argv is None else argv))

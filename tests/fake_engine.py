@@ -4,7 +4,7 @@ Run as `python -m tests.fake_engine JOB.json` (through run_arm(module=...) or th
 --engine-module). It follows the real child's file contract, and the environment variable
 KVKIT_FAKE (JSON) tells it how to behave per arm:
   {"modes": {"ARM or *": MODE}, "pid_dir": DIR, "echo_env": [NAMES], "config": {"ARM": {...}},
-   "sleep_s": S}
+   "sleep_s": S, "result_schema_version": N}
 MODE is one of ok, sigkill, segfault, hang, hang-ignore-term, oom, exit7, missing, garbage,
 wrong-kind, raise, raise-no-record, slow. With pid_dir, the child first starts a grandchild that
 sleeps and writes its pid to DIR/ARM.grandchild.pid (and its own to DIR/ARM.child.pid).
@@ -57,10 +57,10 @@ def _result(job: dict, config: dict) -> dict:
         "block_size": e["block_size"],
         "enable_prefix_caching": mode == "native",
     }
-    effective.update(config.get(job["arm"]["name"], {}))
+    effective.update(config.get("config", {}).get(job["arm"]["name"], {}))
     return {
         "kind": "kvkit-arm-result",
-        "schema_version": 1,
+        "schema_version": config.get("result_schema_version", 1),
         "arm": job["arm"]["name"],
         "pid": os.getpid(),
         "versions": {"vllm": "fake", "torch": "fake", "lmcache": "fake"},
@@ -132,7 +132,7 @@ def main(argv: list[str]) -> int:
         return 3
     if mode == "raise-no-record":
         return 3
-    write_json_atomic(out, _result(job, spec.get("config", {})))
+    write_json_atomic(out, _result(job, spec))
     return 0
 
 

@@ -6,7 +6,9 @@ import copy
 
 import pytest
 
-from repro.evaluate import comparability_problems, judge_arm
+from repro.contract import ARM_RESULT_KIND, ARM_RESULT_SCHEMA_VERSION, ArmResult
+from repro.evaluate import comparability_problems
+from repro.evaluate import judge_arm as _judge_arm
 
 BASE = {
     "arm": "baseline",
@@ -25,6 +27,24 @@ BASE = {
 }
 
 
+def typed(data: dict) -> ArmResult:
+    """A result as the child's file would hold it, read through the contract."""
+    data = copy.deepcopy(data)
+    for p in data["probes"]:
+        for i, r in enumerate(p["requests"]):
+            r.setdefault("role", "cold" if i == 0 else "reuse")
+    return ArmResult.from_json({"kind": ARM_RESULT_KIND, "schema_version": ARM_RESULT_SCHEMA_VERSION, **data})
+
+
+def comparability(base: dict, other: dict) -> list[str]:
+    return comparability_problems(typed(base), typed(other))
+
+
+def judge_arm(other: dict, base: dict, mode: str, block_size: int):
+    probes, verdict = _judge_arm(typed(other), typed(base), mode, block_size)
+    return probes, verdict.verdict, list(verdict.reasons)
+
+
 def _other(**changes) -> dict:
     other = copy.deepcopy(BASE)
     other["arm"] = "conn"
@@ -39,7 +59,7 @@ def _other(**changes) -> dict:
 
 
 def test_identical_setups_compare():
-    assert comparability_problems(BASE, _other()) == []
+    assert comparability(BASE, _other()) == []
     _, verdict, _ = judge_arm(_other(), BASE, "connector", 16)
     assert verdict == "PASS"
 
@@ -59,7 +79,7 @@ def test_identical_setups_compare():
 )
 def test_each_key_that_differs_is_named_and_the_arm_is_not_compared(change, named):
     other = _other(**change)
-    problems = comparability_problems(BASE, other)
+    problems = comparability(BASE, other)
     assert len(problems) == 1 and problems[0].startswith(named), problems
     probes, verdict, reasons = judge_arm(other, BASE, "connector", 16)
     assert probes == [] and verdict == "ERROR"
@@ -69,4 +89,15 @@ def test_each_key_that_differs_is_named_and_the_arm_is_not_compared(change, name
 def test_a_missing_fixture_hash_on_one_side_is_a_difference():
     other = _other()
     del other["fixture_sha256"]
-    assert comparability_problems(BASE, other)[0].startswith("fixture hash differs")
+    assert comparability(BASE, other)[0].startswith("fixture hash differs")
+
+
+def test_a_baseline_probe_that_is_not_pass_makes_the_reuse_probe_inconclusive():
+    """Bug a: the baseline reported cached tokens with caching off; the matching reuse arm used to PASS."""
+    bad_base = copy.deepcopy(BASE)
+    bad_base["probes"][0]["requests"][0]["cached_tokens"] = 16
+    base_probes, base_verdict = _judge_arm(typed(bad_base), None, "baseline", 16)
+    assert base_probes[0]["verdict"] == "INCONCLUSIVE"
+    probes, verdict, reasons = judge_arm(_other(), bad_base, "connector", 16)
+    assert verdict == "INCONCLUSIVE" and probes[0]["verdict"] == "INCONCLUSIVE"
+    assert reasons == ["p: the baseline's own probe is INCONCLUSIVE: it is not a reference"]

@@ -128,15 +128,21 @@ def test_a_false_positive_at_the_smallest_window_only_fails_the_study():
     assert s["false_positives_by_window"] == {"8": 1, "16": 0, "32": 0}
 
 
-def _request(tokens: tuple[int, ...], cached: int) -> dict:
-    return {"token_ids": list(tokens), "cached_tokens": cached, "logprobs": [[[t, -0.5], [0, -3.0]] for t in tokens]}
+def _request(tokens: tuple[int, ...], cached: int, role: str = "reuse") -> dict:
+    """One request as an engine result holds it (repro.contract.RequestResult's JSON form)."""
+    return {
+        "role": role,
+        "token_ids": list(tokens),
+        "cached_tokens": cached,
+        "logprobs": [[[t, -0.5], [0, -3.0]] for t in tokens],
+    }
 
 
 def test_a_control_arm_failing_at_8_tokens_only_is_counted_and_fails_the_study():
     """The same, end to end from engine results: the reuse diverges at 5, the cold request at 12."""
     prompt = list(range(40))
-    baseline = {"probes": [{"name": "p", "prompt_token_ids": prompt, "requests": [_request(tuple(BASE), 0)]}]}
-    requests = [_request(_diverge_at(12), 0), _request(_diverge_at(5), 32)]
+    baseline = {"probes": [{"name": "p", "prompt_token_ids": prompt, "requests": [_request(tuple(BASE), 0, "cold")]}]}
+    requests = [_request(_diverge_at(12), 0, "cold"), _request(_diverge_at(5), 32)]
     result = {"probes": [{"name": "p", "prompt_token_ids": prompt, "requests": requests}]}
     entry = control_entry("native", MODEL_SEED, result, None, baseline)
     assert entry["false_positives"] == {"8": 1, "16": 0, "32": 0}
@@ -176,30 +182,30 @@ def test_prefix_check():
 
 def test_fault_job_runs_the_decoy_first_then_every_prompt_cold_and_reused(tmp_path):
     job = plan.fault_job(tmp_path, "stale", "tail", "/m")
-    assert job["arm"]["name"] == "stale-tail" and job["arm"]["mode"] == "connector"
-    assert job["max_tokens"] == plan.MAX_TOKENS == 32 and job["logprobs"] == plan.LOGPROBS
-    assert job["engine"]["model"] == "/m" and job["engine"]["block_size"] == 16 and job["engine"]["dtype"] == "float32"
-    assert [(p["name"], p["requests"]) for p in job["probes"]] == [("decoy", 1)] + [(n, 2) for n, _ in plan.PROMPTS]
-    assert job["probes"][1]["prompt"] == {"chat": plan.prompt_spec("alpha", 389)}
-    extra = job["arm"]["connector"]["extra_config"]
+    assert job.arm.name == "stale-tail" and job.arm.mode == "connector"
+    assert job.max_tokens == plan.MAX_TOKENS == 32 and job.logprobs == plan.LOGPROBS
+    assert job.engine.model == "/m" and job.engine.block_size == 16 and job.engine.dtype == "float32"
+    assert [(p.name, p.requests) for p in job.probes] == [("decoy", 1)] + [(n, 2) for n, _ in plan.PROMPTS]
+    assert job.probes[1].prompt == {"chat": plan.prompt_spec("alpha", 389)}
+    extra = job.arm.connector.extra_config
     assert extra["fault"] == "stale" and extra["first_block"] == -1 and extra["num_blocks"] == 1
     assert extra["audit_path"] == str(tmp_path / "stale-tail.audit.jsonl")
     short = plan.fault_job(tmp_path, "zero_blocks", "head", "/m", plan.PREFIX_CHECK_WINDOW)
-    assert short["arm"]["name"] == "zero_blocks-head-8tok" and short["max_tokens"] == 8
+    assert short.arm.name == "zero_blocks-head-8tok" and short.max_tokens == 8
 
 
 def test_control_and_baseline_jobs(tmp_path):
     base = plan.baseline_job(1, "/m1")
-    assert base["arm"] == {"name": "baseline-seed1", "mode": "baseline", "connector": None}
-    assert {p["requests"] for p in base["probes"]} == {1}
+    assert base.arm.to_json() == {"name": "baseline-seed1", "mode": "baseline", "connector": None}
+    assert {p.requests for p in base.probes} == {1}
     controls = plan.control_jobs(tmp_path, 1, "/m1")
-    assert [(name, job["arm"]["name"], job["arm"]["mode"]) for name, job in controls] == [
+    assert [(name, job.arm.name, job.arm.mode) for name, job in controls] == [
         ("ExampleConnector", "ExampleConnector-seed1", "connector"),
         ("native", "native-seed1", "native"),
         ("PlantedFault-none", "PlantedFault-none-seed1", "connector"),
     ]
-    assert all(p["requests"] == 1 + plan.CONTROL_REUSES for _, job in controls for p in job["probes"])
-    assert controls[2][1]["arm"]["connector"]["extra_config"]["fault"] == "none"
+    assert all(p.requests == 1 + plan.CONTROL_REUSES for _, job in controls for p in job.probes)
+    assert controls[2][1].arm.connector.extra_config["fault"] == "none"
 
 
 def test_the_fault_model_is_the_kits_model():

@@ -2,7 +2,8 @@
 
 from pathlib import Path
 
-from repro.lmcache_signals import cross_check, lmcache_findings, scan_log
+from repro.lmcache_signals import cross_check, lmcache_evidence, scan_log
+from repro.verdict import ERROR, INCONCLUSIVE, PASS, ArmVerdict, decide_lmcache_degraded
 
 DATA = Path(__file__).parent / "data" / "lmcache"
 HITS = (DATA / "h200-v026-l054-hits.log").read_text()
@@ -31,22 +32,21 @@ def test_double_unpins_and_cuda_ops_fallback_are_counted():
 def test_health_monitor_degraded_mode_is_detected_and_makes_the_arm_error():
     scan = scan_log(DEGRADED)
     assert scan["degraded"] and "degraded mode" in scan["degraded"][0]
-    entry = {
-        "name": "LMCacheConnectorV1",
-        "verdict": "INCONCLUSIVE",
-        "reasons": ["fixture: reuse 1: zero cached tokens"],
-        "probes": [],
-    }
-    lmcache_findings(entry, DEGRADED)
-    assert entry["verdict"] == "ERROR"
-    assert entry["error"]["kind"] == "lmcache-degraded"
-    assert entry["lmcache"]["degraded_mode"] is True
+    evidence = lmcache_evidence([], DEGRADED)
+    assert evidence.signals["degraded_mode"] is True
+    assert evidence.degraded and "degraded mode" in evidence.degraded[0]
+    before = ArmVerdict(INCONCLUSIVE, ("fixture: reuse 1: zero cached tokens",))
+    after = decide_lmcache_degraded(before, evidence.degraded)
+    assert after.verdict == ERROR and after.error_kind == "lmcache-degraded"
+    assert after.reasons[1:] == before.reasons  # the arm's own reasons are kept after the degraded one
 
 
-def test_degraded_mode_never_leaves_a_pass():
-    entry = {"name": "LMCacheConnectorV1", "verdict": "PASS", "reasons": [], "probes": []}
-    lmcache_findings(entry, DEGRADED)
-    assert entry["verdict"] == "ERROR"
+def test_degraded_mode_never_leaves_a_pass_and_the_scan_never_decides():
+    evidence = lmcache_evidence([], DEGRADED)
+    assert not hasattr(evidence, "verdict")  # the log scan reports; repro.verdict decides
+    assert decide_lmcache_degraded(ArmVerdict(PASS, ()), evidence.degraded).verdict == ERROR
+    healthy = lmcache_evidence([], HITS)
+    assert healthy.degraded == () and decide_lmcache_degraded(ArmVerdict(PASS, ()), healthy.degraded).verdict == PASS
 
 
 def test_full_prompt_hit_retrieving_more_than_vllm_loaded_is_a_finding():
@@ -66,8 +66,8 @@ def test_full_prompt_hit_retrieving_more_than_vllm_loaded_is_a_finding():
             }
         ]
     }
-    findings = cross_check(entry, scan_log(HITS))
-    assert entry["probes"][0]["requests"][0]["lmcache"]["retrieved"] == 512
+    views, findings = cross_check(entry["probes"], scan_log(HITS))
+    assert views[("chat-512", 0)]["retrieved"] == 512
     assert findings == ["chat-512 reuse 0: LMCache retrieved 512 tokens where vLLM counted 511 cached"]
 
 
@@ -100,9 +100,8 @@ def test_cross_check_matches_requests_by_vllm_request_id_prefix():
             }
         ]
     }
-    findings = cross_check(entry, scan_log(HITS))
-    reqs = entry["probes"][0]["requests"]
-    assert reqs[1]["lmcache"] == {
+    views, findings = cross_check(entry["probes"], scan_log(HITS))
+    assert views[("fixture", 1)] == {
         "reported_hit_tokens": 1280,
         "retrieved": 1280,
         "required": 1280,

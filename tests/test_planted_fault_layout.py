@@ -7,7 +7,7 @@ import os
 import pytest
 from conftest import have_vllm
 
-from repro import detection
+from repro.detection import plan
 from repro.runner import child_env, run_arm
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
@@ -17,8 +17,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM 
 def stored_blocks(tiny_model, tmp_path_factory):
     """One faithful arm (fault none): the engine stores real KV blocks; the reuse must match the cold run."""
     work = tmp_path_factory.mktemp("layout")
-    conn = detection._planted(work, "none", "none", {})
-    job = detection._job("layout-none", "connector", conn, tiny_model, [("alpha", 389, 2)], max_tokens=8)
+    conn = plan.planted_connector(work, "none", "none", {})
+    job = plan.arm_job("layout-none", "connector", conn, tiny_model, [("alpha", 389, 2)], max_tokens=8)
     out = run_arm(
         job,
         workdir=work,
@@ -27,8 +27,8 @@ def stored_blocks(tiny_model, tmp_path_factory):
         timeout_s=900,
     )
     assert out.failure is None, out.failure
-    cold, reuse = out.result["probes"][0]["requests"]
-    assert reuse["cached_tokens"] == 384 and reuse["token_ids"] == cold["token_ids"]
+    cold, reuse = out.result.probes[0].requests
+    assert reuse.cached_tokens == 384 and reuse.token_ids == cold.token_ids
     return sorted((work / "none.store").glob("*.pt"))
 
 

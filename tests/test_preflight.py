@@ -8,6 +8,7 @@ import os
 import pytest
 from kvkit_testutil import have_vllm, run_cli
 
+from repro.contract import ArmSpec, EngineConfig, Preflight, PreflightConnector, build_job
 from repro.runner import child_env, run_arm
 
 pytestmark = pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")
@@ -25,15 +26,12 @@ def test_every_connector_and_device_problem_is_named(tmp_path):
     env = child_env(dict(os.environ, PYTHONPATH=str(tmp_path)), hashseed="0", extra={})
     # the first arm's engine child makes these checks before it builds an engine; with problems
     # it builds none and hands them back
-    job = {
-        "arm": {"name": "baseline", "mode": "baseline", "connector": None},
-        "engine": {},
-        "probes": [],
-        "preflight": {"connectors": connectors, "device": "cuda"},
-    }
+    engine = EngineConfig("unused", None, "float32", 0, 0.1, 256, 16, "cuda")
+    preflight = Preflight(tuple(PreflightConnector(**c) for c in connectors), device="cuda")
+    job = build_job(ArmSpec("baseline", "baseline"), engine, [], max_tokens=1, logprobs=2, preflight=preflight)
     outcome = run_arm(job, workdir=tmp_path, log_path=tmp_path / "preflight.log", env=env, timeout_s=300)
     assert outcome.failure is None, outcome.failure
-    problems = outcome.result["preflight_problems"]
+    problems = outcome.result.preflight_problems
     text = "\n".join(problems)
     assert not any(p.startswith(("arm a-ok", "arm b-ok")) for p in problems), text
     assert any(p.startswith("--device cuda: this machine's vLLM runs on 'cpu'") for p in problems), text

@@ -13,39 +13,39 @@ from pathlib import Path
 import pytest
 
 from repro import runner
-from repro.runner import (
+from repro.contract import (
     CRASH,
     MISSING_OUTPUT,
     NONZERO_EXIT,
     OOM,
     RAISED,
+    RESULT_VERSION,
     TIMEOUT,
     UNPARSABLE_OUTPUT,
-    child_env,
-    classify_exit,
-    run_arm,
+    ArmSpec,
+    EngineConfig,
+    Job,
+    ProbeJob,
+    build_job,
 )
+from repro.runner import child_env, classify_exit, run_arm
 
 FAKE = "tests.fake_engine"
 
 
-def _job(arm: str = "baseline", mode: str = "baseline") -> dict:
-    return {
-        "arm": {"name": arm, "mode": mode, "connector": None},
-        "engine": {
-            "model": "fake",
-            "revision": None,
-            "dtype": "float32",
-            "seed": 0,
-            "gpu_memory_utilization": 0.1,
-            "max_model_len": 256,
-            "block_size": 16,
-            "device": "cpu",
-        },
-        "max_tokens": 4,
-        "logprobs": 2,
-        "probes": [{"name": "p", "prompt": {"token_ids": list(range(1, 40))}, "requests": 2}],
-    }
+def _job(arm: str = "baseline", mode: str = "baseline") -> Job:
+    engine = EngineConfig(
+        model="fake",
+        revision=None,
+        dtype="float32",
+        seed=0,
+        gpu_memory_utilization=0.1,
+        max_model_len=256,
+        block_size=16,
+        device="cpu",
+    )
+    probes = [ProbeJob("p", {"token_ids": list(range(1, 40))}, 2)]
+    return build_job(ArmSpec(arm, mode), engine, probes, max_tokens=4, logprobs=2)
 
 
 def _alive(pid: int) -> bool:
@@ -96,24 +96,24 @@ def assert_no_leftovers(tmp_path: Path) -> None:
 )
 def test_each_child_failure_is_a_named_kind_with_the_log_tail(tmp_path, mode, kind, detail):
     out = run_fake(tmp_path, mode)
-    assert out.result is None or kind == RAISED
-    assert out.failure is not None and out.failure["kind"] == kind
-    assert detail.lower() in out.failure["detail"].lower()
-    assert f"fake-engine: arm=baseline mode={mode}" in out.failure["log_tail"]
+    assert (out.result is not None) == (kind == RAISED)  # only a raised child leaves its (error) result
+    assert out.failure is not None and out.failure.kind == kind
+    assert detail.lower() in out.failure.detail.lower()
+    assert f"fake-engine: arm=baseline mode={mode}" in out.failure.log_tail
     assert_no_leftovers(tmp_path)
 
 
 def test_success_reaps_grandchildren_too(tmp_path):
     out = run_fake(tmp_path, "ok")
-    assert out.failure is None and out.result["probes"][0]["name"] == "p"
+    assert out.failure is None and out.result.probes[0].name == "p"
     assert_no_leftovers(tmp_path)
 
 
 def test_hang_past_timeout_kills_the_whole_group(tmp_path):
     t0 = time.monotonic()
     out = run_fake(tmp_path, "hang", timeout_s=2)
-    assert out.failure["kind"] == TIMEOUT and "time limit" in out.failure["detail"]
-    assert "mode=hang" in out.failure["log_tail"]
+    assert out.failure.kind == TIMEOUT and "time limit" in out.failure.detail
+    assert "mode=hang" in out.failure.log_tail
     assert time.monotonic() - t0 < 15
     assert_no_leftovers(tmp_path)
 
@@ -121,7 +121,7 @@ def test_hang_past_timeout_kills_the_whole_group(tmp_path):
 def test_a_child_that_ignores_sigterm_gets_sigkill(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "GRACE_S", 0.5)
     out = run_fake(tmp_path, "hang-ignore-term", timeout_s=2)
-    assert out.failure["kind"] == TIMEOUT
+    assert out.failure.kind == TIMEOUT
     assert_no_leftovers(tmp_path)
 
 
@@ -134,7 +134,7 @@ def test_secret_env_values_are_redacted_from_the_kept_log(tmp_path):
         del os.environ["KVKIT_TEST_API_KEY"]
     log = (tmp_path / "baseline.log").read_text()
     assert "KVKIT_TEST_API_KEY=<redacted>" in log and secret not in log
-    assert secret not in out.failure["log_tail"] and "<redacted>" in out.failure["log_tail"]
+    assert secret not in out.failure.log_tail and "<redacted>" in out.failure.log_tail
 
 
 @pytest.mark.parametrize(
@@ -158,6 +158,20 @@ def test_classify_exit(rc, log, timed_out, oom, kind):
     assert (got[0] if got else None) == kind
 
 
-def test_oom_kill_counter_is_read_or_absent():
-    count = runner.oom_kill_count()
-    assert count is None or (isinstance(count, int) and count >= 0)
+def test_oom_kill_counter_reads_cgroup_v2_memory_events(tmp_path, monkeypatch):
+    events = tmp_path / "memory.events"
+    monkeypatch.setattr(runner, "_CGROUP_EVENTS", events)
+    assert runner.oom_kill_count() is None  # no file: unknown, never 0
+    events.write_text("low 0\nhigh 0\nmax 4\noom 2\noom_kill 3\noom_group_kill 0\n")
+    assert runner.oom_kill_count() == 3  # oom_kill, not oom or oom_group_kill
+    events.write_text("low 0\nhigh 0\nmax 4\noom 2\n")
+    assert runner.oom_kill_count() is None  # no oom_kill line: unknown
+    events.write_text("oom_kill three\n")
+    assert runner.oom_kill_count() is None  # garbage: unknown, not a crash
+
+
+def test_a_result_of_another_schema_version_is_a_named_failure(tmp_path):
+    out = run_fake(tmp_path, "ok", result_schema_version=99)
+    assert out.result is None and out.failure.kind == RESULT_VERSION
+    assert "schema_version 99" in out.failure.detail
+    assert_no_leftovers(tmp_path)

@@ -72,3 +72,71 @@ def test_worst_orders_error_fail_inconclusive_pass():
     assert worst([FAIL, ERROR]) == ERROR
     assert worst([PASS, PASS]) == PASS
     assert worst([]) == INCONCLUSIVE
+
+
+# ---- the verdict authority: arm verdicts, downgrades, skips, failures -------------------------------
+
+from repro.verdict import (
+    SKIPPED,
+    VERDICTS,
+    ArmVerdict,
+    ProbeVerdict,
+    decide_arm,
+    decide_child_failure,
+    decide_incomparable,
+    decide_lmcache_degraded,
+    decide_shared_first_block,
+    decide_skipped,
+)
+
+
+def test_a_reuse_against_a_baseline_probe_that_is_not_pass_is_inconclusive():
+    """Bug a: the baseline reported cached tokens with caching off; a matching reuse must not PASS."""
+    v = decide_probe(BASE, r(BASE, 0), [r(BASE, 1280)], baseline_verdict=INCONCLUSIVE)
+    assert v.verdict == INCONCLUSIVE
+    assert v.reasons[0] == "the baseline's own probe is INCONCLUSIVE: it is not a reference"
+    # nor can it blame: a differing reuse against such a baseline is not a FAIL either
+    assert decide_probe(BASE, r(BASE, 0), [r((9,), 1280)], baseline_verdict=INCONCLUSIVE).verdict == INCONCLUSIVE
+
+
+def test_skipped_is_a_verdict_and_never_judged():
+    assert SKIPPED in VERDICTS
+    skipped = decide_skipped("cannot hit 513 tokens")
+    assert skipped == ProbeVerdict(SKIPPED, ("cannot hit 513 tokens",), None)
+    arm = decide_arm([("a", ProbeVerdict(PASS, (), None)), ("b", skipped)])
+    assert arm == ArmVerdict(PASS, ())
+    assert decide_arm([("b", skipped)]) == ArmVerdict(INCONCLUSIVE, ("no probe was run",))
+
+
+def test_the_arm_takes_its_worst_probe_with_every_non_pass_reason():
+    arm = decide_arm(
+        [
+            ("a", ProbeVerdict(PASS, (), None)),
+            ("b", ProbeVerdict(INCONCLUSIVE, ("reuse 1: zero cached tokens",), None)),
+            ("c", ProbeVerdict(FAIL, ("reuse 1: 256 cached tokens, differs from baseline @2",), None)),
+        ]
+    )
+    assert arm.verdict == FAIL and arm.error_kind is None
+    assert arm.reasons == ("b: reuse 1: zero cached tokens", "c: reuse 1: 256 cached tokens, differs from baseline @2")
+
+
+def test_a_shared_first_block_downgrades_pass_and_fail_but_not_error():
+    for verdict in (PASS, FAIL):
+        got = decide_shared_first_block(ProbeVerdict(verdict, ("x",), None), "p1")
+        assert got.verdict == INCONCLUSIVE
+        assert got.reasons == ("x", "shares its first block with probe p1: probes are not isolated")
+    error = ProbeVerdict(ERROR, ("boom",), None)
+    assert decide_shared_first_block(error, "p1") is error
+
+
+def test_child_failures_refusals_and_degraded_mode_are_named_errors():
+    crash = decide_child_failure("crash", "killed by SIGKILL")
+    assert crash == ArmVerdict(ERROR, ("crash: killed by SIGKILL",), "crash", "killed by SIGKILL")
+    refused = decide_incomparable(["dtype differs: baseline 'float32' vs x 'float16'"])
+    assert refused.verdict == ERROR
+    assert refused.reasons == ("refusing to compare: dtype differs: baseline 'float32' vs x 'float16'",)
+    ok = ArmVerdict(PASS, ())
+    assert decide_lmcache_degraded(ok, []) is ok
+    assert decide_lmcache_degraded(crash, ["entering degraded mode"]) is crash  # an ERROR keeps its own error
+    degraded = decide_lmcache_degraded(ok, ["entering degraded mode"])
+    assert degraded.verdict == ERROR and degraded.error_kind == "lmcache-degraded"

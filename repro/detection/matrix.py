@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from repro import evaluate
+from repro.contract import ProbeResult
 from repro.detection.plan import DECOY, WINDOWS
 from repro.verdict import FAIL, INCONCLUSIVE, PASS, Request, decide_probe
 
@@ -100,7 +101,9 @@ def summarize(faults: list[dict], controls: list[dict], prefix_ok: bool) -> dict
 def judge_probe(base_probe: dict, probe: dict) -> dict:
     """One probe of a reuse arm against the baseline's, at every window; the per-request first
     diffs and margins are the verifier's own (repro.evaluate.judge_probe over the full run)."""
-    judged = evaluate.judge_probe(probe, base_probe, "connector")
+    judged, _ = evaluate.judge_probe(
+        ProbeResult.from_json(probe, probe["name"]), ProbeResult.from_json(base_probe, base_probe["name"]), "connector"
+    )
     cold, *reuses = judged["requests"]
     view = [Request(tuple(r["token_ids"]), r.get("cached_tokens")) for r in judged["requests"]]
     verdicts = window_verdicts(base_probe["requests"][0]["token_ids"], view[0], view[1:])

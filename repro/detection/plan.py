@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from repro.contract import ArmSpec, ConnectorSpec, EngineConfig, Job, ProbeJob, build_job
+from repro.plan import PLANTED_FAULT_MODULE
 from repro.prompts import DETECTION_FILLERS, chat_spec
 from repro.tinymodel import MODEL_SEED
 
@@ -67,66 +69,63 @@ def probe_plan(requests: int) -> list[tuple[str, int, int]]:
     return [(n, length, requests) for n, length in PROMPTS]
 
 
-def engine_config(model: str) -> dict:
-    return {
-        "model": model,
-        "revision": None,
-        "dtype": "float32",
-        "seed": 0,
-        "gpu_memory_utilization": 0.1,
-        "max_model_len": 2048,
-        "block_size": BLOCK_SIZE,
-        "device": "cpu",
-    }
+def engine_config(model: str) -> EngineConfig:
+    return EngineConfig(
+        model=model,
+        revision=None,
+        dtype="float32",
+        seed=0,
+        gpu_memory_utilization=0.1,
+        max_model_len=2048,
+        block_size=BLOCK_SIZE,
+        device="cpu",
+    )
 
 
 def arm_job(
     name: str,
     mode: str,
-    connector: dict | None,
+    connector: ConnectorSpec | None,
     model: str,
     probes: list[tuple[str, int, int]],
     max_tokens: int = MAX_TOKENS,
-) -> dict:
-    """The engine job of one arm (repro.runner.run_arm's input); every job of the study is built here."""
-    return {
-        "arm": {"name": name, "mode": mode, "connector": connector},
-        "engine": engine_config(model),
-        "max_tokens": max_tokens,
-        "logprobs": LOGPROBS,
-        "probes": [{"name": n, "prompt": {"chat": prompt_spec(n, length)}, "requests": k} for n, length, k in probes],
-    }
+) -> Job:
+    """The engine job of one arm (repro.runner.run_arm's input); every job of the study is built here,
+    through the verifier's own repro.contract.build_job."""
+    return build_job(
+        ArmSpec(name, mode, connector),
+        engine_config(model),
+        [ProbeJob(n, {"chat": prompt_spec(n, length)}, k) for n, length, k in probes],
+        max_tokens=max_tokens,
+        logprobs=LOGPROBS,
+    )
 
 
-def planted_connector(scratch: Path, name: str, fault: str, params: dict) -> dict:
+def planted_connector(scratch: Path, name: str, fault: str, params: dict) -> ConnectorSpec:
     """The planted-fault connector of arm `name`, its store and load audit under `scratch`."""
-    return {
-        "name": "PlantedFaultConnector",
-        "module_path": "repro.engine.connectors.planted_fault",
-        "extra_config": {
+    return ConnectorSpec(
+        "PlantedFaultConnector",
+        PLANTED_FAULT_MODULE,
+        {
             "store_dir": str(scratch / f"{name}.store"),
             "fault": fault,
             "audit_path": str(scratch / f"{name}.audit.jsonl"),
             **params,
         },
-    }
+    )
 
 
-def baseline_job(seed: int, model: str) -> dict:
+def baseline_job(seed: int, model: str) -> Job:
     return arm_job(f"baseline-seed{seed}", "baseline", None, model, probe_plan(1))
 
 
-def control_jobs(scratch: Path, seed: int, model: str) -> list[tuple[str, dict]]:
+def control_jobs(scratch: Path, seed: int, model: str) -> list[tuple[str, Job]]:
     """(control name, job): ExampleConnector, native prefix caching and the planted connector with fault none."""
     arms = [
         (
             "ExampleConnector",
             "connector",
-            {
-                "name": "ExampleConnector",
-                "module_path": None,
-                "extra_config": {"shared_storage_path": str(scratch / f"example-{seed}")},
-            },
+            ConnectorSpec("ExampleConnector", None, {"shared_storage_path": str(scratch / f"example-{seed}")}),
         ),
         ("native", "native", None),
         ("PlantedFault-none", "connector", planted_connector(scratch, f"none-{seed}", "none", {})),
@@ -137,7 +136,7 @@ def control_jobs(scratch: Path, seed: int, model: str) -> list[tuple[str, dict]]
     ]
 
 
-def fault_job(scratch: Path, fault: str, position: str, model: str, max_tokens: int = MAX_TOKENS) -> dict:
+def fault_job(scratch: Path, fault: str, position: str, model: str, max_tokens: int = MAX_TOKENS) -> Job:
     """The decoy first (stored, never reused), then every prompt cold and once reused."""
     params = dict(FAULT_PARAMS[fault], first_block=POSITIONS[position])
     name = f"{fault}-{position}" + ("" if max_tokens == MAX_TOKENS else f"-{max_tokens}tok")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from repro import __version__
 from repro.atomic import write_json_atomic
+from repro.contract import Job
 from repro.detection import plan
 from repro.detection.matrix import compare_error, control_entry, fault_entry, prefix_check, summarize
 from repro.provenance import allowed_env, hardware, kit_commit, package_version, utc_now
@@ -28,21 +29,21 @@ class Runner:
     env: dict
     timeout_s: float
 
-    def run(self, job: dict) -> tuple[dict | None, dict | None]:
-        name = job["arm"]["name"]
+    def run(self, job: Job) -> tuple[dict | None, dict | None]:
+        """The arm's result and failure in their JSON form (what the pure matrix code reads)."""
+        name = job.arm.name
         print(f"[kvkit] detection arm {name} ...", file=sys.stderr, flush=True)
         out = run_arm(
             job, workdir=self.work, log_path=self.work / f"{name}.log", env=self.env, timeout_s=self.timeout_s
         )
-        status = "ok" if out.failure is None else out.failure["kind"]
+        status = "ok" if out.failure is None else out.failure.kind
         print(f"[kvkit] detection arm {name}: {status} ({out.wall_s:.0f} s)", file=sys.stderr, flush=True)
-        failure = None if out.failure is None else {k: out.failure[k] for k in ("kind", "detail", "log_tail")}
-        return out.result, failure
+        return (None if out.result is None else out.result.to_json()), (out.failure and out.failure.to_json())
 
 
-def read_audit(job: dict) -> list[dict]:
+def read_audit(job: Job) -> list[dict]:
     """The planted connector's load audit of this job's arm (one JSON line per load)."""
-    path = Path(job["arm"]["connector"]["extra_config"]["audit_path"])
+    path = Path(job.arm.connector.extra_config["audit_path"])
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -70,8 +71,7 @@ def run_controls(runner: Runner, models: dict, seeds: tuple[int, ...]) -> tuple[
         for name, job in plan.control_jobs(runner.work, seed, model):
             result, failure = runner.run(job)
             entry = control_entry(name, seed, result, compare_error(baselines[seed], result, failure), baselines[seed])
-            connector = job["arm"]["connector"]
-            if connector and connector["name"] == "PlantedFaultConnector":
+            if job.arm.connector and job.arm.connector.name == "PlantedFaultConnector":
                 audit = read_audit(job)
                 # a faithful load must be bit-exact: the connector itself adds no noise
                 entry["kv_audit"] = {
@@ -90,9 +90,7 @@ def run_faults(runner: Runner, model: str, baseline: dict | None, faults: tuple[
             job = plan.fault_job(runner.work, fault, position, model)
             result, failure = runner.run(job)
             results[(fault, position)] = result
-            params = {
-                k: v for k, v in job["arm"]["connector"]["extra_config"].items() if k not in ("store_dir", "audit_path")
-            }
+            params = {k: v for k, v in job.arm.connector.extra_config.items() if k not in ("store_dir", "audit_path")}
             error = compare_error(baseline, result, failure)
             entries.append(fault_entry(fault, position, params, result, error, baseline, read_audit(job)))
     check = {"window": plan.PREFIX_CHECK_WINDOW, "ok": False, "requests_compared": 0, "detail": "not run"}
@@ -101,7 +99,7 @@ def run_faults(runner: Runner, model: str, baseline: dict | None, faults: tuple[
         short, _failure = runner.run(job)
         check = dict(
             prefix_check(short, results[plan.PREFIX_CHECK_FAULT], plan.PREFIX_CHECK_WINDOW),
-            arm=job["arm"]["name"],
+            arm=job.arm.name,
             compared_with="-".join(plan.PREFIX_CHECK_FAULT),
         )
     return entries, check

@@ -1,8 +1,8 @@
 """Child side: run one arm (one engine, every probe) and write one JSON result.
 
 This is the only kit module, with repro/connectors/, that imports vllm, torch or lmcache. The
-parent (repro.runner) starts it as `python -m repro.engine JOB.json`; the child writes the result
-file named in the job and exits. Everything it prints goes to the arm log the parent captured at
+parent (repro.runner) starts it as `python -m repro.engine JOB.json` with a repro.contract.Job;
+the child writes one repro.contract.ArmResult to the job's output path and exits. Everything it prints goes to the arm log the parent captured at
 the file-descriptor level.
 """
 
@@ -18,11 +18,9 @@ import platform
 import sys
 import traceback
 
-from repro.atomic import write_json_atomic
+from repro.atomic import dumps_json, write_bytes_atomic
+from repro.contract import EXIT_OK, EXIT_RAISED, ArmResult, ChildError, Job, ProbeResult, RequestResult
 from repro.provenance import package_version
-from repro.runner import ARM_RESULT_KIND
-
-RESULT_SCHEMA_VERSION = 1
 
 
 def build_chat_prompt(tokenizer, spec: dict) -> tuple[list[int], list[dict]]:
@@ -106,121 +104,137 @@ def _collect_versions() -> dict:
     return out
 
 
-def _engine_kwargs(job: dict) -> dict:
-    e, arm = job["engine"], job["arm"]
+def _engine_kwargs(job: Job) -> dict:
+    e, arm = job.engine, job.arm
     kwargs = {
-        "model": e["model"],
-        "tokenizer": e["model"],
-        "revision": e.get("revision"),
-        "dtype": e["dtype"],
-        "seed": e["seed"],
+        "model": e.model,
+        "tokenizer": e.model,
+        "revision": e.revision,
+        "dtype": e.dtype,
+        "seed": e.seed,
         "enforce_eager": True,
-        "gpu_memory_utilization": e["gpu_memory_utilization"],
-        "max_model_len": e["max_model_len"],
-        "block_size": e["block_size"],
+        "gpu_memory_utilization": e.gpu_memory_utilization,
+        "max_model_len": e.max_model_len,
+        "block_size": e.block_size,
         # The whole prompt is prefilled in one step: connectors such as ExampleConnector store
         # only on a request's first scheduling step.
-        "max_num_batched_tokens": max(e["max_model_len"], 2048),
+        "max_num_batched_tokens": max(e.max_model_len, 2048),
         "max_num_seqs": 1,
-        "enable_prefix_caching": arm["mode"] == "native",
+        "enable_prefix_caching": arm.mode == "native",
         "disable_log_stats": False,
     }
-    conn = arm.get("connector")
-    if conn:
+    if arm.connector is not None:
         from vllm.config import KVTransferConfig
 
         ktc = {
-            "kv_connector": conn["name"],
+            "kv_connector": arm.connector.name,
             "kv_role": "kv_both",
-            "kv_connector_extra_config": dict(conn.get("extra_config") or {}),
+            "kv_connector_extra_config": dict(arm.connector.extra_config),
         }
-        if conn.get("module_path"):
-            ktc["kv_connector_module_path"] = conn["module_path"]
+        if arm.connector.module_path:
+            ktc["kv_connector_module_path"] = arm.connector.module_path
         kwargs["kv_transfer_config"] = KVTransferConfig(**ktc)
     return kwargs
 
 
-def run_job(job: dict, keep: list) -> dict:
+def _request(out, role: str) -> RequestResult:
+    comp = out.outputs[0]
+    cached = getattr(out, "num_cached_tokens", None)
+    ktp = json.loads(json.dumps(out.kv_transfer_params, default=str)) if out.kv_transfer_params else None
+    return RequestResult(
+        role=role,
+        request_id=str(out.request_id),
+        cached_tokens=None if cached is None else int(cached),
+        token_ids=tuple(int(t) for t in comp.token_ids),
+        logprobs=tuple(_top_logprobs(s) for s in (comp.logprobs or [])),
+        finish_reason=comp.finish_reason,
+        kv_transfer_params=ktp,
+        text=comp.text,
+    )
+
+
+def run_job(job: Job, keep: list) -> ArmResult:
     """Run every probe of the arm in one engine; the engine is parked in `keep` so that it is not
     torn down before the result is written (the parent reaps its processes)."""
     from vllm import LLM, SamplingParams, TokensPrompt
 
-    result = _result(job, pid=os.getpid(), versions=_collect_versions())
+    versions = _collect_versions()
     t0 = time.monotonic()
     llm = LLM(**_engine_kwargs(job))
     keep.append(llm)
     ready = time.monotonic()
-    # from process start to a ready engine: interpreter, imports and engine construction
-    result["engine_start_s"] = round(ready - _T_PROCESS, 3)
-    result["import_s"] = round(t0 - _T_PROCESS, 3)
-    result["effective_config"] = _effective_config(llm)
     tokenizer = llm.get_tokenizer()
     sp = SamplingParams(
-        temperature=0.0,
-        max_tokens=job["max_tokens"],
-        ignore_eos=True,
-        logprobs=job["logprobs"],
-        seed=job["engine"]["seed"],
+        temperature=0.0, max_tokens=job.max_tokens, ignore_eos=True, logprobs=job.logprobs, seed=job.engine.seed
     )
     t_gen = time.monotonic()
-    for probe in job["probes"]:
-        if "token_ids" in probe["prompt"]:
-            ids, messages = list(probe["prompt"]["token_ids"]), None
+    probes = []
+    for probe in job.probes:
+        if "token_ids" in probe.prompt:
+            ids, messages = list(probe.prompt["token_ids"]), None
         else:
-            ids, messages = build_chat_prompt(tokenizer, probe["prompt"]["chat"])
-        if job["arm"]["mode"] == "native":
+            ids, messages = build_chat_prompt(tokenizer, probe.prompt["chat"])
+        if job.arm.mode == "native":
             llm.reset_prefix_cache()  # belt and braces: probes are also isolated by content
-        requests = []
-        for i in range(probe["requests"]):
-            out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0]
-            comp = out.outputs[0]
-            cached = getattr(out, "num_cached_tokens", None)
-            requests.append(
-                {
-                    "role": "cold" if i == 0 else "reuse",
-                    "request_id": str(out.request_id),
-                    "cached_tokens": None if cached is None else int(cached),
-                    "token_ids": [int(t) for t in comp.token_ids],
-                    "logprobs": [_top_logprobs(s) for s in (comp.logprobs or [])],
-                    "finish_reason": comp.finish_reason,
-                    "kv_transfer_params": json.loads(json.dumps(out.kv_transfer_params, default=str))
-                    if out.kv_transfer_params
-                    else None,
-                    "text": comp.text,
-                }
+        requests = [
+            _request(
+                llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0], "cold" if i == 0 else "reuse"
             )
-        result["probes"].append(
-            {"name": probe["name"], "prompt_token_ids": ids, "messages": messages, "requests": requests}
+            for i in range(probe.requests)
+        ]
+        probes.append(
+            ProbeResult(name=probe.name, prompt_token_ids=tuple(ids), messages=messages, requests=tuple(requests))
         )
-    result["generation_s"] = round(time.monotonic() - t_gen, 3)
-    return result
+    return ArmResult(
+        arm=job.arm.name,
+        probes=tuple(probes),
+        pid=os.getpid(),
+        versions=versions,
+        effective_config=_effective_config(llm),
+        # from process start to a ready engine: interpreter, imports and engine construction
+        engine_start_s=round(ready - _T_PROCESS, 3),
+        import_s=round(t0 - _T_PROCESS, 3),
+        generation_s=round(time.monotonic() - t_gen, 3),
+        fixture_sha256=job.fixture_sha256,
+    )
 
 
-def _result(job: dict, **fields) -> dict:
-    """A result record for the parent: what it is, which arm, and (so far) no probes or error."""
-    return {
-        "kind": ARM_RESULT_KIND,
-        "schema_version": RESULT_SCHEMA_VERSION,
-        "arm": job["arm"]["name"],
-        "probes": [],
-        "error": None,
-        **fields,
-    }
-
-
-def _preflight_problems(job: dict) -> list[str]:
+def _preflight_problems(job: Job) -> list[str]:
     """The first arm's child checks every arm's connector and the device before building its
     engine (see repro.engine.preflight); problems go back to the parent as a usage error."""
-    if not job.get("preflight"):
+    if job.preflight is None:
         return []
     from repro.engine.preflight import run_preflight
 
     try:
-        return run_preflight(job["preflight"])
+        return run_preflight(job.preflight)
     except Exception:  # noqa: BLE001 - a broken check must not invent a problem: the arms report their own errors
         traceback.print_exc()
         print("kvkit-engine: warning: the preflight check did not complete; running the arm anyway", flush=True)
         return []
+
+
+def _raised(job: Job, exc: BaseException) -> ArmResult:
+    return ArmResult(
+        arm=job.arm.name,
+        pid=os.getpid(),
+        fixture_sha256=job.fixture_sha256,
+        error=ChildError(type(exc).__name__, str(exc)[:2000]),
+    )
+
+
+def run_and_write(job: Job, keep: list) -> int:
+    """Run the job and write its result; returns the child's exit code. Serializing the result is
+    part of the run: a result that cannot be written (a NaN, say) is a raised error, exit EXIT_RAISED."""
+    try:
+        problems = _preflight_problems(job)
+        result = ArmResult(arm=job.arm.name, preflight_problems=tuple(problems)) if problems else run_job(job, keep)
+        data, code = dumps_json(result.to_json()), EXIT_OK
+    except BaseException as exc:  # noqa: BLE001 - the parent turns this into a named ERROR with the log tail
+        traceback.print_exc()
+        data, code = dumps_json(_raised(job, exc).to_json()), EXIT_RAISED
+    write_bytes_atomic(job.output, data.encode("utf-8"))
+    return code
 
 
 def main(argv: list[str]) -> int:
@@ -228,27 +242,15 @@ def main(argv: list[str]) -> int:
         print("usage: python -m repro.engine JOB.json", file=sys.stderr)
         return 2
     with open(argv[0], encoding="utf-8") as fh:
-        job = json.load(fh)
+        job = Job.from_json(json.load(fh))
     print(
-        f"kvkit-engine: arm={job['arm']['name']} pid={os.getpid()} PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED')}",
+        f"kvkit-engine: arm={job.arm.name} pid={os.getpid()} PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED')}",
         flush=True,
     )
     keep: list = []
-    try:
-        problems = _preflight_problems(job)
-        result = run_job(job, keep) if not problems else _result(job, preflight_problems=problems)
-        code = 0
-    except BaseException as exc:  # noqa: BLE001 - the parent turns this into a named ERROR with the log tail
-        traceback.print_exc()
-        result = _result(job, error={"type": type(exc).__name__, "message": str(exc)[:2000]})
-        code = 3
-    write_json_atomic(job["output"], result)
+    code = run_and_write(job, keep)
     sys.stdout.flush()
     sys.stderr.flush()
     # No graceful engine shutdown: the result is on disk, and the parent kills the whole process
     # group (engine core and workers included) as soon as this process is gone.
     os._exit(code)
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

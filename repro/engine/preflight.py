@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 
+from repro.contract import Preflight
 from repro.provenance import package_version
 
 
@@ -48,11 +49,11 @@ def check_device(device: str, platform_type: str) -> str | None:
     return f"--device {device}: this machine's vLLM runs on {platform_type!r} (use --device {platform_type} or auto)"
 
 
-def run_preflight(spec: dict) -> list[str]:
+def run_preflight(spec: Preflight) -> list[str]:
     """Every problem with spec's connectors and device, each naming the flag or arm."""
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.platforms import current_platform
 
     platform_type = str(current_platform.device_type)
-    problems = [p for p in [check_device(spec["device"], platform_type)] if p]
-    return problems + [p for p in (check_connector(c, KVConnectorFactory) for c in spec["connectors"]) if p]
+    problems = [p for p in [check_device(spec.device, platform_type)] if p]
+    return problems + [p for p in (check_connector(c.to_json(), KVConnectorFactory) for c in spec.connectors) if p]

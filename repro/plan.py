@@ -1,0 +1,125 @@
+"""Planning a verification run: which arms run, in what order, and the job each arm's child gets."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from repro.cli import DEFAULT_ENGINE_MODULE, Options
+from repro.contract import ArmSpec, ConnectorSpec, EngineConfig, Job, Preflight, PreflightConnector, ProbeJob, build_job
+from repro.errors import UsageError
+from repro.fixtures import Fixture, Probe
+from repro.suite import requests_for
+
+# A connector setting with this value gets a fresh directory for its arm alone.
+TMPDIR_TOKEN = "@tmpdir"
+PLANTED_FAULT_MODULE = "repro.engine.connectors.planted_fault"
+
+
+@dataclass(frozen=True)
+class PlannedArm:
+    spec: ArmSpec
+    skip_probes: dict = field(default_factory=dict)  # probe name -> why this arm cannot run it
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def plan_arms(opts: Options, fixture: Fixture) -> list[PlannedArm]:
+    """baseline first, then the connector arm(s) (the command line's, else the fixture's), then native."""
+    a = opts.args
+    arms = [PlannedArm(ArmSpec("baseline", "baseline"))]
+    if a.kv_connector:
+        extra = dict(opts.extra_config)
+        if a.kv_connector == "ExampleConnector":
+            extra.setdefault("shared_storage_path", TMPDIR_TOKEN)
+        if a.kv_connector == "PlantedFaultConnector" and a.kv_connector_module_path == PLANTED_FAULT_MODULE:
+            extra.setdefault("store_dir", TMPDIR_TOKEN)
+        conn = ConnectorSpec(a.kv_connector, a.kv_connector_module_path, extra)
+        arms.append(PlannedArm(ArmSpec(a.kv_connector, "connector", conn)))
+    else:
+        for spec in fixture.arms:
+            conn = ConnectorSpec(spec.connector, spec.module_path, dict(spec.extra_config))
+            arms.append(PlannedArm(ArmSpec(spec.name, "connector", conn), dict(spec.skip_probes)))
+    if a.compare_native:
+        arms.append(PlannedArm(ArmSpec("native", "native")))
+    if len(arms) == 1:
+        raise UsageError(
+            "nothing to compare: give --kv-connector or --compare-native (or a fixture that declares arms)"
+        )
+    return arms
+
+
+def materialize(arm: PlannedArm, scratch: list[str]) -> PlannedArm:
+    """Replace @tmpdir in connector settings with a fresh directory for this arm alone (listed in scratch)."""
+    conn = arm.spec.connector
+    if conn is None:
+        return arm
+    extra = {}
+    for key, value in conn.extra_config.items():
+        if value == TMPDIR_TOKEN:
+            value = tempfile.mkdtemp(prefix=f"kvkit-{arm.name}-")
+            scratch.append(value)
+        extra[key] = value
+    return replace(arm, spec=replace(arm.spec, connector=replace(conn, extra_config=extra)))
+
+
+def engine_config(opts: Options) -> EngineConfig:
+    a = opts.args
+    return EngineConfig(
+        model=str(Path(a.model).resolve()) if opts.model_is_local else a.model,
+        revision=a.model_revision,
+        dtype=a.dtype,
+        seed=a.seed,
+        gpu_memory_utilization=a.gpu_memory_utilization,
+        max_model_len=a.max_model_len,
+        block_size=a.block_size,
+        device=a.device,
+    )
+
+
+def preflight_for(opts: Options, arms: list[PlannedArm]) -> Preflight | None:
+    """Connector and device checks for the first child to make once vLLM is imported, before it
+    builds an engine: a problem is a usage error (exit 2), and no extra vLLM import is paid. A
+    stand-in engine (tests only) has no vLLM to check with."""
+    if opts.args.engine_module != DEFAULT_ENGINE_MODULE:
+        return None
+    conns = tuple(
+        PreflightConnector(arm.name, arm.spec.connector.name, arm.spec.connector.module_path)
+        for arm in arms
+        if arm.spec.connector is not None
+    )
+    return Preflight(connectors=conns, device=opts.args.device)
+
+
+def arm_job(
+    opts: Options, arm: PlannedArm, probes: list[Probe], fixture_sha256: str, preflight: Preflight | None = None
+) -> Job:
+    """The job for one arm: every probe it does not skip, each with its cold request and reuses."""
+    jobs = [
+        ProbeJob(p.name, p.prompt_spec(), requests_for(p, opts.args.reuses))
+        for p in probes
+        if p.name not in arm.skip_probes
+    ]
+    return build_job(
+        arm.spec,
+        engine_config(opts),
+        jobs,
+        max_tokens=opts.args.max_tokens,
+        logprobs=opts.args.logprobs,
+        preflight=preflight,
+        fixture_sha256=fixture_sha256,
+    )
+
+
+def vocab_size(opts: Options) -> int | None:
+    """The local model's vocabulary size (to reject out-of-vocabulary token IDs before any engine)."""
+    if not opts.model_is_local:
+        return None
+    try:
+        return int(json.loads((Path(opts.args.model) / "config.json").read_text())["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

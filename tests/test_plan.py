@@ -1,0 +1,98 @@
+"""Arm planning and job building (repro.plan, repro.contract.build_job): pure, no engine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from repro.cli import parse_args
+from repro.contract import Job
+from repro.errors import UsageError
+from repro.fixtures import load_fixture
+from repro.plan import PLANTED_FAULT_MODULE, TMPDIR_TOKEN, arm_job, materialize, plan_arms, preflight_for
+from repro.suite import build_probes
+
+SELFTEST = "fixtures/selftest-cpu.json"
+
+
+@pytest.fixture
+def model(tmp_path):
+    path = tmp_path / "model"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"vocab_size": 1000}))
+    return str(path)
+
+
+def _opts(model, tmp_path, *extra):
+    return parse_args(["--model", model, "--fixture", SELFTEST, "--report", str(tmp_path / "r.json"), *extra])
+
+
+def test_fixture_arms_in_order_baseline_connectors_native(model, tmp_path):
+    opts = _opts(model, tmp_path, "--compare-native")
+    arms = plan_arms(opts, load_fixture(SELFTEST))
+    assert [(a.name, a.spec.mode) for a in arms] == [
+        ("baseline", "baseline"),
+        ("ExampleConnector", "connector"),
+        ("PlantedFault", "connector"),
+        ("native", "native"),
+    ]
+    assert arms[1].skip_probes and "chat-513" in arms[1].skip_probes
+    assert arms[2].spec.connector.module_path == PLANTED_FAULT_MODULE
+    assert arms[0].spec.connector is None and arms[3].spec.connector is None
+
+
+def test_a_command_line_connector_replaces_the_fixture_arms_and_gets_a_scratch_dir(model, tmp_path):
+    opts = _opts(model, tmp_path, "--kv-connector", "ExampleConnector")
+    arms = plan_arms(opts, load_fixture(SELFTEST))
+    assert [a.name for a in arms] == ["baseline", "ExampleConnector"]
+    assert arms[1].spec.connector.extra_config == {"shared_storage_path": TMPDIR_TOKEN}
+    scratch: list[str] = []
+    real = materialize(arms[1], scratch)
+    assert real.spec.connector.extra_config["shared_storage_path"] == scratch[0] != TMPDIR_TOKEN
+    assert materialize(arms[1], []).spec.connector.extra_config != real.spec.connector.extra_config  # fresh per arm
+
+
+def test_nothing_to_compare_is_a_usage_error(model, tmp_path):
+    fixture = load_fixture(SELFTEST)
+    opts = _opts(model, tmp_path)
+    with pytest.raises(UsageError, match="nothing to compare"):
+        plan_arms(opts, type(fixture)(**{**fixture.__dict__, "arms": ()}))
+
+
+def test_jobs_baseline_runs_once_reuse_arms_cold_plus_reuses_skips_dropped(model, tmp_path):
+    opts = _opts(model, tmp_path, "--compare-native", "--suite", "acceptance", "--reuses", "2")
+    fixture = load_fixture(SELFTEST)
+    arms = plan_arms(opts, fixture)
+    probes = build_probes(fixture.probes, "acceptance")
+    jobs = {a.name: arm_job(opts, a, probes, fixture.sha256) for a in arms}
+    assert [(p.name, p.requests) for p in jobs["baseline"].probes] == [
+        ("fixture", 1),
+        ("chat-511", 1),
+        ("chat-512", 1),
+        ("chat-513", 1),
+    ]
+    assert [(p.name, p.requests) for p in jobs["native"].probes] == [
+        ("fixture", 3),
+        ("chat-511", 3),
+        ("chat-512", 3),
+        ("chat-513", 3),
+    ]
+    assert [p.name for p in jobs["ExampleConnector"].probes] == ["fixture", "chat-511", "chat-512"]
+    assert {j.fixture_sha256 for j in jobs.values()} == {fixture.sha256}
+    assert {j.engine for j in jobs.values()} == {jobs["baseline"].engine}  # one engine config for every arm
+    assert jobs["baseline"].engine.model == str((tmp_path / "model").resolve())
+
+
+def test_the_job_round_trips_through_json_and_only_the_first_child_gets_the_preflight(model, tmp_path):
+    opts = _opts(model, tmp_path, "--compare-native")
+    fixture = load_fixture(SELFTEST)
+    arms = plan_arms(opts, fixture)
+    pre = preflight_for(opts, arms)
+    assert [(c.arm, c.name) for c in pre.connectors] == [
+        ("ExampleConnector", "ExampleConnector"),
+        ("PlantedFault", "PlantedFaultConnector"),
+    ]
+    job = arm_job(opts, arms[0], list(fixture.probes), fixture.sha256, pre)
+    assert Job.from_json(json.loads(json.dumps(job.to_json()))) == job
+    assert "preflight" not in arm_job(opts, arms[1], list(fixture.probes), fixture.sha256).to_json()
