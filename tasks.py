@@ -119,8 +119,11 @@ def repro(c, profile="auto", model=""):
 
 @task(help={"k": "pytest -k expression", "fast": "skip the end-to-end engine tests"})
 def test(c, k="", fast=False):
-    """Run the test suite (unit, end-to-end on the CPU engine, browser, kit)."""
+    """Lint (ruff check and format check: zero findings), then the tests (unit, end-to-end on the CPU engine, ...)."""
     py = venv_python("cpu", ["requirements/test.txt"])
+    for lint in ("-m ruff check .", "-m ruff format --check ."):
+        if run_py(c, py, lint, warn=True).exited != 0:
+            raise Exit("ruff found problems (above): `ruff check --fix .` and `ruff format .` fix most", code=1)
     args = "-m pytest -q -ra" + (f" -k '{k}'" if k else "") + (" -m 'not e2e'" if fast else "")
     result = run_py(c, py, args, warn=True)
     if result.exited != 0:

@@ -97,7 +97,7 @@ def test_a_baseline_probe_that_is_not_pass_makes_the_reuse_probe_inconclusive():
     bad_base = copy.deepcopy(BASE)
     bad_base["probes"][0]["requests"][0]["cached_tokens"] = 16
     base_probes, base_verdict = _judge_arm(typed(bad_base), None, "baseline", 16)
-    assert base_probes[0]["verdict"] == "INCONCLUSIVE"
+    assert base_probes[0]["verdict"] == base_verdict.verdict == "INCONCLUSIVE"
     probes, verdict, reasons = judge_arm(_other(), bad_base, "connector", 16)
     assert verdict == "INCONCLUSIVE" and probes[0]["verdict"] == "INCONCLUSIVE"
     assert reasons == ["p: the baseline's own probe is INCONCLUSIVE: it is not a reference"]

@@ -1,27 +1,93 @@
-"""Modules outside the engine's own must never import vllm, torch or lmcache."""
+"""The engine boundary: only repro.engine imports vllm, torch or lmcache, and only repro.verdict writes a verdict.
 
+Every module of the package is found by walking the source tree (no hand-kept list) and read as
+a syntax tree, so an import inside a function counts as much as one at the top of the module.
+"""
+
+from __future__ import annotations
+
+import ast
 import json
-import pkgutil
 import subprocess
 import sys
 
 from kvkit_testutil import ROOT
 
-import repro
-
-ENGINE_SIDE = {"repro.engine", "repro.margins", "repro.engine.preflight", "repro.engine.connectors.planted_fault"}
-
-
-def _modules():
-    names = ["repro"]
-    for info in pkgutil.walk_packages(repro.__path__, "repro."):
-        names.append(info.name)
-    return sorted(n for n in names if n not in ENGINE_SIDE and n != "repro.__main__")
+HEAVY = ("vllm", "torch", "lmcache")
+ENGINE = "repro.engine"
+# What the engine child may take from the parent's side: the contract and leaf helpers, never
+# the parent's machinery (the runner, the verifier, the planner, the command line).
+PARENT_ONLY = ("repro.runner", "repro.verify", "repro.plan", "repro.cli", "repro.commands", "repro.report")
+VERDICT_NAMES = {"PASS", "FAIL", "INCONCLUSIVE", "ERROR", "SKIPPED"}
+# The same words that are not verdicts: logscan reads log levels (WARNING, ERROR, CRITICAL).
+NOT_VERDICTS = {"repro.logscan": {"ERROR"}}
 
 
-def test_light_modules_never_import_heavy_stacks():
-    mods = _modules()
-    assert "repro.verify" in mods and "repro.runner" in mods and "repro.report" in mods
+def package_modules() -> dict[str, ast.Module]:
+    out = {}
+    for path in sorted((ROOT / "repro").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    return out
+
+
+def imported(tree: ast.Module, module: str) -> set[str]:
+    """Every module name an import statement anywhere in the tree names (relative imports resolved)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(module.split(".")[: -node.level] + ([base] if base else []))
+            names.add(base)
+            names |= {f"{base}.{a.name}" for a in node.names}
+    return names
+
+
+def is_engine(module: str) -> bool:
+    return module == ENGINE or module.startswith(ENGINE + ".")
+
+
+def test_the_scan_sees_every_module_and_every_kind_of_import():
+    modules = package_modules()
+    assert {
+        "repro.verify",
+        "repro.contract",
+        "repro.verdict",
+        "repro.engine.child",
+        "repro.kit.archive",
+        "repro.detection.run",
+        "repro.publish.site",
+        "repro.engine.connectors.planted_fault",
+    } <= set(modules)
+    inside_a_function = ast.parse("def f():\n    from vllm import LLM\n    import torch.nn as nn\n")
+    assert {"vllm", "torch.nn"} <= imported(inside_a_function, "repro.x")
+    assert "repro.engine.child" in imported(ast.parse("from .child import main"), "repro.engine.__main__")
+
+
+def test_nothing_outside_the_engine_package_imports_a_heavy_stack():
+    offenders = {
+        module: sorted(n for n in imported(tree, module) if n.split(".")[0] in HEAVY)
+        for module, tree in package_modules().items()
+        if not is_engine(module)
+    }
+    assert {m: names for m, names in offenders.items() if names} == {}
+
+
+def test_the_engine_child_does_not_reach_into_the_parent_side():
+    offenders = {
+        module: sorted(n for n in imported(tree, module) if n.startswith(PARENT_ONLY))
+        for module, tree in package_modules().items()
+        if is_engine(module)
+    }
+    assert {m: names for m, names in offenders.items() if names} == {}
+
+
+def test_light_modules_import_without_a_heavy_stack_in_a_fresh_interpreter():
+    mods = sorted(m for m in package_modules() if not is_engine(m) and not m.endswith("__main__"))
     code = (
         "import importlib, json, sys\n"
         f"for m in {mods!r}: importlib.import_module(m)\n"
@@ -29,3 +95,21 @@ def test_light_modules_never_import_heavy_stacks():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_only_the_verdict_module_writes_a_verdict():
+    """Verdict names are imported from repro.verdict everywhere else (docstrings and longer text aside)."""
+    offenders = {}
+    for module, tree in package_modules().items():
+        if module == "repro.verdict":
+            continue
+        found = sorted(
+            f"line {node.lineno}: {node.value!r}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant)
+            and node.value in VERDICT_NAMES
+            and node.value not in NOT_VERDICTS.get(module, ())
+        )
+        if found:
+            offenders[module] = found
+    assert offenders == {}
