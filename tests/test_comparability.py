@@ -9,6 +9,7 @@ import pytest
 from repro.contract import ARM_RESULT_KIND, ARM_RESULT_SCHEMA_VERSION, ArmResult
 from repro.evaluate import comparability_problems
 from repro.evaluate import judge_arm as _judge_arm
+from repro.suite import shared_first_blocks
 
 BASE = {
     "arm": "baseline",
@@ -101,3 +102,16 @@ def test_a_baseline_probe_that_is_not_pass_makes_the_reuse_probe_inconclusive():
     probes, verdict, reasons = judge_arm(_other(), bad_base, "connector", 16)
     assert verdict == "INCONCLUSIVE" and probes[0]["verdict"] == "INCONCLUSIVE"
     assert reasons == ["p: the baseline's own probe is INCONCLUSIVE: it is not a reference"]
+
+
+def test_probes_sharing_a_first_block_are_found_and_the_later_one_is_not_trusted():
+    assert shared_first_blocks({"a": [1] * 16 + [2], "b": [1] * 16 + [3], "c": [1] * 15 + [4, 5]}, 16) == [("a", "b")]
+    assert shared_first_blocks({"a": [1] * 16, "b": [1] * 16}, 32) == [("a", "b")]  # a short prompt is its own block
+    base, other = copy.deepcopy(BASE), _other()
+    second = {"name": "q", "prompt_token_ids": [1, 2, 3], "requests": []}
+    base["probes"].append(dict(second, requests=copy.deepcopy(base["probes"][0]["requests"])))
+    other["probes"].append(dict(second, requests=copy.deepcopy(other["probes"][0]["requests"])))
+    probes, verdict, reasons = judge_arm(other, base, "connector", 16)
+    assert [(p["name"], p["verdict"]) for p in probes] == [("p", "PASS"), ("q", "INCONCLUSIVE")]
+    assert verdict == "INCONCLUSIVE"
+    assert reasons == ["q: shares its first block with probe p: probes are not isolated"]
