@@ -2,6 +2,9 @@
 
 Report schema (kind "kvkit-report"; JSON Schema in schemas/report.schema.json):
   schema_version 1: first version (example kept forever: tests/data/report-v1-example.json).
+    Additions that old readers may ignore and old files lack (no version bump): acceptance
+    .unchecked_probes, the failure kind result-version-mismatch.
+The schema is authoritative: validate_report checks every report before it is written.
 A newer file is refused ("upgrade the kit"). When version 2 comes, version 1 files are migrated
 only by an explicit command (`python -m repro migrate`, to be added with it), never on load.
 """
