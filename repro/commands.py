@@ -3,7 +3,8 @@
 Each command is one row of COMMANDS: a name, its synopsis, and the `module:function` that takes
 the remaining arguments and returns an exit code. Every command parses its flags with
 ArgumentParser below, so bad usage is one line and exit 2 everywhere; run_command maps an
-OSError to one line and exit 3, and an interrupt to 130.
+OSError to one line and exit 3, an interrupt to 130, and any other exception (a kit bug) to its
+traceback and exit 3.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -116,6 +118,10 @@ def run_command(func: Callable[[list[str]], int], argv: list[str]) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Exception:  # noqa: BLE001 - a kit bug: keep the traceback, and never exit 0 or 1 (which mean results)
+        traceback.print_exc()
+        print("error: internal error in the kit (traceback above)", file=sys.stderr)
+        return EXIT_RUNTIME
 
 
 def main(argv: list[str]) -> int:
