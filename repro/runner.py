@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -89,15 +90,27 @@ def child_env(base: dict[str, str], *, hashseed: str, extra: dict[str, str]) -> 
 @contextlib.contextmanager
 def deferred_signals():
     """Hold SIGINT and SIGTERM until the block ends: a second Ctrl-C must not cut a clean-up or a
-    publish in half. A signal that arrives meanwhile is delivered when the block exits."""
-    if not hasattr(signal, "pthread_sigmask"):
+    publish in half. A signal that arrives meanwhile is handed to its own handler when the block
+    exits. Python-level handlers (not a thread's signal mask) so that the hold works whichever
+    thread the kernel picks to receive the signal; outside the main thread nothing can be held."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    pending: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: pending.append(signum)) for sig in _STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if pending:
+            handler = previous[pending[0]]
+            if callable(handler):
+                handler(
+                    pending[0], None
+                )  # SIGINT's default raises KeyboardInterrupt; the verifier's SIGTERM, Interrupted
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), pending[0])
 
 
 def group_members(pgid: int) -> list[int]:

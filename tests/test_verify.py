@@ -7,6 +7,7 @@ import json
 import math
 import os
 import signal
+import threading
 
 import pytest
 from test_cli_failures import OLD_LOG, OLD_REPORT, _args, _env, assert_untouched, setup  # noqa: F401 - setup is a fixture
@@ -22,11 +23,16 @@ def fake_env(setup, monkeypatch):  # noqa: F811 - the imported fixture
     return setup
 
 
+@pytest.mark.parametrize("other_thread", [False, True])
 def test_an_interrupt_right_after_the_report_is_published_says_so_and_keeps_its_exit_code(
-    fake_env, monkeypatch, capsys
+    fake_env, monkeypatch, capsys, other_thread
 ):
     """Bug c: Ctrl-C delivered as the publish block ends used to print 'no report written, the
-    previous one is untouched' and exit 130, both false."""
+    previous one is untouched' and exit 130, both false. With another thread alive the kernel may
+    hand the signal to that thread: the hold must work all the same."""
+    if other_thread:
+        stop = threading.Event()
+        threading.Thread(target=stop.wait, daemon=True).start()
     real_write = verify.write_bytes_atomic
 
     def write_then_ctrl_c(path, data):
@@ -41,6 +47,8 @@ def test_an_interrupt_right_after_the_report_is_published_says_so_and_keeps_its_
     assert code == EXIT_OK  # the report's own exit code: the run had completed
     assert "after the run completed" in err and "no report written" not in err and "untouched" not in err
     assert sorted(p.name for p in fake_env["logs"].iterdir()) == ["ExampleConnector.log", "baseline.log"]
+    if other_thread:
+        stop.set()
 
 
 def test_an_interrupt_before_publishing_leaves_the_old_report_and_exits_130(fake_env, monkeypatch, capsys):
