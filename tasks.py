@@ -12,6 +12,9 @@ from pathlib import Path
 
 from invoke import Exit, task
 
+# Invoke puts this folder first on sys.path; repro.cli needs nothing outside the standard library.
+from repro.cli import selftest_cpu_argv
+
 ROOT = Path(__file__).resolve().parent
 VENVS = ROOT / ".venvs"
 MODEL_DIR = ROOT / ".cache" / "models" / "kvkit-tiny-qwen3"
@@ -85,11 +88,7 @@ def make_model(c, py: str) -> str:
 
 def reference_args(profile: str, model: str, report: str) -> str:
     if profile == "cpu":
-        return (
-            f"--model {model} --dtype float32 --gpu-memory-utilization 0.1 --max-model-len 2048 "
-            f"--block-size 16 --max-tokens 16 --seed 0 --device cpu --suite acceptance --compare-native "
-            f"--fixture fixtures/selftest-cpu.json --report {report}"
-        )
+        return shlex.join(selftest_cpu_argv(model, report))
     return (
         f"--model {model} --model-revision {REFERENCE_REVISION} --kv-connector LMCacheConnectorV1 "
         f"--lmcache-config fixtures/lmcache-local-cpu.yaml --dtype float16 --gpu-memory-utilization 0.45 "

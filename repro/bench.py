@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from repro.cli import SELFTEST_CPU_FIXTURE, selftest_cpu_argv
 from repro.commands import ArgumentParser
 
 TARGET_RATIO = 1.25
@@ -22,30 +23,11 @@ TARGET_RATIO = 1.25
 def main(argv: list[str]) -> int:
     p = ArgumentParser(prog="python -m repro bench")
     p.add_argument("--model", required=True)
-    p.add_argument("--fixture", default="fixtures/selftest-cpu.json")
+    p.add_argument("--fixture", default=SELFTEST_CPU_FIXTURE)
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="kvkit-bench-") as tmp:
         report = Path(tmp) / "bench.json"
-        cmd = [
-            sys.executable,
-            "-m",
-            "repro.verify_kv_reuse",
-            "--model",
-            args.model,
-            "--dtype",
-            "float32",
-            "--gpu-memory-utilization",
-            "0.1",
-            "--device",
-            "cpu",
-            "--suite",
-            "acceptance",
-            "--compare-native",
-            "--fixture",
-            args.fixture,
-            "--report",
-            str(report),
-        ]
+        cmd = [sys.executable, "-m", "repro.verify_kv_reuse", *selftest_cpu_argv(args.model, str(report), args.fixture)]
         t0 = time.monotonic()
         proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, check=False)
         wall = time.monotonic() - t0

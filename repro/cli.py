@@ -17,9 +17,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from repro.commands import ArgumentParser
-from repro.errors import EXIT_USAGE, UsageError
+from repro.errors import UsageError
 
 DEFAULT_ENGINE_MODULE = "repro.engine"
+# The engine settings of every CPU run the kit makes (the self-test, `make bench`, the tests).
+CPU_ENGINE_FLAGS = (
+    "--dtype", "float32", "--gpu-memory-utilization", "0.1", "--max-model-len", "2048", "--block-size", "16",
+    "--max-tokens", "16", "--seed", "0", "--device", "cpu",
+)  # fmt: skip
+SELFTEST_CPU_FIXTURE = "fixtures/selftest-cpu.json"
+
+
+def selftest_cpu_argv(model: str, report: str, fixture: str = SELFTEST_CPU_FIXTURE) -> list[str]:
+    """The CPU self-test (what `make repro PROFILE=cpu` runs) as verifier arguments."""
+    return ["--model", model, *CPU_ENGINE_FLAGS, "--suite", "acceptance", "--compare-native", "--fixture", fixture,
+            "--report", report]  # fmt: skip
+
+
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -152,8 +166,3 @@ def validate(args: argparse.Namespace) -> Options:
 
 def parse_args(argv: list[str]) -> Options:
     return validate(build_parser().parse_args(argv))
-
-
-def fail_usage(exc: UsageError) -> int:
-    print(f"error: {exc}", file=sys.stderr)
-    return EXIT_USAGE

@@ -16,7 +16,7 @@ from repro import __version__, logscan
 from repro.atomic import dumps_json, write_bytes_atomic
 from repro.cli import Options, parse_args
 from repro.commands import run_command
-from repro.contract import ArmResult
+from repro.contract import ArmResult, Failure
 from repro.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, UsageError
 from repro.evaluate import judge_arm
 from repro.fixtures import Fixture, check_probes_fit, load_fixture
@@ -34,7 +34,7 @@ from repro.report import (
 )
 from repro.runner import INTERRUPTED, ArmOutcome, Interrupted, child_env, deferred_signals, run_arm
 from repro.suite import build_probes
-from repro.verdict import decide_child_failure, decide_lmcache_degraded
+from repro.verdict import LMCACHE_DEGRADED, decide_child_failure, decide_lmcache_degraded
 
 HASHSEED = "0"
 
@@ -80,14 +80,9 @@ def arm_entry(arm: PlannedArm, outcome: ArmOutcome, baseline: ArmResult | None, 
         for probe in probes:
             for i, req in enumerate(probe["requests"]):
                 req["lmcache"] = evidence.request_views[(probe["name"], i)]
-        degraded = decide_lmcache_degraded(verdict, evidence.degraded)
-        if degraded is not verdict:
-            entry["error"] = {
-                "kind": degraded.error_kind,
-                "detail": degraded.error_detail,
-                "log_tail": "\n".join(evidence.degraded),
-            }
-        verdict = degraded
+        verdict = decide_lmcache_degraded(verdict, evidence.degraded)
+        if verdict.error_kind == LMCACHE_DEGRADED:
+            entry["error"] = Failure(verdict.error_kind, verdict.error_detail, "\n".join(evidence.degraded)).to_json()
     entry.update(verdict=verdict.verdict, reasons=list(verdict.reasons))
     return entry
 

@@ -7,6 +7,8 @@ import json
 import pytest
 from conftest import ROOT, have_vllm, run_cli
 
+from repro.cli import CPU_ENGINE_FLAGS, selftest_cpu_argv
+
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
 
 REQUIRED_TOP = {
@@ -26,25 +28,7 @@ REQUIRED_TOP = {
 @pytest.fixture(scope="module")
 def selftest(tiny_model, tmp_path_factory):
     report = tmp_path_factory.mktemp("selftest") / "selftest.json"
-    proc = run_cli(
-        [
-            "--model",
-            tiny_model,
-            "--dtype",
-            "float32",
-            "--gpu-memory-utilization",
-            "0.1",
-            "--device",
-            "cpu",
-            "--suite",
-            "acceptance",
-            "--compare-native",
-            "--fixture",
-            "fixtures/selftest-cpu.json",
-            "--report",
-            str(report),
-        ]
-    )
+    proc = run_cli(selftest_cpu_argv(tiny_model, str(report)))
     return proc, report
 
 
@@ -148,12 +132,7 @@ def test_out_of_tree_faulty_connector_fails_without_kit_changes(tiny_model, tmp_
         [
             "--model",
             tiny_model,
-            "--dtype",
-            "float32",
-            "--gpu-memory-utilization",
-            "0.1",
-            "--device",
-            "cpu",
+            *CPU_ENGINE_FLAGS,
             "--kv-connector",
             "NoisyReloadConnector",
             "--kv-connector-module-path",

@@ -16,6 +16,7 @@ import pytest
 from conftest import ROOT, have_vllm
 
 from repro import __version__
+from repro.cli import selftest_cpu_argv
 from repro.commands import run_command
 from repro.errors import EXIT_USAGE, UsageError
 from repro.kit import archive, check, commands, evidence
@@ -351,34 +352,7 @@ def test_kit_check_runs_the_self_test_from_the_unpacked_kit(tmp_path, capsys):
     model = ".cache/models/kvkit-tiny-qwen3"
     steps = [
         (sys.executable, "-m", "repro", "make-model", model),
-        (
-            sys.executable,
-            "-m",
-            "repro.verify_kv_reuse",
-            "--model",
-            model,
-            "--dtype",
-            "float32",
-            "--gpu-memory-utilization",
-            "0.1",
-            "--max-model-len",
-            "2048",
-            "--block-size",
-            "16",
-            "--max-tokens",
-            "16",
-            "--seed",
-            "0",
-            "--device",
-            "cpu",
-            "--suite",
-            "acceptance",
-            "--compare-native",
-            "--fixture",
-            "fixtures/selftest-cpu.json",
-            "--report",
-            check.CHECK_REPORT,
-        ),
+        (sys.executable, "-m", "repro.verify_kv_reuse", *selftest_cpu_argv(model, check.CHECK_REPORT)),
     ]
     assert check.check_kit(tarball, steps) == 0, capsys.readouterr().err[-3000:]
     assert "kit-check passed" in capsys.readouterr().out
