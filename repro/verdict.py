@@ -9,6 +9,14 @@ ERROR: the engine crashed, timed out or raised, the arms cannot be compared, or 
 degraded mode; never turned into PASS.
 SKIPPED: a probe a fixture declares the arm cannot run, with the reason (shown, never dropped).
 
+The KV audit adds a second, independent verdict per probe of a reuse arm (the token verdict
+above never changes because of it):
+EXACT: every block the reuses read is bit-identical to the KV the cache-off baseline computed.
+NUMERIC: none is corrupt, some differ but no more than the arm's own cold prefill differed from
+the baseline (the floor the kit measures in every run and reports).
+CORRUPT: some block x layer x plane differs by more than that floor (a finding, exit 1).
+UNAVAILABLE: the audit could not see what was reused (with the reason).
+
 This module is the one verdict authority: every decision is a pure function here that returns a
 frozen record (ProbeVerdict, ArmVerdict). Other modules format and store verdicts; they never
 write a verdict themselves.
@@ -22,6 +30,10 @@ from repro.compare import first_diff
 
 PASS, FAIL, INCONCLUSIVE, ERROR, SKIPPED = "PASS", "FAIL", "INCONCLUSIVE", "ERROR", "SKIPPED"
 VERDICTS = (PASS, FAIL, INCONCLUSIVE, ERROR, SKIPPED)
+EXACT, NUMERIC, CORRUPT, UNAVAILABLE = "EXACT", "NUMERIC", "CORRUPT", "UNAVAILABLE"
+KV_VERDICTS = (EXACT, NUMERIC, CORRUPT, UNAVAILABLE)
+# The class of one audited cell (block x layer x K/V plane): exact, numeric, corrupt.
+CELL_EXACT, CELL_NUMERIC, CELL_CORRUPT = "e", "n", "c"
 # The arm-level failure kind for LMCache's degraded mode (the child failure kinds are in repro.contract).
 LMCACHE_DEGRADED = "lmcache-degraded"
 # An arm takes the worst verdict of its probes; a finding (FAIL) outranks missing evidence.
@@ -166,3 +178,84 @@ def decide_probe(
     if unproven:
         return ProbeVerdict(INCONCLUSIVE, tuple(unproven), cold_diff, diffs, diffs_cold)
     return ProbeVerdict(PASS, (), cold_diff, diffs, diffs_cold)
+
+
+def classify_kv_cell(identical: bool, rel: float | None, floor_rel: float | None) -> str:
+    """One block x layer x plane that a reuse read, against the baseline's KV for the same tokens.
+
+    identical: bit-identical. rel: ||loaded - reference|| / ||reference|| (None when it is not a
+    finite number, or the reference is all zeros and the loaded plane is not). floor_rel: the
+    largest relative error of this arm's own cold prefill against the baseline (None: not measured).
+    Exact needs bit-identity; numeric needs a measured floor and an error within it; else corrupt."""
+    if identical:
+        return CELL_EXACT
+    if rel is not None and floor_rel is not None and rel <= floor_rel:
+        return CELL_NUMERIC
+    return CELL_CORRUPT
+
+
+@dataclass(frozen=True)
+class KVRequestAudit:
+    """What the audit saw for one reuse request: its cells' classes, or why it saw nothing."""
+
+    available: bool
+    reason: str | None = None  # why not available
+    corrupt: tuple[tuple[int, int, str], ...] = ()  # (block, layer, plane) of every corrupt cell
+    numeric: int = 0
+    exact: int = 0
+
+
+@dataclass(frozen=True)
+class KVVerdict:
+    verdict: str
+    reasons: tuple[str, ...]
+    blocks: tuple[int, ...] = ()  # blamed blocks (CORRUPT only), and their layers and planes
+    layers: tuple[int, ...] = ()
+    planes: tuple[str, ...] = ()
+
+
+def decide_kv_unavailable(reason: str) -> KVVerdict:
+    return KVVerdict(UNAVAILABLE, (reason,))
+
+
+def decide_kv_probe(reuses: list[KVRequestAudit] | tuple[KVRequestAudit, ...], floor_rel: float | None) -> KVVerdict:
+    """The KV verdict of one probe from its reuse requests' audits. A corrupt cell is a finding even
+    when another reuse could not be audited; otherwise any gap makes the probe UNAVAILABLE."""
+    if not reuses:
+        return decide_kv_unavailable("no reuse request to audit")
+    corrupt = [c for r in reuses if r.available for c in r.corrupt]
+    gaps = [f"reuse {i}: {r.reason}" for i, r in enumerate(reuses, start=1) if not r.available]
+    gaps += [
+        f"reuse {i}: no full block was reused, nothing to audit"
+        for i, r in enumerate(reuses, start=1)
+        if r.available and not (r.corrupt or r.numeric or r.exact)
+    ]
+    if corrupt:
+        reasons = []
+        for i, r in enumerate(reuses, start=1):
+            if r.available and r.corrupt:
+                total = len(r.corrupt) + r.numeric + r.exact
+                reasons.append(
+                    f"reuse {i}: {len(r.corrupt)} of {total} block x layer x plane cells differ from the baseline's KV "
+                    f"beyond the measured floor (relative error {_floor(floor_rel)})"
+                )
+        return KVVerdict(
+            CORRUPT,
+            tuple(reasons + gaps),
+            tuple(sorted({b for b, _, _ in corrupt})),
+            tuple(sorted({layer for _, layer, _ in corrupt})),
+            tuple(sorted({p for _, _, p in corrupt})),
+        )
+    if gaps:
+        return KVVerdict(UNAVAILABLE, tuple(gaps))
+    numeric = sum(r.numeric for r in reuses)
+    if numeric:
+        return KVVerdict(
+            NUMERIC,
+            (f"{numeric} cells differ from the baseline's KV within the measured floor ({_floor(floor_rel)})",),
+        )
+    return KVVerdict(EXACT, ())
+
+
+def _floor(floor_rel: float | None) -> str:
+    return "not measured" if floor_rel is None else f"{floor_rel:.3g}"

@@ -18,7 +18,7 @@ ENGINE = "repro.engine"
 # What the engine child may take from the parent's side: the contract and leaf helpers, never
 # the parent's machinery (the runner, the verifier, the planner, the command line).
 PARENT_ONLY = ("repro.runner", "repro.verify", "repro.plan", "repro.cli", "repro.commands", "repro.report")
-VERDICT_NAMES = {"PASS", "FAIL", "INCONCLUSIVE", "ERROR", "SKIPPED"}
+VERDICT_NAMES = {"PASS", "FAIL", "INCONCLUSIVE", "ERROR", "SKIPPED", "EXACT", "NUMERIC", "CORRUPT", "UNAVAILABLE"}
 # The same words that are not verdicts: logscan reads log levels (WARNING, ERROR, CRITICAL).
 NOT_VERDICTS = {"repro.logscan": {"ERROR"}}
 
