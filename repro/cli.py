@@ -65,6 +65,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reuses", type=int, default=None, help="reuses per probe (default: the probe's own, else 3)")
     p.add_argument("--logprobs", type=int, default=2, help="top-k logprobs recorded per generated token (>= 2)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds one arm may run")
+    p.add_argument(
+        "--no-kv-audit",
+        dest="kv_audit",
+        action="store_false",
+        help="do not audit the reused KV blocks against the baseline's (token verdicts only)",
+    )
+    p.add_argument(
+        "--keep-kv", default=None, metavar="DIR", help="keep the audit's KV tensors in DIR (default: deleted)"
+    )
     p.add_argument("--python", default=sys.executable, help=argparse.SUPPRESS)
     # Tests only: a stand-in engine child for the failure-handling tests (never proof that the
     # verification works). Any other module than the default also skips the vLLM preflight.
@@ -144,6 +153,12 @@ def validate(args: argparse.Namespace) -> Options:
         raise UsageError("--gpu-memory-utilization must be in (0, 1]")
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
+    if args.keep_kv is not None:
+        if not args.kv_audit:
+            raise UsageError("--keep-kv needs the KV audit (drop --no-kv-audit)")
+        keep = Path(args.keep_kv)
+        if keep.exists() and (not keep.is_dir() or any(keep.iterdir())):
+            raise UsageError(f"--keep-kv {keep}: must be a new or empty directory (nothing already there is replaced)")
     extra = {}
     if args.kv_connector_extra_config:
         try:

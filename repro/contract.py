@@ -9,6 +9,7 @@ carries a Failure of one of FAILURE_KINDS.
 
 Arm result schema (kind "kvkit-arm-result"):
   schema_version 1: first version.
+  schema_version 2: the KV audit (Job.kv_audit_dir, RequestResult.kv_audit_record, ArmResult.kv_audit).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 ARM_RESULT_KIND = "kvkit-arm-result"
-ARM_RESULT_SCHEMA_VERSION = 1
+ARM_RESULT_SCHEMA_VERSION = 2
 MODES = ("baseline", "connector", "native")
 # The child's exit codes: EXIT_RAISED always comes with ArmResult.error.
 EXIT_OK = 0
@@ -207,9 +208,11 @@ class Job:
     preflight: Preflight | None = None
     fixture_sha256: str | None = None
     output: str | None = None  # the result path; set by the runner
+    kv_audit_dir: str | None = None  # where repro.engine.kvaudit records KV blocks (None: no audit)
 
     def to_json(self) -> dict:
         out = {
+            "kv_audit_dir": self.kv_audit_dir,
             "arm": self.arm.to_json(),
             "engine": self.engine.to_json(),
             "max_tokens": self.max_tokens,
@@ -236,6 +239,7 @@ class Job:
             preflight=None if pre is None else Preflight.from_json(pre),
             fixture_sha256=_get(data, "fixture_sha256", str, "job", optional=True),
             output=_get(data, "output", str, "job", optional=True),
+            kv_audit_dir=_get(data, "kv_audit_dir", str, "job", optional=True),
         )
 
 
@@ -248,6 +252,7 @@ def build_job(
     logprobs: int,
     preflight: Preflight | None = None,
     fixture_sha256: str | None = None,
+    kv_audit_dir: str | None = None,
 ) -> Job:
     """The one place a job is made (the verifier, the detection study and the tests all call it).
 
@@ -262,6 +267,7 @@ def build_job(
         probes=tuple(probes),
         preflight=preflight,
         fixture_sha256=fixture_sha256,
+        kv_audit_dir=kv_audit_dir,
     )
 
 
@@ -280,9 +286,12 @@ class RequestResult:
     kv_transfer_params: dict | None
     text: str | None
     request_id: str | None = None
+    # what the KV audit recorded for this request (repro.engine.kvaudit's <seq>.json, or why none)
+    kv_audit_record: dict | None = None
 
     def to_json(self) -> dict:
         return {
+            "kv_audit_record": self.kv_audit_record,
             "role": self.role,
             "request_id": self.request_id,
             "cached_tokens": self.cached_tokens,
@@ -308,6 +317,7 @@ class RequestResult:
             kv_transfer_params=_get(data, "kv_transfer_params", dict, where, optional=True),
             text=_get(data, "text", str, where, optional=True),
             request_id=_get(data, "request_id", str, where, optional=True),
+            kv_audit_record=_get(data, "kv_audit_record", dict, where, optional=True),
         )
 
 
@@ -363,6 +373,7 @@ class ArmResult:
     import_s: float | None = None
     generation_s: float | None = None
     fixture_sha256: str | None = None  # what the child was fed, stamped from the job
+    kv_audit: dict | None = None  # the audit's directory, layout and any error it recorded
 
     def to_json(self) -> dict:
         out = {
@@ -378,6 +389,7 @@ class ArmResult:
             "import_s": self.import_s,
             "generation_s": self.generation_s,
             "fixture_sha256": self.fixture_sha256,
+            "kv_audit": self.kv_audit,
         }
         if self.preflight_problems:
             out["preflight_problems"] = list(self.preflight_problems)
@@ -415,6 +427,7 @@ class ArmResult:
             versions=_get(data, "versions", dict, "result", optional=True),
             effective_config=_get(data, "effective_config", dict, "result", optional=True),
             fixture_sha256=_get(data, "fixture_sha256", str, "result", optional=True),
+            kv_audit=_get(data, "kv_audit", dict, "result", optional=True),
             **timing,
         )
 

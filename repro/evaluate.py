@@ -84,6 +84,8 @@ def judge_probe(probe: ProbeResult, baseline_probe: ProbeResult | None, mode: st
     """The report entry for one probe (requests annotated with diffs and margins) and its verdict."""
     pv = probe_verdict(probe, baseline_probe, mode)
     reqs = [r.to_json() for r in probe.requests]
+    for r in reqs:
+        del r["kv_audit_record"]  # the child's bookkeeping; the report carries repro.kvaudit's kv_audit
     if mode == "baseline" or baseline_probe is None:
         for r in reqs:
             r.update(first_diff=None, first_diff_vs_cold=None, margin=None)

@@ -96,7 +96,12 @@ def preflight_for(opts: Options, arms: list[PlannedArm]) -> Preflight | None:
 
 
 def arm_job(
-    opts: Options, arm: PlannedArm, probes: list[Probe], fixture_sha256: str, preflight: Preflight | None = None
+    opts: Options,
+    arm: PlannedArm,
+    probes: list[Probe],
+    fixture_sha256: str,
+    preflight: Preflight | None = None,
+    kv_audit_dir: str | None = None,
 ) -> Job:
     """The job for one arm: every probe it does not skip, each with its cold request and reuses."""
     jobs = [
@@ -112,6 +117,7 @@ def arm_job(
         logprobs=opts.args.logprobs,
         preflight=preflight,
         fixture_sha256=fixture_sha256,
+        kv_audit_dir=kv_audit_dir,
     )
 
 

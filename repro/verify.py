@@ -12,7 +12,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from repro import __version__, logscan
+from repro import __version__, kvaudit, logscan
 from repro.atomic import dumps_json, write_bytes_atomic
 from repro.cli import Options, parse_args
 from repro.commands import run_command
@@ -111,13 +111,15 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
     logs_dir_name = f"{report_path.stem}.logs"
     scratch: list[str] = []
     entries: list[dict] = []
+    results: dict[str, ArmResult] = {}
     t0 = time.monotonic()
     try:
         baseline = None
         for i, planned in enumerate(arms):
             arm = materialize(planned, scratch)
             print(f"[kvkit] arm {arm.name} ({arm.spec.mode}) ...", file=sys.stderr, flush=True)
-            job = arm_job(opts, arm, probes, fixture.sha256, preflight if i == 0 else None)
+            kv_dir = str(work / "kv" / arm.name) if a.kv_audit else None
+            job = arm_job(opts, arm, probes, fixture.sha256, preflight if i == 0 else None, kv_dir)
             outcome = run_arm(
                 job,
                 workdir=work,
@@ -131,12 +133,16 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
                 raise UsageError("; ".join(outcome.result.preflight_problems))
             if arm.spec.mode == "baseline" and outcome.failure is None:
                 baseline = outcome.result
+            if outcome.result is not None and outcome.failure is None:
+                results[arm.name] = outcome.result
             entries.append(arm_entry(arm, outcome, baseline, a.block_size, logs_dir_name))
             print(
                 f"[kvkit] arm {arm.name}: {entries[-1]['verdict']} ({outcome.wall_s:.0f} s)",
                 file=sys.stderr,
                 flush=True,
             )
+        if a.kv_audit:
+            audit_kv(entries, results, baseline, work, env, a)
         report = assemble(opts, fixture, entries, argv, env, started, time.monotonic() - t0)
         # Serialize (and check against the schema) before anything on disk changes: a report that
         # cannot be written leaves the old report and its logs as they were.
@@ -153,6 +159,32 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
     print(format_summary(report))
     print(f"report: {report_path}", file=sys.stderr)
     return exit_code(report)
+
+
+def audit_kv(
+    entries: list[dict], results: dict[str, ArmResult], baseline: ArmResult | None, work: Path, env: dict, a
+) -> None:
+    """Compare every audited reuse's KV with the baseline's and annotate the entries (the token
+    verdicts stay as they are); --keep-kv moves the tensors there, else they go with the work dir."""
+    audited = {n: r for n, r in results.items() if r.kv_audit is not None and n != getattr(baseline, "arm", None)}
+    raw, problem = None, None
+    t0 = time.monotonic()
+    if baseline is None or baseline.kv_audit is None:
+        problem = "the baseline recorded no reference KV"
+    elif audited:
+        print("[kvkit] KV audit: comparing reused blocks with the baseline's ...", file=sys.stderr, flush=True)
+        raw, problem = kvaudit.run_compare(
+            kvaudit.compare_job(baseline, audited), work, env, a.python, timeout_s=a.timeout
+        )
+    kvaudit.annotate(entries, results, raw, problem, a.block_size)
+    for e in entries:
+        if e.get("kv_audit") is not None:
+            e["timing"]["kv_compare_s"] = round(time.monotonic() - t0, 3)
+    if a.keep_kv and (work / "kv").exists():
+        dest = Path(a.keep_kv)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(work / "kv", dest, dirs_exist_ok=True)
+        print(f"[kvkit] KV audit tensors kept in {dest}", file=sys.stderr, flush=True)
 
 
 def publish_logs(work: Path, dest: Path, names: list[str]) -> None:
@@ -217,6 +249,8 @@ def assemble(
             "kv_connector": a.kv_connector,
             "kv_connector_module_path": a.kv_connector_module_path,
             "lmcache_config": a.lmcache_config,
+            "kv_audit": a.kv_audit,
+            "keep_kv": a.keep_kv,
             "decoding": "greedy, ignore_eos, enforce_eager",
         },
         "arms": entries,

@@ -21,6 +21,7 @@ import sys
 import time
 
 from repro.atomic import write_json_atomic
+from repro.contract import ARM_RESULT_SCHEMA_VERSION
 
 
 def _result(job: dict, config: dict) -> dict:
@@ -60,7 +61,7 @@ def _result(job: dict, config: dict) -> dict:
     effective.update(config.get("config", {}).get(job["arm"]["name"], {}))
     return {
         "kind": "kvkit-arm-result",
-        "schema_version": config.get("result_schema_version", 1),
+        "schema_version": config.get("result_schema_version", ARM_RESULT_SCHEMA_VERSION),
         "arm": job["arm"]["name"],
         "pid": os.getpid(),
         "versions": {"vllm": "fake", "torch": "fake", "lmcache": "fake"},
@@ -123,7 +124,7 @@ def main(argv: list[str]) -> int:
             out,
             {
                 "kind": "kvkit-arm-result",
-                "schema_version": 1,
+                "schema_version": ARM_RESULT_SCHEMA_VERSION,
                 "arm": arm,
                 "probes": [],
                 "error": {"type": "ValueError", "message": "fake engine raised"},

@@ -84,6 +84,8 @@ def _effective_config(llm) -> dict:
             "kv_connector_extra_config": json.loads(json.dumps(ktc.kv_connector_extra_config, default=str)),
         },
         "device_type": str(cfg.device_config.device_type) if getattr(cfg, "device_config", None) else "unavailable",
+        # the connector the KV audit wrapped (kv_connector then names the audit's class)
+        "kv_audit_target": os.environ.get("KVKIT_KV_AUDIT_TARGET"),
     }
 
 
@@ -123,9 +125,8 @@ def _engine_kwargs(job: Job) -> dict:
         "enable_prefix_caching": arm.mode == "native",
         "disable_log_stats": False,
     }
+    ktc = None
     if arm.connector is not None:
-        from vllm.config import KVTransferConfig
-
         ktc = {
             "kv_connector": arm.connector.name,
             "kv_role": "kv_both",
@@ -133,11 +134,79 @@ def _engine_kwargs(job: Job) -> dict:
         }
         if arm.connector.module_path:
             ktc["kv_connector_module_path"] = arm.connector.module_path
+    if job.kv_audit_dir:
+        from repro.engine import kvaudit
+
+        if ktc is None:  # baseline and native: a connector that only records
+            ktc = {"kv_connector": kvaudit.OBSERVER, "kv_role": "kv_both"}
+        else:  # the arm's connector, wrapped in the auditing subclass (see repro.engine.kvaudit)
+            ktc["kv_connector"] = kvaudit.WRAPPED
+        ktc["kv_connector_module_path"] = kvaudit.MODULE
+    if ktc is not None:
+        from vllm.config import KVTransferConfig
+
         kwargs["kv_transfer_config"] = KVTransferConfig(**ktc)
     return kwargs
 
 
-def _request(out, role: str) -> RequestResult:
+def _audit_env(job: Job) -> None:
+    """The audit's settings reach the engine core and worker processes (spawned) by environment."""
+    if not job.kv_audit_dir:
+        return
+    from repro.engine import kvaudit
+
+    os.makedirs(job.kv_audit_dir, exist_ok=True)
+    os.environ[kvaudit.AUDIT_DIR_ENV] = job.kv_audit_dir
+    if job.arm.connector is not None:
+        c = job.arm.connector
+        os.environ[kvaudit.AUDIT_TARGET_ENV] = f"{c.module_path}:{c.name}" if c.module_path else c.name
+
+
+class _AuditRecords:
+    """Maps the audit's per-request records (<seq>.json, in scheduling order) to the kit's requests."""
+
+    def __init__(self, directory: str | None):
+        self.directory, self.seen = directory, set()
+
+    def take(self, ids: list[int]) -> dict | None:
+        if not self.directory:
+            return None
+        try:
+            return self._take(ids)
+        except Exception as exc:  # noqa: BLE001 - an audit failure never fails the arm
+            return {"seq": None, "unavailable": f"the audit record could not be read: {type(exc).__name__}: {exc}"}
+
+    def _take(self, ids: list[int]) -> dict:
+        from repro.engine.kvaudit import prompt_sha256
+
+        new = sorted(
+            n for n in os.listdir(self.directory) if n.endswith(".json") and n[0].isdigit() and n not in self.seen
+        )
+        self.seen.update(new)
+        records = []
+        for name in new:
+            with open(os.path.join(self.directory, name), encoding="utf-8") as fh:
+                records.append(json.load(fh))
+        mine = [r for r in records if r.get("prompt_sha256") == prompt_sha256(ids)]
+        if len(mine) != 1 or len(records) != 1:
+            return {
+                "seq": None,
+                "unavailable": f"expected one audit record for this request, found {len(mine)} of {len(records)} new",
+            }
+        return mine[0]
+
+    def summary(self) -> dict | None:
+        if not self.directory:
+            return None
+        errors = []
+        for name in sorted(os.listdir(self.directory)):
+            if name.startswith("audit-error"):
+                with open(os.path.join(self.directory, name), encoding="utf-8") as fh:
+                    errors.append(json.load(fh))
+        return {"dir": self.directory, "errors": errors}
+
+
+def _request(out, role: str, kv_audit_record: dict | None = None) -> RequestResult:
     comp = out.outputs[0]
     cached = getattr(out, "num_cached_tokens", None)
     ktp = json.loads(json.dumps(out.kv_transfer_params, default=str)) if out.kv_transfer_params else None
@@ -150,6 +219,7 @@ def _request(out, role: str) -> RequestResult:
         finish_reason=comp.finish_reason,
         kv_transfer_params=ktp,
         text=comp.text,
+        kv_audit_record=kv_audit_record,
     )
 
 
@@ -159,6 +229,8 @@ def run_job(job: Job, keep: list) -> ArmResult:
     from vllm import LLM, SamplingParams, TokensPrompt
 
     versions = _collect_versions()
+    _audit_env(job)
+    audit = _AuditRecords(job.kv_audit_dir)
     t0 = time.monotonic()
     llm = LLM(**_engine_kwargs(job))
     keep.append(llm)
@@ -176,12 +248,10 @@ def run_job(job: Job, keep: list) -> ArmResult:
             ids, messages = build_chat_prompt(tokenizer, probe.prompt["chat"])
         if job.arm.mode == "native":
             llm.reset_prefix_cache()  # belt and braces: probes are also isolated by content
-        requests = [
-            _request(
-                llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0], "cold" if i == 0 else "reuse"
-            )
-            for i in range(probe.requests)
-        ]
+        requests = []
+        for i in range(probe.requests):
+            out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0]
+            requests.append(_request(out, "cold" if i == 0 else "reuse", audit.take(ids)))
         probes.append(
             ProbeResult(name=probe.name, prompt_token_ids=tuple(ids), messages=messages, requests=tuple(requests))
         )
@@ -196,6 +266,7 @@ def run_job(job: Job, keep: list) -> ArmResult:
         import_s=round(t0 - _T_PROCESS, 3),
         generation_s=round(time.monotonic() - t_gen, 3),
         fixture_sha256=job.fixture_sha256,
+        kv_audit=audit.summary(),
     )
 
 

@@ -1,0 +1,399 @@
+"""The KV audit's recorder: a KV connector that reads the paged KV blocks a request reused or computed.
+
+Two classes, both resolved by vLLM's connector factory from this module
+(`kv_connector_module_path="repro.engine.kvaudit"`):
+
+  KVAuditObserver   a connector that never loads or stores anything: on the baseline arm it records
+                    the KV the cache-off prefill computed (the reference); on the native arm it
+                    records the blocks native prefix caching reused, and the cold prefill's KV.
+  KVAuditWrapped    made at run time as a subclass of any other connector class (in-tree by name,
+                    LMCache's, or one loaded from a module path) named in the environment
+                    (AUDIT_TARGET_ENV): every hook forwards to the wrapped connector first, then the
+                    audit reads the blocks. It needs no cooperation from the connector.
+
+What it reads, and when:
+  scheduler side  get_num_new_matched_tokens gives the local (prefix-cache) hit; update_state_after_alloc
+                  the external tokens the connector will load; build_connector_meta wraps the
+                  connector's own metadata with each newly scheduled request's block IDs and counts
+                  (AuditMetadata). bind_connector_metadata hands the wrapped connector its own
+                  metadata back, so it sees exactly what it built.
+  worker side     wait_for_layer_load(layer), after the connector's own wait (a layer-wise loader
+                  has finished that layer then; a synchronous one finished in start_load_kv): the
+                  full blocks that hold the reused prefix. save_kv_layer(layer), after the attention
+                  op wrote the step's KV: the full prompt blocks this step computed (requests that
+                  reused nothing: the baseline's reference and each arm's cold prefill).
+
+Each block is written as [2, elements]: plane 0 is K, plane 1 is V, split by the backend's layout
+(LAYOUTS). Files go to the audit directory (AUDIT_DIR_ENV) as `<seq>.<kind>.<layer>.pt` (all of
+one request's blocks of one layer), with `<seq>.json` describing the request; the child maps
+requests to seq numbers in submission order. The comparison runs later, in its own process
+(repro.engine.kvcompare). An audit failure never reaches the engine: it is written to
+`<seq>.json` or `audit-error.json` and the audit stops recording.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import traceback
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+AUDIT_DIR_ENV = "KVKIT_KV_AUDIT_DIR"
+AUDIT_TARGET_ENV = "KVKIT_KV_AUDIT_TARGET"  # "Name" (vLLM's registry) or "module.path:Name"
+MODULE = "repro.engine.kvaudit"
+OBSERVER = "KVAuditObserver"
+WRAPPED = "KVAuditWrapped"
+# How K and V sit in a layer's KV tensor (blocks on dim 0 unless said otherwise):
+#   cpu-rows   (num_blocks, kv_heads, block_size, 2*head_size), per head all K rows then all V rows
+#              (vLLM's CPU backend views it as (num_blocks, kv_heads, 2*block_size, head_size))
+#   last-dim   (num_blocks, kv_heads, block_size, 2*head_size), K|V packed in the last dimension
+#              (FlashAttention / FlashInfer since vLLM 0.26)
+#   leading-2  (2, num_blocks, ...), K and V as the first dimension (older backends)
+LAYOUTS = ("cpu-rows", "last-dim", "leading-2")
+
+
+def _layer_order(name: str) -> tuple:
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
+
+
+def prompt_sha256(token_ids) -> str:
+    return hashlib.sha256(json.dumps([int(t) for t in token_ids]).encode()).hexdigest()
+
+
+def detect_layout(kv: torch.Tensor, num_blocks: int | None, head_size: int) -> str | None:
+    shape = tuple(kv.shape)
+    if len(shape) == 4 and shape[-1] == 2 * head_size and (num_blocks is None or shape[0] == num_blocks):
+        return "cpu-rows" if kv.device.type == "cpu" else "last-dim"
+    if len(shape) >= 3 and shape[0] == 2 and (num_blocks is None or shape[1] == num_blocks):
+        return "leading-2"
+    return None
+
+
+def split_planes(kv: torch.Tensor, block_ids: list[int], layout: str) -> torch.Tensor:
+    """[n_blocks, 2, elements] on the CPU: plane 0 K, plane 1 V, each block copied whole."""
+    index = torch.tensor(block_ids, dtype=torch.long, device=kv.device)
+    if layout == "leading-2":
+        blocks = kv.index_select(1, index).transpose(0, 1)  # [n, 2, ...]
+        return blocks.reshape(len(block_ids), 2, -1).cpu()
+    blocks = kv.index_select(0, index)  # [n, heads, block_size, 2*head_size]
+    n, heads, bs, cs = blocks.shape
+    if layout == "cpu-rows":
+        planes = blocks.reshape(n, heads, 2, bs * cs // 2).transpose(1, 2)
+    else:  # last-dim
+        planes = blocks.reshape(n, heads, bs, 2, cs // 2).permute(0, 3, 1, 2, 4)
+    return planes.reshape(n, 2, -1).cpu()
+
+
+@dataclass
+class AuditRequest:
+    """One newly scheduled request, as the scheduler saw it."""
+
+    seq: int
+    req_id: str
+    prompt_sha256: str
+    prompt_len: int
+    block_ids: list[int]
+    local_tokens: int  # prefix-cache hit (block-aligned)
+    external_tokens: int  # what the connector said it loads
+    scheduled_tokens: int
+    async_load: bool
+
+    def reused_blocks(self, block_size: int) -> list[int]:
+        """Indices (within the prompt) of the full blocks whose KV was reused, not computed."""
+        return list(range((self.local_tokens + self.external_tokens) // block_size))
+
+    def computed_blocks(self, block_size: int) -> list[int]:
+        """Full prompt blocks this step computed; only for a request that reused nothing."""
+        if self.local_tokens + self.external_tokens:
+            return []
+        end = min(self.prompt_len, self.scheduled_tokens)
+        return list(range(end // block_size))
+
+
+@dataclass
+class AuditMetadata(KVConnectorMetadata):
+    inner: Any = None  # the wrapped connector's own metadata
+    requests: list[AuditRequest] = field(default_factory=list)
+
+
+class _Audit:
+    """The audit's half of every hook; mixed in before the connector class it audits."""
+
+    _audit_target_name: str | None = None
+
+    def _audit_init(self, vllm_config, role) -> None:
+        self._audit_dir = os.environ.get(AUDIT_DIR_ENV) or None
+        self._audit_bs = vllm_config.cache_config.block_size
+        self._audit_head = vllm_config.model_config.get_head_size()
+        self._audit_role = role
+        self._audit_local: dict[str, int] = {}
+        self._audit_async: dict[str, bool] = {}
+        self._audit_external: dict[str, int] = {}
+        self._audit_seq = 0
+        self._audit_kv: dict[str, torch.Tensor] = {}
+        self._audit_layout: str | None = None
+        self._audit_layout_problem: str | None = None
+        self._audit_reqs: list[AuditRequest] = []
+        self._audit_written: set[int] = set()
+        self._audit_dead = self._audit_dir is None
+
+    def _audit_fail(self, where: str) -> None:
+        """Record an audit failure and stop auditing; the engine goes on untouched."""
+        self._audit_dead = True
+        try:
+            path = os.path.join(self._audit_dir, f"audit-error.{os.getpid()}.json")
+            with open(path, "w", encoding="utf-8") as fh:
+                json.dump({"where": where, "error": traceback.format_exc(limit=8)[-4000:]}, fh)
+        except Exception:  # noqa: BLE001 - nothing more to do without a directory
+            traceback.print_exc()
+
+    # ---- scheduler side
+    def _audit_matched(self, request, num_computed_tokens: int, result) -> None:
+        if self._audit_dead:
+            return
+        try:
+            self._audit_local[request.request_id] = int(num_computed_tokens)
+            self._audit_async[request.request_id] = bool(result[1]) if result else False
+        except Exception:  # noqa: BLE001
+            self._audit_fail("get_num_new_matched_tokens")
+
+    def _audit_meta(self, scheduler_output, inner) -> AuditMetadata:
+        meta = AuditMetadata(inner=inner)
+        if self._audit_dead:
+            return meta
+        try:
+            for req in scheduler_output.scheduled_new_reqs:
+                # num_computed_tokens is local + external here (the scheduler counted both)
+                ext = self._audit_external.pop(req.req_id, 0)
+                self._audit_local.pop(req.req_id, None)
+                tokens = list(req.prompt_token_ids or [])
+                meta.requests.append(
+                    AuditRequest(
+                        seq=self._audit_seq,
+                        req_id=str(req.req_id),
+                        prompt_sha256=prompt_sha256(tokens),
+                        prompt_len=len(tokens),
+                        block_ids=[int(b) for b in req.block_ids[0]],
+                        local_tokens=int(req.num_computed_tokens) - ext,
+                        external_tokens=int(ext),
+                        scheduled_tokens=int(req.num_computed_tokens)
+                        + int(scheduler_output.num_scheduled_tokens[req.req_id]),
+                        async_load=self._audit_async.pop(req.req_id, False),
+                    )
+                )
+                self._audit_seq += 1
+        except Exception:  # noqa: BLE001
+            self._audit_fail("build_connector_meta")
+            meta.requests = []
+        return meta
+
+    # ---- worker side
+    def _audit_register(self, kv_caches) -> None:
+        if self._audit_dead:
+            return
+        try:
+            self._audit_kv = dict(sorted(kv_caches.items(), key=lambda item: _layer_order(item[0])))
+            first = next(iter(self._audit_kv.values()))
+            nb = getattr(getattr(self, "_kv_cache_config", None), "num_blocks", None)
+            self._audit_layout = detect_layout(first, nb, self._audit_head)
+            if self._audit_layout is None:
+                self._audit_layout_problem = (
+                    f"KV layout not recognised: shape {tuple(first.shape)} on {first.device.type}, "
+                    f"head size {self._audit_head}, {nb} blocks"
+                )
+            self._audit_shape = list(first.shape)
+            self._audit_dtype = str(first.dtype).replace("torch.", "")
+        except Exception:  # noqa: BLE001
+            self._audit_fail("register_kv_caches")
+
+    def _audit_bind(self, metadata):
+        """Remember our part; return the wrapped connector's own metadata."""
+        if isinstance(metadata, AuditMetadata):
+            if not self._audit_dead:
+                self._audit_reqs = list(metadata.requests)
+                try:
+                    for r in self._audit_reqs:
+                        self._audit_describe(r)
+                except Exception:  # noqa: BLE001
+                    self._audit_fail("bind_connector_metadata")
+            return metadata.inner
+        return metadata
+
+    def _audit_describe(self, r: AuditRequest) -> None:
+        if r.seq in self._audit_written:
+            return
+        self._audit_written.add(r.seq)
+        reason = None
+        if r.async_load:
+            reason = "the connector loads asynchronously: the audit cannot tell when the load completed"
+        elif self._audit_layout is None:
+            reason = self._audit_layout_problem or "no KV tensors were registered"
+        record = {
+            "seq": r.seq,
+            "req_id": r.req_id,
+            "prompt_sha256": r.prompt_sha256,
+            "prompt_len": r.prompt_len,
+            "block_size": self._audit_bs,
+            "local_tokens": r.local_tokens,
+            "external_tokens": r.external_tokens,
+            "reused_blocks": len(r.reused_blocks(self._audit_bs)),
+            "computed_blocks": len(r.computed_blocks(self._audit_bs)),
+            "layers": list(self._audit_kv),
+            "layout": self._audit_layout,
+            "kv_shape": getattr(self, "_audit_shape", None),
+            "dtype": getattr(self, "_audit_dtype", None),
+            "unavailable": reason,
+            "pid": os.getpid(),
+        }
+        path = os.path.join(self._audit_dir, f"{r.seq:06d}.json")
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(record, fh, sort_keys=True)
+        os.replace(tmp, path)
+
+    def _audit_write(self, layer_name: str, kind: str) -> None:
+        if self._audit_dead or self._audit_layout is None or not self._audit_reqs:
+            return
+        try:
+            kv = self._audit_kv.get(layer_name)
+            if kv is None:
+                return
+            li = list(self._audit_kv).index(layer_name)
+            for r in self._audit_reqs:
+                if r.async_load:
+                    continue
+                idx = r.reused_blocks(self._audit_bs) if kind == "reused" else r.computed_blocks(self._audit_bs)
+                if not idx:
+                    continue
+                blob = split_planes(kv, [r.block_ids[i] for i in idx], self._audit_layout)
+                path = os.path.join(self._audit_dir, f"{r.seq:06d}.{kind}.{li:03d}.pt")
+                torch.save(blob, path + ".tmp")
+                os.replace(path + ".tmp", path)
+        except Exception:  # noqa: BLE001
+            self._audit_fail(f"{kind} {layer_name}")
+
+
+class KVAuditObserver(_Audit, KVConnectorBase_V1):
+    """Loads nothing, stores nothing: records reused and computed blocks only."""
+
+    def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        self._audit_init(vllm_config, role)
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        self._audit_matched(request, num_computed_tokens, (0, False))
+        return 0, False
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        return
+
+    def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
+        return self._audit_meta(scheduler_output, None)
+
+    def register_kv_caches(self, kv_caches) -> None:
+        self._audit_register(kv_caches)
+
+    def bind_connector_metadata(self, connector_metadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        self._audit_bind(connector_metadata)
+
+    def handle_preemptions(self, kv_connector_metadata) -> None:
+        return
+
+    def start_load_kv(self, forward_context, **kwargs: Any) -> None:
+        return
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        self._audit_write(layer_name, "reused")
+
+    def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any) -> None:
+        self._audit_write(layer_name, "computed")
+
+    def wait_for_save(self) -> None:
+        return
+
+
+def _target_class(spec: str):
+    """The connector class an audit wraps: 'module.path:Name' or a name in vLLM's registry."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    module, _, name = spec.rpartition(":")
+    cfg = SimpleNamespace(kv_connector=name, kv_connector_module_path=module or None)
+    return KVConnectorFactory.get_connector_class(cfg)
+
+
+def make_wrapped(target) -> type:
+    """A subclass of `target` whose hooks call the target's first, then the audit's."""
+
+    class Wrapped(_Audit, target):
+        _audit_target_name = f"{target.__module__}.{target.__qualname__}"
+
+        def __init__(self, vllm_config, role, kv_cache_config=None):
+            target.__init__(self, vllm_config, role, kv_cache_config)
+            self._audit_init(vllm_config, role)
+
+        def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+            result = target.get_num_new_matched_tokens(self, request, num_computed_tokens)
+            self._audit_matched(request, num_computed_tokens, result)
+            return result
+
+        def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
+            out = target.update_state_after_alloc(self, request, blocks, num_external_tokens)
+            if not self._audit_dead:
+                self._audit_external[request.request_id] = int(num_external_tokens or 0)
+            return out
+
+        def build_connector_meta(self, scheduler_output):
+            return self._audit_meta(scheduler_output, target.build_connector_meta(self, scheduler_output))
+
+        def register_kv_caches(self, kv_caches):
+            out = target.register_kv_caches(self, kv_caches)
+            self._audit_register(kv_caches)
+            return out
+
+        def bind_connector_metadata(self, connector_metadata):
+            return target.bind_connector_metadata(self, self._audit_bind(connector_metadata))
+
+        def handle_preemptions(self, kv_connector_metadata):
+            inner = kv_connector_metadata.inner if isinstance(kv_connector_metadata, AuditMetadata) else None
+            return target.handle_preemptions(self, inner if inner is not None else kv_connector_metadata)
+
+        def wait_for_layer_load(self, layer_name: str):
+            out = target.wait_for_layer_load(self, layer_name)
+            self._audit_write(layer_name, "reused")
+            return out
+
+        def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any):
+            out = target.save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs)
+            self._audit_write(layer_name, "computed")
+            return out
+
+    Wrapped.__name__ = Wrapped.__qualname__ = WRAPPED
+    Wrapped.__module__ = MODULE
+    return Wrapped
+
+
+_WRAPPED_CACHE: dict[str, type] = {}
+
+
+def __getattr__(name: str):
+    """PEP 562: vLLM's factory asks this module for WRAPPED; build it for the named target."""
+    if name != WRAPPED:
+        raise AttributeError(name)
+    spec = os.environ.get(AUDIT_TARGET_ENV)
+    if not spec:
+        raise AttributeError(f"{WRAPPED} needs {AUDIT_TARGET_ENV}=Name or module.path:Name")
+    if spec not in _WRAPPED_CACHE:
+        _WRAPPED_CACHE[spec] = make_wrapped(_target_class(spec))
+    return _WRAPPED_CACHE[spec]

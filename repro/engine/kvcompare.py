@@ -1,0 +1,160 @@
+"""The KV audit's comparison: every reused block x layer x K/V plane against the baseline's KV.
+
+`python -m repro.engine.kvcompare JOB.json OUT.json`, started by the parent after the arms ran.
+It reads the tensors repro.engine.kvaudit wrote (the baseline's reference blocks and each audited
+arm's reused or computed blocks), one layer of one request at a time, and writes raw figures per
+cell: bit-identical or not, max |difference| and ||difference|| / ||reference|| (in float32). For a
+cell that is not identical it names what the loaded bytes equal when they equal something known:
+another block of the same prompt, a block of another probe's prompt (same layer), the other plane,
+or zeros. It decides nothing: classes and verdicts are the parent's (repro.kvaudit, repro.verdict).
+
+JOB: {"reference": {"dir": D, "probes": {probe: seq}},
+      "arms": [{"name": A, "dir": D, "requests": [{"probe": P, "index": i, "seq": s, "kind": "reused"|"computed",
+                                                    "layers": n}]}]}
+OUT: {"arms": {A: {P: {str(index): {"kind", "num_blocks", "layers", "planes": {"K": {"identical", "max_abs", "rel"},
+      "V": ...}, "matches": [...], "error"}}}}}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+
+import torch
+
+from repro.atomic import dumps_json, write_bytes_atomic
+
+PLANES = ("K", "V")
+
+
+def _load(directory: str, seq: int, kind: str, layer: int) -> torch.Tensor | None:
+    path = os.path.join(directory, f"{seq:06d}.{kind}.{layer:03d}.pt")
+    if not os.path.exists(path):
+        return None
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """[..., E] as raw bytes [..., E*itemsize] for bit-exact comparison (NaN == NaN, -0 != +0)."""
+    return t.contiguous().view(torch.uint8)
+
+
+def _digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(_bytes(t).numpy().tobytes()).hexdigest()
+
+
+def _num(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+class ReferenceIndex:
+    """What a non-identical cell's bytes equal: sha256 of every reference block-plane, per layer."""
+
+    def __init__(self, ref_dir: str, ref_probes: dict[str, int]):
+        self.ref_dir, self.ref_probes = ref_dir, ref_probes
+        self._by_layer: dict[int, dict[str, tuple[str, int, str]]] = {}
+
+    def layer(self, li: int) -> dict[str, tuple[str, int, str]]:
+        if li not in self._by_layer:
+            index: dict[str, tuple[str, int, str]] = {}
+            for probe, seq in sorted(self.ref_probes.items()):
+                ref = _load(self.ref_dir, seq, "computed", li)
+                if ref is None:
+                    continue
+                for b in range(ref.shape[0]):
+                    for p, plane in enumerate(PLANES):
+                        index.setdefault(_digest(ref[b, p]), (probe, b, plane))
+            self._by_layer[li] = index
+        return self._by_layer[li]
+
+    def source(self, li: int, probe: str, block: int, plane: str, loaded: torch.Tensor) -> str | None:
+        if not bool(_bytes(loaded).any()):
+            return "zeros"
+        hit = self.layer(li).get(_digest(loaded))
+        if hit is None:
+            return None
+        p, b, pl = hit
+        where = f"block {b}" if p == probe else f"probe {p} block {b}"
+        if p == probe and b == block:
+            where = "the same block"
+        return where if pl == plane else f"{where} ({pl} plane)"
+
+
+def compare_request(ref_dir: str, ref_seq: int, arm_dir: str, req: dict, index: ReferenceIndex) -> dict:
+    planes = {p: {"identical": [], "max_abs": [], "rel": []} for p in PLANES}
+    matches, num_blocks = [], None
+    for li in range(int(req["layers"])):
+        got = _load(arm_dir, int(req["seq"]), req["kind"], li)
+        ref = _load(ref_dir, ref_seq, "computed", li)
+        if got is None:
+            raise FileNotFoundError(f"no {req['kind']} KV recorded for layer {li}")
+        if ref is None:
+            raise FileNotFoundError(f"no reference KV recorded for layer {li}")
+        n = got.shape[0]
+        if n > ref.shape[0]:
+            raise ValueError(f"{n} blocks audited but the reference has only {ref.shape[0]}")
+        if got.shape[1:] != ref.shape[1:] or got.dtype != ref.dtype:
+            raise ValueError(f"block shape/dtype {tuple(got.shape[1:])} {got.dtype} != reference's {ref.dtype}")
+        num_blocks = n
+        ref = ref[:n]
+        same = (_bytes(got) == _bytes(ref)).all(-1)  # [n, 2]
+        diff = got.float() - ref.float()
+        max_abs = diff.abs().amax(-1)
+        dn, rn = diff.norm(dim=-1), ref.float().norm(dim=-1)
+        for p, plane in enumerate(PLANES):
+            planes[plane]["identical"].append([bool(v) for v in same[:, p]])
+            planes[plane]["max_abs"].append([_num(float(v)) for v in max_abs[:, p]])
+            rel = []
+            for b in range(n):
+                r, d = float(rn[b, p]), float(dn[b, p])
+                rel.append(_num(d / r) if r > 0 else (0.0 if d == 0 else None))
+                if not bool(same[b, p]):
+                    src = index.source(li, req["probe"], b, plane, got[b, p])
+                    if src is not None and src != "the same block":
+                        matches.append({"layer": li, "plane": plane, "block": b, "source": src})
+            planes[plane]["rel"].append(rel)
+    return {
+        "kind": req["kind"],
+        "num_blocks": num_blocks or 0,
+        "layers": int(req["layers"]),
+        "planes": planes,
+        "matches": matches,
+        "error": None,
+    }
+
+
+def run(job: dict) -> dict:
+    ref = job["reference"]
+    index = ReferenceIndex(ref["dir"], {p: int(s) for p, s in ref["probes"].items()})
+    out: dict = {"arms": {}}
+    for arm in job["arms"]:
+        per_probe: dict = out["arms"].setdefault(arm["name"], {})
+        for req in arm["requests"]:
+            slot = per_probe.setdefault(req["probe"], {})
+            ref_seq = ref["probes"].get(req["probe"])
+            try:
+                if ref_seq is None:
+                    raise LookupError("the baseline recorded no reference KV for this probe")
+                slot[str(req["index"])] = compare_request(ref["dir"], int(ref_seq), arm["dir"], req, index)
+            except Exception as exc:  # noqa: BLE001 - one request's gap never hides the others
+                slot[str(req["index"])] = {"kind": req["kind"], "error": f"{type(exc).__name__}: {exc}"[:500]}
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m repro.engine.kvcompare JOB.json OUT.json", file=sys.stderr)
+        return 2
+    with open(argv[0], encoding="utf-8") as fh:
+        job = json.load(fh)
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    result = run(job)
+    write_bytes_atomic(argv[1], dumps_json(result).encode("utf-8"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
