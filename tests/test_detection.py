@@ -190,15 +190,19 @@ def test_fault_job_runs_the_decoy_first_then_every_prompt_cold_and_reused(tmp_pa
     extra = job.arm.connector.extra_config
     assert extra["fault"] == "stale" and extra["first_block"] == -1 and extra["num_blocks"] == 1
     assert extra["audit_path"] == str(tmp_path / "stale-tail.audit.jsonl")
+    assert job.kv_audit_dir == str(tmp_path / "kv" / "stale-tail")
     short = plan.fault_job(tmp_path, "zero_blocks", "head", "/m", plan.PREFIX_CHECK_WINDOW)
     assert short.arm.name == "zero_blocks-head-8tok" and short.max_tokens == 8
+    assert short.kv_audit_dir is None  # only its tokens are read
 
 
 def test_control_and_baseline_jobs(tmp_path):
-    base = plan.baseline_job(1, "/m1")
+    base = plan.baseline_job(tmp_path, 1, "/m1")
     assert base.arm.to_json() == {"name": "baseline-seed1", "mode": "baseline", "connector": None}
     assert {p.requests for p in base.probes} == {1}
+    assert base.kv_audit_dir == str(tmp_path / "kv" / "baseline-seed1")  # the reference KV
     controls = plan.control_jobs(tmp_path, 1, "/m1")
+    assert [job.kv_audit_dir for _, job in controls] == [str(tmp_path / "kv" / job.arm.name) for _, job in controls]
     assert [(name, job.arm.name, job.arm.mode) for name, job in controls] == [
         ("ExampleConnector", "ExampleConnector-seed1", "connector"),
         ("native", "native-seed1", "native"),
@@ -280,7 +284,7 @@ def test_page_recomputes_the_summary_and_shows_false_positives_per_window():
         ("[1, 2]", "is not a kvkit-detection-matrix report"),
         (json.dumps({"kind": "kvkit-report", "schema_version": 1}), "is not a kvkit-detection-matrix report"),
         (json.dumps({"kind": plan.KIND, "schema_version": plan.SCHEMA_VERSION + 1}), "(upgrade the kit)"),
-        (json.dumps({"kind": plan.KIND, "schema_version": plan.SCHEMA_VERSION - 1}), "this kit reads 1"),
+        (json.dumps({"kind": plan.KIND, "schema_version": 0}), "this kit reads 1, 2"),
         (json.dumps({"kind": plan.KIND}), "schema_version None"),
         (json.dumps({"kind": plan.KIND, "schema_version": "1"}), "schema_version '1'"),
     ],

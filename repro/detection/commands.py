@@ -50,6 +50,17 @@ def _publish(report: dict, report_path: str, site_path: str) -> int:
         f"control reuses exercised={s['control_reuses_exercised']} prefix_check={s['prefix_check_ok']} "
         f"errors={len(s['arm_errors'])}"
     )
+    kv = s["kv_audit"]
+    if kv["present"]:
+        print(
+            f"kv audit: blamed exactly {kv['blamed_exactly']}/{kv['fault_probes']} "
+            f"(tokens unchanged, blamed exactly: {kv['tokens_unchanged_blamed_exactly']}/{kv['tokens_unchanged']}) "
+            f"false_blames={kv['false_blames']} control probes not audited={kv['control_unavailable']}"
+        )
+        for m in kv["mismatches"]:
+            print(f"  not blamed exactly: {m}")
+    else:
+        print("kv audit: absent (a matrix made before the audit)")
     for cell in s["not_fully_detected_cells"]:
         print(f"  not fully detected: {cell}")
     print(f"report: {report_path}\npage: {site_path}", file=sys.stderr)

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 
 from repro import evaluate
 from repro.contract import ProbeResult
+from repro.detection.blame import planted_fault, summarize_blame
 from repro.detection.plan import DECOY, WINDOWS
 from repro.verdict import FAIL, INCONCLUSIVE, PASS, Request, decide_probe
 
@@ -58,11 +59,13 @@ def false_positives_by_window(controls: list[dict]) -> dict[str, int]:
 
 
 def summarize(faults: list[dict], controls: list[dict], prefix_ok: bool) -> dict:
-    """Whether every fault kind is detected somewhere, the misses, and the false positives.
+    """Whether every fault kind is detected somewhere, the misses, the false positives, and the KV audit.
 
     A kind is detected when, at some position and window, the verifier's arm verdict is FAIL: an
     arm takes its worst probe, so one diverging probe is enough. It is reliably detected when
-    every probe of some cell diverged. A false positive at any window fails the study.
+    every probe of some cell diverged. A false positive at any window fails the study, and so does
+    an audit (schema 2) that did not blame exactly the planted blocks of every fault probe, or
+    blamed a block of a control (repro.detection.blame.summarize_blame).
     """
     detected: dict[str, bool] = {}
     reliable: dict[str, bool] = {}
@@ -82,7 +85,8 @@ def summarize(faults: list[dict], controls: list[dict], prefix_ok: bool) -> dict
         c["arm"] for c in controls if c["error"]
     ]
     every = bool(detected) and all(detected.values())
-    ok = every and all(n == 0 for n in fp.values()) and exercised > 0 and prefix_ok and not errors
+    kv = summarize_blame(faults, controls)
+    ok = every and all(n == 0 for n in fp.values()) and exercised > 0 and prefix_ok and not errors and kv["ok"]
     return {
         "fault_kinds_detected": detected,
         "every_fault_detected": every,
@@ -94,6 +98,7 @@ def summarize(faults: list[dict], controls: list[dict], prefix_ok: bool) -> dict
         "control_reuses_exercised": exercised,
         "arm_errors": errors,
         "prefix_check_ok": prefix_ok,
+        "kv_audit": kv,
         "ok": ok,
     }
 
@@ -135,10 +140,6 @@ def compare_error(baseline: dict | None, result: dict | None, failure: dict | No
     return None
 
 
-def _planted(request: dict) -> dict:
-    return (request.get("kv_transfer_params") or {}).get("planted_fault") or {}
-
-
 def fault_entry(
     fault: str,
     position: str,
@@ -162,11 +163,11 @@ def fault_entry(
     base = {p["name"]: p for p in baseline["probes"]}
     loads = iter(audit)  # one audit line per request that loaded tokens, in request order
     for probe in result["probes"]:
-        loaded = [next(loads, None) for r in probe["requests"] if _planted(r).get("loaded_tokens")]
+        loaded = [next(loads, None) for r in probe["requests"] if planted_fault(r).get("loaded_tokens")]
         if probe["name"] == DECOY[0]:
             continue
         row = judge_probe(base[probe["name"]], probe)
-        row["faulted_blocks"] = _planted(probe["requests"][-1]).get("faulted_blocks")
+        row["faulted_blocks"] = planted_fault(probe["requests"][-1]).get("faulted_blocks")
         row["kv_audit"] = loaded[-1] if loaded else None
         entry["probes"].append(row)
     for w in WINDOWS:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from repro.atomic import write_bytes_atomic
 from repro.detection.matrix import summarize
-from repro.detection.plan import KIND, SCHEMA_VERSION
+from repro.detection.plan import KIND, READABLE_VERSIONS, SCHEMA_VERSION
 from repro.errors import UsageError
 from repro.publish.environment import make_environment
 
@@ -28,6 +28,8 @@ class FaultRow:
     position: str
     params: str
     cells: tuple[CellView, ...]
+    kv: CellView  # the KV audit column (status "absent" for a matrix made before the audit)
+    kv_notes: tuple[str, ...]  # the probes it did not blame exactly, and those whose tokens never changed
     error: str
     kv_changed: str
     min_margin: str
@@ -41,6 +43,8 @@ class ControlRow:
     exercised: int
     false_positives: tuple[tuple[int, str], ...]  # (count, cell class): none is good news, any is bad
     inconclusive: tuple[int, ...]
+    false_blames: CellView  # KV audit: probes with any CORRUPT cell ("absent" before the audit)
+    kv_unavailable: str  # probes the audit could not judge, and why
     error: str
 
 
@@ -72,6 +76,14 @@ class DetectionPage:
     prefix_requests: int
     prefix_ok: bool
     arm_errors: tuple[str, ...]
+    kv_present: bool
+    kv_blamed_exactly: int
+    kv_fault_probes: int
+    kv_tokens_unchanged: int
+    kv_tokens_unchanged_blamed: int
+    kv_false_blames: int
+    kv_control_unavailable: int
+    schema_version: int
 
 
 def load_matrix(path: Path) -> dict:
@@ -83,13 +95,41 @@ def load_matrix(path: Path) -> dict:
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise UsageError(f"{path} is not a {KIND} report")
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
-        newer = isinstance(version, int) and version > SCHEMA_VERSION
+    if type(version) is not int or version not in READABLE_VERSIONS:
+        newer = type(version) is int and version > SCHEMA_VERSION
         raise UsageError(
-            f"{path} has schema_version {version!r}; this kit reads {SCHEMA_VERSION}"
+            f"{path} has schema_version {version!r}; this kit reads {', '.join(map(str, READABLE_VERSIONS))}"
             + (" (upgrade the kit)" if newer else "")
         )
     return data
+
+
+ABSENT = CellView("absent", "absent: made before the KV audit")
+
+
+def _span(blocks: list[int]) -> str:
+    return ",".join(map(str, blocks)) or "none"
+
+
+def _kv_cell(f: dict) -> tuple[CellView, tuple[str, ...]]:
+    """A fault's audit column: probes blamed exactly, and a line per probe it did not."""
+    kv = f.get("kv_blame")
+    if kv is None:
+        return ABSENT, ()
+    cell = CellView(kv["cell"], f"{kv['blamed_exactly']}/{kv['probes']} blamed exactly")
+    notes = []
+    for p in f["probes"]:
+        b = p["kv"]
+        if b["outcome"] in ("over", "under", "other"):
+            blamed = "; ".join(_span(x) for x in b["blamed_blocks"])
+            planted = "; ".join(_span(x) for x in b["planted_blocks"])
+            notes.append(f"{p['name']}: {b['outcome']} (blamed {blamed}, planted {planted})")
+    notes += [f"{u['probe']}: unavailable ({u['reason']})" for u in kv["unavailable"]]
+    if kv["tokens_unchanged_blamed_exactly"]:
+        notes.append("tokens never changed, blamed exactly: " + ", ".join(kv["tokens_unchanged_blamed_exactly"]))
+    if kv["reason"]:
+        notes.append(kv["reason"])
+    return cell, tuple(notes)
 
 
 def _fault_row(f: dict, windows: tuple[str, ...]) -> FaultRow:
@@ -105,11 +145,14 @@ def _fault_row(f: dict, windows: tuple[str, ...]) -> FaultRow:
         for p in f["probes"]
         if p.get("margin") and p["margin"]["baseline_margin"] is not None
     ]
+    kv, kv_notes = _kv_cell(f)
     return FaultRow(
         fault=f["fault"],
         position=f["position"],
         params=", ".join(f"{k}={v}" for k, v in sorted(f["params"].items()) if k != "fault"),
         cells=tuple(cells),
+        kv=kv,
+        kv_notes=kv_notes,
         error=f"{f['error']['kind']}: {f['error']['detail']}" if f["error"] else "",
         kv_changed=f"{sum(1 for d in diffs if d > 0)}/{len(diffs)} blocks, min max|Δ| {min(diffs):.3g}"
         if diffs
@@ -119,6 +162,18 @@ def _fault_row(f: dict, windows: tuple[str, ...]) -> FaultRow:
 
 
 def _control_row(c: dict, windows: tuple[str, ...]) -> ControlRow:
+    kv = c.get("kv_blame")
+    if kv is None:
+        false_blames, unavailable = ABSENT, ""
+    else:
+        n = len(kv["false_blames"])
+        false_blames = CellView(
+            "detected" if n == 0 else "missed",
+            f"{n}/{kv['probes']}" + "".join(f"; {b['probe']}: {b['blame']}" for b in kv["false_blames"]),
+        )
+        unavailable = "; ".join(f"{u['probe']}: {u['reason']}" for u in kv["unavailable"]) or "none"
+        if kv["reason"]:
+            unavailable = f"{kv['reason']} ({unavailable})"
     return ControlRow(
         arm=c["arm"],
         seed=c["model_seed"],
@@ -128,6 +183,8 @@ def _control_row(c: dict, windows: tuple[str, ...]) -> ControlRow:
             (n, "detected" if n == 0 else "missed") for n in (c["false_positives"][w] for w in windows)
         ),
         inconclusive=tuple(c["inconclusive"][w] for w in windows),
+        false_blames=false_blames,
+        kv_unavailable=unavailable,
         error=f"{c['error']['kind']}: {c['error']['detail']}" if c["error"] else "",
     )
 
@@ -138,6 +195,7 @@ def page_model(report: dict) -> DetectionPage:
     windows = tuple(str(w) for w in report["config"]["windows"])
     prefix = report["prefix_check"]
     s = summarize(report["faults"], report["controls"], bool(prefix.get("ok")))
+    kv = s["kv_audit"]
     return DetectionPage(
         tool_version=report["tool_version"],
         commit=report["provenance"]["kit"].get("commit", "unavailable")[:12],
@@ -146,7 +204,7 @@ def page_model(report: dict) -> DetectionPage:
         windows=windows,
         rows=tuple(_fault_row(f, windows) for f in report["faults"]),
         controls=tuple(_control_row(c, windows) for c in report["controls"]),
-        control_span=2 + 2 * len(windows),
+        control_span=4 + 2 * len(windows),
         kinds=tuple(
             KindLine(k, v, s["fault_kinds_reliably_detected"][k]) for k, v in sorted(s["fault_kinds_detected"].items())
         ),
@@ -158,6 +216,14 @@ def page_model(report: dict) -> DetectionPage:
         prefix_requests=prefix["requests_compared"],
         prefix_ok=s["prefix_check_ok"],
         arm_errors=tuple(s["arm_errors"]),
+        kv_present=kv["present"],
+        kv_blamed_exactly=kv.get("blamed_exactly", 0),
+        kv_fault_probes=kv.get("fault_probes", 0),
+        kv_tokens_unchanged=kv.get("tokens_unchanged", 0),
+        kv_tokens_unchanged_blamed=kv.get("tokens_unchanged_blamed_exactly", 0),
+        kv_false_blames=kv.get("false_blames", 0),
+        kv_control_unavailable=kv.get("control_unavailable", 0),
+        schema_version=report["schema_version"],
     )
 
 

@@ -15,7 +15,15 @@ KIND = "kvkit-detection-matrix"
 #    (repro.detection.matrix.summarize). Files written before false positives were counted at every
 #    window carry a summary whose `false_positives` is the count at the largest window only, and no
 #    `false_positives_by_window`; their per-window counts (controls[].false_positives) are complete.
-SCHEMA_VERSION = 1
+# 2: the KV audit column. Every arm but the prefix check's short re-run runs with repro.engine.kvaudit
+#    and is compared with its model's baseline (repro.kvaudit). New: faults[].kv_blame (probes whose
+#    audit blamed exactly the planted blocks, and which blamed more, fewer or other blocks, or could
+#    not be audited; probes whose tokens never changed), faults[].probes[].kv, controls[].kv_blame
+#    (false blames: probes with any CORRUPT cell; probes UNAVAILABLE and why), controls[].probes[].kv,
+#    the top-level kv_audit (each seed's reference and comparison), config.kv_audit, and the
+#    summary's kv_audit. A version 1 file still loads and renders, its audit column shown as absent.
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 DEFAULT_REPORT = "reports/detection/detection-matrix.json"
 # Beside the report, committed with it (site/ is the report site's generated, ignored output).
 DEFAULT_SITE = "reports/detection/detection.html"
@@ -54,7 +62,10 @@ METHOD = (
     "exactly the w-token generation. So one 32-token run per arm gives every window: a probe is "
     "detected at window w iff the verifier's rule (repro.verdict.decide_probe) on the first w tokens "
     "says FAIL, i.e. a reuse that reported a hit differs from the baseline at an index below w. "
-    "prefix_check re-runs one arm with max_tokens 8 and compares it with the prefix."
+    "prefix_check re-runs one arm with max_tokens 8 and compares it with the prefix. "
+    "Every other arm runs with the KV audit (repro.engine.kvaudit), which records the KV blocks each request "
+    "reused or computed; after the arms of one model ran, each reuse's blocks are compared with the KV its "
+    "model's baseline computed for the same tokens (repro.kvaudit)."
 )
 
 
@@ -89,16 +100,23 @@ def arm_job(
     model: str,
     probes: list[tuple[str, int, int]],
     max_tokens: int = MAX_TOKENS,
+    scratch: Path | None = None,
 ) -> Job:
     """The engine job of one arm (repro.runner.run_arm's input); every job of the study is built here,
-    through the verifier's own repro.contract.build_job."""
+    through the verifier's own repro.contract.build_job. With `scratch`, the arm's KV audit records
+    under it (kv_audit_dir)."""
     return build_job(
         ArmSpec(name, mode, connector),
         engine_config(model),
         [ProbeJob(n, {"chat": prompt_spec(n, length)}, k) for n, length, k in probes],
         max_tokens=max_tokens,
         logprobs=LOGPROBS,
+        kv_audit_dir=None if scratch is None else str(kv_audit_dir(scratch, name)),
     )
+
+
+def kv_audit_dir(scratch: Path, arm: str) -> Path:
+    return scratch / "kv" / arm
 
 
 def planted_connector(scratch: Path, name: str, fault: str, params: dict) -> ConnectorSpec:
@@ -115,8 +133,9 @@ def planted_connector(scratch: Path, name: str, fault: str, params: dict) -> Con
     )
 
 
-def baseline_job(seed: int, model: str) -> Job:
-    return arm_job(f"baseline-seed{seed}", "baseline", None, model, probe_plan(1))
+def baseline_job(scratch: Path, seed: int, model: str) -> Job:
+    """The cache-off reference; its KV audit records the reference KV of its model's arms."""
+    return arm_job(f"baseline-seed{seed}", "baseline", None, model, probe_plan(1), scratch=scratch)
 
 
 def control_jobs(scratch: Path, seed: int, model: str) -> list[tuple[str, Job]]:
@@ -131,14 +150,17 @@ def control_jobs(scratch: Path, seed: int, model: str) -> list[tuple[str, Job]]:
         ("PlantedFault-none", "connector", planted_connector(scratch, f"none-{seed}", "none", {})),
     ]
     return [
-        (name, arm_job(f"{name}-seed{seed}", mode, conn, model, probe_plan(1 + CONTROL_REUSES)))
+        (name, arm_job(f"{name}-seed{seed}", mode, conn, model, probe_plan(1 + CONTROL_REUSES), scratch=scratch))
         for name, mode, conn in arms
     ]
 
 
 def fault_job(scratch: Path, fault: str, position: str, model: str, max_tokens: int = MAX_TOKENS) -> Job:
-    """The decoy first (stored, never reused), then every prompt cold and once reused."""
+    """The decoy first (stored, never reused), then every prompt cold and once reused. The prefix
+    check's short re-run (max_tokens below MAX_TOKENS) is not audited: only its tokens are read."""
     params = dict(FAULT_PARAMS[fault], first_block=POSITIONS[position])
-    name = f"{fault}-{position}" + ("" if max_tokens == MAX_TOKENS else f"-{max_tokens}tok")
+    full = max_tokens == MAX_TOKENS
+    name = f"{fault}-{position}" + ("" if full else f"-{max_tokens}tok")
     probes = [(DECOY[0], DECOY[1], 1)] + probe_plan(2)
-    return arm_job(name, "connector", planted_connector(scratch, name, fault, params), model, probes, max_tokens)
+    conn = planted_connector(scratch, name, fault, params)
+    return arm_job(name, "connector", conn, model, probes, max_tokens, scratch if full else None)

@@ -8,17 +8,30 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from repro import __version__
+from repro import __version__, kvaudit
 from repro.atomic import write_json_atomic
-from repro.contract import Job
+from repro.contract import ArmResult, Job
 from repro.detection import plan
+from repro.detection.blame import control_blame, drop_unreferenced, fault_blame
 from repro.detection.matrix import compare_error, control_entry, fault_entry, prefix_check, summarize
 from repro.provenance import allowed_env, hardware, kit_commit, package_version, utc_now
 from repro.runner import child_env, run_arm
 from repro.tinymodel import MODEL_NAME, MODEL_SEED, make_tiny_model
+
+
+@dataclass
+class Audited:
+    """One arm to compare with its model's baseline once that model's arms ran: its matrix entry
+    (filled in place with the audit column), its result, and how to fill it."""
+
+    arm: str  # the job's arm name (the comparison's key)
+    mode: str
+    entry: dict
+    result: dict | None
+    fault: bool
 
 
 @dataclass
@@ -28,6 +41,7 @@ class Runner:
     work: Path
     env: dict
     timeout_s: float
+    audited: dict[int, list[Audited]] = field(default_factory=dict)  # per model seed
 
     def run(self, job: Job) -> tuple[dict | None, dict | None]:
         """The arm's result and failure in their JSON form (what the pure matrix code reads)."""
@@ -64,13 +78,14 @@ def run_controls(runner: Runner, models: dict, seeds: tuple[int, ...]) -> tuple[
     baselines, entries = {}, []
     for seed in sorted(set(seeds) | {MODEL_SEED}):
         model = models[seed][0]
-        base, failure = runner.run(plan.baseline_job(seed, model))
+        base, failure = runner.run(plan.baseline_job(runner.work, seed, model))
         baselines[seed] = None if failure else base
         if seed not in seeds:
             continue
         for name, job in plan.control_jobs(runner.work, seed, model):
             result, failure = runner.run(job)
             entry = control_entry(name, seed, result, compare_error(baselines[seed], result, failure), baselines[seed])
+            runner.audited.setdefault(seed, []).append(Audited(job.arm.name, job.arm.mode, entry, result, False))
             if job.arm.connector and job.arm.connector.name == "PlantedFaultConnector":
                 audit = read_audit(job)
                 # a faithful load must be bit-exact: the connector itself adds no noise
@@ -93,6 +108,9 @@ def run_faults(runner: Runner, model: str, baseline: dict | None, faults: tuple[
             params = {k: v for k, v in job.arm.connector.extra_config.items() if k not in ("store_dir", "audit_path")}
             error = compare_error(baseline, result, failure)
             entries.append(fault_entry(fault, position, params, result, error, baseline, read_audit(job)))
+            runner.audited.setdefault(MODEL_SEED, []).append(
+                Audited(job.arm.name, job.arm.mode, entries[-1], result, True)
+            )
     check = {"window": plan.PREFIX_CHECK_WINDOW, "ok": False, "requests_compared": 0, "detail": "not run"}
     if plan.PREFIX_CHECK_FAULT in results:
         job = plan.fault_job(runner.work, *plan.PREFIX_CHECK_FAULT, model, plan.PREFIX_CHECK_WINDOW)
@@ -105,10 +123,56 @@ def run_faults(runner: Runner, model: str, baseline: dict | None, faults: tuple[
     return entries, check
 
 
+def audit_seed(runner: Runner, seed: int, baseline: dict | None, arms: list[Audited]) -> dict:
+    """Compare every audited arm of one model with that model's baseline (one comparison child) and
+    fill each arm's audit column; returns what the reference and the comparison were."""
+    t0 = time.monotonic()
+    raw, problem = None, None
+    ref = None if baseline is None else ArmResult.from_json(baseline)
+    ok = [a for a in arms if a.result is not None and a.entry["error"] is None]
+    if ref is None:
+        problem = "the baseline arm failed: no reference KV"
+    elif ref.kv_audit is None:
+        problem = "the baseline recorded no reference KV"
+    elif ok:
+        print(f"[kvkit] detection KV audit, model seed {seed}: {len(ok)} arms ...", file=sys.stderr, flush=True)
+        job = kvaudit.compare_job(ref, {a.arm: ArmResult.from_json(a.result) for a in ok})
+        job = drop_unreferenced(job, {p.name for p in ref.probes})
+        work = runner.work / f"kv-compare-seed{seed}"
+        work.mkdir(parents=True, exist_ok=True)
+        raw, problem = kvaudit.run_compare(job, work, runner.env, sys.executable, runner.timeout_s)
+    for a in arms:
+        if a.fault:
+            fault_blame(a.entry, a.result, a.arm, raw, problem, plan.BLOCK_SIZE)
+        else:
+            control_blame(a.entry, a.result, a.arm, a.mode, raw, problem, plan.BLOCK_SIZE)
+    return {
+        "baseline": None if ref is None else ref.arm,
+        **reference_of(ref),
+        "arms": [a.arm for a in arms],
+        "problem": problem,
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
+
+
+def reference_of(ref: ArmResult | None) -> dict:
+    """The probes whose reference KV the baseline recorded, and the errors its audit recorded."""
+    if ref is None:
+        return {"reference_probes": [], "reference_errors": []}
+    errors = (ref.kv_audit or {}).get("errors") or []
+    return {
+        "reference_probes": sorted(
+            p.name for p in ref.probes if p.requests and (p.requests[0].kv_audit_record or {}).get("seq") is not None
+        ),
+        "reference_errors": [f"{e.get('where', '?')}: {str(e.get('error', '')).strip()[-200:]}" for e in errors],
+    }
+
+
 def build_report(
     faults: list[dict],
     controls: list[dict],
     check: dict,
+    kv: dict,
     models: dict,
     argv: list[str],
     env: dict,
@@ -136,11 +200,13 @@ def build_report(
             "fault_model_seed": MODEL_SEED,
             "control_model_seeds": sorted({c["model_seed"] for c in controls}),
             "control_reuses": plan.CONTROL_REUSES,
+            "kv_audit": True,
             "models": {str(s): {"sha256": sha} for s, (_, sha) in sorted(models.items())},
         },
         "faults": faults,
         "controls": controls,
         "prefix_check": check,
+        "kv_audit": kv,
         "summary": summarize(faults, controls, bool(check.get("ok"))),
         # Diagnostics only (how long `make detection` takes here), never a performance claim.
         "diagnostics": {"wall_s": round(wall_s, 1)},
@@ -174,8 +240,9 @@ def run_detection(
         runner = Runner(work=work, env=env, timeout_s=timeout_s)
         baselines, controls = run_controls(runner, models, seeds)
         faults_out, check = run_faults(runner, models[MODEL_SEED][0], baselines[MODEL_SEED], faults)
+        kv = {str(s): audit_seed(runner, s, baselines[s], arms) for s, arms in sorted(runner.audited.items())}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    report = build_report(faults_out, controls, check, models, argv, env, started, time.monotonic() - t0)
+    report = build_report(faults_out, controls, check, kv, models, argv, env, started, time.monotonic() - t0)
     write_json_atomic(report_path, report)
     return report

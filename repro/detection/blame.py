@@ -1,0 +1,198 @@
+"""The detection matrix's KV audit column: the blocks each probe's audit blamed against the blocks the
+planted connector faulted, and the no-fault controls' false blames (pure, no I/O).
+
+The verdicts are the verifier's own: repro.kvaudit.annotate classes every block x layer x K/V plane a
+reuse read against the arm's floor (the largest relative error of the arm's own cold prefills' KV
+against the baseline's) and decides each probe's KV verdict. This module only compares the blamed
+blocks with the planted ones and counts.
+"""
+
+from __future__ import annotations
+
+from repro import kvaudit
+from repro.contract import ArmResult
+from repro.verdict import CELL_CORRUPT, CORRUPT, EXACT, FAIL, NUMERIC, UNAVAILABLE
+
+# exact: the blamed blocks are the planted blocks; over: a strict superset; under: a strict subset
+# (none blamed included); other: neither; unavailable: the audit saw nothing to judge.
+OUTCOMES = ("exact", "over", "under", "other", "unavailable")
+NO_AUDIT = "the arm recorded no KV audit"
+
+
+def drop_unreferenced(job: dict, baseline_probes: set[str]) -> dict:
+    """repro.kvaudit.compare_job's job without the requests of probes the baseline never ran (a fault
+    arm's decoy): they have no reference, and a decoy is cold-only anyway."""
+    arms = [{**a, "requests": [r for r in a["requests"] if r["probe"] in baseline_probes]} for a in job["arms"]]
+    return {**job, "arms": arms}
+
+
+def corrupt_blocks(request_audit: dict | None) -> list[int] | None:
+    """The blocks with any CORRUPT cell in one reuse request's audit (None: nothing was audited)."""
+    if not request_audit or request_audit.get("planes") is None:
+        return None
+    return sorted(
+        {
+            b
+            for plane in request_audit["planes"].values()
+            for row in plane["class"]
+            for b, c in enumerate(row)
+            if c == CELL_CORRUPT
+        }
+    )
+
+
+def audit_probes(
+    name: str, mode: str, result: dict, probes: list[str], raw: dict | None, problem: str | None, block_size: int
+) -> tuple[dict, dict[str, dict]]:
+    """The arm's audit status (status, reason, floor) and, per probe in `probes`, the verifier's KV
+    verdict with its reasons and blame, and the blocks each reuse request's audit found corrupt."""
+    by_name = {p["name"]: p for p in result["probes"]}
+    shim = {
+        "name": name,
+        "mode": mode,
+        "probes": [{"name": n, "requests": [{} for _ in by_name[n]["requests"]]} for n in probes],
+    }
+    kvaudit.annotate([shim], {name: ArmResult.from_json(result)}, raw, problem, block_size)
+    status = shim["kv_audit"] or {"status": "unavailable", "reason": NO_AUDIT, "floor": None}
+    out = {}
+    for p in shim["probes"]:
+        kv = p["kv"] or {"verdict": UNAVAILABLE, "reasons": [NO_AUDIT], "blame": None}
+        out[p["name"]] = {**kv, "blamed_blocks": [corrupt_blocks(r["kv_audit"]) for r in p["requests"][1:]]}
+    arm = {k: status.get(k) for k in ("status", "reason", "floor")}
+    return arm, out
+
+
+def blame_outcome(blamed: set[int], planted: set[int]) -> str:
+    if blamed == planted:
+        return "exact"
+    if blamed > planted:
+        return "over"
+    if blamed < planted:
+        return "under"
+    return "other"
+
+
+def probe_blame(kv: dict, planted: list[list[int] | None], tokens_changed: bool) -> dict:
+    """One fault probe's audit column: blamed exactly iff, for every reuse request, the blocks with a
+    CORRUPT cell are the blocks the planted connector faulted for that request."""
+    blamed = kv["blamed_blocks"]
+    planted_sets = [set(p or ()) for p in planted]
+    if kv["verdict"] == UNAVAILABLE or any(b is None for b in blamed) or len(blamed) != len(planted):
+        outcome = "unavailable"
+    else:
+        per = [blame_outcome(set(b), p) for b, p in zip(blamed, planted_sets)]
+        outcome = next((o for o in per if o != "exact"), "exact")
+    return {
+        "verdict": kv["verdict"],
+        "reasons": kv["reasons"],
+        "blame": kv["blame"],
+        "blamed_blocks": blamed,
+        "planted_blocks": [sorted(p) for p in planted_sets],
+        "outcome": outcome,
+        "tokens_changed": tokens_changed,
+    }
+
+
+def planted_fault(request: dict) -> dict:
+    """What the planted connector reported for one request (kv_transfer_params["planted_fault"])."""
+    return (request.get("kv_transfer_params") or {}).get("planted_fault") or {}
+
+
+def _absent(status: str, reason: str) -> dict:
+    return {"status": status, "reason": reason, "floor": None}
+
+
+def fault_blame(entry: dict, result: dict | None, name: str, raw: dict | None, problem: str | None, bs: int) -> None:
+    """Fill one fault entry's audit column in place: probes[].kv and kv_blame (the cell)."""
+    if entry["error"] is not None or result is None:
+        entry["kv_blame"] = dict(fault_cell([]), **_absent("error", "the arm failed: nothing to audit"))
+        return
+    arm, kv = audit_probes(name, "connector", result, [p["name"] for p in entry["probes"]], raw, problem, bs)
+    by_name = {p["name"]: p for p in result["probes"]}
+    for row in entry["probes"]:
+        planted = [planted_fault(r).get("faulted_blocks") for r in by_name[row["name"]]["requests"][1:]]
+        row["kv"] = probe_blame(kv[row["name"]], planted, FAIL in row["verdicts"].values())
+    entry["kv_blame"] = dict(fault_cell(entry["probes"]), **arm)
+
+
+def fault_cell(probes: list[dict]) -> dict:
+    """One (fault, position)'s audit column over its probes."""
+    by = {o: [p for p in probes if p["kv"]["outcome"] == o] for o in OUTCOMES}
+    exact, n = len(by["exact"]), len(probes)
+    return {
+        "cell": "detected" if n and exact == n else "partial" if exact else "missed" if n else "error",
+        "probes": n,
+        "blamed_exactly": exact,
+        "over": [p["name"] for p in by["over"]],
+        "under": [p["name"] for p in by["under"]],
+        "other": [p["name"] for p in by["other"]],
+        "unavailable": [{"probe": p["name"], "reason": "; ".join(p["kv"]["reasons"])} for p in by["unavailable"]],
+        "tokens_unchanged": [p["name"] for p in probes if not p["kv"]["tokens_changed"]],
+        "tokens_unchanged_blamed_exactly": [p["name"] for p in by["exact"] if not p["kv"]["tokens_changed"]],
+    }
+
+
+def control_blame(
+    entry: dict, result: dict | None, name: str, mode: str, raw: dict | None, problem: str | None, bs: int
+) -> None:
+    """Fill one control entry's audit column in place: probes[].kv and kv_blame. With no fault
+    planted, any CORRUPT cell is a false blame."""
+    if entry["error"] is not None or result is None:
+        entry["kv_blame"] = dict(control_cell([]), **_absent("error", "the arm failed: nothing to audit"))
+        return
+    arm, kv = audit_probes(name, mode, result, [p["name"] for p in entry["probes"]], raw, problem, bs)
+    for row in entry["probes"]:
+        row["kv"] = kv[row["name"]]
+    entry["kv_blame"] = dict(control_cell(entry["probes"]), **arm)
+
+
+def control_cell(probes: list[dict]) -> dict:
+    verdicts = {v: sum(p["kv"]["verdict"] == v for p in probes) for v in (EXACT, NUMERIC, CORRUPT, UNAVAILABLE)}
+    return {
+        "probes": len(probes),
+        "verdicts": verdicts,
+        "false_blames": [
+            {"probe": p["name"], "blame": (p["kv"]["blame"] or {}).get("text")}
+            for p in probes
+            if p["kv"]["verdict"] == CORRUPT
+        ],
+        "unavailable": [
+            {"probe": p["name"], "reason": "; ".join(p["kv"]["reasons"])}
+            for p in probes
+            if p["kv"]["verdict"] == UNAVAILABLE
+        ],
+    }
+
+
+def summarize_blame(faults: list[dict], controls: list[dict]) -> dict:
+    """The audit column's totals; `present` is false for a matrix made before the audit (schema 1).
+
+    ok: every fault probe blamed exactly, no control false blame and no control probe unaudited."""
+    cells = [f for f in faults if "kv_blame" in f]
+    checks = [c for c in controls if "kv_blame" in c]
+    if not cells and not checks:
+        return {"present": False, "ok": True}
+    probes = sum(f["kv_blame"]["probes"] for f in cells)
+    exact = sum(f["kv_blame"]["blamed_exactly"] for f in cells)
+    mismatches = [
+        f"{f['fault']}/{f['position']}:{p['name']}:{p['kv']['outcome']}"
+        for f in cells
+        for p in f["probes"]
+        if p["kv"]["outcome"] != "exact"
+    ]
+    false_blames = sum(len(c["kv_blame"]["false_blames"]) for c in checks)
+    unavailable = sum(len(c["kv_blame"]["unavailable"]) for c in checks)
+    return {
+        "present": True,
+        "fault_probes": probes,
+        "blamed_exactly": exact,
+        "by_fault": {
+            f"{f['fault']}/{f['position']}": [f["kv_blame"]["blamed_exactly"], f["kv_blame"]["probes"]] for f in cells
+        },
+        "mismatches": mismatches,
+        "tokens_unchanged": sum(len(f["kv_blame"]["tokens_unchanged"]) for f in cells),
+        "tokens_unchanged_blamed_exactly": sum(len(f["kv_blame"]["tokens_unchanged_blamed_exactly"]) for f in cells),
+        "false_blames": false_blames,
+        "control_unavailable": unavailable,
+        "ok": probes > 0 and exact == probes and false_blames == 0 and unavailable == 0,
+    }
