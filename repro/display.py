@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from repro.verdict import CELL_CORRUPT, CORRUPT, EXACT, NUMERIC, UNAVAILABLE
+
 _HEX = re.compile(r"^[0-9a-f]{7,40}$")
 NO_SUITE = "n/a (no acceptance suite)"
 
@@ -89,3 +91,177 @@ def day(report: dict) -> str:
 def headline(report: dict) -> str:
     """'NVIDIA L4 · 1a2b3c4d5e6f · 2026-11-29': hardware, kit commit, date."""
     return f"{report.get('hardware_label', '?')} · {commit_label(report['provenance'])} · {day(report)}"
+
+
+# --- The KV audit (report schema 2). A report of schema 1 has none of these fields. ---
+
+KV_REASON_CHARS = 60  # an UNAVAILABLE reason in a table cell; the whole reason is in the probe's details
+# The order a tally lists KV verdicts in: findings first.
+KV_TALLY_ORDER = (CORRUPT, UNAVAILABLE, NUMERIC, EXACT)
+
+
+def kv_audit_state(report: dict) -> bool | None:
+    """None: the report predates the KV audit (schema 1); otherwise whether the run audited KV."""
+    config = report.get("config") or {}
+    return bool(config["kv_audit"]) if "kv_audit" in config else None
+
+
+def number(value: object) -> str:
+    """An error measure in three significant digits ('3.1e-07', '0.25'); '—' when not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "—"
+    return f"{value:.3g}"
+
+
+def spans(indices: list[int] | tuple[int, ...]) -> list[tuple[int, int]]:
+    """Sorted distinct indices as inclusive runs: [0, 1, 2, 5] -> [(0, 2), (5, 5)]."""
+    runs: list[tuple[int, int]] = []
+    for i in sorted(set(indices)):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return runs
+
+
+def span_text(indices: list[int] | tuple[int, ...]) -> str:
+    """'0–15, 20': runs of indices, en dash between the ends."""
+    return ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in spans(indices))
+
+
+def blocks_text(blocks: list[int] | tuple[int, ...], block_size: int | None) -> str:
+    """'blocks 0–15 (tokens 0–255)'; 'none' for no block; the tokens left out when the block size is unknown."""
+    if not blocks:
+        return "none"
+    text = f"block{'s' if len(set(blocks)) > 1 else ''} {span_text(blocks)}"
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        return text
+    tokens = ", ".join(f"{a * block_size}–{(b + 1) * block_size - 1}" for a, b in spans(blocks))
+    return f"{text} (tokens {tokens})"
+
+
+def kv_blame_text(blame: object, block_size: int | None = None) -> str:
+    """What a CORRUPT verdict blames: the report's own text, else one made from its blocks, planes and layers."""
+    if not isinstance(blame, dict):
+        return "nothing named"
+    if isinstance(blame.get("text"), str) and blame["text"]:
+        return blame["text"]
+    planes = "+".join(str(p) for p in blame.get("planes") or []) or "?"
+    layers = span_text(blame.get("layers") or []) or "?"
+    return f"{blocks_text(blame.get('blocks') or [], block_size)}, {planes}, layers {layers}"
+
+
+def _shorten(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def kv_cell(probe: dict, block_size: int | None = None) -> str:
+    """A probe's KV verdict on one line: 'EXACT', 'UNAVAILABLE (why…)', 'CORRUPT: blocks 0–15 (…), K+V, layers 0–3';
+    '—' when the probe was not audited (the baseline, a skipped probe, the audit off)."""
+    kv = probe.get("kv")
+    if not isinstance(kv, dict):
+        return "—"
+    verdict = str(kv.get("verdict"))
+    if verdict == CORRUPT:
+        return f"{verdict}: {kv_blame_text(kv.get('blame'), block_size)}"
+    reasons = kv.get("reasons") or []
+    if verdict == UNAVAILABLE and reasons:
+        return f"{verdict} ({_shorten(str(reasons[0]), KV_REASON_CHARS)})"
+    return verdict
+
+
+def kv_verdict(probe: dict) -> str | None:
+    kv = probe.get("kv")
+    return str(kv.get("verdict")) if isinstance(kv, dict) else None
+
+
+def kv_findings(report: dict) -> list[tuple[dict, dict]]:
+    """(arm, probe) of every probe whose KV verdict is CORRUPT, in report order."""
+    return [
+        (arm, probe)
+        for arm in report["arms"]
+        if arm["mode"] != "baseline"
+        for probe in arm.get("probes") or []
+        if kv_verdict(probe) == CORRUPT
+    ]
+
+
+def floor_text(floor: object) -> str:
+    """How far the arm's own cold prefill KV differed from the baseline's: the bound for the numeric class."""
+    if not isinstance(floor, dict) or not floor.get("cells"):
+        return "floor not measured (no cold prefill was compared)"
+    over = f" over {floor['cells']} cells"
+    if floor.get("identical"):
+        return f"floor 0: the cold prefill's KV is bit-identical to the baseline's{over}"
+    if floor.get("rel") is None:
+        return f"floor not measured: the cold prefill's relative error is not a finite number{over}"
+    return f"floor rel {number(floor.get('rel'))} (max abs {number(floor.get('max_abs'))}){over}"
+
+
+def floor_rel_text(floor: object) -> str:
+    """'floor rel 3.1e-07', 'floor rel 0 (bit-identical)' or 'floor not measured': for a caption."""
+    if not isinstance(floor, dict) or not floor.get("cells"):
+        return "floor not measured"
+    if floor.get("identical"):
+        return "floor rel 0 (bit-identical)"
+    rel = floor.get("rel")
+    return "floor not measured" if rel is None else f"floor rel {number(rel)}"
+
+
+def arm_kv_text(arm: dict) -> str:
+    """'KV audit: ok · floor rel …', 'KV audit: reference (…)', 'KV audit: unavailable (why)', or 'KV audit: not run'."""
+    audit = arm.get("kv_audit")
+    if not isinstance(audit, dict):
+        return "KV audit: not run"
+    status = str(audit.get("status"))
+    reason = f" ({audit['reason']})" if audit.get("reason") else ""
+    if status == "reference":
+        shape = audit.get("kv_shape")
+        layout = ", ".join(
+            part
+            for part in (
+                f"{audit.get('layers')} layers" if audit.get("layers") is not None else "",
+                f"layout {audit['layout']}" if audit.get("layout") else "",
+                f"dtype {audit['dtype']}" if audit.get("dtype") else "",
+                f"shape {'×'.join(map(str, shape))}" if isinstance(shape, list) and shape else "",
+            )
+            if part
+        )
+        return f"KV audit: reference KV recorded{reason}" + (f" ({layout})" if layout else "")
+    if status == "ok":
+        return f"KV audit: ok{reason} · {floor_text(audit.get('floor'))}"
+    return f"KV audit: {status}{reason}"
+
+
+def kv_tally(arm: dict) -> str:
+    """'CORRUPT×2 · EXACT×2': the arm's probes counted by KV verdict, findings first; '—' when none was audited."""
+    counts: dict[str, int] = {}
+    for probe in arm.get("probes") or []:
+        verdict = kv_verdict(probe)
+        if verdict is not None:
+            counts[verdict] = counts.get(verdict, 0) + 1
+    order = [v for v in KV_TALLY_ORDER if v in counts] + sorted(v for v in counts if v not in KV_TALLY_ORDER)
+    return " · ".join(f"{v}×{counts[v]}" for v in order) or "—"
+
+
+def planted_blocks(request: dict) -> list[int]:
+    """The prompt blocks the planted-fault connector corrupted on purpose for this request (none for others)."""
+    fault = ((request.get("kv_transfer_params") or {}).get("planted_fault")) or {}
+    blocks = fault.get("faulted_blocks") if isinstance(fault, dict) else None
+    return (
+        sorted({b for b in blocks if isinstance(b, int) and not isinstance(b, bool)})
+        if isinstance(blocks, list)
+        else []
+    )
+
+
+def corrupt_blocks(audit: dict) -> list[int]:
+    """The prompt blocks of a reuse request's audit with at least one corrupt cell (absolute block numbers)."""
+    first = int(audit.get("first_block") or 0)
+    planes = audit.get("planes") or {}
+    found = set()
+    for plane in planes.values() if isinstance(planes, dict) else ():
+        for row in (plane or {}).get("class") or []:
+            found.update(first + i for i, c in enumerate(str(row)) if c == CELL_CORRUPT)
+    return sorted(found)

@@ -2,6 +2,8 @@
 
 Fixture schema (kind "kvkit-fixture"; JSON Schema in schemas/fixture.schema.json):
   schema_version 1: first version.
+    Additions without a bump: expected_kv (arm -> {probe: KV verdict}, checked when the run
+    audits KV; a kit older than the KV audit ignores it, as it makes no KV verdict).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from repro.errors import UsageError
-from repro.verdict import VERDICTS
+from repro.verdict import KV_VERDICTS, VERDICTS
 
 FIXTURE_KIND = "kvkit-fixture"
 FIXTURE_SCHEMA_VERSION = 1
@@ -58,6 +60,7 @@ class Fixture:
     arms: tuple[ArmSpec, ...]
     expected: dict  # arm name -> {probe name -> verdict}
     raw: dict
+    expected_kv: dict = field(default_factory=dict)  # arm name -> {probe name -> KV verdict}
 
 
 def _fail(path: str | Path, msg: str) -> UsageError:
@@ -163,15 +166,8 @@ def parse_fixture(data: object, path: str | Path, digest: str) -> Fixture:
     if not isinstance(arms_raw, list):
         raise _fail(path, "arms: must be a list")
     arms = tuple(_parse_arm(a, f"arms[{i}]", path) for i, a in enumerate(arms_raw))
-    expected = data.get("expected", {})
-    if not isinstance(expected, dict):
-        raise _fail(path, "expected: must be an object of arm -> {probe: verdict}")
-    for arm, table in expected.items():
-        if not isinstance(table, dict):
-            raise _fail(path, f"expected.{arm}: must be an object of probe -> verdict")
-        for probe, verdict in table.items():
-            if verdict not in VERDICTS:
-                raise _fail(path, f"expected.{arm}.{probe}: {verdict!r} is not one of {', '.join(VERDICTS)}")
+    expected = _parse_expected(data, "expected", VERDICTS, path)
+    expected_kv = _parse_expected(data, "expected_kv", KV_VERDICTS, path)
     fixture = Fixture(
         name=name,
         path=str(path),
@@ -181,10 +177,25 @@ def parse_fixture(data: object, path: str | Path, digest: str) -> Fixture:
         arms=arms,
         expected=expected,
         raw=data,
+        expected_kv=expected_kv,
     )
     check_unique([p.name for p in probes], path, "probe")
     check_unique([a.name for a in arms], path, "arm")
     return fixture
+
+
+def _parse_expected(data: dict, key: str, verdicts: tuple[str, ...], path) -> dict:
+    """An expectation table, arm -> {probe: verdict}, each verdict one of verdicts."""
+    table_of = data.get(key, {})
+    if not isinstance(table_of, dict):
+        raise _fail(path, f"{key}: must be an object of arm -> {{probe: verdict}}")
+    for arm, table in table_of.items():
+        if not isinstance(table, dict):
+            raise _fail(path, f"{key}.{arm}: must be an object of probe -> verdict")
+        for probe, verdict in table.items():
+            if not isinstance(verdict, str) or verdict not in verdicts:
+                raise _fail(path, f"{key}.{arm}.{probe}: {verdict!r} is not one of {', '.join(verdicts)}")
+    return table_of
 
 
 def check_unique(names: list[str], path, what: str) -> None:

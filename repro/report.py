@@ -4,9 +4,17 @@ Report schema (kind "kvkit-report"; JSON Schema in schemas/report.schema.json):
   schema_version 1: first version (example kept forever: tests/data/report-v1-example.json).
     Additions that old readers may ignore and old files lack (no version bump): acceptance
     .unchecked_probes, the failure kind result-version-mismatch.
-The schema is authoritative: validate_report checks every report before it is written.
-A newer file is refused ("upgrade the kit"). When version 2 comes, version 1 files are migrated
-only by an explicit command (`python -m repro migrate`, to be added with it), never on load.
+  schema_version 2: the KV audit (example: tests/data/report-v2-example.json). config.kv_audit and
+    config.keep_kv; per arm kv_audit (status, the measured floor, the KV layout); per probe kv (the
+    KV verdict and its blame); per request kv_audit (the cold request's floor, each reuse's cells by
+    block x layer x K/V plane, and what a non-exact cell's bytes equal); acceptance.checked items
+    say which check they are ("tokens" or "kv"). All four kv fields are required in version 2
+    (null where there is nothing to say).
+The schema is authoritative: validate_report checks every report before it is written (and the
+cross-field shape of the KV audit, which JSON Schema cannot say).
+A newer file is refused ("upgrade the kit"). A version 1 file loads as it is: version 2 only added
+fields, and a report without them is shown as one made before the KV audit (no KV column, no
+heatmap); no migration is needed or done.
 """
 
 from __future__ import annotations
@@ -14,13 +22,27 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from repro.display import acceptance_label, arm_title, cached_cell, diff_cell, headline
+from repro.display import (
+    acceptance_label,
+    arm_kv_text,
+    arm_title,
+    cached_cell,
+    diff_cell,
+    headline,
+    kv_audit_state,
+    kv_blame_text,
+    kv_cell,
+    kv_findings,
+    kv_verdict,
+)
 from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME, UsageError
 from repro.paths import SCHEMAS_DIR
-from repro.verdict import ERROR, PASS, SKIPPED
+from repro.verdict import CELL_CORRUPT, CELL_EXACT, CELL_NUMERIC, CORRUPT, ERROR, PASS, SKIPPED
 
 REPORT_KIND = "kvkit-report"
-REPORT_SCHEMA_VERSION = 1
+REPORT_SCHEMA_VERSION = 2
+# Every version load_report reads; older ones are refused (no migration exists).
+READABLE_VERSIONS = (1, 2)
 CLAIM_LINE = "claim_eligible=false; no performance claim"
 
 
@@ -28,8 +50,23 @@ def generations(arms: list[dict]) -> int:
     return sum(len(p["requests"]) for a in arms for p in a.get("probes", []))
 
 
-def check_acceptance(arms: list[dict], expected: dict, suite: str | None) -> dict:
-    """Observed verdicts against the fixture's expected ones; matched only if all were checked."""
+def _unlisted(arm: dict, table: dict, observe, check: str) -> list[dict]:
+    """Probes an expected arm ran that its table does not list: they would never be checked."""
+    return [
+        {"arm": arm["name"], "probe": p["name"], "observed": observe(p), "check": check}
+        for p in arm.get("probes", [])
+        if observe(p) not in (SKIPPED, None) and p["name"] not in table
+    ]
+
+
+def check_acceptance(arms: list[dict], expected: dict, suite: str | None, expected_kv: dict | None = None) -> dict:
+    """Observed verdicts against the fixture's expected ones; matched only if all were checked.
+
+    expected: arm -> {probe: token verdict}; expected_kv: arm -> {probe: KV verdict}, given only
+    for a run that audited KV (a run without the audit checks no KV expectation). Each checked item
+    says its check, "tokens" or "kv"; a KV item observes probe["kv"]["verdict"] (None when the
+    probe has no KV verdict). An arm listed in expected_kv must list every probe that got a KV
+    verdict, as one listed in expected must list every probe it ran (else unchecked_probes)."""
     if suite != "acceptance":
         return {
             "suite": suite,
@@ -39,19 +76,16 @@ def check_acceptance(arms: list[dict], expected: dict, suite: str | None) -> dic
             "unchecked_probes": [],
             "note": "no acceptance suite was run",
         }
+    expected_kv = expected_kv or {}
     checked, unchecked, unlisted = [], [], []
     by_name = {a["name"]: a for a in arms}
     for arm in arms:
         if arm["mode"] != "baseline" and arm["name"] not in expected:
             unchecked.append(arm["name"])
-        # a probe an expected arm ran that its table does not list would never be checked
-        table = expected.get(arm["name"])
-        if table is not None:
-            unlisted += [
-                {"arm": arm["name"], "probe": p["name"], "observed": p["verdict"]}
-                for p in arm.get("probes", [])
-                if p["verdict"] != SKIPPED and p["name"] not in table
-            ]
+        if arm["name"] in expected:
+            unlisted += _unlisted(arm, expected[arm["name"]], lambda p: p["verdict"], "tokens")
+        if arm["name"] in expected_kv:
+            unlisted += _unlisted(arm, expected_kv[arm["name"]], kv_verdict, "kv")
     for arm_name, table in sorted(expected.items()):
         arm = by_name.get(arm_name)
         probes = {p["name"]: p for p in (arm or {}).get("probes", [])}
@@ -61,7 +95,12 @@ def check_acceptance(arms: list[dict], expected: dict, suite: str | None) -> dic
                 if probe_name in probes
                 else (arm["verdict"] if arm and arm["verdict"] == ERROR else None)
             )
-            checked.append({"arm": arm_name, "probe": probe_name, "expected": want, "observed": got, "ok": got == want})
+            checked.append(_checked("tokens", arm_name, probe_name, want, got))
+    for arm_name, table in sorted(expected_kv.items()):
+        probes = {p["name"]: p for p in (by_name.get(arm_name) or {}).get("probes", [])}
+        for probe_name, want in sorted(table.items()):
+            got = kv_verdict(probes[probe_name]) if probe_name in probes else None
+            checked.append(_checked("kv", arm_name, probe_name, want, got))
     matched = bool(checked) and all(c["ok"] for c in checked) and not unchecked and not unlisted
     return {
         "suite": suite,
@@ -72,10 +111,34 @@ def check_acceptance(arms: list[dict], expected: dict, suite: str | None) -> dic
     }
 
 
+def _checked(check: str, arm: str, probe: str, want: str, got: str | None) -> dict:
+    return {"check": check, "arm": arm, "probe": probe, "expected": want, "observed": got, "ok": got == want}
+
+
+def unexpected_kv_findings(report: dict) -> list[tuple[dict, dict]]:
+    """(arm, probe) of every CORRUPT KV verdict the acceptance did not expect: an expected CORRUPT
+    is excused only when the fixture stated it for that arm and probe and acceptance matched."""
+    acc = report["acceptance"]
+    excused = set()
+    if acc.get("matched"):
+        excused = {
+            (c["arm"], c["probe"])
+            for c in acc.get("checked", [])
+            if c.get("check") == "kv" and c.get("expected") == CORRUPT and c.get("ok")
+        }
+    return [(a, p) for a, p in kv_findings(report) if (a["name"], p["name"]) not in excused]
+
+
 def exit_code(report: dict) -> int:
-    """0 all good; 1 completed but acceptance not matched (or a non-PASS verdict outside it); 3 error."""
+    """0 all good; 1 completed but acceptance not matched (or a non-PASS verdict outside it); 3 error.
+
+    A probe whose KV verdict is CORRUPT is a finding like a FAIL: exit 1, unless the fixture's
+    expected_kv stated CORRUPT for that arm and probe and acceptance matched (a planted fault the
+    audit is meant to catch). An error still exits 3 first."""
     if not report.get("complete", False) or report["errors"] or any(a["verdict"] == ERROR for a in report["arms"]):
         return EXIT_RUNTIME
+    if unexpected_kv_findings(report):
+        return EXIT_MISMATCH
     acc = report["acceptance"]
     if acc["matched"] is None:
         return EXIT_OK if all(a["verdict"] == PASS for a in report["arms"]) else EXIT_MISMATCH
@@ -85,7 +148,17 @@ def exit_code(report: dict) -> int:
     return EXIT_MISMATCH if any(a["verdict"] != PASS for a in report["arms"] if a["name"] in unchecked) else EXIT_OK
 
 
+def _probe_line(probe: dict, kv: str | None) -> str:
+    tokens = "" if probe["prompt_tokens"] is None else str(probe["prompt_tokens"])
+    head = f"  {probe['name']:<10} {tokens:>5}  {cached_cell(probe):<12} "
+    if kv is None:  # a report without the KV audit keeps the line it always had
+        return f"{head}{probe['verdict']} {diff_cell(probe)}".rstrip()
+    return f"{head}{probe['verdict']:<12} {diff_cell(probe):<8} KV {kv}"
+
+
 def format_summary(report: dict) -> str:
+    audit = kv_audit_state(report)
+    block_size = (report.get("config") or {}).get("block_size")
     lines = [
         headline(report),
         f"# {report['generations']} generations · acceptance.matched = {acceptance_label(report)}",
@@ -98,13 +171,22 @@ def format_summary(report: dict) -> str:
         lines.append(f"{arm_title(arm)}: {arm['verdict']}")
         if arm.get("error"):
             lines.append(f"  ERROR {arm['error']['kind']}: {arm['error']['detail']}"[:400])
+        if audit:
+            lines.append(f"  {arm_kv_text(arm)}"[:400])
         for p in arm["probes"]:
-            tokens = "" if p["prompt_tokens"] is None else str(p["prompt_tokens"])
-            lines.append(f"  {p['name']:<10} {tokens:>5}  {cached_cell(p):<12} {p['verdict']} {diff_cell(p)}".rstrip())
+            lines.append(_probe_line(p, kv_cell(p, block_size) if audit else None))
         for note in arm.get("findings", []):
             lines.append(f"  note: {note}")
     for err in report["errors"]:
         lines.append(f"ERROR {err['arm']}: {err['kind']}: {err['detail']}"[:400])
+    if audit is False:
+        lines.append("KV audit: off")
+    elif audit:
+        findings, unexpected = kv_findings(report), unexpected_kv_findings(report)
+        lines.append("KV findings:" + ("" if findings else " none"))
+        for a, p in findings:
+            expected = "" if (a, p) in unexpected else " (expected by the fixture)"
+            lines.append(f"  {arm_title(a)} / {p['name']}: {kv_blame_text(p['kv'].get('blame'), block_size)}{expected}")
     lines.append(CLAIM_LINE)
     return "\n".join(lines)
 
@@ -127,7 +209,7 @@ def load_report(path: str | Path) -> dict:
         raise UsageError(
             f"report {path}: schema_version {version} is newer than this kit ({REPORT_SCHEMA_VERSION}): upgrade the kit"
         )
-    if version < REPORT_SCHEMA_VERSION:
+    if version not in READABLE_VERSIONS:
         raise UsageError(
             f"report {path}: schema_version {version} is older than any this kit wrote and no migration "
             f"exists: regenerate it (old versions are migrated only by an explicit command)"
@@ -143,7 +225,72 @@ def load_report(path: str | Path) -> dict:
             or not all(isinstance(p, dict) for p in arm["probes"])
         ):
             raise UsageError(f"report {path}: arms[{i}] is not an arm (name, mode, verdict, probes)")
+    if version >= 2:
+        problems = kv_audit_problems(data)
+        if problems:
+            raise UsageError(f"report {path}: {problems[0]}")
     return data
+
+
+def kv_audit_problems(report: dict) -> list[str]:
+    """What is wrong with a version-2 report's KV audit fields beyond what the schema says: each
+    field an object or null, and every audited reuse's cell grids shaped layers x blocks, with
+    counts that add up. Renderers index these grids, so the loader checks them too."""
+    config = report.get("config")
+    if not isinstance(config, dict) or not isinstance(config.get("kv_audit"), bool):
+        return ["config.kv_audit missing or not true/false"]
+    problems = []
+    for i, arm in enumerate(report.get("arms") or []):
+        if "kv_audit" not in arm or not isinstance(arm["kv_audit"], (dict, type(None))):
+            problems.append(f"arms[{i}].kv_audit missing or not an object or null")
+        for j, probe in enumerate(arm.get("probes") or []):
+            where = f"arms[{i}].probes[{j}]"
+            if "kv" not in probe or not isinstance(probe["kv"], (dict, type(None))):
+                problems.append(f"{where}.kv missing or not an object or null")
+            requests = probe.get("requests")
+            for k, req in enumerate(requests if isinstance(requests, list) else []):
+                if not isinstance(req, dict) or "kv_audit" not in req:
+                    problems.append(f"{where}.requests[{k}].kv_audit missing")
+                elif isinstance(req["kv_audit"], dict):
+                    problems += [f"{where}.requests[{k}].kv_audit: {p}" for p in _grid_problems(req["kv_audit"])]
+                elif req["kv_audit"] is not None:
+                    problems.append(f"{where}.requests[{k}].kv_audit is not an object or null")
+    return problems
+
+
+def _grid_problems(audit: dict) -> list[str]:
+    """An audited reuse: planes K and V, each with a class string, rel and max_abs row per layer,
+    one entry per block; counts equal to the classes' tally. Other statuses have no grid."""
+    if audit.get("status") != "audited":
+        return []
+    layers, blocks, planes = audit.get("layers"), audit.get("num_blocks"), audit.get("planes")
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (layers, blocks)):
+        return ["layers and num_blocks must be counts"]
+    if not isinstance(planes, dict) or set(planes) != {"K", "V"}:
+        return ["an audited reuse needs planes K and V"]
+    tally = {CELL_EXACT: 0, CELL_NUMERIC: 0, CELL_CORRUPT: 0}
+    for name in ("K", "V"):
+        plane = planes[name]
+        if not isinstance(plane, dict):
+            return [f"plane {name} is not an object"]
+        for key, row_type in (("class", str), ("rel", list), ("max_abs", list)):
+            rows = plane.get(key)
+            if not isinstance(rows, list) or len(rows) != layers or not all(_sized(r, row_type, blocks) for r in rows):
+                return [f"planes.{name}.{key} must be {layers} rows (layers) of {blocks} entries (blocks)"]
+        for row in plane["class"]:
+            if set(row) - set(tally):
+                return [f"planes.{name}.class rows must be strings of {', '.join(tally)}"]
+            for c in row:
+                tally[c] += 1
+    counts = audit.get("counts")
+    want = {"exact": tally[CELL_EXACT], "numeric": tally[CELL_NUMERIC], "corrupt": tally[CELL_CORRUPT]}
+    if not isinstance(counts, dict) or {k: counts.get(k) for k in want} != want:
+        return [f"counts {counts} do not match the cells' classes {want}"]
+    return []
+
+
+def _sized(row: object, row_type: type, n: int) -> bool:
+    return isinstance(row, row_type) and len(row) == n
 
 
 def validate_report(report: dict) -> None:
@@ -156,6 +303,9 @@ def validate_report(report: dict) -> None:
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
         raise ReportInvalid(f"the report does not match schemas/report.schema.json at {where}: {error.message[:300]}")
+    problems = kv_audit_problems(report) if report.get("schema_version", 0) >= 2 else []
+    if problems:
+        raise ReportInvalid(f"the report's KV audit is malformed: {problems[0][:300]}")
 
 
 class ReportInvalid(Exception):

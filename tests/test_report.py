@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME
-from repro.report import check_acceptance, exit_code
+from repro.report import check_acceptance, exit_code, format_summary
+from repro.verdict import CORRUPT, EXACT, NUMERIC, UNAVAILABLE
 
 
 def _arm(name: str, mode: str, verdicts: dict[str, str], arm_verdict: str | None = None) -> dict:
@@ -49,7 +52,7 @@ def test_an_expected_verdict_not_observed_is_a_mismatch_exit_1():
     acc = check_acceptance(ARMS, expected, "acceptance")
     assert acc["matched"] is False
     assert [c for c in acc["checked"] if not c["ok"]] == [
-        {"arm": "Conn", "probe": "a", "expected": "PASS", "observed": "FAIL", "ok": False}
+        {"check": "tokens", "arm": "Conn", "probe": "a", "expected": "PASS", "observed": "FAIL", "ok": False}
     ]
     assert exit_code(_report(ARMS, expected)) == EXIT_MISMATCH
 
@@ -59,7 +62,7 @@ def test_a_probe_an_expected_arm_ran_but_its_table_does_not_list_is_never_silent
     arms = [ARMS[0], _arm("Conn", "connector", {"a": "FAIL", "b": "PASS", "c": "FAIL"}), ARMS[2]]
     acc = check_acceptance(arms, EXPECTED, "acceptance")
     assert acc["matched"] is False
-    assert acc["unchecked_probes"] == [{"arm": "Conn", "probe": "c", "observed": "FAIL"}]
+    assert acc["unchecked_probes"] == [{"arm": "Conn", "probe": "c", "observed": "FAIL", "check": "tokens"}]
     assert exit_code(_report(arms, EXPECTED)) == EXIT_MISMATCH
 
 
@@ -95,3 +98,126 @@ def test_exit_codes(arms, suite, top, code):
     report = _report(arms, EXPECTED, suite)
     report.update(top)
     assert exit_code(report) == code
+
+
+# --- KV expectations (expected_kv) and KV findings ---
+
+
+def _kv_arm(name: str, mode: str, verdicts: dict[str, str], kv: dict[str, str | None]) -> dict:
+    arm = _arm(name, mode, verdicts)
+    for p in arm["probes"]:
+        verdict = kv.get(p["name"])
+        blame = {"text": f"blocks 0–1 of {p['name']}"} if verdict == CORRUPT else None
+        p["kv"] = None if verdict is None else {"verdict": verdict, "reasons": [], "blame": blame}
+    return arm
+
+
+KV_ARMS = [
+    _kv_arm("baseline", "baseline", {"a": "PASS", "b": "PASS"}, {}),
+    _kv_arm("Conn", "connector", {"a": "FAIL", "b": "PASS"}, {"a": CORRUPT, "b": EXACT}),
+    _kv_arm("native", "native", {"a": "PASS", "b": "PASS"}, {"a": EXACT, "b": NUMERIC}),
+]
+EXPECTED_KV = {"Conn": {"a": CORRUPT, "b": EXACT}, "native": {"a": EXACT, "b": NUMERIC}}
+
+
+def _kv_report(arms, expected_kv, suite="acceptance") -> dict:
+    return {
+        "complete": True,
+        "errors": [],
+        "arms": arms,
+        "acceptance": check_acceptance(arms, EXPECTED, suite, expected_kv),
+    }
+
+
+def test_kv_expectations_are_checked_after_the_token_ones_and_say_which_check():
+    acc = check_acceptance(KV_ARMS, EXPECTED, "acceptance", EXPECTED_KV)
+    assert acc["matched"] is True and acc["unchecked_probes"] == []
+    assert [(c["check"], c["arm"], c["probe"], c["observed"]) for c in acc["checked"]] == [
+        ("tokens", "Conn", "a", "FAIL"),
+        ("tokens", "Conn", "b", "PASS"),
+        ("tokens", "native", "a", "PASS"),
+        ("tokens", "native", "b", "PASS"),
+        ("kv", "Conn", "a", CORRUPT),
+        ("kv", "Conn", "b", EXACT),
+        ("kv", "native", "a", EXACT),
+        ("kv", "native", "b", NUMERIC),
+    ]
+
+
+def test_an_expected_corrupt_that_matched_is_exit_0():
+    assert exit_code(_kv_report(KV_ARMS, EXPECTED_KV)) == EXIT_OK
+    assert "(expected by the fixture)" in _summary(_kv_report(KV_ARMS, EXPECTED_KV))
+
+
+def test_an_unexpected_corrupt_is_a_finding_exit_1_even_when_every_token_verdict_matched():
+    no_kv = _kv_report(KV_ARMS, None)  # the fixture states no KV expectation
+    assert no_kv["acceptance"]["matched"] is True
+    assert exit_code(no_kv) == EXIT_MISMATCH
+    assert no_kv["acceptance"]["checked"] and all(c["check"] == "tokens" for c in no_kv["acceptance"]["checked"])
+    text = _summary(no_kv)
+    assert "  Conn (None) / a: blocks 0–1 of a" in text.splitlines() and "expected by the fixture" not in text
+
+
+def test_a_corrupt_expected_elsewhere_is_not_excused():
+    """CORRUPT was expected on probe b, observed on a: a mismatch, and the finding on a stands."""
+    arms = [
+        KV_ARMS[0],
+        _kv_arm("Conn", "connector", {"a": "FAIL", "b": "PASS"}, {"a": CORRUPT, "b": CORRUPT}),
+        KV_ARMS[2],
+    ]
+    expected_kv = {"Conn": {"a": EXACT, "b": CORRUPT}, "native": EXPECTED_KV["native"]}
+    report = _kv_report(arms, expected_kv)
+    assert report["acceptance"]["matched"] is False
+    assert [(c["probe"], c["expected"], c["observed"]) for c in report["acceptance"]["checked"] if not c["ok"]] == [
+        ("a", EXACT, CORRUPT)
+    ]
+    assert exit_code(report) == EXIT_MISMATCH
+
+
+def test_a_corrupt_without_an_acceptance_suite_is_exit_1():
+    report = _kv_report(KV_ARMS, EXPECTED_KV, suite=None)
+    report["arms"] = [KV_ARMS[0], dict(KV_ARMS[1], verdict="PASS"), KV_ARMS[2]]  # every token verdict a PASS
+    assert exit_code(report) == EXIT_MISMATCH
+    report["arms"][1] = _kv_arm("Conn", "connector", {"a": "PASS", "b": "PASS"}, {"a": EXACT, "b": UNAVAILABLE})
+    assert exit_code(report) == EXIT_OK  # UNAVAILABLE is no finding (the summary says why)
+
+
+def test_an_error_still_exits_3_before_any_kv_finding():
+    report = _kv_report(KV_ARMS, None)
+    report["errors"] = [{"arm": "native", "kind": "crash", "detail": ""}]
+    assert exit_code(report) == EXIT_RUNTIME
+
+
+def test_an_expected_kv_verdict_not_observed_or_absent_is_a_mismatch():
+    expected_kv = {"Conn": {"a": CORRUPT, "b": NUMERIC}, "native": {"a": EXACT, "b": NUMERIC, "z": EXACT}}
+    acc = check_acceptance(KV_ARMS, EXPECTED, "acceptance", expected_kv)
+    assert acc["matched"] is False
+    assert [(c["arm"], c["probe"], c["observed"]) for c in acc["checked"] if not c["ok"]] == [
+        ("Conn", "b", EXACT),
+        ("native", "z", None),  # the arm has no such probe: observed None
+    ]
+
+
+def test_a_kv_verdict_an_expected_kv_table_does_not_list_is_never_silent():
+    expected_kv = {"Conn": {"a": CORRUPT}, "native": EXPECTED_KV["native"]}
+    acc = check_acceptance(KV_ARMS, EXPECTED, "acceptance", expected_kv)
+    assert acc["unchecked_probes"] == [{"arm": "Conn", "probe": "b", "observed": EXACT, "check": "kv"}]
+    assert acc["matched"] is False
+
+
+def test_a_probe_without_a_kv_verdict_need_not_be_listed_in_expected_kv():
+    arms = [KV_ARMS[0], _kv_arm("Conn", "connector", {"a": "FAIL", "b": "SKIPPED"}, {"a": CORRUPT}), KV_ARMS[2]]
+    expected = {"Conn": {"a": "FAIL"}, "native": EXPECTED["native"]}
+    acc = check_acceptance(arms, expected, "acceptance", {"Conn": {"a": CORRUPT}, "native": EXPECTED_KV["native"]})
+    assert acc["matched"] is True and acc["unchecked_probes"] == []
+
+
+def _summary(report: dict) -> str:
+    """format_summary on the thin test arms: the fields a written report always has."""
+    report = copy.deepcopy(dict(report, generations=0, provenance={}, config={"kv_audit": True, "block_size": 16}))
+    for arm in report["arms"]:
+        arm.setdefault("reasons", [])
+        for p in arm["probes"]:
+            p.setdefault("prompt_tokens", 32)
+            p.setdefault("requests", [])
+    return format_summary(report)

@@ -1,0 +1,341 @@
+"""The KV audit (report schema 2) in every view: the schema, the loader, the text summary, the
+site's KV column and heatmaps, and the issue Markdown; a schema-1 report shows none of it.
+
+The v2 reports here are synthetic: tests/data/render-selftest.json (a real CPU self-test, schema 1)
+with the KV audit's fields added the way repro.kvaudit writes them (build_v2_report)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+from conftest import ROOT
+
+from repro.display import kv_cell, spans
+from repro.errors import UsageError
+from repro.report import ReportInvalid, check_acceptance, format_summary, load_report, validate_report
+from repro.verdict import CELL_CORRUPT, CELL_EXACT, CELL_NUMERIC, CORRUPT, EXACT, NUMERIC, UNAVAILABLE
+
+DATA = ROOT / "tests" / "data"
+SELFTEST = DATA / "render-selftest.json"
+V2_EXAMPLE = DATA / "report-v2-example.json"
+LAYERS = 4  # the tiny model's
+PLANTED = list(range(16))  # the planted-fault connector zeroes the first 16 reused blocks
+FLOOR_REL = 2.4e-07
+BLAME_TEXT = "blocks 0–15 (tokens 0–255), K+V, layers 0–3"
+EXPECTED = {
+    "ExampleConnector": {"fixture": "PASS", "chat-511": "PASS", "chat-512": "PASS"},
+    "PlantedFault": {"fixture": "FAIL", "chat-511": "FAIL", "chat-512": "FAIL", "chat-513": "FAIL"},
+    "native": {"fixture": "PASS", "chat-511": "PASS", "chat-512": "PASS", "chat-513": "PASS"},
+}
+EXPECTED_KV = {
+    "ExampleConnector": {"fixture": EXACT, "chat-511": EXACT, "chat-512": UNAVAILABLE},
+    "PlantedFault": {"fixture": CORRUPT, "chat-511": CORRUPT, "chat-512": CORRUPT, "chat-513": CORRUPT},
+    "native": {"fixture": EXACT, "chat-511": EXACT, "chat-512": EXACT, "chat-513": NUMERIC},
+}
+
+
+def plane(num_blocks: int, cells: dict[tuple[int, int], tuple[str, float | None]]) -> dict:
+    """One plane's grid: every cell exact (rel 0) except cells {(layer, block): (class, rel)}."""
+    classes, rel, max_abs = [], [], []
+    for layer in range(LAYERS):
+        row = [cells.get((layer, b), (CELL_EXACT, 0.0)) for b in range(num_blocks)]
+        classes.append("".join(c for c, _ in row))
+        rel.append([r for _, r in row])
+        max_abs.append([None if r is None else r * 3.5 for _, r in row])
+    return {"class": classes, "rel": rel, "max_abs": max_abs}
+
+
+def audited(num_blocks: int, cells: dict[tuple[str, int, int], tuple[str, float | None]], matches=()) -> dict:
+    """A reuse's kv_audit; cells {(plane, layer, block): (class, rel)}, the rest exact."""
+    planes = {
+        name: plane(num_blocks, {(la, b): v for (p, la, b), v in cells.items() if p == name}) for name in ("K", "V")
+    }
+    every = "".join("".join(pl["class"]) for pl in planes.values())
+    return {
+        "status": "audited",
+        "reason": None,
+        "origin": "external",
+        "first_block": 0,
+        "num_blocks": num_blocks,
+        "layers": LAYERS,
+        "planes": planes,
+        "matches": list(matches),
+        "counts": {
+            "exact": every.count(CELL_EXACT),
+            "numeric": every.count(CELL_NUMERIC),
+            "corrupt": every.count(CELL_CORRUPT),
+        },
+    }
+
+
+def unavailable(reason: str) -> dict:
+    return {
+        "status": "unavailable",
+        "reason": reason,
+        "origin": None,
+        "first_block": 0,
+        "num_blocks": 0,
+        "layers": 0,
+        "planes": None,
+        "matches": [],
+        "counts": {"exact": 0, "numeric": 0, "corrupt": 0},
+    }
+
+
+def cold(prompt_tokens: int, max_rel: float | None, identical: bool) -> dict:
+    return {
+        "status": "floor",
+        "reason": None,
+        "first_block": 0,
+        "num_blocks": prompt_tokens // 16,
+        "layers": LAYERS,
+        "max_rel": max_rel,
+        "max_abs": None if max_rel is None else max_rel * 3.5,
+        "identical": identical,
+    }
+
+
+def kv_verdict(verdict: str, reasons=(), blame: dict | None = None) -> dict:
+    return {"verdict": verdict, "reasons": list(reasons), "blame": blame}
+
+
+def planted_blame() -> dict:
+    return {"blocks": PLANTED, "layers": [0, 1, 2, 3], "planes": ["K", "V"], "tokens": [0, 256], "text": BLAME_TEXT}
+
+
+def arm_audit(status: str, floor: dict | None, reason: str | None = None) -> dict:
+    return {
+        "status": status,
+        "reason": reason,
+        "floor": floor,
+        "layout": "NHD (blocks, 2, block_size, kv_heads, head_dim)",
+        "kv_shape": [4096, 2, 16, 2, 32],
+        "dtype": "float32",
+        "layers": LAYERS,
+    }
+
+
+def _audit_arm(arm: dict) -> None:
+    """Add the KV audit's fields to one arm of the self-test report, by its name."""
+    name = arm["name"]
+    identical = name == "ExampleConnector"
+    floor = {"rel": 0.0 if identical else FLOOR_REL, "max_abs": 0.0 if identical else 8e-07, "cells": 0}
+    floor["identical"] = identical
+    arm["kv_audit"] = arm_audit("reference", None) if arm["mode"] == "baseline" else arm_audit("ok", floor)
+    for probe in arm["probes"]:
+        probe["kv"] = None
+        for i, req in enumerate(probe["requests"]):
+            req["kv_audit"] = None
+            if arm["mode"] == "baseline":
+                continue
+            if i == 0:
+                req["kv_audit"] = cold(probe["prompt_tokens"], floor["rel"], identical)
+                floor["cells"] += 2 * LAYERS * (probe["prompt_tokens"] // 16)
+                continue
+            blocks = req["cached_tokens"] // 16
+            if name == "PlantedFault":
+                fault = req["kv_transfer_params"]["planted_fault"]
+                fault["faulted_blocks"] = PLANTED
+                cells = {(p, la, b): (CELL_CORRUPT, 1.0) for p in "KV" for la in range(LAYERS) for b in PLANTED}
+                if probe["name"] == "chat-511":
+                    cells[("V", 3, 20)] = (CELL_CORRUPT, None)  # a non-finite relative error
+                matches = [{"layer": 0, "plane": "K", "block": b, "source": "zeros"} for b in PLANTED[:3]]
+                req["kv_audit"] = audited(blocks, cells, matches)
+            elif name == "ExampleConnector" and probe["name"] == "chat-512":
+                req["kv_audit"] = unavailable("the connector saved no KV for this request")
+            elif name == "native" and probe["name"] == "chat-513":
+                req["kv_audit"] = audited(blocks, {("K", 1, 4): (CELL_NUMERIC, 1.1e-07)})
+            else:
+                req["kv_audit"] = audited(blocks, {})
+        if probe["requests"] and arm["mode"] != "baseline":
+            probe["kv"] = kv_verdict(EXPECTED_KV[name][probe["name"]])
+            if probe["kv"]["verdict"] == CORRUPT:
+                probe["kv"]["blame"] = planted_blame()
+                probe["kv"]["reasons"] = ["reuse 1: 128 of 744 block x layer x plane cells differ beyond the floor"]
+            elif probe["kv"]["verdict"] == UNAVAILABLE:
+                probe["kv"]["reasons"] = ["reuse 1: the connector saved no KV for this request"]
+
+
+def build_v2_report(audit: bool = True) -> dict:
+    """The CPU self-test report as schema 2: KV audited on every arm (audit=False: the audit off)."""
+    report = json.loads(SELFTEST.read_text(encoding="utf-8"))
+    report["schema_version"] = 2
+    report["config"].update(kv_audit=audit, keep_kv=None)
+    for arm in report["arms"]:
+        if audit:
+            _audit_arm(arm)
+        else:
+            arm["kv_audit"] = None
+            for probe in arm["probes"]:
+                probe["kv"] = None
+                for req in probe["requests"]:
+                    req["kv_audit"] = None
+    report["acceptance"] = check_acceptance(report["arms"], EXPECTED, "acceptance", EXPECTED_KV if audit else None)
+    return report
+
+
+@pytest.fixture
+def v2() -> dict:
+    return build_v2_report()
+
+
+# --- the schema and the loader ---
+
+SCHEMA = jsonschema.Draft202012Validator(json.loads((ROOT / "schemas" / "report.schema.json").read_text()))
+
+
+def test_the_v2_example_is_a_complete_audited_report():
+    data = load_report(V2_EXAMPLE)
+    assert data["schema_version"] == 2 and data["config"]["kv_audit"] is True
+    SCHEMA.validate(data)
+    validate_report(data)
+    verdicts = {(a["name"], p["name"]): kv_cell(p) for a in data["arms"] for p in a["probes"]}
+    assert verdicts[("PlantedFault", "fixture")] == f"CORRUPT: {BLAME_TEXT}"
+    assert verdicts[("native", "chat-513")] == "NUMERIC" and verdicts[("baseline", "fixture")] == "—"
+
+
+@pytest.mark.parametrize("audit", [True, False])
+def test_a_built_v2_report_matches_the_schema(audit):
+    report = build_v2_report(audit)
+    validate_report(report)
+    assert SCHEMA.is_valid(report)
+
+
+def _edit(report: dict, path: str, value) -> dict:
+    """Set (or with value ... delete) one field by a dotted path; list indices are numbers."""
+    *keys, last = [int(k) if k.isdigit() else k for k in path.split(".")]
+    node = report
+    for k in keys:
+        node = node[k]
+    if value is ...:
+        del node[last]
+    else:
+        node[last] = value
+    return report
+
+
+# arms[2] is PlantedFault (a CORRUPT probe at probes[0]); requests[1] is its first reuse.
+MALFORMED = {
+    "config.kv_audit missing": ("config.kv_audit", ...),
+    "config.kv_audit a string": ("config.kv_audit", "yes"),
+    "config.keep_kv missing": ("config.keep_kv", ...),
+    "arm kv_audit missing": ("arms.2.kv_audit", ...),
+    "arm kv_audit status unknown": ("arms.2.kv_audit.status", "fine"),
+    "arm floor without cells": ("arms.2.kv_audit.floor.cells", ...),
+    "arm floor rel negative": ("arms.2.kv_audit.floor.rel", -1.0),
+    "probe kv missing": ("arms.2.probes.0.kv", ...),
+    "probe kv verdict a token verdict": ("arms.2.probes.0.kv.verdict", "FAIL"),
+    "CORRUPT without blame": ("arms.2.probes.0.kv.blame", None),
+    "blame planes not K or V": ("arms.2.probes.0.kv.blame.planes", ["Q"]),
+    "blame tokens not a pair": ("arms.2.probes.0.kv.blame.tokens", [0]),
+    "request kv_audit missing": ("arms.2.probes.0.requests.1.kv_audit", ...),
+    "request status unknown": ("arms.2.probes.0.requests.1.kv_audit.status", "seen"),
+    "cell class outside e/n/c": ("arms.2.probes.0.requests.1.kv_audit.planes.K.class.0", "x" * 93),
+    "origin unknown": ("arms.2.probes.0.requests.1.kv_audit.origin", "remote"),
+    "match plane unknown": ("arms.2.probes.0.requests.1.kv_audit.matches.0.plane", "Q"),
+    "counts missing": ("arms.2.probes.0.requests.1.kv_audit.counts", ...),
+    "unavailable with planes": ("arms.1.probes.2.requests.1.kv_audit.planes", {"K": {}, "V": {}}),
+    "unavailable with counts": ("arms.1.probes.2.requests.1.kv_audit.counts.exact", 3),
+    "cold floor identical missing": ("arms.2.probes.0.requests.0.kv_audit.identical", ...),
+    "checked item without its check": ("acceptance.checked.0.check", ...),
+    "checked item check unknown": ("acceptance.checked.0.check", "bytes"),
+}
+
+
+@pytest.mark.parametrize("edit", MALFORMED.values(), ids=MALFORMED.keys())
+def test_the_schema_rejects_malformed_kv_fields(v2, edit):
+    assert SCHEMA.is_valid(v2)
+    bad = _edit(v2, *edit)
+    assert not SCHEMA.is_valid(bad)
+    with pytest.raises(ReportInvalid, match="does not match schemas/report.schema.json"):
+        validate_report(bad)
+
+
+GRIDS = {
+    "a class row short of a block": ("arms.2.probes.0.requests.1.kv_audit.planes.K.class.0", "c" * 92),
+    "a layer row missing": ("arms.2.probes.0.requests.1.kv_audit.planes.V.rel", [[0.0] * 93] * 3),
+    "counts that do not add up": ("arms.2.probes.0.requests.1.kv_audit.counts.corrupt", 1),
+}
+
+
+@pytest.mark.parametrize("edit", GRIDS.values(), ids=GRIDS.keys())
+def test_grids_the_schema_cannot_shape_are_checked_on_write_and_load(v2, edit, tmp_path):
+    bad = _edit(v2, *edit)
+    assert SCHEMA.is_valid(bad)  # JSON Schema cannot say "layers rows of num_blocks entries"
+    with pytest.raises(ReportInvalid, match="KV audit is malformed"):
+        validate_report(bad)
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(UsageError, match=r"arms\[2\]\.probes\[0\]\.requests\[1\]\.kv_audit"):
+        load_report(path)
+
+
+def test_a_v1_report_loads_and_v1_reports_still_match_the_schema(tmp_path):
+    for name in ("report-v1-example.json", "render-selftest.json", "kit-sample-report.json"):
+        data = load_report(DATA / name)
+        assert data["schema_version"] == 1 and "kv_audit" not in data["config"]
+        SCHEMA.validate(data)
+        validate_report(data)
+
+
+def test_version_3_is_refused_and_version_2_without_kv_fields_too(tmp_path, v2):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(dict(v2, schema_version=3)))
+    with pytest.raises(UsageError, match="upgrade the kit"):
+        load_report(path)
+    v1_as_v2 = json.loads(SELFTEST.read_text())
+    v1_as_v2["schema_version"] = 2
+    assert not SCHEMA.is_valid(v1_as_v2)
+    path.write_text(json.dumps(v1_as_v2))
+    with pytest.raises(UsageError, match="config.kv_audit missing"):
+        load_report(path)
+
+
+# --- the text summary ---
+
+
+def test_summary_has_a_kv_column_the_floor_and_the_findings(v2):
+    text = format_summary(v2)
+    lines = text.splitlines()
+    planted = lines.index("PlantedFault (PlantedFaultConnector): FAIL")
+    assert lines[planted + 1].startswith("  KV audit: ok · floor rel 2.4e-07 (max abs 8e-07) over ")
+    row = lines[planted + 2]
+    assert row.startswith("  fixture     1502  0→1488×3     FAIL") and row.endswith(f"KV CORRUPT: {BLAME_TEXT}")
+    assert re.search(
+        r"chat-512 +512  0→496 +PASS +KV UNAVAILABLE \(reuse 1: the connector saved no KV for this request\)$",
+        text,
+        re.MULTILINE,
+    )
+    assert re.search(r"chat-513 +513  0→512 +PASS +KV NUMERIC$", text, re.MULTILINE)
+    findings = lines[lines.index("KV findings:") + 1 : -1]
+    assert findings == [
+        f"  PlantedFault (PlantedFaultConnector) / {p}: {BLAME_TEXT} (expected by the fixture)"
+        for p in ("fixture", "chat-511", "chat-512", "chat-513")
+    ]
+
+
+def test_summary_of_a_v1_report_is_unchanged_and_says_nothing_of_kv():
+    text = format_summary(load_report(SELFTEST))
+    assert "KV" not in text
+    assert "  fixture     1502  0→1488×3     FAIL @9" in text.splitlines()
+
+
+def test_summary_with_the_audit_off_says_so():
+    text = format_summary(build_v2_report(audit=False))
+    assert text.splitlines()[-2] == "KV audit: off" and "KV findings" not in text and " KV " not in text
+
+
+def test_spans_and_blame_text_from_fields():
+    from repro.display import kv_blame_text
+
+    assert spans([5, 0, 1, 2, 2, 7, 8]) == [(0, 2), (5, 5), (7, 8)]
+    blame = dict(planted_blame(), text="")
+    assert kv_blame_text(blame, 16) == BLAME_TEXT
+    assert kv_blame_text({"blocks": [3], "layers": [1], "planes": ["V"]}, 16) == "block 3 (tokens 48–63), V, layers 1"
+
+
+if __name__ == "__main__":  # write the v2 example once; it is then kept as it is
+    V2_EXAMPLE.write_text(json.dumps(build_v2_report(), indent=2, sort_keys=True, ensure_ascii=False) + "\n")
