@@ -8,10 +8,12 @@ import pytest
 from conftest import ROOT
 
 from repro.commands import run_command
+from repro.contract import ArmResult
 from repro.detection import plan
 from repro.detection.commands import detection, detection_site
 from repro.detection.matrix import (
     Cell,
+    compare_error,
     control_entry,
     false_positives_by_window,
     prefix_check,
@@ -155,6 +157,18 @@ def test_a_control_arm_failing_at_8_tokens_only_is_counted_and_fails_the_study()
 def test_false_positives_by_window_sums_every_control_in_window_order():
     controls = [_control({"32": 1, "8": 2, "16": 0}), _control({"16": 3, "8": 0, "32": 0})]
     assert list(false_positives_by_window(controls).items()) == [("8", 2), ("16", 3), ("32", 1)]
+
+
+def test_compare_error_reads_the_results_json_form():
+    """The matrix keeps results as JSON; the verifier's comparability check reads typed results (it raised
+    AttributeError on a dict once repro.contract typed them)."""
+    base = ArmResult(arm="baseline", effective_config={"dtype": "float32"}).to_json()
+    same = ArmResult(arm="native", effective_config={"dtype": "float32"}).to_json()
+    other = ArmResult(arm="native", effective_config={"dtype": "float16"}).to_json()
+    assert compare_error(base, same, None) is None
+    error = compare_error(base, other, None)
+    assert error["kind"] == "not-comparable" and "dtype differs" in error["detail"]
+    assert compare_error(None, same, None)["kind"] == "no-baseline"
 
 
 def _run(tokens: list[list[int]]) -> dict:

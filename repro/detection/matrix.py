@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from repro import evaluate
-from repro.contract import ProbeResult
+from repro.contract import ArmResult, ProbeResult
 from repro.detection.blame import planted_fault, summarize_blame
 from repro.detection.plan import DECOY, WINDOWS
 from repro.verdict import FAIL, INCONCLUSIVE, PASS, Request, decide_probe
@@ -134,7 +134,8 @@ def compare_error(baseline: dict | None, result: dict | None, failure: dict | No
         return failure
     if baseline is None:
         return {"kind": "no-baseline", "detail": "the baseline arm failed: nothing to compare with", "log_tail": ""}
-    problems = evaluate.comparability_problems(baseline, result)
+    # the verifier's check reads typed results (repro.contract); the matrix keeps their JSON form
+    problems = evaluate.comparability_problems(ArmResult.from_json(baseline), ArmResult.from_json(result))
     if problems:
         return {"kind": "not-comparable", "detail": "; ".join(problems), "log_tail": ""}
     return None
