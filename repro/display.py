@@ -265,3 +265,38 @@ def corrupt_blocks(audit: dict) -> list[int]:
         for row in (plane or {}).get("class") or []:
             found.update(first + i for i, c in enumerate(str(row)) if c == CELL_CORRUPT)
     return sorted(found)
+
+
+def blamed_chunks(audit: dict) -> list[dict]:
+    """A reuse's corrupt cells grouped by runs of adjacent blocks: each chunk's blocks, the layers
+    and planes with a corrupt cell there, its number of corrupt cells, the largest relative error
+    (None: one is not finite) and what the cells' bytes equal where the audit found it."""
+    if not isinstance(audit, dict) or audit.get("status") != "audited":
+        return []
+    first = int(audit.get("first_block") or 0)
+    matches = {(m.get("layer"), m.get("plane"), m.get("block")): m.get("source") for m in audit.get("matches") or []}
+    cells = []  # (block, layer, plane, rel)
+    for name, plane in sorted((audit.get("planes") or {}).items()):
+        for layer, row in enumerate(plane.get("class") or []):
+            rels = (plane.get("rel") or [])[layer] if layer < len(plane.get("rel") or []) else []
+            cells += [
+                (first + i, layer, name, rels[i] if i < len(rels) else None)
+                for i, c in enumerate(str(row))
+                if c == CELL_CORRUPT
+            ]
+    chunks = []
+    for a, b in spans([c[0] for c in cells]):
+        inside = [c for c in cells if a <= c[0] <= b]
+        rels = [c[3] for c in inside]
+        sources = [matches[(layer, p, blk)] for blk, layer, p, _ in inside if (layer, p, blk) in matches]
+        chunks.append(
+            {
+                "blocks": list(range(a, b + 1)),
+                "layers": sorted({c[1] for c in inside}),
+                "planes": sorted({c[2] for c in inside}),
+                "max_rel": None if any(r is None for r in rels) else max(rels),
+                "cells": len(inside),
+                "sources": [str(s) for s in sources],  # one per corrupt cell whose bytes the audit matched
+            }
+        )
+    return chunks

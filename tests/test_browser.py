@@ -288,3 +288,53 @@ def test_report_page_print_media(browser, site):
     assert got["bannerVisible"] and got["tableVisible"] and crumbs == "none"
     assert pdf.startswith(b"%PDF")
     (ARTIFACTS / "site-report.pdf").write_bytes(pdf)
+
+
+KV_JS = """(() => {
+  const fig = document.getElementById('d2-1-kv1'), svg = fig && fig.querySelector('svg');
+  const box = svg ? svg.getBoundingClientRect() : null;
+  const cmp = document.getElementById('cmp');
+  return {
+    caption: fig ? fig.querySelector('.kv-caption').innerText : null,
+    svgWidth: box ? box.width : 0, svgHeight: box ? box.height : 0,
+    figWidth: fig ? fig.getBoundingClientRect().width : 0,
+    outlined: svg ? svg.querySelectorAll('rect.kv-c').length : 0,
+    stroke: svg ? getComputedStyle(svg.querySelector('rect.kv-c')).stroke : null,
+    bands: svg ? [...svg.querySelectorAll('rect.planted')].map(r => r.querySelector('title').textContent) : [],
+    nonFinite: svg ? [...svg.querySelectorAll('rect.kv-c title')].map(t => t.textContent)
+      .filter(t => t.includes('not finite')) : [],
+    header: [...cmp.querySelectorAll('thead th')].map(th => th.innerText.trim()),
+    kvCells: [...cmp.querySelectorAll('td.kv')].map(td => td.innerText.trim()),
+    figures: document.querySelectorAll('figure.kvmap').length,
+    scripts: document.querySelectorAll('script').length, imgs: document.querySelectorAll('img').length,
+    scrollWidth: document.documentElement.scrollWidth, clientWidth: document.documentElement.clientWidth,
+  };
+})()"""
+
+
+@pytest.fixture(scope="module")
+def kv_site(tmp_path_factory) -> Path:
+    reports = tmp_path_factory.mktemp("kv-reports")
+    shutil.copy(DATA / "report-v2-example.json", reports / "kv.json")
+    out = tmp_path_factory.mktemp("kv-site")
+    render_site(reports, out)
+    return out
+
+
+@pytest.mark.parametrize("width, mobile", [(1280, False), (390, True)])
+def test_kv_heatmap_in_chromium(browser, kv_site, width, mobile):
+    url = (kv_site / "kv.html").as_uri()
+    assert browser.load(url, width, 844, mobile=mobile) == [url]  # inline SVG: nothing else is fetched
+    got = browser.evaluate(KV_JS)
+    browser.call("Runtime.evaluate", {"expression": "document.getElementById('d2-1-kv1').scrollIntoView()"})
+    browser.screenshot(ARTIFACTS / f"site-kv-heatmap-{width}.png", full_page=False)
+    assert got["caption"] == (
+        "planted: blocks 0–15 (tokens 0–255); blamed: blocks 0–15, 20 (tokens 0–255, 320–335); floor rel 2.4e-07"
+    )
+    assert got["outlined"] == 129 and got["stroke"] == "rgb(17, 17, 17)"
+    assert got["bands"] == ["planted fault: blocks 0–15 (tokens 0–255)"] * 2
+    assert got["nonFinite"] == ["V · layer 3 · block 20 (tokens 320–335): corrupt · rel not finite · max abs —"]
+    assert got["header"][-1] == "KV" and "CORRUPT: blocks 0–15 (tokens 0–255), K+V, layers 0–3" in got["kvCells"]
+    assert got["figures"] == 16 and got["scripts"] == 0 and got["imgs"] == 0
+    assert 0 < got["svgWidth"] <= got["figWidth"] and got["svgHeight"] > 0  # the heatmap scales into its box
+    assert got["scrollWidth"] <= got["clientWidth"] + 1  # no sideways scrolling, at a phone's width either

@@ -6,15 +6,21 @@ with the KV audit's fields added the way repro.kvaudit writes them (build_v2_rep
 
 from __future__ import annotations
 
+import html as html_lib
 import json
 import re
 
 import jsonschema
 import pytest
 from conftest import ROOT
+from test_issue_md import html_tables
+from test_render import Page
 
 from repro.display import kv_cell, spans
 from repro.errors import UsageError
+from repro.publish.heatmap import cell_fill
+from repro.publish.issue_md import format_issue_md
+from repro.publish.site import render_report_page, render_site
 from repro.report import ReportInvalid, check_acceptance, format_summary, load_report, validate_report
 from repro.verdict import CELL_CORRUPT, CELL_EXACT, CELL_NUMERIC, CORRUPT, EXACT, NUMERIC, UNAVAILABLE
 
@@ -106,6 +112,16 @@ def planted_blame() -> dict:
     return {"blocks": PLANTED, "layers": [0, 1, 2, 3], "planes": ["K", "V"], "tokens": [0, 256], "text": BLAME_TEXT}
 
 
+# chat-511 also has a corrupt cell outside the planted blocks (block 20, V, layer 3, its error not finite).
+CHAT_511_BLAME = {
+    "blocks": [*PLANTED, 20],
+    "layers": [0, 1, 2, 3],
+    "planes": ["K", "V"],
+    "tokens": [0, 336],
+    "text": "blocks 0–15, 20 (tokens 0–335), K+V, layers 0–3",
+}
+
+
 def arm_audit(status: str, floor: dict | None, reason: str | None = None) -> dict:
     return {
         "status": status,
@@ -153,7 +169,7 @@ def _audit_arm(arm: dict) -> None:
         if probe["requests"] and arm["mode"] != "baseline":
             probe["kv"] = kv_verdict(EXPECTED_KV[name][probe["name"]])
             if probe["kv"]["verdict"] == CORRUPT:
-                probe["kv"]["blame"] = planted_blame()
+                probe["kv"]["blame"] = planted_blame() if probe["name"] != "chat-511" else CHAT_511_BLAME
                 probe["kv"]["reasons"] = ["reuse 1: 128 of 744 block x layer x plane cells differ beyond the floor"]
             elif probe["kv"]["verdict"] == UNAVAILABLE:
                 probe["kv"]["reasons"] = ["reuse 1: the connector saved no KV for this request"]
@@ -312,7 +328,8 @@ def test_summary_has_a_kv_column_the_floor_and_the_findings(v2):
     assert re.search(r"chat-513 +513  0→512 +PASS +KV NUMERIC$", text, re.MULTILINE)
     findings = lines[lines.index("KV findings:") + 1 : -1]
     assert findings == [
-        f"  PlantedFault (PlantedFaultConnector) / {p}: {BLAME_TEXT} (expected by the fixture)"
+        f"  PlantedFault (PlantedFaultConnector) / {p}: {CHAT_511_BLAME['text'] if p == 'chat-511' else BLAME_TEXT}"
+        " (expected by the fixture)"
         for p in ("fixture", "chat-511", "chat-512", "chat-513")
     ]
 
@@ -339,3 +356,216 @@ def test_spans_and_blame_text_from_fields():
 
 if __name__ == "__main__":  # write the v2 example once; it is then kept as it is
     V2_EXAMPLE.write_text(json.dumps(build_v2_report(), indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+# --- the site: KV column, floor, heatmaps ---
+
+
+def _page(report: dict) -> tuple[str, Page]:
+    html = render_report_page(report, stem="r")
+    return html, Page(html)
+
+
+def test_the_report_table_has_a_kv_column_with_each_arms_floor(v2):
+    _, page = _page(v2)
+    rows = page.rows["cmp"]
+    assert rows[0] == ["probe", "tokens", "cached", "verdict", "first diff", "KV"]
+    planted = rows.index(["PlantedFault (PlantedFaultConnector): FAIL"])
+    assert rows[planted + 1] == ["KV audit: ok · floor rel 2.4e-07 (max abs 8e-07) over 1504 cells"]
+    assert rows[planted + 2] == ["fixture", "1502", "0→1488×3", "FAIL", "@9", f"CORRUPT: {BLAME_TEXT}"]
+    example = rows.index(["ExampleConnector: PASS"])
+    assert rows[example + 1][0].startswith("KV audit: ok · floor 0: the cold prefill's KV is bit-identical")
+    assert rows[example + 4][-1] == "UNAVAILABLE (reuse 1: the connector saved no KV for this request)"
+    assert rows[example + 5] == ["chat-513", "", "—", "SKIPPED", "", "—"]
+    assert all(len(r) == 6 for r in rows if len(r) > 1)
+    assert {int(a["colspan"]) for t, a in page.tags if "colspan" in a} == {6}
+    spans_ = [a["class"] for t, a in page.tags if t == "span" and "kvv" in a.get("class", "")]
+    assert spans_.count("kvv kv-CORRUPT") >= 4 and "kvv kv-NUMERIC" in spans_
+
+
+def test_the_baseline_reference_is_noted_near_the_table(v2):
+    _, page = _page(v2)
+    text = page.all_text()
+    assert "baseline KV audit: reference KV recorded (4 layers, layout NHD" in text
+    assert "dtype float32, shape 4096×2×16×2×32)." in text
+
+
+def _figures(html: str) -> dict[str, str]:
+    """Each heatmap figure's HTML by its id."""
+    return dict(re.findall(r'<figure class="kvmap" id="([^"]+)">(.*?)</figure>', html, re.DOTALL))
+
+
+def test_a_heatmap_per_audited_reuse_with_outlined_corrupt_cells_planted_bands_and_a_caption(v2):
+    html, _ = _page(v2)
+    figures = _figures(html)
+    # arms[2] PlantedFault: fixture (3 reuses) and three chat probes (1 each); ExampleConnector's chat-512
+    # reuse is unavailable (no heatmap) and chat-513 was skipped
+    assert {k for k in figures if k.startswith("d2-")} == {
+        "d2-0-kv1",
+        "d2-0-kv2",
+        "d2-0-kv3",
+        "d2-1-kv1",
+        "d2-2-kv1",
+        "d2-3-kv1",
+    }
+    assert "d1-2-kv1" not in figures and "d1-3-kv1" not in figures
+    fig = figures["d2-1-kv1"]  # chat-511: the planted blocks, and block 20 whose error is not finite
+    caption = Page(fig).all_text()
+    assert (
+        "planted: blocks 0–15 (tokens 0–255); blamed: blocks 0–15, 20 (tokens 0–255, 320–335); floor rel 2.4e-07"
+        in caption
+    )
+    assert "119 exact · 0 numeric · 129 corrupt of 248 cells" in caption
+    outlined = re.findall(r'<rect [^>]*class="kv-c" stroke="#111111"[^>]*><title>([^<]*)</title>', fig)
+    assert len(outlined) == 129
+    assert "V · layer 3 · block 20 (tokens 320–335): corrupt · rel not finite · max abs —" in outlined
+    assert (
+        "K · layer 0 · block 0 (tokens 0–15): corrupt · rel 1 · max abs 3.5 · bytes equal zeros · planted fault"
+        in outlined
+    )
+    darkest = re.search(r'fill="(#[0-9a-f]{6})" class="kv-c"[^>]*><title>V · layer 3 · block 20 ', fig).group(1)
+    assert darkest == cell_fill(CELL_CORRUPT, 1.0) == cell_fill(CELL_CORRUPT, None)  # not finite: shown as corrupt
+    bands = re.findall(r'class="planted" stroke="#7c3aed"[^>]*stroke-dasharray[^>]*><title>([^<]*)</title>', fig)
+    assert bands == ["planted fault: blocks 0–15 (tokens 0–255)"] * 2  # the K panel and the V panel
+    exact = [html_lib.unescape(t) for t in re.findall(r'class="kv-e"><title>([^<]*)</title>', fig)]
+    assert "K · layer 0 · blocks 16–30 (tokens 256–495): exact (bit-identical to the baseline's KV)" in exact
+
+
+def test_numeric_cells_are_blue_exact_grey_and_corrupt_red(v2):
+    html, _ = _page(v2)
+    fig = _figures(html)["d3-3-kv1"]  # native chat-513: one numeric cell, no planted fault
+    assert "planted: none; blamed: none; floor rel 2.4e-07" in Page(fig).all_text()
+    numeric = re.findall(r'fill="(#[0-9a-f]{6})" class="kv-n"><title>([^<]*)</title>', fig)
+    assert numeric == [
+        (
+            cell_fill(CELL_NUMERIC, 1.1e-07),
+            "K · layer 1 · block 4 (tokens 64–79): numeric · rel 1.1e-07 · max abs 3.85e-07",
+        )
+    ]
+    assert 'class="kv-c"' not in fig and 'class="planted"' not in fig
+    fills = {cell_fill(CELL_EXACT, 0.0), cell_fill(CELL_NUMERIC, 1.1e-07), cell_fill(CELL_CORRUPT, 1.1e-07)}
+    assert len(fills) == 3  # the same error is blue when numeric and orange-red when corrupt
+    assert cell_fill(CELL_CORRUPT, 1e-2) != cell_fill(CELL_CORRUPT, 1e-6)  # the fill follows the error
+
+
+def test_requests_without_a_heatmap_are_said_in_words(v2):
+    html, _ = _page(v2)
+    section = re.search(r'<section class="probe" id="d1-2">(.*?)</section>', html, re.DOTALL).group(1)
+    text = " ".join(Page(section).all_text().split())
+    assert "KV audit: UNAVAILABLE (reuse 1: the connector saved no KV for this request)" in text
+    assert "reuse 1: KV audit unavailable: the connector saved no KV for this request" in text
+    assert "cold: its prefill KV (32 blocks × 4 layers) is bit-identical to the baseline's" in text
+    assert "<svg" not in section
+
+
+def test_the_legend_explains_the_scale_once(v2):
+    html, page = _page(v2)
+    assert html.count('class="kvmap kv-legend"') == 1
+    text = page.all_text()
+    assert all(t in text for t in ("1e-8", "1e-4", "≥ 1", "numeric (within the floor)", "corrupt (outlined)"))
+    assert "exact (bit-identical)" in text and "blocks a planted fault corrupted" in text
+
+
+def test_a_v1_report_page_has_no_kv_column_and_no_heatmap():
+    html, page = _page(load_report(SELFTEST))
+    assert page.rows["cmp"][0] == ["probe", "tokens", "cached", "verdict", "first diff"]
+    assert "<svg" not in html and "kvmap" not in html and "KV audit" not in html and ".kvv" not in html
+
+
+def test_a_v2_report_with_the_audit_off_says_so_and_has_no_kv_column():
+    html, page = _page(build_v2_report(audit=False))
+    assert page.rows["cmp"][0] == ["probe", "tokens", "cached", "verdict", "first diff"]
+    assert "KV audit: off for this run (token verdicts only)." in page.all_text() and "<svg" not in html
+
+
+def test_the_index_has_a_kv_column_once_a_report_has_the_audit(v2, tmp_path):
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "a-v1.json").write_text(SELFTEST.read_text(encoding="utf-8"), encoding="utf-8")
+    render_site(reports, tmp_path / "site1")
+    only_v1 = Page((tmp_path / "site1" / "index.html").read_text(encoding="utf-8"))
+    assert "KV" not in only_v1.rows["reports"][0]
+    (reports / "b-v2.json").write_text(json.dumps(v2), encoding="utf-8")
+    render_site(reports, tmp_path / "site2")
+    rows = Page((tmp_path / "site2" / "index.html").read_text(encoding="utf-8")).rows["reports"]
+    assert rows[0][7] == "KV" and rows[1][7] == "—"  # the v1 report predates the audit
+    assert rows[2][7] == (
+        "ExampleConnector UNAVAILABLE×1 · EXACT×2 PlantedFault (PlantedFaultConnector) CORRUPT×4 "
+        "native prefix caching NUMERIC×1 · EXACT×3"
+    )
+
+
+def test_a_v2_site_is_byte_identical_on_rerender_and_self_contained(v2, tmp_path):
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "r.json").write_text(json.dumps(v2), encoding="utf-8")
+    render_site(reports, tmp_path / "site")
+    first = (tmp_path / "site" / "r.html").read_bytes()
+    render_site(reports, tmp_path / "site")
+    assert (tmp_path / "site" / "r.html").read_bytes() == first
+    page = Page(first.decode("utf-8"))
+    assert not [t for t, _ in page.tags if t in ("script", "img", "link", "iframe", "object", "image", "use")]
+    assert not [a for _, a in page.tags for k, v in a.items() if k in ("href", "src") and "//" in (v or "")]
+
+
+def test_hostile_text_in_kv_fields_stays_text(v2):
+    payload = '<script>alert(1)</script>"><img src=x>'
+    arm = v2["arms"][2]
+    arm["kv_audit"]["reason"] = payload
+    arm["probes"][1]["kv"]["blame"]["text"] = payload
+    arm["probes"][1]["requests"][1]["kv_audit"]["matches"][0]["source"] = payload
+    html, page = _page(v2)
+    assert "<script>" not in html and "<img" not in html
+    assert payload in page.all_text()
+
+
+# --- the issue Markdown ---
+
+
+def test_issue_markdown_has_the_kv_verdicts_and_one_table_of_blamed_chunks(v2):
+    body = format_issue_md(v2)
+    tables = html_tables(body)
+    verdicts = tables[0]
+    assert verdicts[0][-1] == "KV"
+    assert [
+        "PlantedFault (PlantedFaultConnector)",
+        "fixture",
+        "1502",
+        "0→1488×3",
+        "FAIL",
+        "@9",
+        f"CORRUPT: {BLAME_TEXT}",
+    ] in verdicts
+    assert ["native prefix caching", "chat-513", "513", "0→512", "PASS", "", "NUMERIC"] in verdicts
+    chunks = tables[1]
+    assert chunks[0] == ["arm", "probe", "reuse", "blocks (tokens)", "layers", "planes", "max rel error", "bytes equal"]
+    planted_chunk = ["blocks 0–15 (tokens 0–255)", "0–3", "K+V", "1", "zeros (3 of 128 cells)"]
+    arm = "PlantedFault (PlantedFaultConnector)"
+    assert chunks[1:] == [
+        *([arm, "fixture", str(n), *planted_chunk] for n in (1, 2, 3)),
+        [arm, "chat-511", "1", *planted_chunk],
+        [arm, "chat-511", "1", "block 20 (tokens 320–335)", "3", "V", "not finite", "—"],
+        [arm, "chat-512", "1", *planted_chunk],
+        [arm, "chat-513", "1", *planted_chunk],
+    ]
+    assert (
+        "- **PlantedFault (PlantedFaultConnector)**: KV audit: ok · floor rel 2.4e-07 (max abs 8e-07) over 1504 cells"
+        in body
+    )
+    assert body.index("#### KV audit") < body.index("#### First diffs and margins")
+
+
+def test_issue_markdown_without_the_audit():
+    v1 = format_issue_md(load_report(SELFTEST))
+    assert "KV audit" not in v1 and "| KV |" not in v1 and len(html_tables(v1)) == 1
+    headings = [line for line in v1.splitlines() if line.startswith("#### ")]
+    assert headings == ["#### First diffs and margins", "#### Stack", "#### Reproduce", "#### Warnings"]
+    off = format_issue_md(build_v2_report(audit=False))
+    assert "#### KV audit\n\nKV audit: off for this run (token verdicts only)." in off
+    assert html_tables(off)[0][0][-1] == "first diffs"
+
+
+def test_issue_markdown_with_the_audit_and_no_finding_says_so(v2):
+    v2["arms"] = [a for a in v2["arms"] if a["name"] != "PlantedFault"]
+    body = format_issue_md(v2)
+    assert "No block was blamed." in body and len(html_tables(body)) == 1

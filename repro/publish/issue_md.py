@@ -7,7 +7,22 @@ import sys
 
 from repro.atomic import write_bytes_atomic
 from repro.commands import ArgumentParser
-from repro.display import acceptance_label, arm_title, baseline_token_ids, cached_cell, commit_label, day, diff_cell
+from repro.display import (
+    acceptance_label,
+    arm_kv_text,
+    arm_title,
+    baseline_token_ids,
+    blamed_chunks,
+    blocks_text,
+    cached_cell,
+    commit_label,
+    day,
+    diff_cell,
+    kv_audit_state,
+    kv_cell,
+    number,
+    span_text,
+)
 from repro.errors import EXIT_OK
 from repro.report import CLAIM_LINE, load_report
 from repro.verdict import ERROR, PASS
@@ -18,6 +33,9 @@ TOKEN_LIMITS = (None, 64, 16, 4, 0)
 MAX_WARNINGS = 40
 MAX_CELL = 200
 TABLE_HEADER = ("arm", "probe", "tokens", "cached", "verdict", "first diffs")
+KV_HEADER = ("KV",)  # the verdict table's extra column when the run audited KV
+CHUNK_HEADER = ("arm", "probe", "reuse", "blocks (tokens)", "layers", "planes", "max rel error", "bytes equal")
+MAX_CHUNK_ROWS = 60
 
 
 def escape_cell(text: str) -> str:
@@ -27,23 +45,93 @@ def escape_cell(text: str) -> str:
 
 
 def table_rows(report: dict) -> list[tuple[str, ...]]:
-    """One row per probe of every arm but a passing baseline (it is what the others are compared to)."""
+    """One row per probe of every arm but a passing baseline (it is what the others are compared to);
+    with the KV audit on, each row ends with the probe's KV verdict."""
+    kv = bool(kv_audit_state(report))
+    block_size = (report.get("config") or {}).get("block_size")
     rows = []
     for arm in report["arms"]:
         if arm["mode"] == "baseline" and arm["verdict"] == PASS:
             continue
         for p in arm.get("probes", []):
             tokens = "" if p.get("prompt_tokens") is None else str(p["prompt_tokens"])
-            rows.append((arm_title(arm), p["name"], tokens, cached_cell(p), p["verdict"], diff_cell(p)))
+            row = (arm_title(arm), p["name"], tokens, cached_cell(p), p["verdict"], diff_cell(p))
+            rows.append(row + ((kv_cell(p, block_size),) if kv else ()))
         if not arm.get("probes"):
-            rows.append((arm_title(arm), "—", "", "—", arm["verdict"], ""))
+            rows.append((arm_title(arm), "—", "", "—", arm["verdict"], "") + (("—",) if kv else ()))
     return rows
 
 
-def format_table(report: dict) -> str:
-    lines = ["| " + " | ".join(TABLE_HEADER) + " |", "|" + " --- |" * len(TABLE_HEADER)]
-    lines += ["| " + " | ".join(escape_cell(c) for c in row) + " |" for row in table_rows(report)]
+def markdown_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(escape_cell(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def format_table(report: dict) -> str:
+    header = TABLE_HEADER + (KV_HEADER if kv_audit_state(report) else ())
+    return markdown_table(header, table_rows(report))
+
+
+def chunk_rows(report: dict) -> list[tuple[str, ...]]:
+    """One row per blamed chunk (a run of adjacent blocks with corrupt cells) of every audited reuse."""
+    block_size = (report.get("config") or {}).get("block_size")
+    rows = []
+    for arm in report["arms"]:
+        if arm["mode"] == "baseline":
+            continue
+        for p in arm.get("probes", []):
+            reuse_no = 0
+            for r in p.get("requests") or []:
+                reuse_no += r.get("role") == "reuse"
+                for c in blamed_chunks(r.get("kv_audit")):
+                    rows.append(
+                        (
+                            arm_title(arm),
+                            p["name"],
+                            str(reuse_no),
+                            blocks_text(c["blocks"], block_size),
+                            span_text(c["layers"]),
+                            "+".join(c["planes"]),
+                            "not finite" if c["max_rel"] is None else number(c["max_rel"]),
+                            _sources(c),
+                        )
+                    )
+    return rows
+
+
+def _sources(chunk: dict) -> str:
+    """'zeros (3 of 128 cells)': what the chunk's corrupt cells' bytes equal, where the audit found it."""
+    counts: dict[str, int] = {}
+    for source in chunk["sources"]:
+        counts[source] = counts.get(source, 0) + 1
+    shown = [f"{s} ({n} of {chunk['cells']} cells)" for s, n in list(counts.items())[:3]]
+    return ", ".join(shown) + (" …" if len(counts) > 3 else "") or "—"
+
+
+def format_kv_audit(report: dict) -> str:
+    """Each reuse arm's audit and floor, then every blamed chunk in one table."""
+    if not kv_audit_state(report):
+        return "KV audit: off for this run (token verdicts only)."
+    lines = [
+        (
+            "Each reuse's KV blocks, per layer and K/V plane, against the KV the cache-disabled baseline computed "
+            "for the same tokens: EXACT bit-identical, NUMERIC within the arm's floor (its own cold prefill against "
+            "the baseline), CORRUPT beyond it."
+        ),
+        "",
+    ]
+    lines += [f"- **{arm_title(a)}**: {arm_kv_text(a)}" for a in report["arms"]]
+    rows = chunk_rows(report)
+    if not rows:
+        return "\n".join([*lines, "", "No block was blamed."])
+    table = markdown_table(CHUNK_HEADER, rows[:MAX_CHUNK_ROWS])
+    more = (
+        f"\n\n_… {len(rows) - MAX_CHUNK_ROWS} more blamed chunks in the report JSON._"
+        if len(rows) > MAX_CHUNK_ROWS
+        else ""
+    )
+    return "\n".join([*lines, "", "Blamed chunks (runs of adjacent blocks with a corrupt cell):", "", table]) + more
 
 
 def format_verdicts(report: dict) -> str:
@@ -171,6 +259,7 @@ def render_body(report: dict, token_limit: int | None) -> str:
         ),
         format_table(report),
         format_verdicts(report),
+        *(["#### KV audit\n\n" + format_kv_audit(report)] if kv_audit_state(report) is not None else []),
         "#### First diffs and margins\n\n" + format_diffs(report, token_limit),
         "#### Stack\n\n" + format_stack(report),
         "#### Reproduce\n\n" + format_reproduce(report),

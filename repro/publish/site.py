@@ -78,7 +78,8 @@ def render_report_page(
 
 def render_index(rows: list, env: jinja2.Environment | None = None) -> str:
     env = env or make_environment()
-    return env.get_template("index.html.j2").render(rows=rows, generator=GENERATOR)
+    kv_column = any(row.kv is not None for row in rows)  # a KV column once any report has the KV audit
+    return env.get_template("index.html.j2").render(rows=rows, kv_column=kv_column, generator=GENERATOR)
 
 
 def _write(path: Path, data: bytes, written: list[Path]) -> None:

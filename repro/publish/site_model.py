@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from repro.display import (
     acceptance_label,
+    arm_kv_text,
     arm_title,
     baseline_arm,
     baseline_probes,
@@ -21,7 +22,13 @@ from repro.display import (
     diff_cell,
     headline,
     is_commit_hash,
+    kv_audit_state,
+    kv_cell,
+    kv_tally,
+    kv_verdict,
+    number,
 )
+from repro.publish.heatmap import Heatmap, Legend, build_heatmap, build_legend
 
 TOKENS_PER_ROW = 16  # token-ID grid width: wide enough for the usual 16-token window, narrow enough for a phone
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -39,6 +46,8 @@ class TableRow:
     diff: str
     note: str
     anchor: str
+    kv: str = ""  # the KV verdict's cell (schema 2 with the audit on), e.g. "CORRUPT: blocks 0–15 (…)"
+    kv_verdict: str = ""  # EXACT, NUMERIC, CORRUPT, UNAVAILABLE; "" when the probe was not audited
 
 
 @dataclass(frozen=True)
@@ -48,6 +57,7 @@ class ArmBlock:
     rows: tuple[TableRow, ...]
     error: tuple[str, str, str] | None  # kind, detail, log tail
     findings: tuple[str, ...]
+    kv_status: str = ""  # "KV audit: ok · floor rel …" (schema 2 with the audit on)
 
 
 @dataclass(frozen=True)
@@ -82,6 +92,18 @@ class ProbeDetail:
     skipped: str
     requests: tuple[RequestLine, ...]
     chunks: tuple[TokenChunk, ...]
+    kv: KVDetail | None = None  # schema 2 with the audit on, for an audited probe
+
+
+@dataclass(frozen=True)
+class KVDetail:
+    """A probe's KV audit: its verdict and reasons, a line per request without a heatmap, a heatmap per audited reuse."""
+
+    verdict: str
+    cell: str
+    reasons: tuple[str, ...]
+    lines: tuple[str, ...]
+    heatmaps: tuple[Heatmap, ...]
 
 
 @dataclass(frozen=True)
@@ -108,6 +130,9 @@ class ReportPage:
     reproduce: str
     raw_href: str
     logs: tuple[ArmLog, ...]
+    kv: bool = False  # a KV column and heatmaps (schema 2 with the audit on)
+    kv_note: str = ""  # the audit's state near the table; "" for a report made before the audit
+    kv_legend: Legend | None = None
 
 
 @dataclass(frozen=True)
@@ -121,6 +146,7 @@ class IndexRow:
     lmcache: str
     verdicts: tuple[tuple[str, str], ...]
     acceptance: str
+    kv: tuple[tuple[str, str], ...] | None = None  # each reuse arm's KV verdicts tallied; None before the audit
 
 
 def visible_text(text: object) -> str:
@@ -175,7 +201,7 @@ def _cell_text(value: object) -> str:
     return "?" if value is None else str(value)
 
 
-def _table_row(probe: dict, anchor: str) -> TableRow:
+def _table_row(probe: dict, anchor: str, kv: bool, block_size: int | None) -> TableRow:
     tokens = "" if probe.get("prompt_tokens") is None else str(probe["prompt_tokens"])
     note = str(probe.get("skipped") or "")
     return TableRow(
@@ -186,19 +212,62 @@ def _table_row(probe: dict, anchor: str) -> TableRow:
         diff=diff_cell(probe),
         note=note,
         anchor=anchor,
+        kv=kv_cell(probe, block_size) if kv else "",
+        kv_verdict=(kv_verdict(probe) or "") if kv else "",
     )
 
 
-def _arm_block(arm: dict, arm_index: int) -> ArmBlock:
+def _arm_block(arm: dict, arm_index: int, kv: bool, block_size: int | None) -> ArmBlock:
     err = arm.get("error")
     error = (str(err.get("kind", "?")), str(err.get("detail", "")), str(err.get("log_tail") or "")) if err else None
-    rows = tuple(_table_row(p, f"d{arm_index}-{i}") for i, p in enumerate(arm.get("probes") or []))
+    rows = tuple(_table_row(p, f"d{arm_index}-{i}", kv, block_size) for i, p in enumerate(arm.get("probes") or []))
     return ArmBlock(
         title=arm_title(arm),
         verdict=str(arm["verdict"]),
         rows=rows,
         error=error,
         findings=tuple(str(f) for f in arm.get("findings") or []),
+        kv_status=arm_kv_text(arm) if kv else "",
+    )
+
+
+def _kv_request_line(label: str, audit: object) -> str | None:
+    """A request the heatmap does not show, in words; None for an audited reuse (it gets a heatmap)."""
+    if not isinstance(audit, dict):
+        return f"{label}: not audited"
+    status = audit.get("status")
+    if status == "floor":
+        same = "bit-identical to the baseline's" if audit.get("identical") else "not bit-identical to the baseline's"
+        return (
+            f"{label}: its prefill KV ({audit.get('num_blocks')} blocks × {audit.get('layers')} layers) is {same}; "
+            f"max rel {number(audit.get('max_rel'))}, max abs {number(audit.get('max_abs'))}"
+        )
+    if status == "audited":
+        return None
+    return f"{label}: KV audit {status}" + (f": {audit['reason']}" if audit.get("reason") else "")
+
+
+def _kv_detail(arm: dict, probe: dict, anchor: str, block_size: int | None) -> KVDetail | None:
+    if not isinstance(probe.get("kv"), dict):
+        return None
+    floor = (arm.get("kv_audit") or {}).get("floor")
+    lines, heatmaps, reuse_no = [], [], 0
+    for req in probe.get("requests") or []:
+        reuse_no += req.get("role") == "reuse"
+        label = _request_label(req, reuse_no)
+        line = _kv_request_line(label, req.get("kv_audit"))
+        if line is None:
+            heatmaps.append(
+                build_heatmap(req, label=label, anchor=f"{anchor}-kv{reuse_no}", floor=floor, block_size=block_size)
+            )
+        else:
+            lines.append(line)
+    return KVDetail(
+        verdict=kv_verdict(probe) or "",
+        cell=kv_cell(probe, block_size),
+        reasons=tuple(str(r) for r in probe["kv"].get("reasons") or []),
+        lines=tuple(lines),
+        heatmaps=tuple(heatmaps),
     )
 
 
@@ -236,7 +305,9 @@ def _token_chunks(baseline: list | None, requests: list[dict]) -> tuple[TokenChu
     return tuple(chunks)
 
 
-def _probe_detail(arm: dict, probe: dict, baseline_probe: dict | None, anchor: str) -> ProbeDetail:
+def _probe_detail(
+    arm: dict, probe: dict, baseline_probe: dict | None, anchor: str, kv: bool = False, block_size: int | None = None
+) -> ProbeDetail:
     requests = list(probe.get("requests") or [])
     base_reqs = (baseline_probe or {}).get("requests") or []
     base_ids = list(base_reqs[0].get("token_ids") or []) if base_reqs else None
@@ -276,6 +347,7 @@ def _probe_detail(arm: dict, probe: dict, baseline_probe: dict | None, anchor: s
         skipped=str(probe.get("skipped") or ""),
         requests=tuple(lines),
         chunks=_token_chunks(base_ids, requests) if requests else (),
+        kv=_kv_detail(arm, probe, anchor, block_size) if kv else None,
     )
 
 
@@ -294,17 +366,32 @@ def _baseline_line(report: dict) -> str:
     return f"baseline (prefix caching off, no connector): {base['verdict']}" + (f" — {reasons}" if reasons else "")
 
 
+def _kv_note(report: dict, audit: bool | None) -> str:
+    """The KV audit's state for the whole report, near the table ("" for a report made before the audit)."""
+    if audit is None:
+        return ""
+    if not audit:
+        return "KV audit: off for this run (token verdicts only)."
+    base = baseline_arm(report)
+    keep = (report.get("config") or {}).get("keep_kv")
+    text = f"baseline {arm_kv_text(base)}" if base else "baseline: absent, no reference KV"
+    return text + (f"; KV tensors kept in {keep}" if keep else "") + "."
+
+
 def build_report_page(report: dict, *, stem: str, raw_href: str, log_hrefs: dict[str, str | None]) -> ReportPage:
     """The report page's view model; log_hrefs maps an arm's name to its copied log (None: not available)."""
     arms = report["arms"]
     base_probes = baseline_probes(report)
+    audit = kv_audit_state(report)
+    block_size = (report.get("config") or {}).get("block_size")
     blocks, details = [], []
     for ai, arm in enumerate(arms):
         if arm["mode"] == "baseline":
             continue
-        blocks.append(_arm_block(arm, ai))
+        blocks.append(_arm_block(arm, ai, bool(audit), block_size))
         for pi, probe in enumerate(arm.get("probes") or []):
-            details.append(_probe_detail(arm, probe, base_probes.get(probe["name"]), f"d{ai}-{pi}"))
+            base = base_probes.get(probe["name"])
+            details.append(_probe_detail(arm, probe, base, f"d{ai}-{pi}", bool(audit), block_size))
     warnings = tuple(
         (str(w.get("arm", "")), int(w.get("count", 0)), str(w.get("message", ""))) for w in report.get("warnings") or []
     )
@@ -331,6 +418,9 @@ def build_report_page(report: dict, *, stem: str, raw_href: str, log_hrefs: dict
         logs=tuple(
             ArmLog(arm=str(a["name"]), path=str(a.get("log") or "—"), href=log_hrefs.get(a["name"])) for a in arms
         ),
+        kv=bool(audit),
+        kv_note=_kv_note(report, audit),
+        kv_legend=build_legend() if audit else None,
     )
 
 
@@ -345,4 +435,14 @@ def build_index_row(report: dict, *, stem: str, href: str) -> IndexRow:
         lmcache=package_version(report, "lmcache"),
         verdicts=tuple((arm_title(a), str(a["verdict"])) for a in report["arms"]),
         acceptance=acceptance_label(report, short=True),
+        kv=_index_kv(report),
     )
+
+
+def _index_kv(report: dict) -> tuple[tuple[str, str], ...] | None:
+    audit = kv_audit_state(report)
+    if audit is None:
+        return None
+    if not audit:
+        return (("KV audit", "off"),)
+    return tuple((arm_title(a), kv_tally(a)) for a in report["arms"] if a["mode"] != "baseline")
