@@ -263,7 +263,6 @@ MALFORMED = {
 
 @pytest.mark.parametrize("edit", MALFORMED.values(), ids=MALFORMED.keys())
 def test_the_schema_rejects_malformed_kv_fields(v2, edit):
-    assert SCHEMA.is_valid(v2)
     bad = _edit(v2, *edit)
     assert not SCHEMA.is_valid(bad)
     with pytest.raises(ReportInvalid, match="does not match schemas/report.schema.json"):
