@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from repro.contract import ArmResult
+from repro.display import blocks_text, span_text
 from repro.verdict import (
     CELL_CORRUPT,
     CELL_EXACT,
@@ -189,30 +190,12 @@ def reuse_entry(raw: dict, record: dict, floor_rel: float | None) -> tuple[dict,
     return entry, audit
 
 
-def _span(values: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0–2, 5'."""
-    out, start, prev = [], None, None
-    for v in sorted(values):
-        if start is None:
-            start = prev = v
-        elif v == prev + 1:
-            prev = v
-        else:
-            out.append(f"{start}" if start == prev else f"{start}–{prev}")
-            start = prev = v
-    if start is not None:
-        out.append(f"{start}" if start == prev else f"{start}–{prev}")
-    return ", ".join(out)
-
-
 def blame(v: KVVerdict, block_size: int) -> dict | None:
     if not v.blocks:
         return None
     tokens = [min(v.blocks) * block_size, (max(v.blocks) + 1) * block_size]
     planes = "+".join(v.planes)
-    text = (
-        f"blocks {_span(list(v.blocks))} (tokens {tokens[0]}–{tokens[1] - 1}), {planes}, layers {_span(list(v.layers))}"
-    )
+    text = f"{blocks_text(v.blocks, block_size)}, {planes}, layers {span_text(v.layers)}"
     return {
         "blocks": list(v.blocks),
         "layers": list(v.layers),

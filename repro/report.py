@@ -153,7 +153,8 @@ def _probe_line(probe: dict, kv: str | None) -> str:
     head = f"  {probe['name']:<10} {tokens:>5}  {cached_cell(probe):<12} "
     if kv is None:  # a report without the KV audit keeps the line it always had
         return f"{head}{probe['verdict']} {diff_cell(probe)}".rstrip()
-    return f"{head}{probe['verdict']:<12} {diff_cell(probe):<8} KV {kv}"
+    tokens_verdict = f"{probe['verdict']} {diff_cell(probe)}".rstrip()
+    return f"{head}{tokens_verdict:<20} KV {kv}"
 
 
 def format_summary(report: dict) -> str:

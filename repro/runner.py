@@ -83,6 +83,11 @@ def child_env(base: dict[str, str], *, hashseed: str, extra: dict[str, str]) -> 
             "NO_COLOR": "1",
         }
     )
+    # vLLM's CPU backend reserves one more core for any process that has a KV connector
+    # (ompmultiprocessing.py), so a connector arm would run its kernels on fewer OpenMP threads than
+    # the baseline: different reduction orders, different bits. One reserved core for every arm
+    # keeps the kernels the same (a user's own setting wins; it is recorded with the environment).
+    env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
     env.update(extra)
     return env
 

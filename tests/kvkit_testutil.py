@@ -33,3 +33,20 @@ def have_vllm() -> bool:
     from importlib.util import find_spec
 
     return find_spec("vllm") is not None
+
+
+def run_test_connector(model: str, name: str, extra_config: dict, report: Path) -> subprocess.CompletedProcess:
+    """The CPU engine with one of tests/connectors/ (module = file name) loaded by module path, on
+    the self-test fixture's first probe, cold + 2 reuses: how a user's own connector is run."""
+    import json
+
+    from repro.cli import CPU_ENGINE_FLAGS
+
+    module = {"NoisyReloadConnector": "noisy_connector", "ScaledBlockConnector": "subtle_connector"}[name]
+    argv = ["--model", model, *CPU_ENGINE_FLAGS, "--kv-connector", name, "--kv-connector-module-path", module,
+            "--kv-connector-extra-config", json.dumps(extra_config), "--fixture", "fixtures/selftest-cpu.json",
+            "--reuses", "2", "--report", str(report)]  # fmt: skip
+    return run_cli(
+        argv,
+        env={"PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'connectors'}"},
+    )

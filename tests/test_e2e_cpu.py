@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import ROOT, have_vllm, run_cli
+from conftest import have_vllm, run_cli
+from kvkit_testutil import run_test_connector
 
-from repro.cli import CPU_ENGINE_FLAGS, selftest_cpu_argv
+from repro.cli import selftest_cpu_argv
+from repro.report import REPORT_SCHEMA_VERSION
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
 
@@ -71,12 +73,51 @@ def test_four_arms_verdicts(selftest):
     assert [p["name"] for p in skipped] == ["chat-513"] and skipped[0]["skipped"]
 
 
+def test_kv_audit_verdicts_and_blame(selftest):
+    """ExampleConnector and native bit-exact on every reused block; the planted fault blamed at
+    exactly the blocks it corrupted, request by request."""
+    _, report = selftest
+    data = json.loads(report.read_text())
+    arms = {a["name"]: a for a in data["arms"]}
+    assert arms["baseline"]["kv_audit"]["status"] == "reference"
+    for name in ("ExampleConnector", "native"):
+        for probe in arms[name]["probes"]:
+            if probe["skipped"]:
+                assert probe["kv"] is None
+                continue
+            assert probe["kv"]["verdict"] == "EXACT", (name, probe["name"], probe["kv"])
+            for r in probe["requests"][1:]:
+                assert r["kv_audit"]["counts"]["corrupt"] == r["kv_audit"]["counts"]["numeric"] == 0
+                assert r["kv_audit"]["counts"]["exact"] == r["kv_audit"]["num_blocks"] * 4 * 2 > 0
+    for probe in arms["PlantedFault"]["probes"]:
+        assert probe["kv"]["verdict"] == "CORRUPT"
+        for r in probe["requests"][1:]:
+            planted = r["kv_transfer_params"]["planted_fault"]["faulted_blocks"]
+            blamed = sorted(
+                {
+                    b
+                    for plane in ("K", "V")
+                    for row in r["kv_audit"]["planes"][plane]["class"]
+                    for b, c in enumerate(row)
+                    if c == "c"
+                }
+            )
+            assert planted and blamed == planted, (probe["name"], planted, blamed)
+            assert {m["source"] for m in r["kv_audit"]["matches"]} == {"zeros"}
+    assert all(c["ok"] for c in data["acceptance"]["checked"] if c.get("check") == "kv")
+    assert sum(c.get("check") == "kv" for c in data["acceptance"]["checked"]) == 11
+
+
 def test_report_contract(selftest):
     _, report = selftest
     raw = report.read_text()
     data = json.loads(raw)
     assert REQUIRED_TOP <= set(data)
-    assert data["kind"] == "kvkit-report" and data["schema_version"] == 1 and data["claim_eligible"] is False
+    assert (
+        data["kind"] == "kvkit-report"
+        and data["schema_version"] == REPORT_SCHEMA_VERSION
+        and data["claim_eligible"] is False
+    )
     assert raw == json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     assert data["generations"] == sum(len(p["requests"]) for a in data["arms"] for p in a["probes"])
     for arm in data["arms"]:
@@ -128,26 +169,7 @@ def test_report_contract(selftest):
 def test_out_of_tree_faulty_connector_fails_without_kit_changes(tiny_model, tmp_path):
     """Any faulty connector class, loaded by module path, is caught: here one written for the test."""
     report = tmp_path / "custom.json"
-    proc = run_cli(
-        [
-            "--model",
-            tiny_model,
-            *CPU_ENGINE_FLAGS,
-            "--kv-connector",
-            "NoisyReloadConnector",
-            "--kv-connector-module-path",
-            "noisy_connector",
-            "--kv-connector-extra-config",
-            json.dumps({"store_dir": str(tmp_path / "store")}),
-            "--fixture",
-            "fixtures/selftest-cpu.json",
-            "--reuses",
-            "2",
-            "--report",
-            str(report),
-        ],
-        env={"PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'connectors'}"},
-    )
+    proc = run_test_connector(tiny_model, "NoisyReloadConnector", {"store_dir": str(tmp_path / "store")}, report)
     assert proc.returncode == 1, proc.stderr[-3000:]
     data = json.loads(report.read_text())
     arm = next(a for a in data["arms"] if a["name"] == "NoisyReloadConnector")

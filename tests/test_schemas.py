@@ -20,7 +20,7 @@ from repro.report import REPORT_SCHEMA_VERSION, load_report
 SCHEMAS = ROOT / "schemas"
 DATA = ROOT / "tests" / "data"
 # One example of every report version this kit ever wrote, kept forever.
-OLD_VERSIONS = {1: DATA / "report-v1-example.json"}
+OLD_VERSIONS = {1: DATA / "report-v1-example.json", 2: DATA / "report-v2-example.json"}
 
 
 def _validator(name: str) -> jsonschema.Draft202012Validator:
