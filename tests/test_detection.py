@@ -375,11 +375,27 @@ def test_committed_matrix_detects_every_fault_with_no_false_positive():
     assert report["config"]["fault_model_seed"] == MODEL_SEED
     summary = summarize(report["faults"], report["controls"], report["prefix_check"]["ok"])
     assert summary["ok"] and summary["false_positives_by_window"] == {w: 0 for w in WINDOW_KEYS}
-    # The stored summary was written before false positives were counted per window (no such key); every key it
-    # has still agrees with what the entries say.
-    stored = report["summary"]
-    assert "false_positives_by_window" not in stored
-    assert {k: summary[k] for k in stored} == stored
+    assert report["summary"] == summary  # the stored summary is what the entries say
+
+
+@needs_committed
+def test_committed_matrix_kv_audit_blamed_exactly_the_planted_blocks_and_nothing_in_the_controls():
+    report = load_matrix(COMMITTED)
+    assert report["schema_version"] == plan.SCHEMA_VERSION and report["config"]["kv_audit"] is True
+    kv = summarize(report["faults"], report["controls"], report["prefix_check"]["ok"])["kv_audit"]
+    assert kv["present"] and kv["ok"] and kv["mismatches"] == []
+    assert (
+        kv["blamed_exactly"] == kv["fault_probes"] == len(plan.FAULT_PARAMS) * len(plan.POSITIONS) * len(plan.PROMPTS)
+    )
+    for f in report["faults"]:
+        for p in f["probes"]:
+            assert p["kv"]["outcome"] == "exact" and p["kv"]["planted_blocks"] == [p["faulted_blocks"]], f["fault"]
+    # the point of the audit: some probes' tokens never changed, and their audit still blamed the planted block
+    assert kv["tokens_unchanged_blamed_exactly"] == kv["tokens_unchanged"] > 0
+    assert kv["false_blames"] == kv["control_unavailable"] == 0
+    for c in report["controls"]:
+        assert c["kv_blame"]["status"] == "ok" and c["kv_blame"]["verdicts"]["CORRUPT"] == 0, c["arm"]
+        assert c["kv_blame"]["probes"] == len(plan.PROMPTS), c["arm"]
 
 
 @needs_committed

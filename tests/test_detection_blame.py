@@ -278,10 +278,12 @@ def test_the_page_shows_the_audit_column_and_the_false_blames():
     assert '<td class="partial"><span class="mono">1/2 blamed exactly</span>' in html
     assert "bravo: over (blamed 0,1, planted 0)" in html
     assert "tokens never changed, blamed exactly: alpha" in html
-    assert '<td class="missed"><span class="mono">1/1; alpha: blocks 2' in html
+    blame = control["kv_blame"]["false_blames"][0]["blame"]  # repro.kvaudit.blame's wording
+    assert blame and f'<td class="missed"><span class="mono">1/1; alpha: {blame}</span>' in html
     assert 'KV audit: <span class="bad">1 of 2</span> fault probes blamed exactly' in html
     assert (
         "(1 of the 1 whose tokens never changed)" in html
         and 'false blames in the controls:\n<span class="bad">1</span>' in html
     )
     assert "the largest relative error of the\narm's own cold prefills' KV against the baseline's" in html
+    assert "The floors measured in this run: largest relative error 0 over 2 arms; 2 of them computed" in html

@@ -83,6 +83,7 @@ class DetectionPage:
     kv_tokens_unchanged_blamed: int
     kv_false_blames: int
     kv_control_unavailable: int
+    kv_floor: str  # the arms' measured floors, in one line
     schema_version: int
 
 
@@ -189,6 +190,20 @@ def _control_row(c: dict, windows: tuple[str, ...]) -> ControlRow:
     )
 
 
+def floor_line(entries: list[dict]) -> str:
+    """The audited arms' floors (each arm's own cold prefills' KV against its baseline's), in one line."""
+    floors = [e["kv_blame"]["floor"] for e in entries if (e.get("kv_blame") or {}).get("floor")]
+    if not floors:
+        return "not measured"
+    rels = [f["rel"] for f in floors]
+    worst = "not finite" if None in rels else f"{max(rels):.3g}"
+    same = sum(1 for f in floors if f["identical"])
+    return (
+        f"largest relative error {worst} over {len(floors)} arms; "
+        f"{same} of them computed cold prefill KV bit-identical to their baseline's"
+    )
+
+
 def page_model(report: dict) -> DetectionPage:
     """The page's view model. The summary is recomputed from the entries (the per-window counts),
     never taken from the report's stored `summary`, which older runs computed differently."""
@@ -223,6 +238,7 @@ def page_model(report: dict) -> DetectionPage:
         kv_tokens_unchanged_blamed=kv.get("tokens_unchanged_blamed_exactly", 0),
         kv_false_blames=kv.get("false_blames", 0),
         kv_control_unavailable=kv.get("control_unavailable", 0),
+        kv_floor=floor_line(report["faults"] + report["controls"]),
         schema_version=report["schema_version"],
     )
 
