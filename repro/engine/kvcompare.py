@@ -77,9 +77,9 @@ class ReferenceIndex:
         if hit is None:
             return None
         p, b, pl = hit
-        where = f"block {b}" if p == probe else f"probe {p} block {b}"
         if p == probe and b == block:
-            where = "the same block"
+            return None if pl == plane else f"its {pl} plane"  # K and V exchanged
+        where = f"block {b}" if p == probe else f"probe {p} block {b}"
         return where if pl == plane else f"{where} ({pl} plane)"
 
 
@@ -113,7 +113,7 @@ def compare_request(ref_dir: str, ref_seq: int, arm_dir: str, req: dict, index: 
                 rel.append(_num(d / r) if r > 0 else (0.0 if d == 0 else None))
                 if not bool(same[b, p]):
                     src = index.source(li, req["probe"], b, plane, got[b, p])
-                    if src is not None and src != "the same block":
+                    if src is not None:
                         matches.append({"layer": li, "plane": plane, "block": b, "source": src})
             planes[plane]["rel"].append(rel)
     return {

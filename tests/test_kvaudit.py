@@ -1,0 +1,213 @@
+"""The KV audit without an engine: K/V plane splitting per layout, the comparison's figures and the
+sources it names on real tensors, and the parent's classes, floor and verdicts (repro.kvaudit)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("vllm")
+
+from repro.contract import ArmResult, ProbeResult, RequestResult
+from repro.engine import kvcompare
+from repro.engine.kvaudit import AuditRequest, detect_layout, split_planes
+from repro.kvaudit import annotate, arm_floor, compare_job
+
+H, BS, D, NB = 2, 4, 3, 10
+
+
+def test_layouts_split_k_and_v_where_each_backend_keeps_them():
+    kv = torch.arange(NB * H * BS * 2 * D, dtype=torch.float32).reshape(NB, H, BS, 2 * D)
+    # last-dim (FlashAttention since vLLM 0.26): K|V packed in the last dimension
+    planes = split_planes(kv, [3, 1], "last-dim")
+    assert planes.shape == (2, 2, H * BS * D)
+    assert torch.equal(planes[0, 0], kv[3, :, :, :D].reshape(-1))
+    assert torch.equal(planes[1, 1], kv[1, :, :, D:].reshape(-1))
+    # cpu-rows (vLLM's CPU backend): per head, all K rows then all V rows
+    planes = split_planes(kv, [3], "cpu-rows")
+    rows = kv[3].reshape(H, 2 * BS, D)
+    assert torch.equal(planes[0, 0], rows[:, :BS].reshape(-1))
+    assert torch.equal(planes[0, 1], rows[:, BS:].reshape(-1))
+    # leading-2: K and V first
+    kv2 = torch.arange(2 * NB * BS * H * D, dtype=torch.float32).reshape(2, NB, BS, H, D)
+    planes = split_planes(kv2, [5], "leading-2")
+    assert torch.equal(planes[0, 0], kv2[0, 5].reshape(-1)) and torch.equal(planes[0, 1], kv2[1, 5].reshape(-1))
+
+
+def test_layout_detection_and_an_unknown_layout():
+    assert detect_layout(torch.zeros(NB, H, BS, 2 * D), NB, D) == "cpu-rows"
+    assert detect_layout(torch.zeros(2, NB, BS, H, D), NB, D) == "leading-2"
+    assert detect_layout(torch.zeros(NB, H, BS, D), NB, D) is None  # K only: not a layout the audit can read
+    assert detect_layout(torch.zeros(NB + 1, H, BS, 2 * D), NB, D) is None  # blocks not on dim 0
+
+
+def test_which_blocks_a_request_reused_or_computed():
+    def req(local, ext, scheduled, prompt=70):
+        return AuditRequest(0, "r", "sha", prompt, list(range(9)), local, ext, scheduled, False)
+
+    assert req(0, 48, 70).reused_blocks(16) == [0, 1, 2] and req(0, 48, 70).computed_blocks(16) == []
+    assert req(32, 0, 70).reused_blocks(16) == [0, 1]  # native: the local hit
+    assert req(0, 0, 70).computed_blocks(16) == [0, 1, 2, 3]  # full prompt blocks only
+    assert req(0, 0, 40).computed_blocks(16) == [0, 1]  # a chunk: what this step computed
+
+
+def _write(directory, seq, kind, layers):
+    directory.mkdir(parents=True, exist_ok=True)
+    for li, t in enumerate(layers):
+        torch.save(t, directory / f"{seq:06d}.{kind}.{li:03d}.pt")
+
+
+def _reference(seed, n=6, layers=2):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, 2, 24, generator=g).half() for _ in range(layers)]
+
+
+def test_the_comparison_measures_every_cell_and_names_what_wrong_bytes_equal(tmp_path):
+    ref, other = _reference(1), _reference(2)
+    _write(tmp_path / "base", 0, "computed", ref)
+    _write(tmp_path / "base", 1, "computed", other)
+    loaded = [t.clone() for t in ref]
+    loaded[0][1] = ref[0][4]  # block 1 <- block 4 (a shift)
+    loaded[0][2, 1] = ref[0][2, 0]  # block 2's V <- its own K
+    loaded[1][3] = 0  # block 3 zeroed in layer 1
+    loaded[1][5] = other[1][5]  # block 5 <- the other prompt's block 5 (stale)
+    loaded[0][0, 0] = loaded[0][0, 0] * 1.01  # a small numeric difference, matching nothing
+    _write(tmp_path / "arm", 7, "reused", loaded)
+    job = {
+        "reference": {"dir": str(tmp_path / "base"), "probes": {"p": 0, "q": 1}},
+        "arms": [{"name": "A", "dir": str(tmp_path / "arm"), "requests": [
+            {"probe": "p", "index": 1, "seq": 7, "kind": "reused", "layers": 2},
+            {"probe": "missing", "index": 1, "seq": 7, "kind": "reused", "layers": 2},
+        ]}],
+    }  # fmt: skip
+    out = kvcompare.run(json.loads(json.dumps(job)))
+    got = out["arms"]["A"]["p"]["1"]
+    assert got["error"] is None and got["num_blocks"] == 6
+    ident = {p: got["planes"][p]["identical"] for p in ("K", "V")}
+    assert ident["K"][0] == [False, False, True, True, True, True]
+    assert ident["V"][0] == [True, False, False, True, True, True]
+    assert ident["K"][1] == ident["V"][1] == [True, True, True, False, True, False]
+    sources = {(m["layer"], m["plane"], m["block"]): m["source"] for m in got["matches"]}
+    assert sources == {
+        (0, "K", 1): "block 4",
+        (0, "V", 1): "block 4",
+        (0, "V", 2): "its K plane",
+        (1, "K", 3): "zeros",
+        (1, "V", 3): "zeros",
+        (1, "K", 5): "probe q block 5",
+        (1, "V", 5): "probe q block 5",
+    }
+    assert 0.005 < got["planes"]["K"]["rel"][0][0] < 0.02  # the 1 % scale, measured
+    assert got["planes"]["K"]["rel"][1][3] == 1.0  # zeros: the whole reference is the error
+    assert "no reference KV" in out["arms"]["A"]["missing"]["1"]["error"]
+
+
+def _record(seq, reused=0, computed=0, **extra):
+    return {
+        "seq": seq, "prompt_sha256": "x", "block_size": 16, "local_tokens": 0, "external_tokens": 16 * reused,
+        "reused_blocks": reused, "computed_blocks": computed, "layers": ["l0"], "layout": "cpu-rows",
+        "kv_shape": [9, 2, 16, 8], "dtype": "float32", "unavailable": None, **extra,
+    }  # fmt: skip
+
+
+def _req(role, record):
+    return RequestResult(role, 0 if role == "cold" else 32, (1, 2), (), "length", None, "t", kv_audit_record=record)
+
+
+def _planes(identical, rel):
+    return {
+        p: {
+            "identical": [list(identical[p])],
+            "rel": [list(rel[p])],
+            "max_abs": [[0.0 if i else 1.0 for i in identical[p]]],
+        }
+        for p in ("K", "V")
+    }
+
+
+def _entries():
+    def probe(name):
+        reqs = [{"role": "cold"}, {"role": "reuse"}]
+        return {"name": name, "verdict": "PASS", "reasons": [], "requests": reqs}
+
+    return [
+        {"name": "baseline", "mode": "baseline", "verdict": "PASS", "probes": [probe("p")]},
+        {"name": "A", "mode": "connector", "verdict": "PASS", "probes": [probe("p")]},
+    ]
+
+
+def _results(reuse_record):
+    base = ArmResult("baseline", (ProbeResult("p", (1,), None, (_req("cold", _record(0, computed=2)),)),),
+                     kv_audit={"dir": "/b", "errors": []})  # fmt: skip
+    arm = ArmResult("A", (ProbeResult("p", (1,), None, (_req("cold", _record(0, computed=2)), _req("reuse", reuse_record))),),
+                    kv_audit={"dir": "/a", "errors": []})  # fmt: skip
+    return {"baseline": base, "A": arm}
+
+
+def _raw(cold_rel, reuse_identical, reuse_rel):
+    same = {"K": [True, True], "V": [True, True]}
+    cold_same = {p: [r == 0.0 for r in cold_rel[p]] for p in ("K", "V")}
+    return {"arms": {"A": {"p": {
+        "0": {"kind": "computed", "num_blocks": 2, "layers": 1, "planes": _planes(cold_same, cold_rel), "matches": [], "error": None},
+        "1": {"kind": "reused", "num_blocks": 2, "layers": 1, "planes": _planes(reuse_identical or same, reuse_rel),
+              "matches": [], "error": None},
+    }}}}  # fmt: skip
+
+
+def test_the_floor_is_the_arms_own_cold_prefill_and_classes_follow_it():
+    zero = {"K": [0.0, 0.0], "V": [0.0, 0.0]}
+    drift = {"K": [0.0, 1e-3], "V": [2e-3, 0.0]}
+    results = _results(_record(1, reused=2))
+    job = compare_job(results["baseline"], {"A": results["A"]})
+    assert job["reference"]["probes"] == {"p": 0}
+    assert [(r["index"], r["kind"]) for r in job["arms"][0]["requests"]] == [(0, "computed"), (1, "reused")]
+    # loaded KV within the cold prefill's drift: NUMERIC; beyond it: CORRUPT at that block and plane
+    for reuse_rel, want, blame in (
+        ({"K": [1e-3, 0.0], "V": [0.0, 0.0]}, "NUMERIC", None),
+        ({"K": [0.0, 0.5], "V": [0.0, 0.0]}, "CORRUPT", {"blocks": [1], "planes": ["K"], "layers": [0]}),
+    ):
+        ident = {p: [r == 0.0 for r in reuse_rel[p]] for p in ("K", "V")}
+        entries = _entries()
+        annotate(entries, results, _raw(drift, ident, reuse_rel), None, 16)
+        arm = entries[1]
+        assert arm["kv_audit"]["floor"] == {"rel": 0.002, "max_abs": 1.0, "cells": 4, "identical": False}
+        kv = arm["probes"][0]["kv"]
+        assert kv["verdict"] == want
+        assert (kv["blame"] and {k: kv["blame"][k] for k in ("blocks", "planes", "layers")}) == blame
+        assert arm["verdict"] == "PASS" and arm["probes"][0]["verdict"] == "PASS"  # the token verdict is untouched
+    # a floor of zero: any difference is corrupt
+    entries = _entries()
+    annotate(
+        entries,
+        results,
+        _raw(zero, {"K": [False, True], "V": [True, True]}, {"K": [1e-6, 0.0], "V": [0.0, 0.0]}),
+        None,
+        16,
+    )
+    assert entries[1]["probes"][0]["kv"]["verdict"] == "CORRUPT"
+    assert arm_floor(_raw(zero, None, zero)["arms"]["A"])["identical"] is True
+
+
+def test_an_audit_that_failed_is_unavailable_never_a_token_verdict_change():
+    results = _results(_record(1, reused=2))
+    entries = _entries()
+    annotate(entries, results, None, "the KV comparison exited 1: boom", 16)
+    arm = entries[1]
+    assert arm["kv_audit"]["status"] == "unavailable" and "boom" in arm["kv_audit"]["reason"]
+    assert arm["probes"][0]["kv"]["verdict"] == "UNAVAILABLE"
+    assert arm["verdict"] == "PASS" and arm["probes"][0]["verdict"] == "PASS"
+    # an asynchronous loader: the record says why, the probe is UNAVAILABLE with that reason
+    results = _results(_record(1, reused=2, unavailable="the connector loads asynchronously"))
+    entries = _entries()
+    annotate(
+        entries, results, _raw({"K": [0.0, 0.0], "V": [0.0, 0.0]}, None, {"K": [0.0, 0.0], "V": [0.0, 0.0]}), None, 16
+    )
+    kv = entries[1]["probes"][0]["kv"]
+    assert kv["verdict"] == "UNAVAILABLE" and "asynchronously" in kv["reasons"][0]
+    # audit off: explicit nulls everywhere
+    entries = _entries()
+    annotate(entries, {n: ArmResult(n) for n in ("baseline", "A")}, None, None, 16)
+    assert entries[1]["kv_audit"] is None and entries[1]["probes"][0]["kv"] is None
+    assert entries[1]["probes"][0]["requests"][1]["kv_audit"] is None
