@@ -3,12 +3,16 @@
 PROFILE ?= auto
 MODEL ?=
 REPORT ?=
-PYTHON ?= python3
+# PYTHON: an existing environment's interpreter (with vLLM, and LMCache for a GPU profile) that runs
+# the engines as it is; empty: the profile's own environment under .venvs/. BOOTSTRAP_PYTHON only
+# makes the tools environment that runs tasks.py.
+PYTHON ?=
+BOOTSTRAP_PYTHON ?= python3
 TOOLS := .venvs/tools
 INV := $(TOOLS)/bin/inv
 
 $(INV): requirements/tools.txt
-	@$(PYTHON) -m venv $(TOOLS)
+	@$(BOOTSTRAP_PYTHON) -m venv $(TOOLS)
 	@$(TOOLS)/bin/pip install --quiet --disable-pip-version-check -r requirements/tools.txt
 	@touch $(INV)
 
@@ -16,8 +20,8 @@ $(INV): requirements/tools.txt
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-repro: $(INV) ## Run the verification (PROFILE=cpu|gpu-lmcache-0.5.4|gpu-lmcache-0.5.5rc5; default: by hardware)
-	@$(INV) repro --profile "$(PROFILE)" --model "$(MODEL)"
+repro: $(INV) ## Run the verification (PROFILE=cpu|gpu-lmcache-0.5.4|gpu-lmcache-0.5.5rc5; default: by hardware; PYTHON=your env's python, used as it is)
+	@$(INV) repro --profile "$(PROFILE)" --model "$(MODEL)" --python "$(PYTHON)"
 
 test: $(INV) ## Run all tests (unit, end-to-end on the real CPU engine)
 	@$(INV) test

@@ -13,7 +13,7 @@ from pathlib import Path
 from invoke import Exit, task
 
 # Invoke puts this folder first on sys.path; repro.cli needs nothing outside the standard library.
-from repro.cli import selftest_cpu_argv
+from repro.cli import engine_python_problem, selftest_cpu_argv
 
 ROOT = Path(__file__).resolve().parent
 VENVS = ROOT / ".venvs"
@@ -77,6 +77,16 @@ def venv_python(profile: str, extra: list[str] | None = None) -> str:
     return str(py)
 
 
+def existing_python(python: str, profile: str) -> str:
+    """PYTHON=: an existing environment that runs the engines as it is (the kit installs nothing into it);
+    one line and exit 2 when it cannot (missing, not executable, no vllm, no lmcache for a GPU profile)."""
+    problem = engine_python_problem(python, needs_lmcache=profile != "cpu")
+    if problem:
+        raise Exit(f"PYTHON={python}: {problem}", code=2)
+    print(f"[kvkit] engines run in PYTHON={python} (nothing is installed into it)", file=sys.stderr, flush=True)
+    return python
+
+
 def run_py(c, py: str, args: str, warn: bool = False):
     return c.run(f"{py} {args}", pty=False, warn=warn, env={"PYTHONPATH": str(ROOT)})
 
@@ -101,17 +111,20 @@ def reference_args(profile: str, model: str, report: str) -> str:
     help={
         "profile": "cpu | gpu-lmcache-0.5.4 | gpu-lmcache-0.5.5rc5 | auto (default: CUDA → gpu-lmcache-0.5.4, else cpu)",
         "model": "model name or local directory (GPU profiles; default Qwen/Qwen3-0.6B)",
+        "python": "an existing environment's interpreter with vLLM (and LMCache for a GPU profile): it runs the "
+        "verifier and its engines as it is, nothing is installed into it (default: the profile's own .venvs/)",
     }
 )
-def repro(c, profile="auto", model=""):
+def repro(c, profile="auto", model="", python=""):
     """Run the reference verification for a profile and print its summary."""
     profile = resolve_profile(profile)
-    py = venv_python(profile)
+    py = existing_python(python, profile) if python else venv_python(profile)
     if profile == "cpu":
         model = model or make_model(c, py)
     model = model or REFERENCE_MODEL
     report = f"reports/latest-{profile}.json"
-    result = run_py(c, py, "-m repro.verify_kv_reuse " + reference_args(profile, model, report), warn=True)
+    args = reference_args(profile, model, report) + f" --python {shlex.quote(py)}"
+    result = run_py(c, shlex.quote(py), "-m repro.verify_kv_reuse " + args, warn=True)
     if result.exited != 0:
         raise Exit(code=result.exited)
 

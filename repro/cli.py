@@ -8,6 +8,7 @@ input; 3 engine or runtime error (an error is never summarized as PASS); 130 int
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from repro.commands import ArgumentParser
 from repro.errors import UsageError
+from repro.provenance import probe_python
 
 DEFAULT_ENGINE_MODULE = "repro.engine"
 # The engine settings of every CPU run the kit makes (the self-test, `make bench`, the tests).
@@ -74,7 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--keep-kv", default=None, metavar="DIR", help="keep the audit's KV tensors in DIR (default: deleted)"
     )
-    p.add_argument("--python", default=sys.executable, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--python",
+        default=sys.executable,
+        metavar="PATH",
+        help="the interpreter of an existing environment with vLLM (and LMCache) that runs the engines; the kit "
+        "checks it and installs nothing into it (default: this one)",
+    )
     # Tests only: a stand-in engine child for the failure-handling tests (never proof that the
     # verification works). Any other module than the default also skips the vLLM preflight.
     p.add_argument("--engine-module", default=DEFAULT_ENGINE_MODULE, help=argparse.SUPPRESS)
@@ -127,6 +135,23 @@ def _check_lmcache_yaml(path: str) -> None:
         raise UsageError(f"--lmcache-config {path}: chunk_size must be a positive integer")
 
 
+def engine_python_problem(python: str, needs_lmcache: bool) -> str | None:
+    """Why an interpreter cannot run the engines (one line), or None: it runs, vllm is importable, and
+    lmcache too when an LMCache connector is asked for. Nothing is imported or installed."""
+    if Path(python).absolute() == Path(sys.executable).absolute():  # this interpreter: ask it directly
+        importable = {n: importlib.util.find_spec(n) is not None for n in ("vllm", "lmcache")}
+    else:
+        info = probe_python(python)
+        if "problem" in info:
+            return info["problem"]
+        importable = info["importable"]
+    if not importable["vllm"]:
+        return "has no vllm (use an environment with vLLM installed, or leave it unset for the kit's own)"
+    if needs_lmcache and not importable["lmcache"]:
+        return "has no lmcache, which the LMCache connector needs"
+    return None
+
+
 def validate(args: argparse.Namespace) -> Options:
     """Every check that needs no engine; each failure is one line and exit 2."""
     if args.kv_connector_module_path and not args.kv_connector:
@@ -175,6 +200,11 @@ def validate(args: argparse.Namespace) -> Options:
         raise UsageError(f"--model {args.model}: directory has no config.json")
     if not local and (args.model.startswith((".", "/", "~")) or not _HUB_ID.match(args.model)):
         raise UsageError(f"--model {args.model}: no such local model directory")
+    if args.engine_module == DEFAULT_ENGINE_MODULE:  # a stand-in engine (tests) needs no vLLM
+        lmcache = bool(args.kv_connector and "lmcache" in args.kv_connector.lower())
+        problem = engine_python_problem(args.python, needs_lmcache=lmcache)
+        if problem:
+            raise UsageError(f"--python {args.python}: {problem}")
     _check_report_path(Path(args.report), Path(args.fixture))
     return Options(args=args, extra_config=extra, model_is_local=local)
 

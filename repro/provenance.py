@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import json
 import os
 import platform
 import re
+import shutil
 import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -166,6 +169,90 @@ def model_digest(model: str) -> str:
         return f"unavailable: {exc.strerror or exc}"
 
 
+# Asked of an engine interpreter without importing vLLM (seconds, not the 20 s an import takes):
+# where it is, its Python, and the versions and importability of the stacks the engine needs.
+_ENGINE_PROBE = r"""
+import importlib.metadata as m, importlib.util as u, json, platform, sys
+def version(name):
+    for dist in (name, name + "-cpu"):
+        try:
+            return m.version(dist)
+        except m.PackageNotFoundError:
+            pass
+    return None
+print(json.dumps({
+    "executable": sys.executable, "prefix": sys.prefix, "python": platform.python_version(),
+    "packages": {n: version(n) for n in ("vllm", "lmcache", "torch", "transformers")},
+    "importable": {n: u.find_spec(n) is not None for n in ("vllm", "lmcache")},
+}))
+"""
+ENGINE_PROBE_TIMEOUT_S = 60
+
+
+def probe_python(python: str) -> dict:
+    """What an engine interpreter holds (never raises): its Python, package versions and whether vllm and
+    lmcache are importable; {"problem": "<one line>"} when it cannot be asked."""
+    found = python if os.sep in python else shutil.which(python)
+    if not found or not os.path.exists(found):
+        return {"problem": "no such file"}
+    if os.path.isdir(found) or not os.access(found, os.X_OK):
+        return {"problem": "not an executable file"}
+    try:
+        out = subprocess.run(
+            [found, "-c", _ENGINE_PROBE], capture_output=True, text=True, timeout=ENGINE_PROBE_TIMEOUT_S, check=False
+        )
+    except OSError as exc:
+        return {"problem": f"cannot run it ({exc.strerror or exc})"}
+    except subprocess.TimeoutExpired:
+        return {"problem": f"did not answer within {ENGINE_PROBE_TIMEOUT_S} s"}
+    lines = out.stdout.strip().splitlines()
+    try:
+        info = json.loads(lines[-1]) if out.returncode == 0 and lines else None
+    except ValueError:
+        info = None
+    if not isinstance(info, dict):
+        tail = (out.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        return {"problem": f"is not a working Python 3 (exit {out.returncode}: {tail})"}
+    return info
+
+
+def is_kit_managed(python: str) -> bool:
+    """An interpreter of the kit's own environments (.venvs/<profile>), which the kit installs into."""
+    try:
+        Path(python).absolute().relative_to(KIT_ROOT / ".venvs")
+        return True
+    except ValueError:
+        return False
+
+
+def engine_environment(python: str) -> dict:
+    """Which interpreter ran the engines, what it holds, and whether the kit installed anything into it."""
+    info = probe_python(python)
+    if "packages" in info:
+        info["packages"] = {n: v or "unavailable: not installed" for n, v in info["packages"].items()}
+    managed = is_kit_managed(python)
+    return {
+        "python_path": python,
+        **info,
+        "kit_managed": managed,
+        "installed_by_kit": (
+            "the kit's pinned requirements (requirements/), into its own environment"
+            if managed
+            else "nothing: an existing environment (PYTHON= / --python), used as it is"
+        ),
+    }
+
+
+def argv_python(argv: list[str]) -> str:
+    """The engine interpreter a verifier command line names (--python), else this one."""
+    for i, arg in enumerate(argv):
+        if arg == "--python" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--python="):
+            return arg.split("=", 1)[1]
+    return sys.executable
+
+
 def collect_provenance(
     *,
     argv: list[str],
@@ -190,4 +277,5 @@ def collect_provenance(
         if lmcache_config is None
         else {"path": lmcache_config, "sha256": sha256_file(lmcache_config)},
         "env": allowed_env(env),
+        "engine_environment": engine_environment(argv_python(argv)),
     }
