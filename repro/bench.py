@@ -1,8 +1,9 @@
 """`make bench`: time the CPU acceptance once and print figures (a benchmark, not a test).
 
 The kit's cost model is one engine per arm whatever the number of probes, so the wall time of a
-whole run should be close to the sum of the engine start times measured inside the children
-(target ratio: 1.25 or less). It then runs the same acceptance with --no-kv-audit and prints what
+whole run should be well under the sum of the engine start times measured inside the children
+once arms run at the same time (target ratio on 2 cores: 0.65 or less; it was 1.19 one at a time,
+against a target of 1.25). It then runs the same acceptance with --no-kv-audit and prints what
 the KV audit costs: per arm (child wall with the audit against without) and for the whole run,
 the comparison child included (target: 25 % of an arm's wall time or less). These figures describe
 the kit, never the engines under test. Four runs in all (about 6 minutes on 2 cores).
@@ -20,7 +21,7 @@ from pathlib import Path
 from repro.cli import SELFTEST_CPU_FIXTURE, selftest_cpu_argv
 from repro.commands import ArgumentParser
 
-TARGET_RATIO = 1.25
+TARGET_RATIO = 0.65  # issue 13: arms at the same time on 2 cores (it was 1.25 one at a time)
 TARGET_AUDIT_OVERHEAD = 0.25
 
 
@@ -31,15 +32,22 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     # Audit off and on alternately, twice each: the first run of a session pays for a cold page
     # cache, and a single pair differs by more than the audit costs.
+    # These four run one arm at a time, so that each arm's wall time is its own; then one run with
+    # the arms at the same time (the default) gives the concurrency figures.
     runs: dict[str, list[tuple[dict, float]]] = {"off": [], "on": []}
     rc = 0
     for mode in ("off", "on", "off", "on"):
-        got, code = _run(args.model, args.fixture, ["--no-kv-audit"] if mode == "off" else [])
+        got, code = _run(args.model, args.fixture, ["--jobs", "1", *(["--no-kv-audit"] if mode == "off" else [])])
         if got is None:
             return 3
         rc = rc or code
         runs[mode].append(got)
-    data, wall = runs["on"][-1]
+    concurrent, code = _run(args.model, args.fixture, [])
+    if concurrent is None:
+        return 3
+    rc = rc or code
+    seq_wall = min(w for _, w in runs["on"])
+    data, wall = concurrent
     arms = data["arms"]
     starts = [a["timing"].get("engine_start_s") or 0.0 for a in arms]
     total = sum(starts)
@@ -50,11 +58,11 @@ def main(argv: list[str]) -> int:
             f"  {a['name']:<18} engine start {s:6.1f} s   generation {t.get('generation_s') or 0:5.1f} s   child wall {t['wall_s']:6.1f} s"
         )
     ratio = wall / total if total else float("inf")
-    print(f"wall time: {wall:.1f} s")
+    jobs = data["config"].get("jobs")
+    print(f"wall time: {wall:.1f} s with {jobs} arms at a time; {seq_wall:.1f} s one at a time ({wall / seq_wall:.2f}x)")
     print(f"sum of engine starts (inside children): {total:.1f} s")
-    print(
-        f"ratio wall / engine starts: {ratio:.3f}  (target <= {TARGET_RATIO}: {'met' if ratio <= TARGET_RATIO else 'NOT met'})"
-    )
+    met = "met" if ratio <= TARGET_RATIO else "NOT met"
+    print(f"ratio wall / engine starts: {ratio:.3f}  (target <= {TARGET_RATIO}: {met})")
     audit_figures(runs["on"], runs["off"])
     print("figures describe the kit's own overhead; claim_eligible=false, no performance claim")
     return rc

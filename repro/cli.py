@@ -68,6 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--logprobs", type=int, default=2, help="top-k logprobs recorded per generated token (>= 2)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds one arm may run")
     p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="arms run at the same time (default: what the machine sustains; 1: one after another)",
+    )
+    p.add_argument("--quiet", action="store_true", help="print only the summary (no progress display)")
+    p.add_argument(
         "--no-kv-audit",
         dest="kv_audit",
         action="store_false",
@@ -178,6 +186,8 @@ def validate(args: argparse.Namespace) -> Options:
         raise UsageError("--gpu-memory-utilization must be in (0, 1]")
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
+    if args.jobs is not None and not 1 <= args.jobs <= 64:
+        raise UsageError("--jobs must be from 1 to 64")
     if args.keep_kv is not None:
         if not args.kv_audit:
             raise UsageError("--keep-kv needs the KV audit (drop --no-kv-audit)")

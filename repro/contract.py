@@ -35,6 +35,11 @@ RAISED = "raised"
 FAILURE_KINDS = (TIMEOUT, CRASH, OOM, NONZERO_EXIT, MISSING_OUTPUT, UNPARSABLE_OUTPUT, RESULT_VERSION, RAISED)
 
 
+def progress_path(output: str) -> str:
+    """Where a child reports its stage while it runs (JSON: stage, preflight_ok, at), beside its result."""
+    return output + ".progress"
+
+
 class ContractError(ValueError):
     """A job or result that does not follow the contract (one line; `kind` is the failure kind)."""
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -129,3 +131,71 @@ def vocab_size(opts: Options) -> int | None:
         return int(json.loads((Path(opts.args.model) / "config.json").read_text())["vocab_size"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+@dataclass(frozen=True)
+class ArmSlot:
+    """Where one arm runs when arms run at the same time: extra environment and its GPU memory share."""
+
+    env: dict
+    gpu_memory_utilization: float
+
+
+def _visible_gpus() -> list[str]:
+    """GPU indices the children may use, without importing torch: CUDA_VISIBLE_DEVICES, else nvidia-smi."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g for g in visible.split(",") if g.strip() and g.strip() != "-1"]
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU ")]
+
+
+def _memory_gib() -> tuple[float, float] | None:
+    """(total, available) GiB from /proc/meminfo, or None."""
+    try:
+        info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+        return int(info["MemTotal"].split()[0]) / 2**20, int(info["MemAvailable"].split()[0]) / 2**20
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+# What one CPU arm needs beyond its KV cache: the model, three processes' interpreters and vLLM.
+CPU_ARM_BASE_GIB = 2.0
+
+
+def uses_cuda(opts: Options) -> bool:
+    return opts.args.device == "cuda" or (opts.args.device == "auto" and bool(_visible_gpus()))
+
+
+def default_jobs(opts: Options, n_arms: int) -> int:
+    """How many arms run at once when --jobs is not given: on CUDA every arm (the GPUs are shared,
+    each arm's memory share split), on the CPU as many as the cores and the memory sustain."""
+    if uses_cuda(opts):
+        return n_arms
+    cores = os.cpu_count() or 1
+    mem = _memory_gib()
+    fit = n_arms
+    if mem is not None:
+        per_arm = opts.args.gpu_memory_utilization * mem[0] + CPU_ARM_BASE_GIB
+        fit = max(1, int(mem[1] // per_arm))
+    return max(1, min(n_arms, cores, fit))
+
+
+def arm_slots(opts: Options, n_arms: int, jobs: int) -> list[ArmSlot]:
+    """Per arm: on CUDA a GPU (round robin) and, where several arms share one, an equal share of
+    90 % of its memory (never more than --gpu-memory-utilization); on the CPU, when arms run at once,
+    each arm's OpenMP thread on its own core (the thread count, and so the arithmetic, stay as in a
+    run one at a time). One job: nothing changes."""
+    util = opts.args.gpu_memory_utilization
+    if jobs <= 1:
+        return [ArmSlot({}, util) for _ in range(n_arms)]
+    if uses_cuda(opts):
+        gpus = _visible_gpus() or ["0"]
+        per_gpu = -(-min(jobs, n_arms) // len(gpus))
+        share = min(util, round(0.9 / per_gpu, 3))
+        return [ArmSlot({"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]}, share) for i in range(n_arms)]
+    cores = os.cpu_count() or 1
+    return [ArmSlot({"VLLM_CPU_OMP_THREADS_BIND": str(i % cores)}, util) for i in range(n_arms)]

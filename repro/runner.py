@@ -227,6 +227,21 @@ def read_result(path: Path) -> tuple[ArmResult | None, tuple[str, str] | None]:
     return result, None
 
 
+# Children started by run_child and not yet reaped, from any thread: when arms run concurrently
+# an interrupt reaches the main thread only, which then stops every one (stop_all_children).
+_LIVE: set[subprocess.Popen] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def stop_all_children() -> None:
+    """Kill the process group of every child still running (the threads that wait on them then
+    return); for the verifier's interrupt and for a run that must stop early."""
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for proc in live:
+        kill_group(proc)
+
+
 def run_child(
     argv: list[str], *, log_path: Path, env: dict[str, str], timeout_s: float
 ) -> tuple[int | None, bool, bool, float]:
@@ -241,6 +256,8 @@ def run_child(
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
+        with _LIVE_LOCK:
+            _LIVE.add(proc)
         timed_out = False
         try:
             proc.wait(timeout=timeout_s)
@@ -250,6 +267,9 @@ def run_child(
             with deferred_signals():
                 kill_group(proc)
             raise
+        finally:
+            with _LIVE_LOCK:
+                _LIVE.discard(proc)
         with deferred_signals():
             kill_group(proc, grace_s=None if proc.returncode is None else 0)  # its workers may live on
     oom_after = oom_kill_count()

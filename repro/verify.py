@@ -2,26 +2,39 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
-from dataclasses import dataclass
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from repro import __version__, kvaudit, logscan
 from repro.atomic import dumps_json, write_bytes_atomic
 from repro.cli import Options, parse_args
 from repro.commands import run_command
-from repro.contract import ArmResult, Failure
+from repro.contract import ArmResult, Failure, progress_path
 from repro.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, UsageError
 from repro.evaluate import judge_arm
 from repro.fixtures import Fixture, check_probes_fit, load_fixture
 from repro.lmcache_signals import lmcache_evidence
-from repro.plan import PlannedArm, arm_job, materialize, plan_arms, preflight_for, vocab_size
+from repro.plan import (
+    PlannedArm,
+    arm_job,
+    arm_slots,
+    default_jobs,
+    materialize,
+    plan_arms,
+    preflight_for,
+    vocab_size,
+)
+from repro.progress import Progress, choose_mode
 from repro.provenance import collect_provenance, hardware_label, utc_now
 from repro.report import (
     REPORT_KIND,
@@ -32,7 +45,15 @@ from repro.report import (
     generations,
     validate_report,
 )
-from repro.runner import INTERRUPTED, ArmOutcome, Interrupted, child_env, deferred_signals, run_arm
+from repro.runner import (
+    INTERRUPTED,
+    ArmOutcome,
+    Interrupted,
+    child_env,
+    deferred_signals,
+    run_arm,
+    stop_all_children,
+)
 from repro.suite import build_probes
 from repro.verdict import LMCACHE_DEGRADED, decide_child_failure, decide_lmcache_degraded
 
@@ -113,39 +134,42 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
     entries: list[dict] = []
     results: dict[str, ArmResult] = {}
     t0 = time.monotonic()
+    n_jobs = a.jobs or default_jobs(opts, len(arms))
+    slots = arm_slots(opts, len(arms), n_jobs)
+    progress = Progress([p.name for p in arms], choose_mode(a.quiet))
     try:
-        baseline = None
-        for i, planned in enumerate(arms):
-            arm = materialize(planned, scratch)
-            print(f"[kvkit] arm {arm.name} ({arm.spec.mode}) ...", file=sys.stderr, flush=True)
-            kv_dir = str(work / "kv" / arm.name) if a.kv_audit else None
-            job = arm_job(opts, arm, probes, fixture.sha256, preflight if i == 0 else None, kv_dir)
-            outcome = run_arm(
-                job,
-                workdir=work,
-                log_path=work / f"{arm.name}.log",
-                env=env,
-                timeout_s=a.timeout,
-                python=a.python,
-                module=a.engine_module,
-            )
-            if outcome.result is not None and outcome.result.preflight_problems:
-                raise UsageError("; ".join(outcome.result.preflight_problems))
-            if arm.spec.mode == "baseline" and outcome.failure is None:
-                baseline = outcome.result
-            if outcome.result is not None and outcome.failure is None:
-                results[arm.name] = outcome.result
-            entries.append(arm_entry(arm, outcome, baseline, a.block_size, logs_dir_name))
-            print(
-                f"[kvkit] arm {arm.name}: {entries[-1]['verdict']} ({outcome.wall_s:.0f} s)",
-                file=sys.stderr,
-                flush=True,
-            )
-        if a.kv_audit:
-            audit_kv(entries, results, baseline, work, env, a)
-        else:  # the report says so in every place the audit would speak
-            kvaudit.annotate(entries, results, None, None, a.block_size)
-        report = assemble(opts, fixture, entries, argv, env, started, time.monotonic() - t0)
+        with progress:
+            planned = [materialize(p, scratch) for p in arms]
+            jobs = []
+            for i, arm in enumerate(planned):
+                kv_dir = str(work / "kv" / arm.name) if a.kv_audit else None
+                job = arm_job(opts, arm, probes, fixture.sha256, preflight if i == 0 else None, kv_dir)
+                if slots[i].gpu_memory_utilization != job.engine.gpu_memory_utilization:
+                    job = replace(job, engine=replace(job.engine, gpu_memory_utilization=slots[i].gpu_memory_utilization))
+                jobs.append(job)
+            progress.note(f"{len(planned)} arms, {min(n_jobs, len(planned))} at a time")
+            outcomes = run_arms(planned, jobs, slots, n_jobs, work, env, a, progress)
+            first = outcomes[0]
+            if first is not None and first.result is not None and first.result.preflight_problems:
+                raise UsageError("; ".join(first.result.preflight_problems))
+            baseline = None
+            for arm, outcome in zip(planned, outcomes):
+                if arm.spec.mode == "baseline" and outcome.failure is None:
+                    baseline = outcome.result
+                if outcome.result is not None and outcome.failure is None:
+                    results[arm.name] = outcome.result
+                entries.append(arm_entry(arm, outcome, baseline, a.block_size, logs_dir_name))
+            if a.kv_audit:
+                for e in entries:
+                    if e["name"] in results:
+                        progress.stage(e["name"], "comparing KV")
+            if a.kv_audit:
+                audit_kv(entries, results, baseline, work, env, a)
+            else:  # the report says so in every place the audit would speak
+                kvaudit.annotate(entries, results, None, None, a.block_size)
+            for e in entries:
+                progress.finish(e["name"], e["verdict"])
+        report = assemble(opts, fixture, entries, argv, env, started, time.monotonic() - t0, min(n_jobs, len(arms)))
         # Serialize (and check against the schema) before anything on disk changes: a report that
         # cannot be written leaves the old report and its logs as they were.
         validate_report(report)
@@ -174,7 +198,6 @@ def audit_kv(
     if baseline is None or baseline.kv_audit is None:
         problem = "the baseline recorded no reference KV"
     elif audited:
-        print("[kvkit] KV audit: comparing reused blocks with the baseline's ...", file=sys.stderr, flush=True)
         raw, problem = kvaudit.run_compare(
             kvaudit.compare_job(baseline, audited), work, env, a.python, timeout_s=a.timeout
         )
@@ -187,6 +210,84 @@ def audit_kv(
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(work / "kv", dest, dirs_exist_ok=True)
         print(f"[kvkit] KV audit tensors kept in {dest}", file=sys.stderr, flush=True)
+
+
+def run_arms(
+    planned: list[PlannedArm],
+    jobs: list,
+    slots: list,
+    n_jobs: int,
+    work: Path,
+    env: dict,
+    a,
+    progress: Progress,
+) -> list[ArmOutcome | None]:
+    """Run the arms' children, up to n_jobs at a time, and return their outcomes in plan order.
+
+    The first arm's child makes the preflight: no other arm starts before it says the preflight
+    passed (its progress file), so a bad connector still stops the run with exit 2 before any
+    engine is built, and the arms waiting then never start. An interrupt (it reaches the main
+    thread only) kills every running child's process group and propagates."""
+    released, stop = threading.Event(), threading.Event()
+    if jobs[0].preflight is None:
+        released.set()
+    # the path the runner gives the first child's result; its progress file sits beside it
+    first_progress = Path(progress_path(str(work / f"{planned[0].name}.result.json")))
+
+    def one(i: int) -> ArmOutcome | None:
+        while i > 0 and not released.wait(0.2):
+            pass
+        if stop.is_set():
+            return None
+        arm = planned[i]
+        progress.start(arm.name, Path(progress_path(str(work / f"{arm.name}.result.json"))))
+        outcome = run_arm(
+            jobs[i],
+            workdir=work,
+            log_path=work / f"{arm.name}.log",
+            env={**env, **slots[i].env},
+            timeout_s=a.timeout,
+            python=a.python,
+            module=a.engine_module,
+        )
+        if i == 0:
+            if outcome.result is not None and outcome.result.preflight_problems:
+                stop.set()
+            released.set()
+        progress.child_done(arm.name, "finished: judging" if outcome.failure is None else "failed")
+        return outcome
+
+    with ThreadPoolExecutor(max_workers=max(1, n_jobs), thread_name_prefix="kvkit-arm") as pool:
+        futures = [pool.submit(one, i) for i in range(len(planned))]
+        try:
+            while not all(f.done() for f in futures):
+                if not released.is_set():
+                    state = _read_json(first_progress)
+                    if state.get("preflight_ok") is True:
+                        released.set()
+                    elif state.get("preflight_ok") is False:
+                        stop.set()
+                        released.set()
+                wait(futures, timeout=0.3, return_when=FIRST_EXCEPTION)
+            return [f.result() for f in futures]
+        except BaseException:
+            stop.set()
+            released.set()
+            with deferred_signals():
+                stop_all_children()
+                for f in futures:
+                    f.cancel()
+                wait(futures)
+                stop_all_children()  # a thread that started a child after the first sweep
+            raise
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def publish_logs(work: Path, dest: Path, names: list[str]) -> None:
@@ -207,7 +308,14 @@ def publish_logs(work: Path, dest: Path, names: list[str]) -> None:
 
 
 def assemble(
-    opts: Options, fixture: Fixture, entries: list[dict], argv: list[str], env: dict, started: str, wall_s: float
+    opts: Options,
+    fixture: Fixture,
+    entries: list[dict],
+    argv: list[str],
+    env: dict,
+    started: str,
+    wall_s: float,
+    n_jobs: int = 1,
 ) -> dict:
     a = opts.args
     prov = collect_provenance(
@@ -253,6 +361,7 @@ def assemble(
             "lmcache_config": a.lmcache_config,
             "kv_audit": a.kv_audit,
             "keep_kv": a.keep_kv,
+            "jobs": n_jobs,
             "decoding": "greedy, ignore_eos, enforce_eager",
         },
         "arms": entries,

@@ -29,9 +29,37 @@ REQUIRED_TOP = {
 
 @pytest.fixture(scope="module")
 def selftest(tiny_model, tmp_path_factory):
+    """The self-test with two arms at a time (what `make repro` does on two cores)."""
     report = tmp_path_factory.mktemp("selftest") / "selftest.json"
-    proc = run_cli(selftest_cpu_argv(tiny_model, str(report)))
+    proc = run_cli([*selftest_cpu_argv(tiny_model, str(report)), "--jobs", "2"])
     return proc, report
+
+
+def _comparable(report: dict) -> dict:
+    """A report without what may differ between two runs of the same configuration: times, scratch
+    paths, request IDs, the KV pool's size (from the memory at start-up)."""
+    arms = []
+    for a in report["arms"]:
+        probes = []
+        for p in a["probes"]:
+            reqs = [{k: v for k, v in r.items() if k != "request_id"} for r in p["requests"]]
+            probes.append({**p, "requests": reqs})
+        audit = a["kv_audit"] and {k: v for k, v in a["kv_audit"].items() if k != "kv_shape"}
+        arms.append(
+            {"name": a["name"], "verdict": a["verdict"], "reasons": a["reasons"], "probes": probes, "kv_audit": audit}
+        )
+    return {"arms": arms, "acceptance": report["acceptance"], "generations": report["generations"]}
+
+
+def test_arms_at_the_same_time_give_the_report_of_arms_one_after_another(selftest, tiny_model, tmp_path):
+    """--jobs 2 (the module's self-test) against --jobs 1: every verdict, token ID, logprob, hit
+    counter and KV audit figure the same; only timings, paths and request IDs differ."""
+    _, concurrent = selftest
+    report = tmp_path / "sequential.json"
+    proc = run_cli([*selftest_cpu_argv(tiny_model, str(report)), "--jobs", "1", "--quiet"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "arm baseline" not in proc.stderr  # --quiet: the summary alone
+    assert _comparable(json.loads(report.read_text())) == _comparable(json.loads(concurrent.read_text()))
 
 
 def test_selftest_exit_code_and_summary(selftest):

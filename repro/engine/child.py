@@ -19,8 +19,31 @@ import sys
 import traceback
 
 from repro.atomic import dumps_json, write_bytes_atomic
-from repro.contract import EXIT_OK, EXIT_RAISED, ArmResult, ChildError, Job, ProbeResult, RequestResult
+from repro.contract import (
+    EXIT_OK,
+    EXIT_RAISED,
+    ArmResult,
+    ChildError,
+    Job,
+    ProbeResult,
+    RequestResult,
+    progress_path,
+)
 from repro.provenance import package_version
+
+
+def report_stage(job: Job, stage: str, preflight_ok: bool | None = None) -> None:
+    """Tell the parent where this child is (its progress display; and, for the first arm, that the
+    preflight passed so the other arms may start). Never fails the arm."""
+    if not job.output:
+        return
+    try:
+        data = {"stage": stage, "at": round(time.time(), 3)}
+        if preflight_ok is not None:
+            data["preflight_ok"] = preflight_ok
+        write_bytes_atomic(progress_path(job.output), dumps_json(data).encode("utf-8"))
+    except Exception:  # noqa: BLE001 - progress is a display, never a result
+        traceback.print_exc()
 
 
 def build_chat_prompt(tokenizer, spec: dict) -> tuple[list[int], list[dict]]:
@@ -229,6 +252,7 @@ def run_job(job: Job, keep: list) -> ArmResult:
     from vllm import LLM, SamplingParams, TokensPrompt
 
     versions = _collect_versions()
+    report_stage(job, "building the engine", preflight_ok=True)
     _audit_env(job)
     audit = _AuditRecords(job.kv_audit_dir)
     t0 = time.monotonic()
@@ -241,7 +265,8 @@ def run_job(job: Job, keep: list) -> ArmResult:
     )
     t_gen = time.monotonic()
     probes = []
-    for probe in job.probes:
+    for n, probe in enumerate(job.probes, start=1):
+        report_stage(job, f"probe {n} of {len(job.probes)}", preflight_ok=True)
         if "token_ids" in probe.prompt:
             ids, messages = list(probe.prompt["token_ids"]), None
         else:
@@ -298,7 +323,10 @@ def run_and_write(job: Job, keep: list) -> int:
     """Run the job and write its result; returns the child's exit code. Serializing the result is
     part of the run: a result that cannot be written (a NaN, say) is a raised error, exit EXIT_RAISED."""
     try:
+        report_stage(job, "preflight" if job.preflight is not None else "importing")
         problems = _preflight_problems(job)
+        if job.preflight is not None:
+            report_stage(job, "importing" if not problems else "preflight failed", preflight_ok=not problems)
         result = ArmResult(arm=job.arm.name, preflight_problems=tuple(problems)) if problems else run_job(job, keep)
         data, code = dumps_json(result.to_json()), EXIT_OK
     except BaseException as exc:  # noqa: BLE001 - the parent turns this into a named ERROR with the log tail
