@@ -1,4 +1,4 @@
-"""End to end on the real vLLM CPU engine: the self-test's four arms and the report contract."""
+"""End to end on the real vLLM CPU engine: the self-test's five arms and the report contract."""
 
 from __future__ import annotations
 
@@ -72,11 +72,17 @@ def test_selftest_exit_code_and_summary(selftest):
     assert any(l.split()[:4] == ["fixture", "1502", "0→1488×3", "FAIL"] for l in lines)
 
 
-def test_four_arms_verdicts(selftest):
+def test_five_arms_verdicts(selftest):
     _, report = selftest
     data = json.loads(report.read_text())
     verdicts = {a["name"]: a["verdict"] for a in data["arms"]}
-    assert verdicts == {"baseline": "PASS", "ExampleConnector": "PASS", "PlantedFault": "FAIL", "native": "PASS"}
+    assert verdicts == {
+        "baseline": "PASS",
+        "ExampleConnector": "PASS",
+        "PlantedFault": "FAIL",
+        "PlantedFault-none": "PASS",
+        "native": "PASS",
+    }
     assert data["acceptance"]["matched"] is True
     planted = next(a for a in data["arms"] if a["name"] == "PlantedFault")
     for probe in planted["probes"]:
@@ -102,13 +108,14 @@ def test_four_arms_verdicts(selftest):
 
 
 def test_kv_audit_verdicts_and_blame(selftest):
-    """ExampleConnector and native bit-exact on every reused block; the planted fault blamed at
+    """ExampleConnector, the planted connector with no fault and native bit-exact on every reused
+    block; the planted fault blamed at
     exactly the blocks it corrupted, request by request."""
     _, report = selftest
     data = json.loads(report.read_text())
     arms = {a["name"]: a for a in data["arms"]}
     assert arms["baseline"]["kv_audit"]["status"] == "reference"
-    for name in ("ExampleConnector", "native"):
+    for name in ("ExampleConnector", "PlantedFault-none", "native"):
         for probe in arms[name]["probes"]:
             if probe["skipped"]:
                 assert probe["kv"] is None
@@ -133,7 +140,7 @@ def test_kv_audit_verdicts_and_blame(selftest):
             assert planted and blamed == planted, (probe["name"], planted, blamed)
             assert {m["source"] for m in r["kv_audit"]["matches"]} == {"zeros"}
     assert all(c["ok"] for c in data["acceptance"]["checked"] if c.get("check") == "kv")
-    assert sum(c.get("check") == "kv" for c in data["acceptance"]["checked"]) == 11
+    assert sum(c.get("check") == "kv" for c in data["acceptance"]["checked"]) == 15
 
 
 def test_report_contract(selftest):
