@@ -38,6 +38,12 @@ model: $(INV) ## Generate the tiny CPU model into .cache/models
 clean: $(INV) ## Remove environments, generated models and local reports
 	@$(INV) clean
 
+.PHONY: matrix
+MATRIX ?=
+RESUME ?=
+matrix: $(INV) ## Run a matrix of cells on Ray (MATRIX=fixtures/matrix-....yaml; RESUME=1: only missing and failed cells; RAY_ADDRESS: an existing cluster)
+	@$(INV) matrix --matrix "$(MATRIX)" $(if $(RESUME),--resume,)
+
 .PHONY: detection
 detection: $(INV) ## Run every planted fault x position x window and the no-fault controls on the CPU engine (~15 min); writes reports/detection/ (matrix JSON and page)
 	@$(INV) detection

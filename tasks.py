@@ -4,6 +4,7 @@ environment. Run through the Makefile (`make repro`, `make test`, ...)."""
 from __future__ import annotations
 
 import hashlib
+import os
 import shlex
 import shutil
 import subprocess
@@ -25,6 +26,7 @@ PROFILES = {
 }
 # PyPI's torchvision, torchaudio and torchcodec break `import vllm` beside the CPU torch.
 CPU_UNWANTED = ["torchvision", "torchaudio", "torchcodec"]
+MATRIX_ENV = "matrix"  # .venvs/matrix: the matrix driver (Ray); cells run in their own environments
 REFERENCE_MODEL = "Qwen/Qwen3-0.6B"
 REFERENCE_REVISION = "c1899de289a04d12100db370d81485cdf75e47ca"
 
@@ -58,7 +60,7 @@ def venv_python(profile: str, extra: list[str] | None = None) -> str:
     py = venv / "bin" / "python"
     stamp = venv / ".kvkit-stamp"
     done = set(stamp.read_text().splitlines()) if py.exists() and stamp.is_file() else set()
-    todo = [r for r in PROFILES[profile] + (extra or []) if _req_line(r) not in done]
+    todo = [r for r in PROFILES.get(profile, []) + (extra or []) if _req_line(r) not in done]
     if not todo:
         return str(py)
     print(f"[kvkit] setting up .venvs/{profile} from {', '.join(todo)} ...", file=sys.stderr, flush=True)
@@ -165,6 +167,36 @@ def bench(c):
     py = venv_python("cpu")
     model = make_model(c, py)
     run_py(c, py, f"-m repro bench --model {model}")
+
+
+@task(
+    help={
+        "matrix": "the matrix file (e.g. fixtures/matrix-cpu-ci.yaml)",
+        "resume": "rerun only the cells whose report is missing or that failed",
+        "one_at_a_time": "run the cells one after another (to compare with the concurrent run)",
+    }
+)
+def matrix(c, matrix="", resume=False, one_at_a_time=False):
+    """Run a matrix of cells on Ray (a local cluster, or RAY_ADDRESS's): one report per cell, a summary, a page."""
+    if not matrix:
+        raise Exit("give the matrix file: make matrix MATRIX=fixtures/matrix-cpu-ci.yaml", code=2)
+    py = venv_python(MATRIX_ENV, ["requirements/matrix.txt"])  # Ray lives here alone, never in a profile
+    listed = subprocess.run(
+        [py, "-m", "repro", "matrix", matrix, "--print-profiles"], capture_output=True, text=True, check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+    )  # fmt: skip
+    if listed.returncode != 0:
+        raise Exit(listed.stderr.strip() or f"cannot read {matrix}", code=listed.returncode)
+    for profile in listed.stdout.split():
+        if profile not in PROFILES:
+            raise Exit(f"{matrix}: unknown profile {profile}; choose one of: {', '.join(PROFILES)}", code=2)
+        cell_py = venv_python(profile)
+        if profile == "cpu":
+            make_model(c, cell_py)
+    args = f"-m repro matrix {shlex.quote(matrix)}" + (" --resume" if resume else "")
+    result = run_py(c, py, args + (" --one-at-a-time" if one_at_a_time else ""), warn=True)
+    if result.exited != 0:
+        raise Exit(code=result.exited)
 
 
 @task

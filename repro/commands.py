@@ -69,6 +69,12 @@ COMMANDS = (
         "repro.detection.commands:detection_site",
     ),
     Command(
+        "matrix",
+        "FILE [--resume] [--reports DIR]",
+        "run a matrix of cells (stacks) on Ray, one normal report per cell; write its summary and page",
+        "repro.matrix.commands:matrix",
+    ),
+    Command(
         "site",
         "[--reports DIR] [--out DIR]",
         "render the static report site (default: reports/ into site/)",

@@ -1,0 +1,107 @@
+"""What one Ray task runs: a cell's verifier as a child process (standard library only, no Ray)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# The verifier must not outlive the Ray worker that started it (a cancelled task, a worker killed at
+# shutdown, a lost node): it asks the kernel for SIGTERM when its parent dies (which survives exec),
+# and on SIGTERM the verifier kills its engine children and writes no report.
+_LAUNCH = (
+    "import ctypes, os, signal, sys; ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM); "
+    "os.getppid() == int(sys.argv[1]) or sys.exit(130); os.execv(sys.argv[2], sys.argv[2:])"
+)
+STOP_GRACE_S = 60.0
+TAIL_LINES = 40
+
+
+@dataclass(frozen=True)
+class CellJob:
+    name: str
+    python: str
+    argv: tuple[str, ...]  # the verifier's arguments (Cell.verifier_argv)
+    report: str  # the report's absolute path
+    kit_root: str
+    timeout_s: float
+    driver_host: str
+
+
+@dataclass(frozen=True)
+class CellOutcome:
+    name: str
+    returncode: int | None  # None: stopped at the cell's timeout
+    wrote_report: bool  # this run replaced the report (else any report there is an older run's)
+    output_tail: str
+    wall_s: float
+    node: str
+    files: tuple[tuple[str, bytes], ...]  # the report and its logs, when the cell ran on another host
+
+
+def _stat(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+        return (st.st_mtime_ns, st.st_ino)
+    except OSError:
+        return None
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the verifier (it kills its engines and writes nothing), then SIGKILL its group."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def _files(report: Path) -> tuple[tuple[str, bytes], ...]:
+    """The report and its logs folder, relative to the report's folder."""
+    out = [(report.name, report.read_bytes())]
+    logs = report.with_name(report.stem + ".logs")
+    if logs.is_dir():
+        out += [
+            (p.relative_to(report.parent).as_posix(), p.read_bytes()) for p in sorted(logs.rglob("*")) if p.is_file()
+        ]
+    return tuple(out)
+
+
+def run_cell(job: CellJob) -> CellOutcome:
+    """Run the cell's verifier to completion (or its timeout); an interrupt stops it and is re-raised."""
+    report = Path(job.report)
+    report.parent.mkdir(parents=True, exist_ok=True)
+    before = _stat(report)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (job.kit_root, os.environ.get("PYTHONPATH")) if p))
+    cmd = [job.python, "-c", _LAUNCH, str(os.getpid()), job.python, "-m", "repro.verify_kv_reuse", *job.argv]
+    t0 = time.monotonic()
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(
+            cmd, cwd=job.kit_root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            returncode = proc.wait(job.timeout_s)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            returncode = None
+        except BaseException:  # a cancelled Ray task gets KeyboardInterrupt here
+            _stop(proc)
+            raise
+        out.seek(0)
+        tail = "\n".join(out.read().decode("utf-8", "replace").splitlines()[-TAIL_LINES:])
+    wrote = _stat(report) not in (None, before)
+    node = socket.gethostname()
+    remote = wrote and node != job.driver_host
+    return CellOutcome(job.name, returncode, wrote, tail, round(time.monotonic() - t0, 3), node,
+                       _files(report) if remote else ())  # fmt: skip

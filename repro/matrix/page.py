@@ -1,0 +1,90 @@
+"""The matrix page: rows are cells (stacks), columns are probes, each arm's verdict with its KV verdict
+and divergence class; each row links its cell's report page (rendered by repro.publish.site)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from repro.publish.environment import make_environment
+from repro.verdict import ERROR
+
+GENERATOR = "kvkit-matrix"  # not the site's mark: the site never prunes this page
+
+
+@dataclass(frozen=True)
+class ArmMark:
+    arm: str
+    verdict: str
+    kv: str | None
+    divergence: str | None
+
+
+@dataclass(frozen=True)
+class MatrixRow:
+    name: str
+    href: str | None
+    status: str  # "done" or "ERROR"
+    error: str | None
+    stack: str
+    setup: str
+    marks: tuple[tuple[ArmMark, ...], ...]  # per probe column: the reuse arms' verdicts
+    baseline: str | None
+
+
+@dataclass(frozen=True)
+class MatrixPage:
+    name: str
+    headline: str
+    probes: tuple[str, ...]
+    rows: tuple[MatrixRow, ...]
+
+
+def _stack(cell: dict) -> str:
+    v = cell.get("versions") or {}
+    parts = [f"vLLM {v.get('vllm', '?')}", f"LMCache {v['lmcache']}" if v.get("lmcache") else "no LMCache"]
+    if v.get("torch"):
+        parts.append(f"torch {v['torch']}")
+    return " · ".join(parts) + (f" · {cell['hardware']}" if cell.get("hardware") else "")
+
+
+def _row(cell: dict, probes: list[str], cells_dir: str) -> MatrixRow:
+    reuse_arms = [a for a in cell["arms"] if a["mode"] != "baseline"]
+    base = next((a for a in cell["arms"] if a["mode"] == "baseline"), None)
+    marks = tuple(
+        tuple(
+            ArmMark(a["name"], a["probes"][p]["verdict"], a["probes"][p].get("kv"), a["probes"][p].get("divergence"))
+            for a in reuse_arms
+            if p in a["probes"]
+        )
+        for p in probes
+    )
+    error = cell.get("error")
+    setup = f"{cell['environment']} · {cell['connector'] or 'fixture arms'} · seed {cell['seed']}"
+    return MatrixRow(
+        name=cell["name"],
+        href=f"{quote(cells_dir)}/{quote(cell['page'])}" if cell.get("page") else None,
+        status="done" if error is None else ERROR,
+        error=None if error is None else f"{error['kind']}: {error['detail']}",
+        stack=_stack(cell) if error is None else "",
+        setup=setup,
+        marks=marks,
+        baseline=base["verdict"] if base else None,
+    )
+
+
+def build_matrix_page(summary: dict, cells_dir: str) -> MatrixPage:
+    """cells_dir: the cell pages' folder relative to the matrix page."""
+    probes = list(summary["probes"])
+    done = sum(1 for c in summary["cells"] if c["status"] == "done")
+    headline = (
+        f"{len(summary['cells'])} cells, {done} done, {len(summary['cells']) - done} ERROR · "
+        f"{summary['started_utc'][:10]} · Ray {summary['cluster'].get('ray_version', '—')}"
+    )
+    rows = tuple(_row(c, probes, cells_dir) for c in summary["cells"])
+    return MatrixPage(name=summary["name"], headline=headline, probes=tuple(probes), rows=rows)
+
+
+def render_matrix_page(summary: dict, cells_dir: str) -> str:
+    page = build_matrix_page(summary, cells_dir)
+    return make_environment().get_template("matrix.html.j2").render(page=page, generator=GENERATOR)

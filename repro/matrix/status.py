@@ -1,0 +1,165 @@
+"""What each cell's run says (done or ERROR, with its reason), which cells --resume reruns, and the
+matrix summary: pure functions over cell outcomes and the reports they wrote."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from repro import display
+from repro.errors import EXIT_INTERRUPTED, EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
+from repro.matrix.cell import CellOutcome
+from repro.matrix.spec import Cell
+from repro.report import exit_code
+
+MATRIX_KIND = "kvkit-matrix"
+# 1: cells (status, error, exit code, report and page links, versions, per-arm per-probe verdicts with
+#    KV verdict and divergence class), probes, cluster, timings.
+MATRIX_SCHEMA_VERSION = 1
+DONE, ERROR = "done", "error"
+# Error kinds of a cell (the verifier's own ERROR arms are inside its report: kind "engine-error").
+NODE_LOST, CRASH, TIMEOUT, NO_REPORT, USAGE, INTERRUPTED = (
+    "node-lost", "crash", "timeout", "no-report", "bad-input", "interrupted")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TaskFailure:
+    """A cell whose Ray task gave no outcome: its node was lost, its worker died, it raised."""
+
+    kind: str
+    detail: str
+
+
+def report_matches(report: dict | None, cell: Cell, report_arg: str) -> bool:
+    """The report is this cell's: the verifier ran with exactly the cell's arguments."""
+    return bool(report) and report.get("provenance", {}).get("argv") == cell.verifier_argv(report_arg)
+
+
+def cell_error(outcome: CellOutcome | TaskFailure, report: dict | None, matches: bool) -> tuple[str, str] | None:
+    """(kind, detail) when the cell's run is an ERROR cell, else None: the report is its result."""
+    if isinstance(outcome, TaskFailure):
+        return outcome.kind, outcome.detail
+    rc = outcome.returncode
+    if rc is None:
+        return TIMEOUT, "the cell ran past its timeout and was stopped"
+    if rc == EXIT_INTERRUPTED:
+        return INTERRUPTED, "the verifier was interrupted (exit 130); no report written"
+    if rc == EXIT_USAGE:
+        return USAGE, "the verifier refused the cell's input (exit 2): " + _last_line(outcome.output_tail)
+    if rc < 0:
+        return CRASH, f"the verifier was killed by signal {-rc}"
+    if not outcome.wrote_report or not matches:
+        return NO_REPORT, f"the verifier exited {rc} without writing the cell's report: " + _last_line(
+            outcome.output_tail
+        )
+    if exit_code(report) == EXIT_RUNTIME:
+        errors = report.get("errors") or [{"arm": "?", "kind": "error", "detail": "an arm is ERROR"}]
+        first = errors[0]
+        return "engine-error", f"{first.get('arm')}: {first.get('kind')}: {first.get('detail')}"[:300]
+    return None
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "no output"
+
+
+def needs_run(cell: Cell, report: dict | None, report_arg: str, previous: dict | None) -> bool:
+    """--resume: rerun a cell whose report is missing, not this cell's, an ERROR, or whose last
+    matrix run recorded it as an ERROR cell."""
+    if not report_matches(report, cell, report_arg) or exit_code(report) == EXIT_RUNTIME:
+        return True
+    return bool(previous) and previous.get("status") != DONE
+
+
+def divergence(probe: dict) -> str | None:
+    """The probe's divergence class ("near-tie", "decisive", ...; several joined by "+") from
+    repro.display's classifier where the kit has one, else from the margins' near_tie flags; None when
+    no request diverged."""
+    requests = [r for r in probe.get("requests", []) if isinstance(r, dict)]
+    classify = getattr(display, "divergence_class", None)
+    if classify is not None:
+        classes = {classify(r) for r in requests} - {None}
+    else:
+        margins = [r.get("margin") for r in requests if r.get("first_diff") is not None]
+        classes = {"near-tie" if m.get("near_tie") else "decisive" for m in margins if isinstance(m, dict)}
+    return "+".join(sorted(classes)) or None
+
+
+def arm_rows(report: dict) -> list[dict]:
+    """Each arm's verdict and, per probe, its verdict, KV verdict and near-tie flag (when present)."""
+    rows = []
+    for arm in report["arms"]:
+        probes = {}
+        for probe in arm["probes"]:
+            kv = probe.get("kv")
+            probes[probe["name"]] = {
+                "verdict": probe.get("verdict"),
+                "kv": kv.get("verdict") if isinstance(kv, dict) else None,
+                "divergence": divergence(probe),
+            }
+        rows.append({"name": arm["name"], "mode": arm["mode"], "verdict": arm["verdict"], "probes": probes})
+    return rows
+
+
+def versions(report: dict | None) -> dict:
+    """The stack the cell's engines ran on: the engine child's versions, else the environment's."""
+    if not report:
+        return {}
+    prov = report.get("provenance", {})
+    found = prov.get("engine_versions") or (prov.get("engine_environment") or {}).get("packages") or {}
+    return {k: found[k] for k in ("vllm", "lmcache", "torch", "python") if k in found}
+
+
+def cell_record(
+    cell: Cell,
+    *,
+    report_rel: str,
+    report: dict | None,
+    error: tuple[str, str] | None,
+    ran: bool,
+    outcome: CellOutcome | TaskFailure | None,
+    page_rel: str | None,
+) -> dict:
+    """One cell of the summary. A cell kept by --resume (ran=False) carries its report as it was."""
+    usable = report if error is None else None
+    return {
+        "name": cell.name,
+        "environment": cell.environment,
+        "python": cell.python,
+        "connector": cell.connector,
+        "fixture": cell.fixture,
+        "model": cell.model,
+        "seed": cell.seed,
+        "flags": list(cell.flags),
+        "status": DONE if error is None else ERROR,
+        "error": None if error is None else {"kind": error[0], "detail": error[1], "output_tail": _tail(outcome)},
+        "exit_code": exit_code(usable) if usable else None,
+        "report": report_rel if usable else None,
+        "page": page_rel if usable else None,
+        "ran": ran,
+        "wall_s": outcome.wall_s if isinstance(outcome, CellOutcome) else None,
+        "node": outcome.node if isinstance(outcome, CellOutcome) else None,
+        "hardware": usable.get("hardware_label") if usable else None,
+        "versions": versions(usable),
+        "arms": arm_rows(usable) if usable else [],
+    }
+
+
+def _tail(outcome: CellOutcome | TaskFailure | None) -> str | None:
+    return outcome.output_tail if isinstance(outcome, CellOutcome) else None
+
+
+def probe_names(cells: list[dict]) -> list[str]:
+    """Every probe any cell ran, in the order first seen."""
+    names: list[str] = []
+    for cell in cells:
+        for arm in cell["arms"]:
+            names += [p for p in arm["probes"] if p not in names]
+    return names
+
+
+def matrix_exit_code(cells: list[dict]) -> int:
+    """3 when any cell is an ERROR cell, 1 when any cell's report is a finding, else 0."""
+    if any(c["status"] != DONE for c in cells):
+        return EXIT_RUNTIME
+    return EXIT_MISMATCH if any(c["exit_code"] != EXIT_OK for c in cells) else EXIT_OK
