@@ -3,13 +3,17 @@
 The parent never imports vllm, torch or lmcache. Each child's stdout and stderr are the arm log
 file itself (file-descriptor level), so what vLLM workers and LMCache print from grandchildren
 lands there too. Every way a child can go wrong becomes a named failure kind with the log tail.
+Each child's group hangs on a lifeline (repro.lifeline): if the kit is killed outright, the group
+stops itself.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,6 +38,7 @@ from repro.contract import (
     Failure,
     Job,
 )
+from repro.lifeline import group_members, launch_command
 from repro.paths import KIT_ROOT
 from repro.provenance import redact_text
 
@@ -116,30 +121,6 @@ def deferred_signals():
                 )  # SIGINT's default raises KeyboardInterrupt; the verifier's SIGTERM, Interrupted
             elif handler == signal.SIG_DFL:
                 os.kill(os.getpid(), pending[0])
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes in a process group; a zombie already released its resources."""
-    members = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:  # no procfs: ask the kernel whether anything (zombies included) is left
-        try:
-            os.killpg(pgid, 0)
-            return [pgid]
-        except (ProcessLookupError, PermissionError):
-            return []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            members.append(int(entry))
-    return members
 
 
 def kill_group(proc: subprocess.Popen, grace_s: float | None = None) -> None:
@@ -242,6 +223,35 @@ def stop_all_children() -> None:
         kill_group(proc)
 
 
+def start_child(argv: list[str], *, log_path: Path, env: dict[str, str]) -> tuple[subprocess.Popen, int]:
+    """Start argv as the leader of a new session, its output in log_path, on a lifeline.
+
+    A new session: the terminal's Ctrl-C reaches the kit only, which then stops the group. The
+    child runs under repro.lifeline's watcher; the kit holds the returned write end of the group's
+    lifeline and must close it only once the group is reaped (if the kit dies first, the kernel
+    closes it and the watcher stops the whole group)."""
+    if shutil.which(argv[0], path=env.get("PATH", os.defpath)) is None:  # what Popen would raise
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
+    read_fd, write_fd = os.pipe()  # close-on-exec: no other child inherits either end
+    try:
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                launch_command(argv, read_fd),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                pass_fds=(read_fd,),
+            )
+    except BaseException:
+        os.close(write_fd)
+        raise
+    finally:
+        os.close(read_fd)
+    return proc, write_fd
+
+
 def run_child(
     argv: list[str], *, log_path: Path, env: dict[str, str], timeout_s: float
 ) -> tuple[int | None, bool, bool, float]:
@@ -251,11 +261,8 @@ def run_child(
     Interrupted) kills the group and propagates."""
     t0 = time.monotonic()
     oom_before = oom_kill_count()
-    with open(log_path, "wb") as log:
-        # A new session: the terminal's Ctrl-C reaches the parent only, which then stops the group.
-        proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+    proc, lifeline = start_child(argv, log_path=log_path, env=env)
+    try:
         with _LIVE_LOCK:
             _LIVE.add(proc)
         timed_out = False
@@ -272,6 +279,8 @@ def run_child(
                 _LIVE.discard(proc)
         with deferred_signals():
             kill_group(proc, grace_s=None if proc.returncode is None else 0)  # its workers may live on
+    finally:
+        os.close(lifeline)  # only now: its watcher was reaped with the group
     oom_after = oom_kill_count()
     oom_killed = oom_before is not None and oom_after is not None and oom_after > oom_before
     return proc.returncode, timed_out, oom_killed, time.monotonic() - t0

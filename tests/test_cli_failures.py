@@ -4,6 +4,7 @@ tests/fake_engine.py through the hidden --engine-module flag: it proves failure 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,6 +15,9 @@ from pathlib import Path
 
 import pytest
 from kvkit_testutil import ROOT, run_cli
+
+from repro import lifeline
+from repro.lifeline import group_members
 
 FAKE = ["--engine-module", "tests.fake_engine"]
 OLD_REPORT = b'{"kind": "kvkit-report", "old": true}\n'
@@ -136,15 +140,26 @@ def test_child_failure_is_a_named_error_in_the_report_and_exit_3(setup, mode, ki
         assert not _alive(int(pid_file.read_text())), pid_file.name
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupt_mid_arm_kills_children_and_leaves_the_old_report(setup, sig):
+def _cli_knows(flag: str) -> bool:
+    from repro.cli import build_parser
+
+    return flag in build_parser()._option_string_actions
+
+
+# None: the arms one after another (the second one hangs); 2: both at once, both hanging.
+JOBS = [None, pytest.param(2, marks=pytest.mark.skipif(not _cli_knows("--jobs"), reason="no --jobs yet"))]
+
+
+def _kit_mid_arm(setup: dict, jobs: int | None) -> tuple[subprocess.Popen, list[Path]]:
+    """The kit, started, once every hanging arm's child and grandchild are up (their pid files)."""
     pid_dir = setup["tmp"] / "pids"
     pid_dir.mkdir()
-    env = dict(
-        os.environ, PYTHONPATH=str(ROOT), **_env(setup, modes={"ExampleConnector": "hang"}, pid_dir=str(pid_dir))
-    )
+    modes = {"ExampleConnector": "hang"} if jobs is None else {"*": "hang"}
+    hanging = ["ExampleConnector"] if jobs is None else ["baseline", "ExampleConnector"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **_env(setup, modes=modes, pid_dir=str(pid_dir)))
+    argv = _args(setup, "--kv-connector", "ExampleConnector", *([] if jobs is None else ["--jobs", str(jobs)]))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "repro.verify_kv_reuse", *_args(setup, "--kv-connector", "ExampleConnector")],
+        [sys.executable, "-m", "repro.verify_kv_reuse", *argv],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -152,16 +167,51 @@ def test_interrupt_mid_arm_kills_children_and_leaves_the_old_report(setup, sig):
         text=True,
     )
     deadline = time.monotonic() + 60
-    while not (pid_dir / "ExampleConnector.grandchild.pid").exists():
+    while not all((pid_dir / f"{arm}.grandchild.pid").exists() for arm in hanging):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.05)
+    time.sleep(0.1)  # the last pid file is written before it is closed
+    return proc, sorted(pid_dir.iterdir())
+
+
+def _assert_all_gone(pid_files: list[Path], within_s: float) -> None:
+    """Every process the pid files name is gone, and so is every group an arm's child led."""
+    deadline = time.monotonic() + within_s
+    pids = [int(p.read_text()) for p in pid_files]
+    groups = [int(p.read_text()) for p in pid_files if p.name.endswith(".child.pid")]
+    while any(_alive(pid) for pid in pids) or any(group_members(g) for g in groups):
+        assert time.monotonic() < deadline, {p.name: _alive(int(p.read_text())) for p in pid_files}
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("jobs", JOBS)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_mid_arm_kills_children_and_leaves_the_old_report(setup, sig, jobs):
+    proc, pid_files = _kit_mid_arm(setup, jobs)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
     assert_untouched(setup)
-    for pid_file in pid_dir.iterdir():
-        assert not _alive(int(pid_file.read_text())), pid_file.name
+    _assert_all_gone(pid_files, within_s=0)  # the kit reaped every group before it exited
+
+
+@pytest.mark.parametrize("jobs", JOBS)
+def test_kill_9_of_the_kit_stops_its_children_and_leaves_the_old_report(setup, jobs):
+    """Nothing runs in a SIGKILLed kit: each child's lifeline watcher stops its group (repro.lifeline)."""
+    proc, pid_files = _kit_mid_arm(setup, jobs)
+    proc.kill()
+    proc.communicate(timeout=60)
+    try:
+        _assert_all_gone(pid_files, within_s=lifeline.GRACE_S + 10)
+    except AssertionError:  # leave no stray process behind a failed test
+        for p in pid_files:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(p.read_text()), signal.SIGKILL)
+        raise
+    assert setup["report"].read_bytes() == OLD_REPORT
+    assert sorted(p.name for p in setup["logs"].iterdir()) == ["baseline.log"]
+    assert (setup["logs"] / "baseline.log").read_bytes() == OLD_LOG
 
 
 def test_secrets_are_redacted_in_report_and_kept_logs(setup):

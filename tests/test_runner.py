@@ -78,6 +78,8 @@ def assert_no_leftovers(tmp_path: Path) -> None:
         assert path.is_file(), f"the fake child did not get to write {name}"
         pid = int(path.read_text())
         assert not _alive(pid), f"{name} {pid} is still running"
+    leader = int((tmp_path / "pids" / "baseline.child.pid").read_text())
+    assert runner.group_members(leader) == [], "its group (the lifeline's watcher too) is still running"
 
 
 @pytest.mark.parametrize(

@@ -41,7 +41,7 @@ class MatrixPage:
 
 
 def _stack(cell: dict) -> str:
-    v = cell.get("versions") or {}
+    v = {k: x for k, x in (cell.get("versions") or {}).items() if x and not str(x).startswith("unavailable")}
     parts = [f"vLLM {v.get('vllm', '?')}", f"LMCache {v['lmcache']}" if v.get("lmcache") else "no LMCache"]
     if v.get("torch"):
         parts.append(f"torch {v['torch']}")
