@@ -4,8 +4,23 @@ the issue Markdown. Pure functions over a report dict (as written, or as loaded)
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
-from repro.verdict import CELL_CORRUPT, CORRUPT, EXACT, NUMERIC, UNAVAILABLE
+from repro.compare import NEAR_TIE_NATS
+from repro.verdict import (
+    CELL_CORRUPT,
+    CORRUPT,
+    DECISIVE,
+    EXACT,
+    FAIL,
+    NEAR_TIE,
+    NUMERIC,
+    UNAVAILABLE,
+    UNCLASSED,
+    DivergenceTally,
+    classify_divergence,
+    tally_divergences,
+)
 
 _HEX = re.compile(r"^[0-9a-f]{7,40}$")
 NO_SUITE = "n/a (no acceptance suite)"
@@ -63,6 +78,8 @@ def arm_title(arm: dict) -> str:
     if arm["mode"] == "baseline":
         return "baseline"
     if arm["mode"] == "native":
+        if arm.get("matched_to"):
+            return f"native prefix caching, matched to {arm['matched_to']}"
         return "native prefix caching"
     connector = (arm.get("connector") or {}).get("name")
     return arm["name"] if arm["name"] == connector else f"{arm['name']} ({connector})"
@@ -91,6 +108,119 @@ def day(report: dict) -> str:
 def headline(report: dict) -> str:
     """'NVIDIA L4 · 1a2b3c4d5e6f · 2026-11-29': hardware, kit commit, date."""
     return f"{report.get('hardware_label', '?')} · {commit_label(report['provenance'])} · {day(report)}"
+
+
+# --- Divergence classes (repro.verdict.classify_divergence), from each request's margin field. ---
+# Every report ever written carries margin.baseline_top_gap, so schema 1 and 2 are classed alike.
+
+GAP_DIGITS = 3  # decimals of a gap in nats; more only where 3 would show a number of the other class
+DIVERGENCE_LEGEND = (
+    f"each divergence of a FAIL is classed from the baseline's top-1/top-2 logprob gap at that index: near-tie "
+    f"under {NEAR_TIE_NATS:g} nats (the baseline itself nearly chose the other token), decisive otherwise"
+)
+
+
+def divergence_class(request: dict) -> str | None:
+    """The class of a request's divergence from the baseline; None when it did not diverge."""
+    if request.get("first_diff") is None:
+        return None
+    return margin_class(request.get("margin"))
+
+
+def margin_class(margin: object) -> str:
+    """The class a recorded margin gives its divergence (repro.verdict.classify_divergence)."""
+    if not isinstance(margin, dict):
+        return UNCLASSED
+    return classify_divergence(margin.get("baseline_top_gap"), margin.get("near_tie"))
+
+
+def _top_gap(request: dict) -> object:
+    margin = request.get("margin")
+    return margin.get("baseline_top_gap") if isinstance(margin, dict) else None
+
+
+def gap_text(gap: object, cls: str | None = None) -> str:
+    """'gap 0.045 nats'; 'no top-2 gap recorded'. The number printed beside a class never reads as the
+    other class: 0.0996 is shown as 0.0996, not 0.100, and a near-tie whose gap the report rounded
+    onto the threshold as 'gap <0.1 nats'. cls: the divergence's class (default: the gap's own)."""
+    cls = cls or classify_divergence(gap)
+    if cls == UNCLASSED or classify_divergence(gap) == UNCLASSED:
+        return "no top-2 gap recorded"
+    for digits in range(GAP_DIGITS, 7):  # the report keeps 6 decimals
+        text = f"{gap:.{digits}f}"
+        if classify_divergence(float(text)) == cls:
+            return f"gap {text} nats"
+    return f"gap <{NEAR_TIE_NATS:g} nats"
+
+
+def class_text(cls: str, gap: object, count: int = 1) -> str:
+    """'near-tie, gap 0.045 nats'; 'decisive ×3, gap 0.682 nats' (3 reuses diverged there)."""
+    return f"{cls}{f' ×{count}' if count > 1 else ''}, {gap_text(gap, cls)}"
+
+
+@dataclass(frozen=True)
+class DivergenceGroup:
+    """The reuses of one probe that first differed at one index (the baseline's gap there is one number)."""
+
+    index: int
+    cls: str
+    gap: float | None
+    count: int
+
+    @property
+    def text(self) -> str:
+        return f"@{self.index} ({class_text(self.cls, self.gap, self.count)})"
+
+
+def probe_divergences(probe: dict) -> list[DivergenceGroup]:
+    """A probe's reuse divergences by first differing index, in order of appearance (as diff_cell)."""
+    groups: dict[tuple, list] = {}
+    for r in (probe.get("requests") or [])[1:]:
+        cls = divergence_class(r)
+        if cls is None:
+            continue
+        gap = _top_gap(r)
+        key = (r["first_diff"], cls, gap if isinstance(gap, (int, float)) else None)
+        groups.setdefault(key, []).append(r)
+    return [DivergenceGroup(i, cls, gap, len(rs)) for (i, cls, gap), rs in groups.items()]
+
+
+def classed_divergences(probe: dict) -> list[DivergenceGroup]:
+    """The groups a view shows with their class: a FAIL probe's (its verdict rests on them); none otherwise."""
+    return probe_divergences(probe) if probe.get("verdict") == FAIL else []
+
+
+def diff_class_cell(probe: dict) -> str:
+    """'@13 (near-tie, gap 0.045 nats)', '@4 (decisive, gap 2.100 nats), @15 (near-tie, gap 0.031 nats)' for a
+    FAIL probe; any other probe keeps diff_cell's '@4,15' (or '')."""
+    groups = classed_divergences(probe)
+    return ", ".join(g.text for g in groups) if groups else diff_cell(probe)
+
+
+def arm_divergences(arm: dict) -> DivergenceTally:
+    """The arm's divergences counted by class: every reuse that differed in a FAIL probe, one each."""
+    return tally_divergences(
+        g.cls for p in arm.get("probes") or [] for g in classed_divergences(p) for _ in range(g.count)
+    )
+
+
+def arm_class_text(arm: dict) -> str:
+    """'near-ties only: 2', 'decisive: 6', 'decisive: 1, near-tie: 1' for a FAIL arm; '' for any other."""
+    if arm.get("verdict") != FAIL:
+        return ""
+    tally = arm_divergences(arm)
+    if not tally.total:
+        return ""
+    if tally.near_ties_only:
+        return f"near-ties only: {tally.near_tie}"
+    counts = ((DECISIVE, tally.decisive), (NEAR_TIE, tally.near_tie), (UNCLASSED, tally.unclassed))
+    return ", ".join(f"{cls}: {n}" for cls, n in counts if n)
+
+
+def arm_verdict_text(arm: dict) -> str:
+    """'FAIL (near-ties only: 2)', 'FAIL (decisive: 6)'; other verdicts as they are."""
+    note = arm_class_text(arm)
+    return f"{arm['verdict']} ({note})" if note else str(arm["verdict"])
 
 
 # --- The KV audit (report schema 2). A report of schema 1 has none of these fields. ---

@@ -26,8 +26,9 @@ from repro.display import (
     acceptance_label,
     arm_kv_text,
     arm_title,
+    arm_verdict_text,
     cached_cell,
-    diff_cell,
+    diff_class_cell,
     headline,
     kv_audit_state,
     kv_blame_text,
@@ -148,13 +149,20 @@ def exit_code(report: dict) -> int:
     return EXIT_MISMATCH if any(a["verdict"] != PASS for a in report["arms"] if a["name"] in unchecked) else EXIT_OK
 
 
-def _probe_line(probe: dict, kv: str | None) -> str:
+VERDICT_COLUMN = 20  # the summary's token-verdict column before the KV column, at least
+
+
+def _tokens_verdict(probe: dict) -> str:
+    """'FAIL @13 (near-tie, gap 0.045 nats)', 'PASS': a probe's token verdict, a FAIL with its divergences' classes."""
+    return f"{probe['verdict']} {diff_class_cell(probe)}".rstrip()
+
+
+def _probe_line(probe: dict, kv: str | None, width: int = VERDICT_COLUMN) -> str:
     tokens = "" if probe["prompt_tokens"] is None else str(probe["prompt_tokens"])
     head = f"  {probe['name']:<10} {tokens:>5}  {cached_cell(probe):<12} "
     if kv is None:  # a report without the KV audit keeps the line it always had
-        return f"{head}{probe['verdict']} {diff_cell(probe)}".rstrip()
-    tokens_verdict = f"{probe['verdict']} {diff_cell(probe)}".rstrip()
-    return f"{head}{tokens_verdict:<20} KV {kv}"
+        return f"{head}{_tokens_verdict(probe)}"
+    return f"{head}{_tokens_verdict(probe):<{width}} KV {kv}"
 
 
 def format_summary(report: dict) -> str:
@@ -164,18 +172,20 @@ def format_summary(report: dict) -> str:
         headline(report),
         f"# {report['generations']} generations · acceptance.matched = {acceptance_label(report)}",
     ]
+    # the KV column starts after the widest token verdict (a classed FAIL is wider than the usual 20)
+    width = max([VERDICT_COLUMN] + [len(_tokens_verdict(p)) for a in report["arms"] for p in a["probes"]])
     for arm in report["arms"]:
         if arm["mode"] == "baseline":
             if arm["verdict"] != PASS:
                 lines.append(f"baseline: {arm['verdict']} — " + "; ".join(arm["reasons"])[:300])
             continue
-        lines.append(f"{arm_title(arm)}: {arm['verdict']}")
+        lines.append(f"{arm_title(arm)}: {arm_verdict_text(arm)}")
         if arm.get("error"):
             lines.append(f"  ERROR {arm['error']['kind']}: {arm['error']['detail']}"[:400])
         if audit:
             lines.append(f"  {arm_kv_text(arm)}"[:400])
         for p in arm["probes"]:
-            lines.append(_probe_line(p, kv_cell(p, block_size) if audit else None))
+            lines.append(_probe_line(p, kv_cell(p, block_size) if audit else None, width))
         for note in arm.get("findings", []):
             lines.append(f"  note: {note}")
     for err in report["errors"]:

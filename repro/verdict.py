@@ -17,6 +17,12 @@ the baseline (the floor the kit measures in every run and reports).
 CORRUPT: some block x layer x plane differs by more than that floor (a finding, exit 1).
 UNAVAILABLE: the audit could not see what was reused (with the reason).
 
+Every divergence (a request's first token that differs from the baseline) also gets a class, which
+never changes a verdict: a FAIL stays a FAIL. From the baseline's top-1/top-2 logprob gap at that
+index: near-tie under repro.compare.NEAR_TIE_NATS (the baseline itself nearly chose the other
+token, so a rounding difference could flip it), decisive at or above it, unclassed when no gap
+was recorded (never assumed decisive).
+
 This module is the one verdict authority: every decision is a pure function here that returns a
 frozen record (ProbeVerdict, ArmVerdict). Other modules format and store verdicts; they never
 write a verdict themselves.
@@ -24,14 +30,19 @@ write a verdict themselves.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from repro.compare import first_diff
+from repro.compare import NEAR_TIE_NATS, first_diff
 
 PASS, FAIL, INCONCLUSIVE, ERROR, SKIPPED = "PASS", "FAIL", "INCONCLUSIVE", "ERROR", "SKIPPED"
 VERDICTS = (PASS, FAIL, INCONCLUSIVE, ERROR, SKIPPED)
 EXACT, NUMERIC, CORRUPT, UNAVAILABLE = "EXACT", "NUMERIC", "CORRUPT", "UNAVAILABLE"
 KV_VERDICTS = (EXACT, NUMERIC, CORRUPT, UNAVAILABLE)
+# The class of a divergence, from the baseline's top-1/top-2 gap at its index (classify_divergence).
+DECISIVE, NEAR_TIE, UNCLASSED = "decisive", "near-tie", "unclassed"
+DIVERGENCE_CLASSES = (DECISIVE, NEAR_TIE, UNCLASSED)
 # The class of one audited cell (block x layer x K/V plane): exact, numeric, corrupt.
 CELL_EXACT, CELL_NUMERIC, CELL_CORRUPT = "e", "n", "c"
 # The arm-level failure kind for LMCache's degraded mode (the child failure kinds are in repro.contract).
@@ -259,3 +270,49 @@ def decide_kv_probe(reuses: list[KVRequestAudit] | tuple[KVRequestAudit, ...], f
 
 def _floor(floor_rel: float | None) -> str:
     return "not measured" if floor_rel is None else f"{floor_rel:.3g}"
+
+
+def classify_divergence(baseline_top_gap: float | None, near_tie: bool | None = None) -> str:
+    """The class of one divergence from the baseline's top-1/top-2 logprob gap (nats) at its index.
+
+    Both come from the report's margin (baseline_top_gap, near_tie), so every report ever written
+    (schema 1 and 2) is classed the same way. NEAR_TIE under the threshold, DECISIVE at or above
+    it; UNCLASSED when no gap was recorded or it is not a finite number (fewer than two logprobs at
+    that index). The report rounds the gap to 6 decimals; repro.compare decided near_tie with the
+    same threshold before rounding, so where that flag is recorded it settles a gap that rounded
+    onto the threshold (0.09999996 is stored as 0.1 with near_tie true)."""
+    if isinstance(baseline_top_gap, bool) or not isinstance(baseline_top_gap, (int, float)):
+        return UNCLASSED
+    if not math.isfinite(baseline_top_gap):
+        return UNCLASSED
+    if isinstance(near_tie, bool):
+        return NEAR_TIE if near_tie else DECISIVE
+    return NEAR_TIE if baseline_top_gap < NEAR_TIE_NATS else DECISIVE
+
+
+@dataclass(frozen=True)
+class DivergenceTally:
+    """Divergences counted by class (an arm's or a probe's)."""
+
+    decisive: int = 0
+    near_tie: int = 0
+    unclassed: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.decisive + self.near_tie + self.unclassed
+
+    @property
+    def near_ties_only(self) -> bool:
+        """Every divergence is a near-tie: a FAIL the baseline itself almost decided the other way."""
+        return self.near_tie > 0 and self.near_tie == self.total
+
+
+def tally_divergences(classes: Iterable[str]) -> DivergenceTally:
+    """Count classes from classify_divergence; anything else is a kit bug (ValueError)."""
+    counts = {c: 0 for c in DIVERGENCE_CLASSES}
+    for c in classes:
+        if c not in counts:
+            raise ValueError(f"not a divergence class: {c!r}")
+        counts[c] += 1
+    return DivergenceTally(counts[DECISIVE], counts[NEAR_TIE], counts[UNCLASSED])

@@ -218,9 +218,9 @@ def test_report_page_in_chromium_at_1280(browser, site):
     )
     assert got["tableVisible"]
     rows = [r[:5] for r in got["rows"]]
-    assert ["PlantedFault (PlantedFaultConnector): FAIL"] in rows
-    i = rows.index(["PlantedFault (PlantedFaultConnector): FAIL"])
-    assert rows[i + 1] == ["fixture", "1502", "0→1488×3", "FAIL", "@9"]
+    assert ["PlantedFault (PlantedFaultConnector): FAIL (decisive: 6)"] in rows
+    i = rows.index(["PlantedFault (PlantedFaultConnector): FAIL (decisive: 6)"])
+    assert rows[i + 1] == ["fixture", "1502", "0→1488×3", "FAIL", "@9 (decisive ×3, gap 0.682 nats)"]
     assert ["fixture", "1502", "0→1488×3", "PASS", ""] in rows
     assert got["scripts"] == 0 and got["imgs"] == 0
     assert got["scrollWidth"] <= got["clientWidth"]  # no sideways scrolling at 1280 px
@@ -312,13 +312,19 @@ KV_JS = """(() => {
 })()"""
 
 
+def render_reports(tmp_path_factory, prefix: str, reports: dict[str, dict]) -> Path:
+    """A site of these reports ({stem: report}), rendered into a fresh directory."""
+    src = tmp_path_factory.mktemp(f"{prefix}-reports")
+    for stem, report in reports.items():
+        (src / f"{stem}.json").write_text(json.dumps(report), encoding="utf-8")
+    out = tmp_path_factory.mktemp(f"{prefix}-site")
+    render_site(src, out)
+    return out
+
+
 @pytest.fixture(scope="module")
 def kv_site(tmp_path_factory) -> Path:
-    reports = tmp_path_factory.mktemp("kv-reports")
-    shutil.copy(DATA / "report-v2-example.json", reports / "kv.json")
-    out = tmp_path_factory.mktemp("kv-site")
-    render_site(reports, out)
-    return out
+    return render_reports(tmp_path_factory, "kv", {"kv": json.loads((DATA / "report-v2-example.json").read_text())})
 
 
 @pytest.mark.parametrize("width, mobile", [(1280, False), (390, True)])
@@ -338,3 +344,68 @@ def test_kv_heatmap_in_chromium(browser, kv_site, width, mobile):
     assert got["figures"] == 16 and got["scripts"] == 0 and got["imgs"] == 0
     assert 0 < got["svgWidth"] <= got["figWidth"] and got["svgHeight"] > 0  # the heatmap scales into its box
     assert got["scrollWidth"] <= got["clientWidth"] + 1  # no sideways scrolling, at a phone's width either
+
+
+NEAR_TIE_JS = """(() => {
+  const seen = el => { const r = el.getBoundingClientRect(), s = getComputedStyle(el);
+    return r.width > 0 && r.height > 0 && s.visibility !== 'hidden' && s.display !== 'none'; };
+  const cmp = document.getElementById('cmp') || document.getElementById('reports');
+  const badge = cmp.querySelector('.v-near-ties'), fail = cmp.querySelector('.v-FAIL');
+  const classed = [...cmp.querySelectorAll('.dc')];
+  return {
+    badge: badge ? badge.innerText : null, badgeSeen: badge ? seen(badge) : false,
+    badgeBg: badge ? getComputedStyle(badge).backgroundColor : null,
+    failBg: fail ? getComputedStyle(fail).backgroundColor : null,
+    classed: classed.map(el => [el.className, el.innerText, getComputedStyle(el).backgroundColor, seen(el)]),
+    rows: [...cmp.querySelectorAll('tr')].map(tr => [...tr.children].map(c => c.innerText.trim())),
+    scrollWidth: document.documentElement.scrollWidth, clientWidth: document.documentElement.clientWidth,
+  };
+})()"""
+
+
+@pytest.fixture(scope="module")
+def near_tie_site(tmp_path_factory) -> Path:
+    """The self-test report twice, its PlantedFault arm's divergences made near-ties only, and mixed."""
+    from test_near_tie import MIXED, NEAR_TIES_ONLY, selftest, with_divergences
+
+    reports = {
+        "mixed": with_divergences(selftest(), "PlantedFault", MIXED),
+        "near-ties": with_divergences(selftest(), "PlantedFault", NEAR_TIES_ONLY),
+    }
+    return render_reports(tmp_path_factory, "nt", reports)
+
+
+@pytest.mark.parametrize("width, mobile", [(1280, False), (390, True)])
+def test_near_tie_class_in_chromium(browser, near_tie_site, width, mobile):
+    url = (near_tie_site / "near-ties.html").as_uri()
+    assert browser.load(url, width, 844, mobile=mobile) == [url]
+    got = browser.evaluate(NEAR_TIE_JS)
+    browser.screenshot(ARTIFACTS / f"site-near-tie-{width}.png", full_page=False)
+    assert got["badge"] == "near-ties only: 6" and got["badgeSeen"]
+    assert got["badgeBg"] != got["failBg"]  # a badge of its own, not another FAIL
+    assert ["PlantedFault (PlantedFaultConnector): FAIL near-ties only: 6"] in got["rows"]
+    assert ["fixture", "1502", "0→1488×3", "FAIL", "@13 (near-tie ×3, gap 0.000 nats)"] in [r[:5] for r in got["rows"]]
+    ties = [c for c in got["classed"] if c[0] == "dc dc-near-tie"]
+    assert len(ties) == 4 and all(seen for *_, seen in ties)
+    assert got["scrollWidth"] <= got["clientWidth"] + 1  # the wider cells scroll inside the table's box
+
+
+def test_mixed_and_index_classes_in_chromium(browser, near_tie_site):
+    url = (near_tie_site / "mixed.html").as_uri()
+    assert browser.load(url, 1280) == [url]
+    got = browser.evaluate(NEAR_TIE_JS)
+    assert got["badge"] is None  # one decisive divergence: no near-ties-only badge
+    assert ["PlantedFault (PlantedFaultConnector): FAIL (decisive: 5, near-tie: 1)"] in got["rows"]
+    fixture = [c for c in got["classed"] if c[1].startswith(("@4 ", "@15 "))]
+    assert [c[:2] for c in fixture] == [
+        ["dc dc-decisive", "@4 (decisive ×2, gap 2.100 nats)"],
+        ["dc dc-near-tie", "@15 (near-tie, gap 0.031 nats)"],
+    ]
+    assert fixture[0][2] != fixture[1][2]  # the near-tie stands out from the decisive one beside it
+    index = (near_tie_site / "index.html").as_uri()
+    assert browser.load(index, 1280) == [index]
+    got = browser.evaluate(NEAR_TIE_JS)
+    browser.screenshot(ARTIFACTS / "site-near-tie-index-1280.png", full_page=False)
+    assert got["badge"] == "near-ties only: 6" and got["badgeSeen"] and got["badgeBg"] != got["failBg"]
+    cells = [r[6] for r in got["rows"][1:]]
+    assert "FAIL (decisive: 5, near-tie: 1)" in cells[0] and "FAIL near-ties only: 6" in cells[1]

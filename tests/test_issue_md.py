@@ -63,8 +63,9 @@ def test_markdown_renders_the_verdict_table():
     assert header == ["arm", "probe", "tokens", "cached", "verdict", "first diffs"]
     assert len(rows) == 12  # three arms × four probes; the passing baseline is not a row
     assert all(len(r) == 6 for r in rows)
-    assert ["PlantedFault (PlantedFaultConnector)", "fixture", "1502", "0→1488×3", "FAIL", "@9"] in rows
-    assert ["PlantedFault (PlantedFaultConnector)", "chat-513", "513", "0→512", "FAIL", "@2"] in rows
+    planted = "PlantedFault (PlantedFaultConnector)"
+    assert [planted, "fixture", "1502", "0→1488×3", "FAIL", "@9 (decisive ×3, gap 0.682 nats)"] in rows
+    assert [planted, "chat-513", "513", "0→512", "FAIL", "@2 (decisive, gap 7.606 nats)"] in rows
     assert ["native prefix caching", "fixture", "1502", "0→1488×3", "PASS", ""] in rows
     assert ["ExampleConnector", "chat-513", "", "—", "SKIPPED", ""] in rows
 

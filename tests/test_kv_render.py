@@ -315,7 +315,7 @@ def test_version_3_is_refused_and_version_2_without_kv_fields_too(tmp_path, v2):
 def test_summary_has_a_kv_column_the_floor_and_the_findings(v2):
     text = format_summary(v2)
     lines = text.splitlines()
-    planted = lines.index("PlantedFault (PlantedFaultConnector): FAIL")
+    planted = lines.index("PlantedFault (PlantedFaultConnector): FAIL (decisive: 6)")
     assert lines[planted + 1].startswith("  KV audit: ok · floor rel 2.4e-07 (max abs 8e-07) over ")
     row = lines[planted + 2]
     assert row.startswith("  fixture     1502  0→1488×3     FAIL") and row.endswith(f"KV CORRUPT: {BLAME_TEXT}")
@@ -336,7 +336,7 @@ def test_summary_has_a_kv_column_the_floor_and_the_findings(v2):
 def test_summary_of_a_v1_report_is_unchanged_and_says_nothing_of_kv():
     text = format_summary(load_report(SELFTEST))
     assert "KV" not in text
-    assert "  fixture     1502  0→1488×3     FAIL @9" in text.splitlines()
+    assert "  fixture     1502  0→1488×3     FAIL @9 (decisive ×3, gap 0.682 nats)" in text.splitlines()
 
 
 def test_summary_with_the_audit_off_says_so():
@@ -369,9 +369,10 @@ def test_the_report_table_has_a_kv_column_with_each_arms_floor(v2):
     _, page = _page(v2)
     rows = page.rows["cmp"]
     assert rows[0] == ["probe", "tokens", "cached", "verdict", "first diff", "KV"]
-    planted = rows.index(["PlantedFault (PlantedFaultConnector): FAIL"])
+    planted = rows.index(["PlantedFault (PlantedFaultConnector): FAIL (decisive: 6)"])
     assert rows[planted + 1] == ["KV audit: ok · floor rel 2.4e-07 (max abs 8e-07) over 1504 cells"]
-    assert rows[planted + 2] == ["fixture", "1502", "0→1488×3", "FAIL", "@9", f"CORRUPT: {BLAME_TEXT}"]
+    fixture = ["fixture", "1502", "0→1488×3", "FAIL", "@9 (decisive ×3, gap 0.682 nats)", f"CORRUPT: {BLAME_TEXT}"]
+    assert rows[planted + 2] == fixture
     example = rows.index(["ExampleConnector: PASS"])
     assert rows[example + 1][0].startswith("KV audit: ok · floor 0: the cold prefill's KV is bit-identical")
     assert rows[example + 4][-1] == "UNAVAILABLE (reuse 1: the connector saved no KV for this request)"
@@ -532,7 +533,7 @@ def test_issue_markdown_has_the_kv_verdicts_and_one_table_of_blamed_chunks(v2):
         "1502",
         "0→1488×3",
         "FAIL",
-        "@9",
+        "@9 (decisive ×3, gap 0.682 nats)",
         f"CORRUPT: {BLAME_TEXT}",
     ] in verdicts
     assert ["native prefix caching", "chat-513", "513", "0→512", "PASS", "", "NUMERIC"] in verdicts

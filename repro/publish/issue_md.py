@@ -8,24 +8,27 @@ import sys
 from repro.atomic import write_bytes_atomic
 from repro.commands import ArgumentParser
 from repro.display import (
+    DIVERGENCE_LEGEND,
     acceptance_label,
     arm_kv_text,
     arm_title,
+    arm_verdict_text,
     baseline_token_ids,
     blamed_chunks,
     blocks_text,
     cached_cell,
     commit_label,
     day,
-    diff_cell,
+    diff_class_cell,
     kv_audit_state,
     kv_cell,
+    margin_class,
     number,
     span_text,
 )
 from repro.errors import EXIT_OK
 from repro.report import CLAIM_LINE, load_report
-from repro.verdict import ERROR, PASS
+from repro.verdict import ERROR, NEAR_TIE, PASS
 
 GITHUB_BODY_LIMIT = 65_536  # characters GitHub accepts in an issue or comment body
 # Token lists are shortened step by step until the body fits; None shows them whole.
@@ -55,7 +58,7 @@ def table_rows(report: dict) -> list[tuple[str, ...]]:
             continue
         for p in arm.get("probes", []):
             tokens = "" if p.get("prompt_tokens") is None else str(p["prompt_tokens"])
-            row = (arm_title(arm), p["name"], tokens, cached_cell(p), p["verdict"], diff_cell(p))
+            row = (arm_title(arm), p["name"], tokens, cached_cell(p), p["verdict"], diff_class_cell(p))
             rows.append(row + ((kv_cell(p, block_size),) if kv else ()))
         if not arm.get("probes"):
             rows.append((arm_title(arm), "—", "", "—", arm["verdict"], "") + (("—",) if kv else ()))
@@ -140,7 +143,7 @@ def format_verdicts(report: dict) -> str:
     for arm in report["arms"]:
         reasons = "; ".join(arm.get("reasons") or [])
         reasons = reasons if len(reasons) <= 400 else reasons[:399] + "…"
-        lines.append(f"- **{arm_title(arm)}**: {arm['verdict']}" + (f" — {reasons}" if reasons else ""))
+        lines.append(f"- **{arm_title(arm)}**: {arm_verdict_text(arm)}" + (f" — {reasons}" if reasons else ""))
         if arm.get("error"):
             lines.append(f"  - {ERROR} {arm['error'].get('kind')}: {str(arm['error'].get('detail'))[:300]}")
     for err in report.get("errors") or []:
@@ -165,7 +168,8 @@ def _margin_text(m: dict | None) -> str:
         if m.get("baseline_margin") is not None
         else f"baseline gap ≥ {fmt(m.get('baseline_gap_lower_bound'))} (reuse token outside its top-k)"
     )
-    tie = " · **near tie**" if m.get("near_tie") else ""
+    cls = margin_class(m)
+    tie = f" · **{cls}**" if cls == NEAR_TIE else f" · {cls}"
     return (
         f"baseline token {m.get('baseline_token')} vs reuse token {m.get('reuse_token')}; {base} nats, "
         f"reuse margin {fmt(m.get('reuse_margin'))} nats, baseline top-1/top-2 gap {fmt(m.get('baseline_top_gap'))}{tie}"
@@ -255,7 +259,7 @@ def render_body(report: dict, token_limit: int | None) -> str:
         (
             "Generated token IDs of each reuse are compared exactly with a no-reuse baseline run in a separate "
             "process (greedy decoding, `ignore_eos`). `0→1280×3`: the cold request reported 0 cached tokens, each "
-            "of 3 reuses 1280; `@4,15`: first differing token index."
+            f"of 3 reuses 1280; `@4,15`: first differing token index; {DIVERGENCE_LEGEND}."
         ),
         format_table(report),
         format_verdicts(report),

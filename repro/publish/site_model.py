@@ -11,21 +11,27 @@ import shlex
 from dataclasses import dataclass
 
 from repro.display import (
+    DIVERGENCE_LEGEND,
     acceptance_label,
+    arm_class_text,
+    arm_divergences,
     arm_kv_text,
     arm_title,
     baseline_arm,
     baseline_probes,
     cached_cell,
+    classed_divergences,
     commit_label,
     day,
     diff_cell,
+    divergence_class,
     headline,
     is_commit_hash,
     kv_audit_state,
     kv_cell,
     kv_tally,
     kv_verdict,
+    margin_class,
     number,
 )
 from repro.publish.heatmap import Heatmap, Legend, build_heatmap, build_legend
@@ -48,6 +54,9 @@ class TableRow:
     anchor: str
     kv: str = ""  # the KV verdict's cell (schema 2 with the audit on), e.g. "CORRUPT: blocks 0–15 (…)"
     kv_verdict: str = ""  # EXACT, NUMERIC, CORRUPT, UNAVAILABLE; "" when the probe was not audited
+    # a FAIL's divergences with their classes, ("@13 (near-tie, gap 0.045 nats)", "near-tie") each; then
+    # the cell shows these instead of diff
+    classes: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,8 @@ class ArmBlock:
     error: tuple[str, str, str] | None  # kind, detail, log tail
     findings: tuple[str, ...]
     kv_status: str = ""  # "KV audit: ok · floor rel …" (schema 2 with the audit on)
+    divergences: str = ""  # a FAIL arm's divergences by class: "decisive: 6", "near-ties only: 2"
+    near_ties_only: bool = False  # every divergence of this FAIL arm is a near-tie: its own badge
 
 
 @dataclass(frozen=True)
@@ -80,6 +91,7 @@ class RequestLine:
     finish: str
     margin: str
     text: str
+    divergence: str = ""  # the divergence's class (decisive, near-tie, unclassed); "" when it did not diverge
 
 
 @dataclass(frozen=True)
@@ -133,6 +145,17 @@ class ReportPage:
     kv: bool = False  # a KV column and heatmaps (schema 2 with the audit on)
     kv_note: str = ""  # the audit's state near the table; "" for a report made before the audit
     kv_legend: Legend | None = None
+    divergence_legend: str = DIVERGENCE_LEGEND
+
+
+@dataclass(frozen=True)
+class IndexVerdict:
+    """One arm on the index: its verdict and, for a FAIL, its divergences by class."""
+
+    arm: str
+    verdict: str
+    divergences: str = ""  # "decisive: 6", "near-ties only: 2"; "" unless a FAIL
+    near_ties_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,7 +167,7 @@ class IndexRow:
     commit: str
     vllm: str
     lmcache: str
-    verdicts: tuple[tuple[str, str], ...]
+    verdicts: tuple[IndexVerdict, ...]
     acceptance: str
     kv: tuple[tuple[str, str], ...] | None = None  # each reuse arm's KV verdicts tallied; None before the audit
 
@@ -180,7 +203,8 @@ def package_version(report: dict, name: str) -> str:
 
 
 def format_margin(margin: object) -> str:
-    """The logprob margin at the divergence on both sides, e.g. '@9: baseline 152 (margin 0.682) · reuse 228 …'."""
+    """The logprob margin at the divergence on both sides, e.g. '@9: baseline 152 (margin 0.682) · reuse 228 …',
+    ending with the divergence's class, which the top-2 gap decides ('· near-tie')."""
     if not isinstance(margin, dict):
         return "—"
 
@@ -194,7 +218,7 @@ def format_margin(margin: object) -> str:
     )
     if margin.get("baseline_gap_lower_bound") is not None:
         text += f" · gap ≥ {num('baseline_gap_lower_bound')}"
-    return text + (" · NEAR TIE" if margin.get("near_tie") else "")
+    return f"{text} · {margin_class(margin)}"
 
 
 def _cell_text(value: object) -> str:
@@ -214,6 +238,7 @@ def _table_row(probe: dict, anchor: str, kv: bool, block_size: int | None) -> Ta
         anchor=anchor,
         kv=kv_cell(probe, block_size) if kv else "",
         kv_verdict=(kv_verdict(probe) or "") if kv else "",
+        classes=tuple((g.text, g.cls) for g in classed_divergences(probe)),
     )
 
 
@@ -228,6 +253,8 @@ def _arm_block(arm: dict, arm_index: int, kv: bool, block_size: int | None) -> A
         error=error,
         findings=tuple(str(f) for f in arm.get("findings") or []),
         kv_status=arm_kv_text(arm) if kv else "",
+        divergences=arm_class_text(arm),
+        near_ties_only=bool(arm_class_text(arm)) and arm_divergences(arm).near_ties_only,
     )
 
 
@@ -336,6 +363,7 @@ def _probe_detail(
                 str(req.get("finish_reason") or ""),
                 format_margin(req.get("margin")),
                 visible_text(req.get("text")),
+                divergence_class(req) or "",
             )
         )
     return ProbeDetail(
@@ -433,9 +461,19 @@ def build_index_row(report: dict, *, stem: str, href: str) -> IndexRow:
         commit=commit_label(report["provenance"]),
         vllm=package_version(report, "vllm"),
         lmcache=package_version(report, "lmcache"),
-        verdicts=tuple((arm_title(a), str(a["verdict"])) for a in report["arms"]),
+        verdicts=tuple(_index_verdict(a) for a in report["arms"]),
         acceptance=acceptance_label(report, short=True),
         kv=_index_kv(report),
+    )
+
+
+def _index_verdict(arm: dict) -> IndexVerdict:
+    note = arm_class_text(arm)
+    return IndexVerdict(
+        arm=arm_title(arm),
+        verdict=str(arm["verdict"]),
+        divergences=note,
+        near_ties_only=bool(note) and arm_divergences(arm).near_ties_only,
     )
 
 
