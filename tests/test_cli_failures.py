@@ -140,14 +140,8 @@ def test_child_failure_is_a_named_error_in_the_report_and_exit_3(setup, mode, ki
         assert not _alive(int(pid_file.read_text())), pid_file.name
 
 
-def _cli_knows(flag: str) -> bool:
-    from repro.cli import build_parser
-
-    return flag in build_parser()._option_string_actions
-
-
 # None: the arms one after another (the second one hangs); 2: both at once, both hanging.
-JOBS = [None, pytest.param(2, marks=pytest.mark.skipif(not _cli_knows("--jobs"), reason="no --jobs yet"))]
+JOBS = [None, 2]
 
 
 def _kit_mid_arm(setup: dict, jobs: int | None) -> tuple[subprocess.Popen, list[Path]]:
