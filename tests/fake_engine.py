@@ -74,9 +74,11 @@ def _result(job: dict, config: dict) -> dict:
     }
 
 
-def _spawn_grandchild(pid_dir: str, arm: str) -> None:
+def _spawn_grandchild(pid_dir: str, arm: str, mode: str) -> None:
     # Same process group as this child, like vLLM's engine core and workers.
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    if mode == "hang-ignore-term":  # before the pid files say this child is up (the grandchild keeps SIGTERM)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     with open(os.path.join(pid_dir, f"{arm}.grandchild.pid"), "w") as fh:
         fh.write(str(sleeper.pid))
     with open(os.path.join(pid_dir, f"{arm}.child.pid"), "w") as fh:
@@ -93,7 +95,7 @@ def main(argv: list[str]) -> int:
     for name in spec.get("echo_env", []):
         print(f"fake-engine: {name}={os.environ.get(name, '')}", flush=True)
     if spec.get("pid_dir"):
-        _spawn_grandchild(spec["pid_dir"], arm)
+        _spawn_grandchild(spec["pid_dir"], arm, mode)
     out = job["output"]
     if mode == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
