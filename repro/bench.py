@@ -59,7 +59,9 @@ def main(argv: list[str]) -> int:
         )
     ratio = wall / total if total else float("inf")
     jobs = data["config"].get("jobs")
-    print(f"wall time: {wall:.1f} s with {jobs} arms at a time; {seq_wall:.1f} s one at a time ({wall / seq_wall:.2f}x)")
+    print(
+        f"wall time: {wall:.1f} s with {jobs} arms at a time; {seq_wall:.1f} s one at a time ({wall / seq_wall:.2f}x)"
+    )
     print(f"sum of engine starts (inside children): {total:.1f} s")
     met = "met" if ratio <= TARGET_RATIO else "NOT met"
     print(f"ratio wall / engine starts: {ratio:.3f}  (target <= {TARGET_RATIO}: {met})")

@@ -153,16 +153,28 @@ class ProbeJob:
     name: str
     prompt: dict
     requests: int
+    # native-matched arms only: before reuse i, the cache holds exactly the first match_tokens[i-1]
+    # prompt tokens (a priming request of that prefix after a cache reset); None: ordinary reuse
+    match_tokens: tuple[int, ...] | None = None
 
     def to_json(self) -> dict:
-        return {"name": self.name, "prompt": self.prompt, "requests": self.requests}
+        out = {"name": self.name, "prompt": self.prompt, "requests": self.requests}
+        if self.match_tokens is not None:
+            out["match_tokens"] = list(self.match_tokens)
+        return out
 
     @classmethod
     def from_json(cls, data: object, where: str = "probe") -> ProbeJob:
         prompt = _get(data, "prompt", dict, where)
         if ("token_ids" in prompt) == ("chat" in prompt):
             raise ContractError(f"{where}.prompt: give exactly one of token_ids or chat")
-        return cls(name=_get(data, "name", str, where), prompt=prompt, requests=_get(data, "requests", int, where))
+        match = _get(data, "match_tokens", list, where, optional=True)
+        return cls(
+            name=_get(data, "name", str, where),
+            prompt=prompt,
+            requests=_get(data, "requests", int, where),
+            match_tokens=None if match is None else _ints(match, f"{where}.match_tokens"),
+        )
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,19 @@ def compare_job(baseline: ArmResult, audited: dict[str, ArmResult]) -> dict:
                 reqs.append(
                     {"probe": p.name, "index": i, "seq": rec["seq"], "kind": kind, "layers": len(rec["layers"])}
                 )
+        for prime in (res.kv_audit or {}).get("primes") or []:  # native-matched: part of the floor
+            rec = prime.get("record")
+            if _record_ok(rec) is None and rec.get("computed_blocks", 0) > 0:
+                index = f"prime{prime['reuse']}"
+                reqs.append(
+                    {
+                        "probe": prime["probe"],
+                        "index": index,
+                        "seq": rec["seq"],
+                        "kind": "computed",
+                        "layers": len(rec["layers"]),
+                    }
+                )
         arms.append({"name": name, "dir": (res.kv_audit or {}).get("dir"), "requests": reqs})
     return {"reference": {"dir": ref_dir, "probes": ref_probes}, "arms": arms}
 
@@ -97,10 +110,12 @@ def _round(x: float | None) -> float | None:
 
 
 def arm_floor(raw_arm: dict) -> dict:
-    """The arm's measured floor: its cold prefills' KV against the baseline's (every cell)."""
+    """The arm's measured floor: its own prefills' KV against the baseline's, every cell: the cold
+    requests', and on native-matched the priming prefills' too (the KV its reuses then read, from a
+    prefill of another length than the baseline's)."""
     rels, abss, cells, identical = [], [], 0, True
-    for per_req in raw_arm.values():
-        cold = per_req.get("0")
+    prefills = [v for per_req in raw_arm.values() for k, v in per_req.items() if k == "0" or k.startswith("prime")]
+    for cold in prefills:
         if not cold or cold.get("error") or cold.get("kind") != "computed":
             continue
         for plane in PLANES:
@@ -116,12 +131,17 @@ def arm_floor(raw_arm: dict) -> dict:
         return {"rel": None, "max_abs": None, "cells": 0, "identical": False}
     worst_rel = max(rels, default=0.0)
     worst_abs = max(abss, default=0.0)
-    return {
-        "rel": None if worst_rel == float("inf") else _round(worst_rel),
-        "max_abs": None if worst_abs == float("inf") else _round(worst_abs),
+    return {  # unrounded: cells are classed against it (the report shows it rounded, _shown)
+        "rel": None if worst_rel == float("inf") else worst_rel,
+        "max_abs": None if worst_abs == float("inf") else worst_abs,
         "cells": cells,
         "identical": identical,
     }
+
+
+def _shown(floor: dict) -> dict:
+    """The floor as the report shows it (4 significant digits); never what a cell is classed against."""
+    return {**floor, "rel": _round(floor["rel"]), "max_abs": _round(floor["max_abs"])}
 
 
 def _cold_entry(raw: dict) -> dict:
@@ -253,7 +273,7 @@ def annotate(
         entry["kv_audit"] = {
             "status": "unavailable" if arm_problem else "ok",
             "reason": arm_problem,
-            "floor": floor,
+            "floor": _shown(floor),
             **info,
         }
         by_probe = {p.name: p for p in res.probes}

@@ -10,7 +10,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from repro.cli import DEFAULT_ENGINE_MODULE, Options
-from repro.contract import ArmSpec, ConnectorSpec, EngineConfig, Job, Preflight, PreflightConnector, ProbeJob, build_job
+from repro.contract import (
+    ArmResult,
+    ArmSpec,
+    ConnectorSpec,
+    EngineConfig,
+    Job,
+    Preflight,
+    PreflightConnector,
+    ProbeJob,
+    build_job,
+)
 from repro.errors import UsageError
 from repro.fixtures import Fixture, Probe
 from repro.suite import requests_for
@@ -18,12 +28,14 @@ from repro.suite import requests_for
 # A connector setting with this value gets a fresh directory for its arm alone.
 TMPDIR_TOKEN = "@tmpdir"
 PLANTED_FAULT_MODULE = "repro.engine.connectors.planted_fault"
+NATIVE_MATCHED = "native-matched"
 
 
 @dataclass(frozen=True)
 class PlannedArm:
     spec: ArmSpec
     skip_probes: dict = field(default_factory=dict)  # probe name -> why this arm cannot run it
+    match_arm: str | None = None  # native-matched: the connector arm whose reuse lengths it copies
 
     @property
     def name(self) -> str:
@@ -48,6 +60,9 @@ def plan_arms(opts: Options, fixture: Fixture) -> list[PlannedArm]:
             arms.append(PlannedArm(ArmSpec(spec.name, "connector", conn), dict(spec.skip_probes)))
     if a.compare_native:
         arms.append(PlannedArm(ArmSpec("native", "native")))
+        connectors = [arm.name for arm in arms if arm.spec.mode == "connector"]
+        if connectors:  # the critic's control: native reusing exactly what the connector reused
+            arms.append(PlannedArm(ArmSpec(NATIVE_MATCHED, "native"), match_arm=connectors[0]))
     if len(arms) == 1:
         raise UsageError(
             "nothing to compare: give --kv-connector or --compare-native (or a fixture that declares arms)"
@@ -199,3 +214,32 @@ def arm_slots(opts: Options, n_arms: int, jobs: int) -> list[ArmSlot]:
         return [ArmSlot({"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]}, share) for i in range(n_arms)]
     cores = os.cpu_count() or 1
     return [ArmSlot({"VLLM_CPU_OMP_THREADS_BIND": str(i % cores)}, util) for i in range(n_arms)]
+
+
+def matched_probes(
+    opts: Options, arm: PlannedArm, probes: list[Probe], connector: ArmResult | None, block_size: int
+) -> tuple[list[ProbeJob], dict, dict]:
+    """The native-matched arm's probes: each reuse primed with the prefix length the connector arm
+    reused at the same reuse, aligned down to a block (native prefix caching reuses whole blocks).
+
+    Returns (probe jobs, probes skipped with why, per probe what was matched)."""
+    by_name = {p.name: p for p in (connector.probes if connector else ())}
+    jobs, skipped, matched = [], {}, {}
+    for p in probes:
+        if p.name in arm.skip_probes:
+            continue
+        got = by_name.get(p.name)
+        counts = [r.cached_tokens for r in got.requests[1:]] if got else []
+        if not any(counts):
+            why = "has no result for this probe" if got is None else "reused nothing here"
+            skipped[p.name] = f"the connector arm {arm.match_arm} {why}: no prefix length to match"
+            continue
+        aligned = [(c or 0) // block_size * block_size for c in counts]
+        jobs.append(ProbeJob(p.name, p.prompt_spec(), 1 + len(counts), tuple(aligned)))
+        matched[p.name] = {
+            "arm": arm.match_arm,
+            "connector_tokens": counts,
+            "matched_tokens": aligned,
+            "aligned_down": [c is not None and c != a for c, a in zip(counts, aligned)],
+        }
+    return jobs, skipped, matched

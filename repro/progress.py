@@ -157,7 +157,9 @@ class Progress:
                 from rich.console import Console
                 from rich.live import Live
 
-                self._live = Live(self._table(), console=Console(file=self.stream), refresh_per_second=4, transient=False)
+                self._live = Live(
+                    self._table(), console=Console(file=self.stream), refresh_per_second=4, transient=False
+                )
                 self._live.start()
             except Exception:  # noqa: BLE001 - no terminal after all: fall back to lines
                 self._live, self.mode = None, "lines"

@@ -19,7 +19,7 @@ from repro import __version__, kvaudit, logscan
 from repro.atomic import dumps_json, write_bytes_atomic
 from repro.cli import Options, parse_args
 from repro.commands import run_command
-from repro.contract import ArmResult, Failure, progress_path
+from repro.contract import ArmResult, Failure, Job, progress_path
 from repro.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, UsageError
 from repro.evaluate import judge_arm
 from repro.fixtures import Fixture, check_probes_fit, load_fixture
@@ -29,6 +29,7 @@ from repro.plan import (
     arm_job,
     arm_slots,
     default_jobs,
+    matched_probes,
     materialize,
     plan_arms,
     preflight_for,
@@ -140,15 +141,28 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
     try:
         with progress:
             planned = [materialize(p, scratch) for p in arms]
-            jobs = []
-            for i, arm in enumerate(planned):
+            matched: dict[str, tuple[dict, dict]] = {}  # native-matched arm -> (skipped, what it matched)
+
+            def job_for(i: int, dependency: ArmOutcome | None = None) -> Job:
+                arm = planned[i]
                 kv_dir = str(work / "kv" / arm.name) if a.kv_audit else None
                 job = arm_job(opts, arm, probes, fixture.sha256, preflight if i == 0 else None, kv_dir)
+                if arm.match_arm is not None:
+                    conn = dependency.result if dependency is not None and dependency.failure is None else None
+                    probe_jobs, skipped, info = matched_probes(opts, arm, probes, conn, a.block_size)
+                    matched[arm.name] = (skipped, info)
+                    job = replace(job, probes=tuple(probe_jobs))
                 if slots[i].gpu_memory_utilization != job.engine.gpu_memory_utilization:
-                    job = replace(job, engine=replace(job.engine, gpu_memory_utilization=slots[i].gpu_memory_utilization))
-                jobs.append(job)
+                    job = replace(
+                        job, engine=replace(job.engine, gpu_memory_utilization=slots[i].gpu_memory_utilization)
+                    )
+                return job
+
             progress.note(f"{len(planned)} arms, {min(n_jobs, len(planned))} at a time")
-            outcomes = run_arms(planned, jobs, slots, n_jobs, work, env, a, progress)
+            outcomes = run_arms(planned, job_for, slots, n_jobs, work, env, a, progress)
+            for i, arm in enumerate(planned):
+                if arm.name in matched:
+                    planned[i] = replace(arm, skip_probes={**arm.skip_probes, **matched[arm.name][0]})
             first = outcomes[0]
             if first is not None and first.result is not None and first.result.preflight_problems:
                 raise UsageError("; ".join(first.result.preflight_problems))
@@ -159,6 +173,11 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
                 if outcome.result is not None and outcome.failure is None:
                     results[arm.name] = outcome.result
                 entries.append(arm_entry(arm, outcome, baseline, a.block_size, logs_dir_name))
+                if arm.match_arm is not None:
+                    info = matched.get(arm.name, ({}, {}))[1]
+                    entries[-1]["matched_to"] = arm.match_arm
+                    for p in entries[-1]["probes"]:
+                        p["match"] = info.get(p["name"])
             if a.kv_audit:
                 for e in entries:
                     if e["name"] in results:
@@ -214,7 +233,7 @@ def audit_kv(
 
 def run_arms(
     planned: list[PlannedArm],
-    jobs: list,
+    job_for,
     slots: list,
     n_jobs: int,
     work: Path,
@@ -227,22 +246,39 @@ def run_arms(
     The first arm's child makes the preflight: no other arm starts before it says the preflight
     passed (its progress file), so a bad connector still stops the run with exit 2 before any
     engine is built, and the arms waiting then never start. An interrupt (it reaches the main
-    thread only) kills every running child's process group and propagates."""
+    thread only) kills every running child's process group and propagates. An arm that copies
+    another's reuse lengths (native-matched) waits for that arm and gets its job from job_for then."""
     released, stop = threading.Event(), threading.Event()
-    if jobs[0].preflight is None:
+    index = {arm.name: i for i, arm in enumerate(planned)}
+    finished = [threading.Event() for _ in planned]
+    outcomes: list[ArmOutcome | None] = [None] * len(planned)
+    first_job = job_for(0)
+    if first_job.preflight is None:
         released.set()
     # the path the runner gives the first child's result; its progress file sits beside it
     first_progress = Path(progress_path(str(work / f"{planned[0].name}.result.json")))
 
     def one(i: int) -> ArmOutcome | None:
+        try:
+            return outcome_of(i)
+        finally:
+            finished[i].set()
+
+    def outcome_of(i: int) -> ArmOutcome | None:
         while i > 0 and not released.wait(0.2):
             pass
+        arm = planned[i]
+        dep = index.get(arm.match_arm) if arm.match_arm is not None else None
+        if dep is not None:
+            progress.stage(arm.name, f"waiting for {arm.match_arm}")
+            while not finished[dep].wait(0.2):
+                pass
         if stop.is_set():
             return None
-        arm = planned[i]
+        job = first_job if i == 0 else job_for(i, outcomes[dep] if dep is not None else None)
         progress.start(arm.name, Path(progress_path(str(work / f"{arm.name}.result.json"))))
         outcome = run_arm(
-            jobs[i],
+            job,
             workdir=work,
             log_path=work / f"{arm.name}.log",
             env={**env, **slots[i].env},
@@ -255,6 +291,7 @@ def run_arms(
                 stop.set()
             released.set()
         progress.child_done(arm.name, "finished: judging" if outcome.failure is None else "failed")
+        outcomes[i] = outcome
         return outcome
 
     with ThreadPoolExecutor(max_workers=max(1, n_jobs), thread_name_prefix="kvkit-arm") as pool:

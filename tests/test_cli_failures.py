@@ -105,8 +105,14 @@ def test_completed_run_with_fake_engine_writes_a_report(setup):
     proc = run_cli(_args(setup, "--kv-connector", "ExampleConnector", "--compare-native"), env=_env(setup), timeout=120)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(setup["report"].read_text())
-    assert [a["verdict"] for a in data["arms"]] == ["PASS", "PASS", "PASS"] and data["complete"] is True
-    assert sorted(p.name for p in setup["logs"].iterdir()) == ["ExampleConnector.log", "baseline.log", "native.log"]
+    # baseline, ExampleConnector, native and native-matched (native reusing what the connector reused)
+    assert [a["verdict"] for a in data["arms"]] == ["PASS", "PASS", "PASS", "PASS"] and data["complete"] is True
+    assert sorted(p.name for p in setup["logs"].iterdir()) == [
+        "ExampleConnector.log",
+        "baseline.log",
+        "native-matched.log",
+        "native.log",
+    ]
 
 
 @pytest.mark.parametrize(

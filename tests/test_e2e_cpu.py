@@ -82,6 +82,7 @@ def test_five_arms_verdicts(selftest):
         "PlantedFault": "FAIL",
         "PlantedFault-none": "PASS",
         "native": "PASS",
+        "native-matched": "PASS",
     }
     assert data["acceptance"]["matched"] is True
     planted = next(a for a in data["arms"] if a["name"] == "PlantedFault")
@@ -140,7 +141,30 @@ def test_kv_audit_verdicts_and_blame(selftest):
             assert planted and blamed == planted, (probe["name"], planted, blamed)
             assert {m["source"] for m in r["kv_audit"]["matches"]} == {"zeros"}
     assert all(c["ok"] for c in data["acceptance"]["checked"] if c.get("check") == "kv")
-    assert sum(c.get("check") == "kv" for c in data["acceptance"]["checked"]) == 15
+    assert sum(c.get("check") == "kv" for c in data["acceptance"]["checked"]) == 18
+
+
+def test_native_matched_reuses_what_the_connector_reused(selftest):
+    """native-matched, primed before every reuse, reports the connector arm's cached counts on
+    every block-aligned probe (here all of them) and passes; ExampleConnector's skipped probe is
+    skipped there too, with the reason."""
+    _, report = selftest
+    arms = {a["name"]: a for a in json.loads(report.read_text())["arms"]}
+    matched, conn = arms["native-matched"], arms["ExampleConnector"]
+    assert matched["matched_to"] == "ExampleConnector" and matched["verdict"] == "PASS"
+    conn_probes = {p["name"]: p for p in conn["probes"]}
+    for p in matched["probes"]:
+        if p["name"] == "chat-513":
+            assert p["skipped"] and "ExampleConnector" in p["skipped"]
+            continue
+        want = [r["cached_tokens"] for r in conn_probes[p["name"]]["requests"]]
+        assert [r["cached_tokens"] for r in p["requests"]] == want  # 0 then the connector's counts
+        assert p["match"]["matched_tokens"] == want[1:] and not any(p["match"]["aligned_down"])
+        assert p["verdict"] == "PASS"
+        # the priming prefill is shorter than the baseline's: bit-exact on the chat probes, within
+        # the floor it measures on the fixture (layers 1-3 of its last blocks round differently)
+        assert p["kv"]["verdict"] == ("NUMERIC" if p["name"] == "fixture" else "EXACT"), p["kv"]
+    assert matched["kv_audit"]["floor"]["identical"] is False and matched["kv_audit"]["floor"]["rel"] < 1e-5
 
 
 def test_report_contract(selftest):

@@ -137,7 +137,10 @@ def test_entries_are_normalized(repo, tmp_path):
 @needs_git
 def test_readme_tells_the_finding_and_the_limits(repo, tmp_path):
     readme = read_member(archive.build_kit(repo, tmp_path), "README.md").decode()
-    assert "| PlantedFault (PlantedFaultConnector) | fixture | 1502 | 0→1488×3 | FAIL | @9 |" in readme
+    assert (
+        "| PlantedFault (PlantedFaultConnector) | fixture | 1502 | 0→1488×3 | FAIL | @9 (decisive ×3, gap 0.682 nats) |"
+        in readme
+    )
     assert "make repro PROFILE=cpu" in readme
     assert "No performance claim" in readme and "suffix shape" in readme
     assert "not available when the kit was built" in readme and "selftest.logs/native.log" in readme

@@ -35,11 +35,14 @@ def test_fixture_arms_in_order_baseline_connectors_native(model, tmp_path):
         ("baseline", "baseline"),
         ("ExampleConnector", "connector"),
         ("PlantedFault", "connector"),
+        ("PlantedFault-none", "connector"),
         ("native", "native"),
+        ("native-matched", "native"),
     ]
+    assert arms[-1].match_arm == "ExampleConnector"  # the first connector arm's reuse lengths
     assert arms[1].skip_probes and "chat-513" in arms[1].skip_probes
     assert arms[2].spec.connector.module_path == PLANTED_FAULT_MODULE
-    assert arms[0].spec.connector is None and arms[3].spec.connector is None
+    assert arms[0].spec.connector is None and arms[5].spec.connector is None
 
 
 def test_a_command_line_connector_replaces_the_fixture_arms_and_gets_a_scratch_dir(model, tmp_path):
@@ -92,7 +95,44 @@ def test_the_job_round_trips_through_json_and_only_the_first_child_gets_the_pref
     assert [(c.arm, c.name) for c in pre.connectors] == [
         ("ExampleConnector", "ExampleConnector"),
         ("PlantedFault", "PlantedFaultConnector"),
+        ("PlantedFault-none", "PlantedFaultConnector"),
     ]
     job = arm_job(opts, arms[0], list(fixture.probes), fixture.sha256, pre)
     assert Job.from_json(json.loads(json.dumps(job.to_json()))) == job
     assert "preflight" not in arm_job(opts, arms[1], list(fixture.probes), fixture.sha256).to_json()
+
+
+def test_native_matched_copies_the_connector_arms_reuse_lengths_aligned_down(model, tmp_path):
+    from repro.contract import ArmResult, ProbeResult, RequestResult
+    from repro.plan import matched_probes
+
+    opts = _opts(model, tmp_path, "--compare-native")
+    fixture = load_fixture(SELFTEST)
+    arm = plan_arms(opts, fixture)[-1]
+    probes = build_probes(fixture.probes, "acceptance")
+
+    def probe(name, counts):
+        reqs = tuple(
+            RequestResult("cold" if i == 0 else "reuse", c, (1,), (), "length", None, "") for i, c in enumerate(counts)
+        )
+        return ProbeResult(name, (1, 2), None, reqs)
+
+    conn = ArmResult(
+        "ExampleConnector",
+        (
+            probe("fixture", [0, 1280, 1280, 1280]),
+            probe("chat-511", [0, 256]),
+            probe("chat-512", [0, 511]),
+            probe("chat-513", [0, 0]),
+        ),
+    )
+    jobs, skipped, info = matched_probes(opts, arm, probes, conn, 16)
+    assert {j.name: (j.requests, j.match_tokens) for j in jobs} == {
+        "fixture": (4, (1280, 1280, 1280)),
+        "chat-511": (2, (256,)),
+        "chat-512": (2, (496,)),  # 511 is not block-aligned: the nearest block below
+    }
+    assert info["chat-512"]["aligned_down"] == [True] and info["chat-512"]["connector_tokens"] == [511]
+    assert "reused nothing" in skipped["chat-513"]
+    _, skipped, _ = matched_probes(opts, arm, probes, None, 16)  # the connector arm failed
+    assert set(skipped) == {"fixture", "chat-511", "chat-512", "chat-513"}

@@ -120,19 +120,19 @@ def test_connector_vs_native_table_cells(reports, tmp_path):
     rows = Page((tmp_path / "site" / f"{STEM}.html").read_text(encoding="utf-8")).rows["cmp"]
     body = [r[:5] for r in rows[1:]]
     assert ["ExampleConnector: PASS"] in body
-    assert ["PlantedFault (PlantedFaultConnector): FAIL"] in body
+    assert ["PlantedFault (PlantedFaultConnector): FAIL (decisive: 6)"] in body
     assert ["native prefix caching: PASS"] in body
-    assert ["fixture", "1502", "0→1488×3", "FAIL", "@9"] in body
-    assert ["chat-513", "513", "0→512", "FAIL", "@2"] in body
+    assert ["fixture", "1502", "0→1488×3", "FAIL", "@9 (decisive ×3, gap 0.682 nats)"] in body
+    assert ["chat-513", "513", "0→512", "FAIL", "@2 (decisive, gap 7.606 nats)"] in body
     skipped = body.index(["chat-513", "", "—", "SKIPPED", ""])  # ExampleConnector's skipped probe is shown, not dropped
     assert body[skipped + 1][0].startswith("ExampleConnector matches whole prompts only when (L-1) % block_size != 0")
     assert not any(r and r[0].startswith("baseline") for r in body)  # a PASS baseline is a line above, not a block
-    planted = body.index(["PlantedFault (PlantedFaultConnector): FAIL"])
+    planted = body.index(["PlantedFault (PlantedFaultConnector): FAIL (decisive: 6)"])
     assert body[planted + 1 : planted + 5] == [
-        ["fixture", "1502", "0→1488×3", "FAIL", "@9"],
-        ["chat-511", "511", "0→496", "FAIL", "@2"],
-        ["chat-512", "512", "0→496", "FAIL", "@2"],
-        ["chat-513", "513", "0→512", "FAIL", "@2"],
+        ["fixture", "1502", "0→1488×3", "FAIL", "@9 (decisive ×3, gap 0.682 nats)"],
+        ["chat-511", "511", "0→496", "FAIL", "@2 (decisive, gap 8.376 nats)"],
+        ["chat-512", "512", "0→496", "FAIL", "@2 (decisive, gap 9.219 nats)"],
+        ["chat-513", "513", "0→512", "FAIL", "@2 (decisive, gap 7.606 nats)"],
     ]
 
 
@@ -198,7 +198,8 @@ def test_index_row(reports, tmp_path):
         "unavailable: not installed",
     ]
     assert rows[2][6] == (
-        "baseline PASS ExampleConnector PASS PlantedFault (PlantedFaultConnector) FAIL native prefix caching PASS"
+        "baseline PASS ExampleConnector PASS PlantedFault (PlantedFaultConnector) FAIL (decisive: 6) "
+        "native prefix caching PASS"
     )
     assert rows[2][7] == "true"
     assert [a["href"] for t, a in page.tags if t == "a"] == ["a-h200.html", f"{STEM}.html"]
@@ -370,8 +371,10 @@ def test_gpu_shaped_probe_cells_margin_near_tie_and_short_output():
     reqs[2].update(first_diff=15, token_ids=reqs[2]["token_ids"][:15])
     reqs[3]["cached_tokens"] = None
     page = Page(render_report_page(report, stem="g"))
-    assert ["fixture", "1502", "0→1488,1488,?", "FAIL", "@4,15,9"] in [r[:5] for r in page.rows["cmp"]]
+    # reuse 2 keeps its margin at @9 (gap 0.682): its class comes from the margin it carries
+    classed = "@4 (near-tie, gap 0.050 nats), @15 (decisive, gap 0.682 nats), @9 (decisive, gap 0.682 nats)"
+    assert ["fixture", "1502", "0→1488,1488,?", "FAIL", classed] in [r[:5] for r in page.rows["cmp"]]
     text = page.all_text()
-    assert "@4: baseline 61 (margin 0.050, top-2 gap 0.050) · reuse 7 (margin 1.500) · gap ≥ 0.040 · NEAR TIE" in text
+    assert "@4: baseline 61 (margin 0.050, top-2 gap 0.050) · reuse 7 (margin 1.500) · gap ≥ 0.040 · near-tie" in text
     html = render_report_page(report, stem="g")
     assert '<td class="first"></td>' in html  # reuse 2 ended before index 15: the first difference is its absence

@@ -190,6 +190,7 @@ class _AuditRecords:
 
     def __init__(self, directory: str | None):
         self.directory, self.seen = directory, set()
+        self.primes: list[dict] = []  # native-matched: each priming prefill's record
 
     def take(self, ids: list[int]) -> dict | None:
         if not self.directory:
@@ -226,7 +227,7 @@ class _AuditRecords:
             if name.startswith("audit-error"):
                 with open(os.path.join(self.directory, name), encoding="utf-8") as fh:
                     errors.append(json.load(fh))
-        return {"dir": self.directory, "errors": errors}
+        return {"dir": self.directory, "errors": errors, "primes": self.primes}
 
 
 def _request(out, role: str, kv_audit_record: dict | None = None) -> RequestResult:
@@ -275,6 +276,10 @@ def run_job(job: Job, keep: list) -> ArmResult:
             llm.reset_prefix_cache()  # belt and braces: probes are also isolated by content
         requests = []
         for i in range(probe.requests):
+            if i > 0 and probe.match_tokens is not None:
+                primed = _prime(llm, ids[: probe.match_tokens[i - 1]], audit)
+                if primed is not None:
+                    audit.primes.append({"probe": probe.name, "reuse": i, "record": primed})
             out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0]
             requests.append(_request(out, "cold" if i == 0 else "reuse", audit.take(ids)))
         probes.append(
@@ -293,6 +298,20 @@ def run_job(job: Job, keep: list) -> ArmResult:
         fixture_sha256=job.fixture_sha256,
         kv_audit=audit.summary(),
     )
+
+
+def _prime(llm, prefix: list[int], audit) -> dict | None:
+    """Leave exactly `prefix` in native prefix caching: reset the cache, then prefill the prefix
+    alone (one token generated, not recorded). Its full blocks are what the next request reuses;
+    returns the priming prefill's audit record (a prefill of another shape than the baseline's:
+    its KV belongs to the arm's measured floor)."""
+    from vllm import SamplingParams, TokensPrompt
+
+    llm.reset_prefix_cache()
+    if not prefix:
+        return None
+    llm.generate([TokensPrompt(prompt_token_ids=prefix)], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+    return audit.take(prefix)
 
 
 def _preflight_problems(job: Job) -> list[str]:
