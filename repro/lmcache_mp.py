@@ -1,0 +1,341 @@
+"""LMCache's multi-process (MP) server for an LMCacheMPConnector arm: started, checked and stopped by the kit.
+
+The kit starts the server itself, as its own process group on a lifeline (repro.lifeline), on free
+ports, with its output in its own log beside the arm logs; it waits until the server answers its
+health check, hands the arm the connector settings that point at it, and stops the whole group
+when the arm is over, however it ends (normal exit, exception, Ctrl-C; kill -9 of the kit through
+the lifeline). Its two failures are named: LMCACHE_SERVER_START (did not start, or not ready in
+time) and LMCACHE_SERVER_DIED (exited while the arm ran), each with the tail of the server's log.
+No vllm, torch or lmcache import here: the parent only starts a command and speaks TCP and HTTP.
+
+What this is built on, read from the released wheels (vLLM 0.26.0 and LMCache 0.5.4 from the GPU
+bundle's site-packages, LMCache 0.5.5rc5, 0.5.5 and 0.5.6 wheels; paths relative to the package):
+
+- How vLLM finds the connector. `KVConnectorFactory` registers "LMCacheMPConnector" to
+  `vllm/distributed/kv_transfer/kv_connector/v1/lmcache_mp_connector.py` (`factory.py:170-174`).
+  That module's `LMCacheMPConnector` is LMCache's own class,
+  `lmcache.integration.vllm.lmcache_mp_connector.LMCacheMPConnector`, when it imports, and vLLM's
+  built-in `LMCacheMPConnectorUpstream` (`:464`) only on ImportError or with
+  `LMCACHE_USE_UPSTREAM_MP` set (`:1200-1226`). The file is byte-identical in vLLM 0.26.0 and 0.28.0.
+- Where it finds the server: `kv_connector_extra_config` keys `lmcache.mp.host` (default
+  "tcp://localhost") and `lmcache.mp.port` (default 5555), joined as f"{host}:{port}" (vLLM's
+  built-in class `:485-502`; LMCache 0.5.6 `integration/vllm/lmcache_mp_connector.py:626-650`,
+  which prefers `lmcache.mp.server_urls` when set and adds "tcp://" to a bare host, `:518`; 0.5.4
+  `:285-289`, 0.5.5 and 0.5.5rc5 `:514-518`). Also read: `lmcache.mp.mq_timeout` (300 s),
+  `lmcache.mp.heartbeat_interval` (10 s), and in 0.5.6 `lmcache.mp.hash_algorithm` ("blake3"),
+  which must match the server's --hash-algorithm (0.5.6
+  `integration/vllm/vllm_multi_process_adapter.py:123-152`).
+- What the connector does with it: the adapter asks the server for its chunk size when it is
+  built, waiting up to mq_timeout, and raises ConnectionError("Cannot reach the LMCache MP server
+  ...") when nothing answers (0.5.6 `vllm_multi_process_adapter.py:760-768, 305-332`); the chunk
+  size must be a multiple of vLLM's block size (`:779-784`). A server that stops answering later
+  is not an error: "LMCache server is unhealthy — entering degraded mode" (`:614`; 0.5.4 `:473`)
+  and lookups are dropped (recompute, zero hits). Hence LMCACHE_SERVER_DIED: the kit must see the
+  death itself rather than read a silent recompute.
+- The launch command (the same flags in 0.5.4, 0.5.5rc5, 0.5.5 and 0.5.6):
+  `python -m lmcache.v1.multiprocess.http_server --host H --port P --http-host H --http-port Q
+  --chunk-size 256 --l1-size-gb G --eviction-policy LRU`. `--host/--port` bind the ZMQ request
+  server the connector dials (defaults localhost:5555; 0.5.6 `v1/multiprocess/config.py:369-379`,
+  chunk size `:381`, hash algorithm `:422`); `--http-host/--http-port` the HTTP API (defaults
+  127.0.0.1:8080, `:721-733`); `--l1-size-gb` (the CPU memory pool) and `--eviction-policy` are
+  required (argparse `required=True` in 0.5.4 `v1/distributed/config.py:377,467`, 0.5.5 and
+  0.5.5rc5 `:428,519`; a ValueError in 0.5.6 `:1071-1074`). The http_server variant starts no
+  Prometheus port (it passes `start_prometheus_http_server=False`, `http_server.py:89`), where
+  `python -m lmcache.v1.multiprocess.server` would bind 9090. `lmcache server ...` (console script
+  `lmcache`, 0.5.6 `cli/commands/server.py`) is the same server. 0.5.6's own auto-start
+  (`integration/vllm/mp_server_launcher.py`, extra_config `lmcache.mp.autostart`, `:26`) runs
+  this module with `--host/--port/--http-host` only (`:312-324`), so its HTTP port is always 8080,
+  and starts it with a bare Popen from inside the engine's worker, with no log of its own and no
+  stop tied to the adapter ("Server survival after vLLM exit is not guaranteed", `:415`): that is
+  why the kit starts the server itself and leaves auto-start off.
+- Readiness. uvicorn binds the HTTP port only after the FastAPI lifespan ran `run_cache_server`
+  (`http_server.py:69-157`; uvicorn 0.54.0 `server.py:115-116` awaits lifespan startup before it
+  creates the listening server), and `GET /healthcheck` answers 200 {"status": "healthy"} once
+  the engine is set, 503 before (`v1/multiprocess/http_apis/info_api.py:41-60`, the same file in
+  0.5.4 and 0.5.6). The kit's probe: that answer, and a TCP connection to the ZMQ port. (0.5.6's
+  auto-start probes with a ZMQ PING instead, `mp_server_launcher.py:481-511`, which needs
+  lmcache's own client in the parent.) The log lines "LMCache HTTP server initialized" (0.5.6
+  `http_server.py:155`, 0.5.4 `:163`) and "LMCache cache server is running..." (0.5.6
+  `server.py:511`) say the same but their wording moves between versions, so they are not probed.
+  On SIGTERM uvicorn runs the lifespan's shutdown (`http_server.py:159-177`: request server and
+  engine closed).
+- Versions. LMCache 0.5.4 (resolved with vllm==0.26.0 into the bundle), 0.5.5rc5, 0.5.5 and 0.5.6
+  all ship both the server module and the external connector, and the connector's vLLM imports
+  all exist in vLLM 0.26.0 (`distributed/kv_events.py` BlockStored/BlockRemoved/KVEventAggregator/
+  KVConnectorKVEvents, `v1/core/kv_cache_utils.py:79` maybe_convert_block_hash, `base.py:85`
+  SupportsHMA; KVConnectorTransferResults is absent from 0.26.0 and LMCache falls back, 0.5.6
+  `lmcache_mp_connector.py:24-31`). Compatible by code reading; not run here (no GPU). Not
+  checked: which kernels the server's transfer uses when LMCache's compiled ops do not load
+  against torch 2.11 (the README's GPU rows run its torch fallback).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from repro import logscan
+from repro.contract import Failure
+from repro.provenance import redact_text
+from repro.runner import deferred_signals, kill_group, redact_log, start_child
+
+LMCACHE_SERVER_START = "lmcache-server-start"
+LMCACHE_SERVER_DIED = "lmcache-server-died"
+FAILURE_KINDS = (LMCACHE_SERVER_START, LMCACHE_SERVER_DIED)
+CONNECTOR = "LMCacheMPConnector"
+SERVER_MODULE = "lmcache.v1.multiprocess.http_server"
+HEALTH_PATH = "/healthcheck"
+READY_TIMEOUT_S = 180.0  # imports torch and LMCache, then sets up its memory pool and CUDA
+STOP_GRACE_S = 10.0  # SIGTERM to SIGKILL: uvicorn's shutdown closes the engine and frees its pool
+_POLL_S = 0.2
+_PROBE_TIMEOUT_S = 1.0
+# No proxy for a loopback health check, whatever http_proxy says.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def server_log_path(workdir: Path, arm_name: str) -> Path:
+    """The server's log, named after the arm it serves and kept beside that arm's log."""
+    return workdir / f"{arm_name}.lmcache-server.log"
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the server is started with (the connector reads its chunk size from the server)."""
+
+    chunk_size: int = 256  # fixtures/lmcache-local-cpu.yaml's chunk_size
+    l1_size_gb: float = 4.0  # its max_local_cpu_size: the same CPU pool as the in-process arm
+    eviction_policy: str = "LRU"
+    host: str = "127.0.0.1"
+    module: str = SERVER_MODULE
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.chunk_size <= 0 or self.l1_size_gb <= 0:
+            raise ValueError(f"chunk_size and l1_size_gb must be positive: {self}")
+
+    def command(self, python: str, port: int, http_port: int) -> list[str]:
+        return [
+            python,
+            "-m",
+            self.module,
+            "--host",
+            self.host,
+            "--port",
+            str(port),
+            "--http-host",
+            self.host,
+            "--http-port",
+            str(http_port),
+            "--chunk-size",
+            str(self.chunk_size),
+            "--l1-size-gb",
+            f"{self.l1_size_gb:g}",
+            "--eviction-policy",
+            self.eviction_policy,
+            *self.extra_args,
+        ]
+
+
+class ServerError(Exception):
+    """The server did not start (LMCACHE_SERVER_START) or died under the arm (LMCACHE_SERVER_DIED)."""
+
+    def __init__(self, kind: str, detail: str, log_tail: str = "") -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind, self.detail, self.log_tail = kind, detail, log_tail
+
+    def failure(self) -> Failure:
+        return Failure(self.kind, self.detail, self.log_tail)
+
+
+def free_ports(host: str, n: int) -> list[int]:
+    """n distinct ports free on host now (held together while picked, so they differ). Another
+    process may take one before the server binds it: then the server exits and the start fails
+    with its log saying so."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(n)]
+        for s in socks:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
+
+
+def probe_ready(host: str, port: int, http_port: int, timeout_s: float = _PROBE_TIMEOUT_S) -> bool:
+    """The HTTP health check says healthy and the connector's port accepts a connection."""
+    try:
+        with _OPENER.open(f"http://{host}:{http_port}{HEALTH_PATH}", timeout=timeout_s) as response:
+            healthy = response.status == 200 and json.loads(response.read(4096)).get("status") == "healthy"
+        if healthy:
+            with socket.create_connection((host, port), timeout=timeout_s):
+                return True
+    except (OSError, ValueError, AttributeError, http.client.HTTPException):
+        pass  # not up yet (refused, 503, half-started, not JSON)
+    return False
+
+
+def exit_text(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit status {returncode}"
+
+
+@dataclass(eq=False)  # identity: live servers are kept in a set
+class MPServer:
+    """A running server: where it listens, whether it lives, its log."""
+
+    proc: subprocess.Popen
+    settings: ServerSettings
+    command: list[str]
+    port: int  # the connector's (ZMQ)
+    http_port: int  # the health check's
+    log_path: Path
+    env: dict[str, str]
+    ready_s: float | None = None
+    stopping: bool = False  # set once the kit stops it: an exit after that is no death
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid  # the group's leader (lifeline execs the server in place) and its pgid
+
+    def extra_config(self) -> dict:
+        """The kv_connector_extra_config entries that point LMCacheMPConnector at this server."""
+        return {"lmcache.mp.host": f"tcp://{self.settings.host}", "lmcache.mp.port": self.port}
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def check(self) -> None:
+        """Raise LMCACHE_SERVER_DIED if the server has exited (call it after the arm, and whenever)."""
+        if not self.alive():
+            raise ServerError(
+                LMCACHE_SERVER_DIED,
+                f"the LMCache MP server exited while the arm ran ({self.how_it_ended()})",
+                self.log_tail(),
+            )
+
+    def how_it_ended(self) -> str:
+        return "stopped by the kit" if self.stopping else exit_text(self.proc.returncode)
+
+    def log_tail(self) -> str:
+        """The log's tail, secrets blanked; read without rewriting the file (the group may still write)."""
+        try:
+            raw = self.log_path.read_bytes().decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+        return logscan.tail(redact_text(raw, self.env))
+
+    def record(self) -> dict:
+        """What a report may keep about the server."""
+        return {
+            "command": self.command[1:],  # the interpreter's path is provenance's business
+            "port": self.port,
+            "http_port": self.http_port,
+            "ready_s": self.ready_s,
+            "log": self.log_path.name,
+            "returncode": self.proc.returncode,
+        }
+
+
+# Servers started and not yet reaped, from any thread: an interrupt reaches the main thread only,
+# which then stops every one (stop_all_servers), as repro.runner.stop_all_children does for arms.
+_LIVE: set[MPServer] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def stop_all_servers(grace_s: float = STOP_GRACE_S) -> None:
+    """Stop every live server's group; a thread still waiting for one to be ready then fails at once."""
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for server in live:
+        server.stopping = True
+        kill_group(server.proc, grace_s=grace_s)
+
+
+@contextlib.contextmanager
+def mp_server(
+    python: str,
+    log_path: Path,
+    env: dict[str, str],
+    *,
+    ready_timeout_s: float = READY_TIMEOUT_S,
+    settings: ServerSettings | None = None,
+    stop_grace_s: float = STOP_GRACE_S,
+    on_death: Callable[[MPServer], None] | None = None,
+) -> Iterator[MPServer]:
+    """Start the server, wait until it is ready, yield it; on leaving, stop and reap its whole group.
+
+    `python` must have lmcache; `env` is the arm's (runner.child_env plus its GPU slot). A server
+    that exits or is not ready within ready_timeout_s raises ServerError(LMCACHE_SERVER_START).
+    `on_death(server)` runs once, from a watcher thread, if the server exits while the block runs
+    (to stop the arm early); server.check() after the arm raises LMCACHE_SERVER_DIED either way."""
+    settings = settings or ServerSettings()
+    ports = free_ports(settings.host, 2)
+    command = settings.command(python, *ports)
+    t0 = time.monotonic()
+    try:
+        proc, lifeline = start_child(command, log_path=log_path, env=env)
+    except OSError as exc:
+        raise ServerError(LMCACHE_SERVER_START, f"the LMCache MP server could not be started: {exc}") from exc
+    server = MPServer(proc, settings, command, ports[0], ports[1], log_path, env)
+    with _LIVE_LOCK:
+        _LIVE.add(server)
+    watcher = None
+    try:
+        wait_ready(server, t0 + ready_timeout_s, ready_timeout_s)
+        server.ready_s = round(time.monotonic() - t0, 3)
+        if on_death is not None:
+            watcher = threading.Thread(target=_watch, args=(server, on_death), name="kvkit-lmcache-mp", daemon=True)
+            watcher.start()
+        yield server
+    finally:
+        server.stopping = True
+        with deferred_signals():  # a second Ctrl-C must not leave the group half stopped
+            kill_group(proc, grace_s=stop_grace_s if proc.poll() is None else 0)  # leftovers: at once
+            with _LIVE_LOCK:
+                _LIVE.discard(server)
+            os.close(lifeline)  # only now: its watcher was reaped with the group
+            if watcher is not None:
+                watcher.join()
+        redact_log(log_path, env)  # the group is gone: the file can be rewritten
+
+
+def wait_ready(server: MPServer, deadline: float, timeout_s: float) -> None:
+    """Poll until the server is ready; raise LMCACHE_SERVER_START if it exits or the deadline passes."""
+    while True:
+        if not server.alive():
+            raise ServerError(
+                LMCACHE_SERVER_START,
+                f"the LMCache MP server exited before it was ready ({server.how_it_ended()})",
+                server.log_tail(),
+            )
+        if probe_ready(server.settings.host, server.port, server.http_port):
+            return
+        if time.monotonic() >= deadline:
+            where = f"http://{server.settings.host}:{server.http_port}{HEALTH_PATH} and port {server.port}"
+            raise ServerError(
+                LMCACHE_SERVER_START,
+                f"the LMCache MP server was not ready within {timeout_s:g} s ({where})",
+                server.log_tail(),
+            )
+        time.sleep(_POLL_S)
+
+
+def _watch(server: MPServer, on_death: Callable[[MPServer], None]) -> None:
+    while not server.stopping:
+        if server.proc.poll() is not None:
+            if not server.stopping:
+                on_death(server)
+            return
+        time.sleep(_POLL_S)
