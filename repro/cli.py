@@ -85,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep-kv", default=None, metavar="DIR", help="keep the audit's KV tensors in DIR (default: deleted)"
     )
     p.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="run every arm with vLLM's batch-invariant kernels (VLLM_BATCH_INVARIANT=1; CUDA GPUs of compute "
+        "capability 8.0 or higher); each arm's workers must confirm them active",
+    )
+    p.add_argument(
         "--python",
         default=sys.executable,
         metavar="PATH",
@@ -143,6 +149,23 @@ def _check_lmcache_yaml(path: str) -> None:
         raise UsageError(f"--lmcache-config {path}: chunk_size must be a positive integer")
 
 
+BATCH_INVARIANT_DEVICES = "vLLM's batch-invariant kernels run on CUDA GPUs of compute capability 8.0 or higher"
+
+
+def _check_batch_invariant(args: argparse.Namespace) -> None:
+    """--batch-invariant where it cannot work: one line. The GPU's compute capability is checked by the
+    first child's preflight (repro.engine.preflight), which knows vLLM's platform."""
+    if not getattr(args, "batch_invariant", False):
+        return
+    if not args.kv_audit:
+        raise UsageError(
+            "--batch-invariant needs the KV audit (drop --no-kv-audit): its recorder in each worker is how the kit "
+            "knows the kernels were active"
+        )
+    if args.device == "cpu":
+        raise UsageError(f"--batch-invariant: {BATCH_INVARIANT_DEVICES}, not with --device cpu")
+
+
 def engine_python_problem(python: str, needs_lmcache: bool) -> str | None:
     """Why an interpreter cannot run the engines (one line), or None: it runs, vllm is importable, and
     lmcache too when an LMCache connector is asked for. Nothing is imported or installed."""
@@ -194,6 +217,7 @@ def validate(args: argparse.Namespace) -> Options:
         keep = Path(args.keep_kv)
         if keep.exists() and (not keep.is_dir() or any(keep.iterdir())):
             raise UsageError(f"--keep-kv {keep}: must be a new or empty directory (nothing already there is replaced)")
+    _check_batch_invariant(args)
     extra = {}
     if args.kv_connector_extra_config:
         try:
@@ -216,7 +240,13 @@ def validate(args: argparse.Namespace) -> Options:
         if problem:
             raise UsageError(f"--python {args.python}: {problem}")
     _check_report_path(Path(args.report), Path(args.fixture))
-    return Options(args=args, extra_config=extra, model_is_local=local)
+    opts = Options(args=args, extra_config=extra, model_is_local=local)
+    if getattr(args, "batch_invariant", False) and args.device == "auto":
+        from repro.plan import uses_cuda  # repro.plan imports this module
+
+        if not uses_cuda(opts):
+            raise UsageError(f"--batch-invariant: {BATCH_INVARIANT_DEVICES}; no GPU is visible (--device auto)")
+    return opts
 
 
 def parse_args(argv: list[str]) -> Options:

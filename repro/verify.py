@@ -125,7 +125,11 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
     report_path = state.report_path = Path(a.report)
     report_path.parent.mkdir(parents=True, exist_ok=True)
     started = utc_now()
-    extra_env = {"LMCACHE_LOG_LEVEL": os.environ.get("LMCACHE_LOG_LEVEL", "INFO")}  # its hit lines are INFO
+    extra_env = {
+        "LMCACHE_LOG_LEVEL": os.environ.get("LMCACHE_LOG_LEVEL", "INFO"),  # its hit lines are INFO
+        # the flag decides, not whatever the caller's environment holds; every worker reports what it ran
+        "VLLM_BATCH_INVARIANT": "1" if a.batch_invariant else "0",
+    }
     if a.lmcache_config:
         extra_env["LMCACHE_CONFIG_FILE"] = str(Path(a.lmcache_config).resolve())
     env = child_env(dict(os.environ), hashseed=HASHSEED, extra=extra_env)
@@ -398,6 +402,7 @@ def assemble(
             "lmcache_config": a.lmcache_config,
             "kv_audit": a.kv_audit,
             "keep_kv": a.keep_kv,
+            "batch_invariant": a.batch_invariant,
             "jobs": n_jobs,
             "decoding": "greedy, ignore_eos, enforce_eager",
         },

@@ -167,3 +167,113 @@ def test_bad_usage_is_one_line_and_exit_2(args, tmp_path):
     assert proc.stdout == ""
     assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("error: "), proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+# ---- What maintainers ask for ----------------------------------------------------------------------
+
+
+def _section(body: str) -> list[str]:
+    part = body.split("#### What maintainers ask for\n\n", 1)[1].split("\n\n####", 1)[0]
+    return part.splitlines()
+
+
+def test_an_old_report_says_not_recorded_for_what_it_lacks():
+    lines = _section(format_issue_md(load_sample()))
+    assert lines == [
+        "- **Attention backend**: not recorded",
+        "- **GPU compute capability**: not recorded",
+        "- **LMCache wheel**: no LMCache arm in this report",
+        "- **PYTHONHASHSEED**: set to 0 for every engine process; as they saw it: not recorded",
+        "- **LMCache config**: no LMCache arm in this report",
+        "- **Shape-matched native**: not recorded (no `native-matched` arm in this report)",
+        "- **Batch-invariant kernels**: not recorded (the report predates `--batch-invariant`)",
+        "- **LMCache multi-process connector**: not recorded (no `LMCacheMPConnector` arm in this report)",
+    ]
+
+
+def _worker(pid, capability="9.0", backend="FLASH_ATTN", seed="0"):
+    return {
+        "pid": pid,
+        "pythonhashseed": seed,
+        "platform": "cuda",
+        "compute_capability": capability,
+        "batch_invariant": {"env": True, "mode": True},
+        "attention_backends": [{"name": backend, "supports_batch_invariance": True}],
+        "problems": [],
+    }
+
+
+def maintainer_report() -> dict:
+    """The sample with what a GPU run records: worker facts, an LMCache arm, native-matched, the MP arm."""
+    report = load_sample()
+    report["config"]["batch_invariant"] = True
+    report["provenance"]["engine_versions"].update(gpus=["NVIDIA H200"], torch="2.11.0+cu130")
+    report["provenance"]["lmcache_config"] = {"path": "fixtures/lmcache-local-cpu.yaml", "sha256": "a75dabb2b2936d53"}
+    _base, example, planted, native = report["arms"]
+    for i, arm in enumerate(report["arms"]):
+        arm["effective_config"].update(
+            pythonhashseed="0",
+            workers=[_worker(100 + i)],
+            batch_invariant={"requested": True, "active": True, "reasons": []},
+        )
+    planted["effective_config"]["batch_invariant"] = {
+        "requested": True,
+        "active": False,
+        "reasons": ["worker pid 102: vLLM's batch-invariant mode is off"],
+    }
+    example["connector"]["name"] = example["name"] = "LMCacheConnectorV1"
+    example["versions"] = {
+        "lmcache_build": {
+            "version": "0.5.4",
+            "torch_build": "not recorded in the wheel",
+            "cuda_runtime": ["libcudart.so.13"],
+            "nvcc": "13.0.88",
+            "cuda_ops": "not loaded: ImportError: undefined symbol: _ZN3c10",
+        }
+    }
+    example["lmcache"] = {
+        "cuda_ops": "not loaded: fell back to torch ops",
+        "effective_config": "{'chunk_size': 256, 'local_cpu': True, 'save_unfull_chunk': False, 'x': '`'}",
+    }
+    mp = copy.deepcopy(example)
+    mp["name"] = mp["connector"]["name"] = "LMCacheMPConnector"
+    mp["effective_config"]["workers"] = [_worker(105, seed="1")]
+    mp["versions"] = {}
+    matched = copy.deepcopy(native)
+    matched.update(name="native-matched", matched_to="LMCacheConnectorV1")
+    matched["effective_config"]["workers"] = [_worker(106)]
+    report["arms"] += [mp, matched]
+    return report
+
+
+def test_what_maintainers_ask_for_from_a_gpu_report():
+    lines = _section(format_issue_md(maintainer_report()))
+    text = "\n".join(lines)
+    assert lines[0] == "- **Attention backend**: FLASH_ATTN (every arm)"
+    assert lines[1] == "- **GPU compute capability**: 9.0 (every arm) (NVIDIA H200)"
+    assert lines[2].startswith("- **LMCache wheel**: 0.5.4 · CUDA build: libcudart.so.13, nvcc 13.0.88 · ")
+    assert "torch build: not recorded in the wheel (the engine ran torch 2.11.0+cu130)" in lines[2]
+    assert "compiled ops: not loaded: ImportError: undefined symbol" in lines[2]
+    assert "LMCache's log: not loaded: fell back to torch ops" in lines[2]
+    # one process saw another hash seed: every arm is listed
+    assert "PlantedFault (PlantedFaultConnector): 0 in the engine child and its workers" in lines[3]
+    assert "LMCacheMPConnector: engine child 0, workers 1" in lines[3]
+    assert "- **LMCache config**: `fixtures/lmcache-local-cpu.yaml` (sha256 a75dabb2b293…)" in text
+    assert "as LMCache logged it (LMCacheConnectorV1): `chunk_size 256, local_cpu True, save_unfull_chunk False" in text
+    assert "- **Shape-matched native**: **native prefix caching, matched to LMCacheConnectorV1**: PASS · KV" in text
+    assert "- **Batch-invariant kernels** (`--batch-invariant`): baseline: active; " in text
+    assert (
+        "PlantedFault (PlantedFaultConnector): **not active** (worker pid 102: vLLM's batch-invariant mode is off)"
+        in text
+    )
+    assert "- **LMCache multi-process connector**: **LMCacheMPConnector**: PASS" in text
+    assert "upstream says LMCache #4463 does not affect" in text
+
+
+def test_batch_invariance_off_and_a_report_without_worker_facts_in_one_arm():
+    report = maintainer_report()
+    report["config"]["batch_invariant"] = False
+    del report["arms"][0]["effective_config"]["workers"]
+    lines = _section(format_issue_md(report))
+    assert lines[0].startswith("- **Attention backend**: baseline: not recorded; LMCacheConnectorV1: FLASH_ATTN")
+    assert any(line.startswith("- **Batch-invariant kernels**: off for this run") for line in lines)

@@ -29,7 +29,9 @@ from repro.contract import (
     RequestResult,
     progress_path,
 )
+from repro.engine.preflight import batch_invariant_requested
 from repro.provenance import package_version
+from repro.verdict import batch_invariance_state
 
 
 def report_stage(job: Job, stage: str, preflight_ok: bool | None = None) -> None:
@@ -110,6 +112,65 @@ def _effective_config(llm) -> dict:
         # the connector the KV audit wrapped (kv_connector then names the audit's class)
         "kv_audit_target": os.environ.get("KVKIT_KV_AUDIT_TARGET"),
     }
+
+
+def _process_facts(probes: list[ProbeResult], audit: _AuditRecords) -> dict:
+    """What the arm's processes ran with, for its effective_config: each worker's facts as the KV audit
+    recorded them (repro.engine.kvaudit.worker_facts; one entry per worker process), whether vLLM's
+    batch-invariant kernels were asked for and active in every worker (repro.verdict decides), and
+    this child's PYTHONHASHSEED (the workers' are in their facts)."""
+    records = [r.kv_audit_record for p in probes for r in p.requests] + [p["record"] for p in audit.primes]
+    workers: dict[str, dict] = {}
+    for record in records:
+        worker = (record or {}).get("worker")
+        if isinstance(worker, dict):
+            workers.setdefault(json.dumps(worker, sort_keys=True), worker)
+    found = sorted(workers.values(), key=lambda w: (str(w.get("pid")), json.dumps(w, sort_keys=True)))
+    state = batch_invariance_state(found)
+    reasons = state.reasons if audit.directory else ("the KV audit is off: no worker recorded its facts",)
+    return {
+        "pythonhashseed": os.environ.get("PYTHONHASHSEED"),
+        "workers": found if audit.directory else None,
+        "batch_invariant": {
+            "requested": batch_invariant_requested(os.environ),
+            "active": state.active,
+            "reasons": list(reasons),
+        },
+    }
+
+
+def _lmcache_build() -> dict:
+    """The installed LMCache wheel's build, for an LMCache arm: its version, the CUDA runtime its
+    compiled ops link and the nvcc that built them (read from lmcache/cuda_ops*.so), and whether
+    those ops import in this environment (the worker imports the same file). The wheel records no
+    torch build: its metadata requires an unpinned torch, so only the import tells a mismatch."""
+    import importlib
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("lmcache")
+    if spec is None or not spec.submodule_search_locations:
+        return {"version": None, "problem": "lmcache is not importable"}
+    out: dict = {"version": package_version("lmcache"), "torch_build": "not recorded in the wheel"}
+    folder = next(iter(spec.submodule_search_locations))
+    ops = sorted(n for n in os.listdir(folder) if n.startswith("cuda_ops") and n.endswith(".so"))
+    if not ops:
+        return {**out, "cuda_ops_file": None, "cuda_ops": "not shipped in this wheel"}
+    with open(os.path.join(folder, ops[0]), "rb") as fh:
+        data = fh.read()
+    nvcc = re.search(rb"Cuda compilation tools, release [\d.]+, V([\d.]+)", data)
+    out.update(
+        cuda_ops_file=ops[0],
+        cuda_runtime=sorted({m.decode() for m in re.findall(rb"libcudart\.so\.\d+", data)}),
+        nvcc=nvcc.group(1).decode() if nvcc else None,
+    )
+    try:
+        importlib.import_module("lmcache.cuda_ops")
+        out["cuda_ops"] = "loaded"
+    except Exception as exc:  # noqa: BLE001 - ImportError (an undefined torch symbol, say) or worse: record it
+        first = (str(exc).strip().splitlines() or [""])[0]
+        out["cuda_ops"] = f"not loaded: {type(exc).__name__}: {first[:300]}"
+    return out
 
 
 def _collect_versions() -> dict:
@@ -285,12 +346,18 @@ def run_job(job: Job, keep: list) -> ArmResult:
         probes.append(
             ProbeResult(name=probe.name, prompt_token_ids=tuple(ids), messages=messages, requests=tuple(requests))
         )
+    if job.arm.connector is not None and "lmcache" in job.arm.connector.name.lower():
+        # after the run: the engine's worker imported LMCache's compiled ops first (or failed to)
+        try:
+            versions["lmcache_build"] = _lmcache_build()
+        except Exception as exc:  # noqa: BLE001 - a fact that cannot be read never fails the arm
+            versions["lmcache_build"] = {"problem": f"{type(exc).__name__}: {str(exc)[:300]}"}
     return ArmResult(
         arm=job.arm.name,
         probes=tuple(probes),
         pid=os.getpid(),
         versions=versions,
-        effective_config=_effective_config(llm),
+        effective_config={**_effective_config(llm), **_process_facts(probes, audit)},
         # from process start to a ready engine: interpreter, imports and engine construction
         engine_start_s=round(ready - _T_PROCESS, 3),
         import_s=round(t0 - _T_PROCESS, 3),

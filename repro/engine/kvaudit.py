@@ -29,6 +29,10 @@ one request's blocks of one layer), with `<seq>.json` describing the request; th
 requests to seq numbers in submission order. The comparison runs later, in its own process
 (repro.engine.kvcompare). An audit failure never reaches the engine: it is written to
 `<seq>.json` or `audit-error.json` and the audit stops recording.
+
+Each `<seq>.json` also carries `worker` (worker_facts): what the worker process runs with, vLLM's
+batch-invariant flags, its attention backends, the device's compute capability and PYTHONHASHSEED,
+read there because only the worker knows (the engine child gathers them into its result).
 """
 
 from __future__ import annotations
@@ -93,6 +97,83 @@ def split_planes(kv: torch.Tensor, block_ids: list[int], layout: str) -> torch.T
     else:  # last-dim
         planes = blocks.reshape(n, heads, bs, 2, cs // 2).permute(0, 3, 1, 2, 4)
     return planes.reshape(n, 2, -1).cpu()
+
+
+def _fact(problems: list[str], what: str, read):
+    """One fact of worker_facts, or None with the reason in problems (a fact never fails the audit)."""
+    try:
+        return read()
+    except Exception as exc:  # noqa: BLE001 - a fact that cannot be read is recorded as such
+        problems.append(f"{what}: {type(exc).__name__}: {str(exc).strip()[:160]}")
+        return None
+
+
+def _batch_invariant_mode() -> bool:
+    """vLLM's own flag, set in this process by init_batch_invariance (vLLM 0.26 and 0.28: the worker's
+    init_worker_distributed_environment) once it installed its batch-invariant kernel overrides."""
+    from vllm.model_executor.layers import batch_invariant
+
+    return bool(batch_invariant._batch_invariant_MODE)
+
+
+def _attention_layers(vllm_config) -> dict:
+    """Layer name -> attention layer, as the model registered them (vLLM's static forward context)."""
+    layers = dict(getattr(getattr(vllm_config, "compilation_config", None), "static_forward_context", None) or {})
+    if not layers:
+        from vllm.forward_context import get_forward_context, is_forward_context_available
+
+        if is_forward_context_available():
+            layers = dict(get_forward_context().no_compile_layers or {})
+    return {name: layer for name, layer in layers.items() if getattr(layer, "attn_backend", None) is not None}
+
+
+def _attention_backends(vllm_config) -> list[dict]:
+    """The attention backends this worker's layers run, each once: its name and whether vLLM says it
+    supports batch invariance."""
+    seen: dict[str, dict] = {}
+    for layer in _attention_layers(vllm_config).values():
+        backend = layer.attn_backend
+        name = str(backend.get_name())
+        supports = getattr(backend, "supports_batch_invariance", None)
+        seen.setdefault(name, {"name": name, "supports_batch_invariance": bool(supports()) if supports else None})
+    if not seen:
+        raise LookupError("no attention layer registered in the static forward context")
+    return [seen[k] for k in sorted(seen)]
+
+
+def _compute_capability(platform) -> str | None:
+    """'9.0' on a CUDA device (ROCm reports its own numbers), None where there is none."""
+    if platform.device_type != "cuda" or not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(torch.cuda.current_device())
+    return f"{major}.{minor}"
+
+
+def worker_facts(vllm_config) -> dict:
+    """What a maintainer asks about the process that ran the model: vLLM's batch-invariant flags, the
+    attention backend, the device's compute capability, PYTHONHASHSEED. Read in the worker, where they
+    take effect; each fact that cannot be read is None with its reason in `problems`."""
+    problems: list[str] = []
+
+    def env_flag() -> bool:
+        from vllm import envs
+
+        return bool(envs.VLLM_BATCH_INVARIANT)
+
+    from vllm.platforms import current_platform
+
+    return {
+        "pid": os.getpid(),
+        "pythonhashseed": os.environ.get("PYTHONHASHSEED"),
+        "platform": _fact(problems, "platform", lambda: str(current_platform.device_name)),
+        "compute_capability": _fact(problems, "compute capability", lambda: _compute_capability(current_platform)),
+        "batch_invariant": {
+            "env": _fact(problems, "VLLM_BATCH_INVARIANT", env_flag),
+            "mode": _fact(problems, "batch-invariant mode", _batch_invariant_mode),
+        },
+        "attention_backends": _fact(problems, "attention backend", lambda: _attention_backends(vllm_config)),
+        "problems": problems,
+    }
 
 
 @dataclass
@@ -255,12 +336,24 @@ class _Audit:
             "dtype": getattr(self, "_audit_dtype", None),
             "unavailable": reason,
             "pid": os.getpid(),
+            "worker": self._audit_worker(),
         }
         path = os.path.join(self._audit_dir, f"{r.seq:06d}.json")
         tmp = path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(record, fh, sort_keys=True)
         os.replace(tmp, path)
+
+    def _audit_worker(self) -> dict:
+        """What this worker process runs with, read once it has served a request (see worker_facts)."""
+        facts = getattr(self, "_audit_worker_facts", None)
+        if facts is None:
+            try:
+                facts = worker_facts(getattr(self, "_vllm_config", None))
+            except Exception as exc:  # noqa: BLE001 - the facts never stop the audit
+                facts = {"pid": os.getpid(), "problems": [f"worker facts: {type(exc).__name__}: {exc}"[:200]]}
+            self._audit_worker_facts = facts
+        return facts
 
     def _audit_write(self, layer_name: str, kind: str) -> None:
         if self._audit_dead or self._audit_layout is None or not self._audit_reqs:

@@ -2,16 +2,22 @@
 
 The first arm's engine child (repro.engine) calls run_preflight for every arm's connector: each
 must resolve the way vLLM will resolve it (an importable module that has the class, or a name in
-vLLM's connector registry whose module loads), and --device must match vLLM's platform. The
-parent turns the problems into a one-line usage error (exit 2).
+vLLM's connector registry whose module loads), --device must match vLLM's platform, and with
+--batch-invariant (VLLM_BATCH_INVARIANT=1 in the children's environment) the device must be one
+vLLM has batch-invariant kernels for. The parent turns the problems into a one-line usage error
+(exit 2).
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 
 from repro.contract import Preflight
 from repro.provenance import package_version
+from repro.verdict import batch_invariant_device_problem
+
+BATCH_INVARIANT_ENV = "VLLM_BATCH_INVARIANT"  # what --batch-invariant sets for every child (repro.verify)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -49,6 +55,29 @@ def check_device(device: str, platform_type: str) -> str | None:
     return f"--device {device}: this machine's vLLM runs on {platform_type!r} (use --device {platform_type} or auto)"
 
 
+def batch_invariant_requested(environ) -> bool:
+    """vLLM's own reading of VLLM_BATCH_INVARIANT (an integer, 0 off); what is not an integer is not on."""
+    value = str(environ.get(BATCH_INVARIANT_ENV, "0")).strip()
+    return value.lstrip("+-").isdigit() and int(value) != 0
+
+
+def check_batch_invariant(requested: bool, platform_name: str, capability: tuple[int, int] | None) -> str | None:
+    """Why --batch-invariant cannot run on this machine's vLLM platform and device, or None."""
+    if not requested:
+        return None
+    problem = batch_invariant_device_problem(platform_name, capability)
+    return f"--batch-invariant: {problem}" if problem else None
+
+
+def _capability(platform) -> tuple[int, int] | None:
+    """The first visible GPU's compute capability as vLLM reads it (NVML on CUDA: no CUDA context)."""
+    try:
+        cap = platform.get_device_capability()
+    except Exception:  # noqa: BLE001 - unreadable is reported as such by check_batch_invariant
+        return None
+    return None if cap is None else (int(cap.major), int(cap.minor))
+
+
 def run_preflight(spec: Preflight) -> list[str]:
     """Every problem with spec's connectors and device, each naming the flag or arm."""
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
@@ -56,4 +85,8 @@ def run_preflight(spec: Preflight) -> list[str]:
 
     platform_type = str(current_platform.device_type)
     problems = [p for p in [check_device(spec.device, platform_type)] if p]
+    if batch_invariant_requested(os.environ):
+        name = str(current_platform.device_name)
+        problem = check_batch_invariant(True, name, _capability(current_platform) if name == "cuda" else None)
+        problems += [problem] if problem else []
     return problems + [p for p in (check_connector(c.to_json(), KVConnectorFactory) for c in spec.connectors) if p]
