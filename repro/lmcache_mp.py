@@ -24,7 +24,7 @@ bundle's site-packages, LMCache 0.5.5rc5, 0.5.5 and 0.5.6 wheels; paths relative
   `:285-289`, 0.5.5 and 0.5.5rc5 `:514-518`). Also read: `lmcache.mp.mq_timeout` (300 s),
   `lmcache.mp.heartbeat_interval` (10 s), and in 0.5.6 `lmcache.mp.hash_algorithm` ("blake3"),
   which must match the server's --hash-algorithm (0.5.6
-  `integration/vllm/vllm_multi_process_adapter.py:123-152`).
+  `integration/vllm/vllm_multi_process_adapter.py:123-151`).
 - What the connector does with it: the adapter asks the server for its chunk size when it is
   built, waiting up to mq_timeout, and raises ConnectionError("Cannot reach the LMCache MP server
   ...") when nothing answers (0.5.6 `vllm_multi_process_adapter.py:760-768, 305-332`); the chunk
@@ -59,12 +59,18 @@ bundle's site-packages, LMCache 0.5.5rc5, 0.5.5 and 0.5.6 wheels; paths relative
   `server.py:511`) say the same but their wording moves between versions, so they are not probed.
   On SIGTERM uvicorn runs the lifespan's shutdown (`http_server.py:159-177`: request server and
   engine closed).
+- The server is a GPU process: it initializes the accelerator (0.5.6 `server.py:508`) and by
+  default moves KV itself through CUDA IPC handles the workers register
+  (`--supported-transfer-mode lmcache_driven`, `config.py:438-446`), so it must see the arm's GPU
+  (the arm's CUDA_VISIBLE_DEVICES). Its loads are asynchronous: `get_num_new_matched_tokens`
+  returns `(need_to_load, need_to_load > 0)` (0.5.6 `lmcache_mp_connector.py:1351`) and
+  `wait_for_layer_load` does nothing (`:940-951`).
 - Versions. LMCache 0.5.4 (resolved with vllm==0.26.0 into the bundle), 0.5.5rc5, 0.5.5 and 0.5.6
   all ship both the server module and the external connector, and the connector's vLLM imports
   all exist in vLLM 0.26.0 (`distributed/kv_events.py` BlockStored/BlockRemoved/KVEventAggregator/
   KVConnectorKVEvents, `v1/core/kv_cache_utils.py:79` maybe_convert_block_hash, `base.py:85`
   SupportsHMA; KVConnectorTransferResults is absent from 0.26.0 and LMCache falls back, 0.5.6
-  `lmcache_mp_connector.py:24-31`). Compatible by code reading; not run here (no GPU). Not
+  `lmcache_mp_connector.py:24-32`). Compatible by code reading; not run here (no GPU). Not
   checked: which kernels the server's transfer uses when LMCache's compiled ops do not load
   against torch 2.11 (the README's GPU rows run its torch fallback).
 """
