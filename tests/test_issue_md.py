@@ -277,3 +277,10 @@ def test_batch_invariance_off_and_a_report_without_worker_facts_in_one_arm():
     lines = _section(format_issue_md(report))
     assert lines[0].startswith("- **Attention backend**: baseline: not recorded; LMCacheConnectorV1: FLASH_ATTN")
     assert any(line.startswith("- **Batch-invariant kernels**: off for this run") for line in lines)
+
+
+def test_engines_on_the_cpu_have_no_compute_capability():
+    report = maintainer_report()
+    for arm in report["arms"]:
+        arm["effective_config"]["workers"] = [dict(_worker(1, capability=None), platform="cpu")]
+    assert "- **GPU compute capability**: none (cpu) (every arm) (NVIDIA H200)" in _section(format_issue_md(report))

@@ -74,3 +74,18 @@ def test_unknown_connector_is_exit_2_before_any_arm(tmp_path, tiny_model):
     assert "done:" not in proc.stderr and "arm NoSuchConnector: starting" not in proc.stderr
     assert "Traceback" not in proc.stderr
     assert report.read_bytes() == b"old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+
+def test_batch_invariant_on_a_platform_without_its_kernels_is_named(tmp_path):
+    # what --batch-invariant hands every child; this machine's vLLM runs on the CPU, where vLLM has
+    # no batch-invariant kernels (the CLI refuses --device cpu itself; this is --device cuda on a CPU build)
+    env = child_env(dict(os.environ), hashseed="0", extra={"VLLM_BATCH_INVARIANT": "1"})
+    engine = EngineConfig("unused", None, "float32", 0, 0.1, 256, 16, "auto")
+    job = build_job(
+        ArmSpec("baseline", "baseline"), engine, [], max_tokens=1, logprobs=2, preflight=Preflight((), device="auto")
+    )
+    outcome = run_arm(job, workdir=tmp_path, log_path=tmp_path / "preflight.log", env=env, timeout_s=300)
+    assert outcome.failure is None, outcome.failure
+    assert outcome.result.preflight_problems == (
+        "--batch-invariant: vLLM has batch-invariant kernels for CUDA and XPU only, and this runs on cpu",
+    )

@@ -207,6 +207,13 @@ def _attention_backend(arm: dict) -> str | None:
     return " + ".join(names) or None
 
 
+def _capability(arm: dict) -> str | None:
+    """The GPU's compute capability as the workers saw it; 'none (cpu)' where they ran on no GPU."""
+    found = _worker_values(arm, "compute_capability")
+    platforms = _worker_values(arm, "platform")
+    return found or (f"none ({platforms})" if platforms and "cuda" not in platforms.split(", ") else None)
+
+
 def _hashseeds(arm: dict) -> str | None:
     child = (arm.get("effective_config") or {}).get("pythonhashseed")
     workers = _worker_values(arm, "pythonhashseed")
@@ -318,8 +325,7 @@ def format_maintainer_facts(report: dict) -> str:
     mp = [a for a in report["arms"] if _is_mp(a)]
     lines = [
         f"- **Attention backend**: {_per_arm(report, _attention_backend)}",
-        f"- **GPU compute capability**: {_per_arm(report, lambda a: _worker_values(a, 'compute_capability'))}"
-        + (f" ({gpus})" if gpus else ""),
+        f"- **GPU compute capability**: {_per_arm(report, _capability)}" + (f" ({gpus})" if gpus else ""),
         f"- **LMCache wheel**: {_lmcache_wheel(report)}",
         (
             f"- **PYTHONHASHSEED**: set to {seed if seed is not None else NOT_RECORDED} for every engine process; "
