@@ -56,7 +56,14 @@ from repro.runner import (
     stop_all_children,
 )
 from repro.suite import build_probes
-from repro.verdict import LMCACHE_DEGRADED, decide_child_failure, decide_lmcache_degraded
+from repro.verdict import (
+    BATCH_INVARIANT_INACTIVE,
+    LMCACHE_DEGRADED,
+    batch_invariance_state,
+    decide_batch_invariance,
+    decide_child_failure,
+    decide_lmcache_degraded,
+)
 
 HASHSEED = "0"
 
@@ -69,7 +76,14 @@ class RunState:
     published: dict | None = None  # the report, once it and its logs are on disk
 
 
-def arm_entry(arm: PlannedArm, outcome: ArmOutcome, baseline: ArmResult | None, block_size: int, logs_rel: str) -> dict:
+def arm_entry(
+    arm: PlannedArm,
+    outcome: ArmOutcome,
+    baseline: ArmResult | None,
+    block_size: int,
+    logs_rel: str,
+    batch_invariant: bool = False,
+) -> dict:
     """One arm of the report: its result judged against the baseline, or its failure."""
     spec = arm.spec
     entry = {
@@ -105,6 +119,11 @@ def arm_entry(arm: PlannedArm, outcome: ArmOutcome, baseline: ArmResult | None, 
         verdict = decide_lmcache_degraded(verdict, evidence.degraded)
         if verdict.error_kind == LMCACHE_DEGRADED:
             entry["error"] = Failure(verdict.error_kind, verdict.error_detail, "\n".join(evidence.degraded)).to_json()
+    # --batch-invariant: an arm whose workers did not confirm the kernels were active is no evidence
+    cfg = res.effective_config or {}
+    verdict = decide_batch_invariance(verdict, batch_invariant, batch_invariance_state(cfg.get("workers")))
+    if verdict.error_kind == BATCH_INVARIANT_INACTIVE:
+        entry["error"] = Failure(verdict.error_kind, verdict.error_detail).to_json()
     entry.update(verdict=verdict.verdict, reasons=list(verdict.reasons))
     return entry
 
@@ -176,7 +195,7 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
                     baseline = outcome.result
                 if outcome.result is not None and outcome.failure is None:
                     results[arm.name] = outcome.result
-                entries.append(arm_entry(arm, outcome, baseline, a.block_size, logs_dir_name))
+                entries.append(arm_entry(arm, outcome, baseline, a.block_size, logs_dir_name, a.batch_invariant))
                 if arm.match_arm is not None:
                     info = matched.get(arm.name, ({}, {}))[1]
                     entries[-1]["matched_to"] = arm.match_arm

@@ -291,3 +291,21 @@ def test_worker_facts_on_this_machine_and_with_attention_layers(monkeypatch):
     assert bare["problems"] == [
         "attention backend: LookupError: no attention layer registered in the static forward context"
     ]
+
+
+def test_the_verifier_makes_an_unconfirmed_arm_an_error_and_leaves_others_alone():
+    """repro.verify.arm_entry: with --batch-invariant an arm whose workers did not confirm the kernels
+    is ERROR batch-invariant-inactive; without the flag the same arm keeps its verdict."""
+    from repro.contract import ArmResult, ArmSpec
+    from repro.plan import PlannedArm
+    from repro.runner import ArmOutcome
+    from repro.verify import arm_entry
+
+    req = RequestResult("cold", 0, (1, 2), (), "length", None, "")
+    res = ArmResult("baseline", (ProbeResult("p", (1,), None, (req,)),), effective_config={"workers": []})
+    outcome = ArmOutcome("baseline", res, None, None, "", 1.0)
+    arm = PlannedArm(ArmSpec("baseline", "baseline"))
+    on = arm_entry(arm, outcome, res, 16, "logs", batch_invariant=True)
+    assert on["verdict"] == "ERROR" and on["error"]["kind"] == "batch-invariant-inactive"
+    off = arm_entry(arm, outcome, res, 16, "logs", batch_invariant=False)
+    assert off["verdict"] == "PASS" and off["error"] is None

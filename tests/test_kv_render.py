@@ -559,7 +559,13 @@ def test_issue_markdown_without_the_audit():
     v1 = format_issue_md(load_report(SELFTEST))
     assert "KV audit" not in v1 and "| KV |" not in v1 and len(html_tables(v1)) == 1
     headings = [line for line in v1.splitlines() if line.startswith("#### ")]
-    assert headings == ["#### First diffs and margins", "#### Stack", "#### Reproduce", "#### Warnings"]
+    assert headings == [
+        "#### What maintainers ask for",
+        "#### First diffs and margins",
+        "#### Stack",
+        "#### Reproduce",
+        "#### Warnings",
+    ]
     off = format_issue_md(build_v2_report(audit=False))
     assert "#### KV audit\n\nKV audit: off for this run (token verdicts only)." in off
     assert html_tables(off)[0][0][-1] == "first diffs"
