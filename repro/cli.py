@@ -100,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     # Tests only: a stand-in engine child for the failure-handling tests (never proof that the
     # verification works). Any other module than the default also skips the vLLM preflight.
     p.add_argument("--engine-module", default=DEFAULT_ENGINE_MODULE, help=argparse.SUPPRESS)
+    # Tests only: a stand-in for LMCache's MP server (tests/stand_in_mp_server.py) for its lifecycle.
+    p.add_argument("--lmcache-server-module", default=None, help=argparse.SUPPRESS)
     return p
 
 
@@ -183,13 +185,25 @@ def engine_python_problem(python: str, needs_lmcache: bool) -> str | None:
     return None
 
 
+def _fixture_has_lmcache(path: str | None) -> bool:
+    """Whether the fixture declares an LMCache connector arm (a fixture that cannot be read says no:
+    loading it reports why, later)."""
+    try:
+        arms = json.loads(Path(path).read_text(encoding="utf-8")).get("arms") or []
+    except (OSError, ValueError, TypeError, AttributeError):
+        return False
+    return any(isinstance(a, dict) and "lmcache" in str(a.get("connector", "")).lower() for a in arms)
+
+
 def validate(args: argparse.Namespace) -> Options:
     """Every check that needs no engine; each failure is one line and exit 2."""
     if args.kv_connector_module_path and not args.kv_connector:
         raise UsageError("--kv-connector-module-path needs --kv-connector (the class name in that module)")
     if args.kv_connector_extra_config and not args.kv_connector:
         raise UsageError("--kv-connector-extra-config needs --kv-connector")
-    if args.lmcache_config and not (args.kv_connector and "lmcache" in args.kv_connector.lower()):
+    if args.lmcache_config and not (
+        (args.kv_connector and "lmcache" in args.kv_connector.lower()) or _fixture_has_lmcache(args.fixture)
+    ):
         raise UsageError("--lmcache-config needs an LMCache connector (e.g. --kv-connector LMCacheConnectorV1)")
     if args.kv_connector == "LMCacheConnectorV1" and args.kv_connector_module_path:
         raise UsageError(
@@ -236,6 +250,7 @@ def validate(args: argparse.Namespace) -> Options:
         raise UsageError(f"--model {args.model}: no such local model directory")
     if args.engine_module == DEFAULT_ENGINE_MODULE:  # a stand-in engine (tests) needs no vLLM
         lmcache = bool(args.kv_connector and "lmcache" in args.kv_connector.lower())
+        lmcache = lmcache or (not args.kv_connector and _fixture_has_lmcache(args.fixture))
         problem = engine_python_problem(args.python, needs_lmcache=lmcache)
         if problem:
             raise UsageError(f"--python {args.python}: {problem}")

@@ -32,7 +32,21 @@ MISSING_OUTPUT = "missing-output"
 UNPARSABLE_OUTPUT = "unparsable-output"
 RESULT_VERSION = "result-version-mismatch"
 RAISED = "raised"
-FAILURE_KINDS = (TIMEOUT, CRASH, OOM, NONZERO_EXIT, MISSING_OUTPUT, UNPARSABLE_OUTPUT, RESULT_VERSION, RAISED)
+# LMCache's MP server (repro.lmcache_mp), started by the kit for an LMCacheMPConnector arm
+LMCACHE_SERVER_START = "lmcache-server-start"
+LMCACHE_SERVER_DIED = "lmcache-server-died"
+FAILURE_KINDS = (
+    TIMEOUT,
+    CRASH,
+    OOM,
+    NONZERO_EXIT,
+    MISSING_OUTPUT,
+    UNPARSABLE_OUTPUT,
+    RESULT_VERSION,
+    RAISED,
+    LMCACHE_SERVER_START,
+    LMCACHE_SERVER_DIED,
+)
 
 
 def progress_path(output: str) -> str:

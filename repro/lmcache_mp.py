@@ -92,12 +92,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from repro import logscan
-from repro.contract import Failure
+from repro.contract import LMCACHE_SERVER_DIED, LMCACHE_SERVER_START, Failure
 from repro.provenance import redact_text
 from repro.runner import deferred_signals, kill_group, redact_log, start_child
 
-LMCACHE_SERVER_START = "lmcache-server-start"
-LMCACHE_SERVER_DIED = "lmcache-server-died"
 FAILURE_KINDS = (LMCACHE_SERVER_START, LMCACHE_SERVER_DIED)
 CONNECTOR = "LMCacheMPConnector"
 SERVER_MODULE = "lmcache.v1.multiprocess.http_server"

@@ -15,7 +15,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from repro import __version__, kvaudit, logscan
+from repro import __version__, kvaudit, lmcache_mp, logscan
 from repro.atomic import dumps_json, write_bytes_atomic
 from repro.cli import Options, parse_args
 from repro.commands import run_command
@@ -217,7 +217,9 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
         validate_report(report)
         data = dumps_json(report).encode("utf-8")
         with deferred_signals():  # logs and report are swapped in together, or not at all
-            publish_logs(work, report_path.parent / logs_dir_name, [e["name"] for e in entries])
+            logs = [e["name"] for e in entries]
+            logs += [f"{n}.lmcache-server" for n in logs if (work / f"{n}.lmcache-server.log").exists()]
+            publish_logs(work, report_path.parent / logs_dir_name, logs)
             write_bytes_atomic(report_path, data)
             state.published = report
     finally:
@@ -300,15 +302,23 @@ def run_arms(
             return None
         job = first_job if i == 0 else job_for(i, outcomes[dep] if dep is not None else None)
         progress.start(arm.name, Path(progress_path(str(work / f"{arm.name}.result.json"))))
-        outcome = run_arm(
-            job,
-            workdir=work,
-            log_path=work / f"{arm.name}.log",
-            env={**env, **slots[i].env},
-            timeout_s=a.timeout,
-            python=a.python,
-            module=a.engine_module,
-        )
+        arm_env = {**env, **slots[i].env}
+
+        def launch(job: Job) -> ArmOutcome:
+            return run_arm(
+                job,
+                workdir=work,
+                log_path=work / f"{arm.name}.log",
+                env=arm_env,
+                timeout_s=a.timeout,
+                python=a.python,
+                module=a.engine_module,
+            )
+
+        if job.arm.connector is not None and job.arm.connector.name == lmcache_mp.CONNECTOR:
+            outcome = _run_with_mp_server(job, arm_env, work, a, progress, launch)
+        else:
+            outcome = launch(job)
         if i == 0:
             if outcome.result is not None and outcome.result.preflight_problems:
                 stop.set()
@@ -335,11 +345,36 @@ def run_arms(
             released.set()
             with deferred_signals():
                 stop_all_children()
+                lmcache_mp.stop_all_servers()
                 for f in futures:
                     f.cancel()
                 wait(futures)
                 stop_all_children()  # a thread that started a child after the first sweep
             raise
+
+
+def _run_with_mp_server(job: Job, env: dict, work: Path, a, progress: Progress, launch) -> ArmOutcome:
+    """An LMCacheMPConnector arm: the kit starts LMCache's MP server (repro.lmcache_mp) for this arm
+    alone, points the connector at it, runs the arm, and stops the server whatever happens. A server
+    that does not start, or dies while the arm runs, is the arm's named failure: a result made
+    against a dead server is no evidence (the connector silently recomputes then)."""
+    name = job.arm.name
+    server_log = lmcache_mp.server_log_path(work, name)
+    outcome = None
+    try:
+        progress.stage(name, "starting the LMCache MP server")
+        settings = lmcache_mp.ServerSettings(**({"module": a.lmcache_server_module} if a.lmcache_server_module else {}))
+        with lmcache_mp.mp_server(a.python, server_log, env, settings=settings) as server:
+            conn = job.arm.connector
+            extra = {**conn.extra_config, **server.extra_config()}
+            job = replace(job, arm=replace(job.arm, connector=replace(conn, extra_config=extra)))
+            outcome = launch(job)
+            server.check()
+    except lmcache_mp.ServerError as exc:
+        if outcome is None:  # never ran: the arm's log is the server's
+            return ArmOutcome(name, None, exc.failure(), server_log, exc.log_tail, 0.0)
+        return replace(outcome, result=None, failure=exc.failure())
+    return outcome
 
 
 def _read_json(path: Path) -> dict:
