@@ -286,8 +286,13 @@ def run_arms(
     def one(i: int) -> ArmOutcome | None:
         try:
             return outcome_of(i)
+        except BaseException:
+            stop.set()  # a kit bug in one arm's thread: the others do not start, the main thread re-raises
+            raise
         finally:
             finished[i].set()
+            if i == 0:
+                released.set()  # never leave the others waiting for a preflight that will not come
 
     def outcome_of(i: int) -> ArmOutcome | None:
         while i > 0 and not released.wait(0.2):

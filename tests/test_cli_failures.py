@@ -346,3 +346,31 @@ def test_unwritable_report_path_is_a_usage_error(setup, where):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--report" in proc.stderr, proc.stderr
     assert setup["fixture"].read_bytes() == before
     assert_untouched(setup)
+
+
+def test_a_kit_error_in_the_first_arms_thread_never_hangs_the_others(setup, monkeypatch):
+    """run_arms: the first arm's thread raising (here: its interpreter cannot be started) must not
+    leave the waiting arms waiting for a preflight; the error reaches the caller."""
+    from repro import verify
+    from repro.cli import parse_args
+    from repro.contract import ArmSpec, EngineConfig, Preflight, ProbeJob, build_job
+    from repro.plan import PlannedArm, arm_slots
+    from repro.progress import Progress
+
+    opts = parse_args(_args(setup, "--kv-connector", "ExampleConnector", "--jobs", "2"))
+    arms = [PlannedArm(ArmSpec("baseline", "baseline")), PlannedArm(ArmSpec("native", "native"))]
+    engine = EngineConfig(str(setup["model"]), None, "auto", 0, 0.1, 256, 16, "cpu")
+    probes = [ProbeJob("p", {"token_ids": [1, 2]}, 1)]
+    # the first arm makes a preflight: without the fix the second waits for it for ever
+    job = build_job(
+        ArmSpec("baseline", "baseline"), engine, probes, max_tokens=2, logprobs=2, preflight=Preflight((), "cpu")
+    )
+
+    def boom(*args, **kwargs):
+        raise FileNotFoundError("no such interpreter")
+
+    monkeypatch.setattr(verify, "run_arm", boom)
+    work = setup["tmp"] / "work"
+    work.mkdir()
+    with Progress([a.name for a in arms], "quiet") as progress, pytest.raises(FileNotFoundError):
+        verify.run_arms(arms, lambda i, dep=None: job, arm_slots(opts, 2, 2), 2, work, {}, opts.args, progress)
