@@ -63,6 +63,12 @@ class Fixture:
     expected_kv: dict = field(default_factory=dict)  # arm name -> {probe name -> KV verdict}
 
 
+def _name(name: object) -> str:
+    """A name from the fixture as an error message shows it: as written, or quoted when it is not
+    printable (a newline in a key must not break the one-line error)."""
+    return name if isinstance(name, str) and name.isprintable() else repr(name)
+
+
 def _fail(path: str | Path, msg: str) -> UsageError:
     return UsageError(f"fixture {path}: {msg}")
 
@@ -191,10 +197,10 @@ def _parse_expected(data: dict, key: str, verdicts: tuple[str, ...], path) -> di
         raise _fail(path, f"{key}: must be an object of arm -> {{probe: verdict}}")
     for arm, table in table_of.items():
         if not isinstance(table, dict):
-            raise _fail(path, f"{key}.{arm}: must be an object of probe -> verdict")
+            raise _fail(path, f"{key}.{_name(arm)}: must be an object of probe -> verdict")
         for probe, verdict in table.items():
             if not isinstance(verdict, str) or verdict not in verdicts:
-                raise _fail(path, f"{key}.{arm}.{probe}: {verdict!r} is not one of {', '.join(verdicts)}")
+                raise _fail(path, f"{key}.{_name(arm)}.{_name(probe)}: {verdict!r} is not one of {', '.join(verdicts)}")
     return table_of
 
 
