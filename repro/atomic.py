@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 from pathlib import Path
 
@@ -43,20 +42,9 @@ def write_bytes_atomic(path: Path | str, data: bytes) -> None:
         os.close(dir_fd)
 
 
-# An array of numbers, booleans and nulls only (no strings, objects or arrays inside), as json.dumps
-# indents it: one item per line.
-_SCALAR_ARRAY = re.compile(
-    r"\[(?:\s*(?:-?\d[\d.eE+-]*|true|false|null)\s*,)*\s*(?:-?\d[\d.eE+-]*|true|false|null)\s*\]"
-)
-
-
 def dumps_json(obj: object) -> str:
-    """Deterministic serialization; unknown types fail loudly (no default=str). Indented, except that
-    an array of plain numbers, booleans and nulls stays on one line: token IDs and the KV audit's
-    block x layer grids would otherwise take one line per item (a report of five audited arms went
-    over 1 MiB)."""
-    text = json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False)
-    return _SCALAR_ARRAY.sub(lambda m: re.sub(r"\s+", "", m.group(0)).replace(",", ", "), text) + "\n"
+    """Deterministic serialization; unknown types fail loudly (no default=str)."""
+    return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
 
 
 def write_json_atomic(path: Path | str, obj: object) -> None:
