@@ -6,6 +6,14 @@ out of M" lines and its warnings are recorded, and every disagreement is reporte
 changes the verdict: a start in degraded mode (LMCache caught its own start-up failure and
 silently recomputes) makes the arm ERROR, never PASS; repro.verdict decides that, this module
 only reports what the log says.
+
+The retrieve, store and lookup lines, and the per-request count, are written by the in-process
+connector (LMCacheConnectorV1) inside the arm's own engine. An LMCacheMPConnector arm moves its KV
+in the LMCache MP server the kit starts (repro.lmcache_mp), which logs to a file of its own: the
+arm's log holds none of those lines, so their absence says nothing about that arm and the checks
+built on them are left out, with one note naming the server's log. What the arm's log can still
+say is kept: degraded mode (the MP connector logs it when the server stops answering), the
+compiled-ops warning of the engine's own LMCache import, double unpins.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from repro.lmcache_mp import CONNECTOR as MP_CONNECTOR
 from repro.logscan import clean_line
 
 # Start-up failure caught by LMCacheManager, or its health monitor giving up on a backend: either
@@ -94,16 +103,22 @@ def _for_request(items: list[dict], request_id: str | None) -> list[dict]:
     return [i for i in items if i["req_id"] == request_id or i["req_id"].startswith(f"{request_id}-")]
 
 
-def cross_check(probes: list[dict], scan: dict) -> tuple[dict[tuple[str, int], dict], list[str]]:
-    """LMCache's view of each request ({(probe, index): view}) and where it disagrees with vLLM's."""
+def cross_check(
+    probes: list[dict], scan: dict, in_process: bool = True
+) -> tuple[dict[tuple[str, int], dict], list[str]]:
+    """LMCache's view of each request ({(probe, index): view}) and where it disagrees with vLLM's.
+
+    `in_process` False (an LMCacheMPConnector arm): the arm's log has no retrieve or lookup lines
+    and the connector reports no per-request count, so nothing is read from the log and only a
+    per-request count that is there is compared."""
     views: dict[tuple[str, int], dict] = {}
     findings = []
     for probe in probes:
         for i, req in enumerate(probe.get("requests", [])):
             ktp = req.get("kv_transfer_params") or {}
             reported = ktp.get("num_lmcache_cached_tokens")
-            retrieves = _for_request(scan["retrieves"], req.get("request_id"))
-            lookups = _for_request(scan["lookups"], req.get("request_id"))
+            retrieves = _for_request(scan["retrieves"], req.get("request_id")) if in_process else []
+            lookups = _for_request(scan["lookups"], req.get("request_id")) if in_process else []
             view = {
                 "reported_hit_tokens": reported,
                 "retrieved": sum(r["retrieved"] for r in retrieves) if retrieves else None,
@@ -113,7 +128,7 @@ def cross_check(probes: list[dict], scan: dict) -> tuple[dict[tuple[str, int], d
             views[(probe["name"], i)] = view
             where = f"{probe['name']} {req['role']} {i}"
             vllm_cached = req.get("cached_tokens")
-            if reported is None and req["role"] == "reuse":
+            if in_process and reported is None and req["role"] == "reuse":
                 findings.append(f"{where}: LMCache reported no per-request hit count")
             if view["retrieved"] is not None and view["retrieved"] < view["required"]:
                 findings.append(f"{where}: LMCache retrieved {view['retrieved']} of {view['required']} required tokens")
@@ -121,7 +136,7 @@ def cross_check(probes: list[dict], scan: dict) -> tuple[dict[tuple[str, int], d
                 findings.append(
                     f"{where}: LMCache retrieved {view['retrieved']} tokens where vLLM counted {vllm_cached} cached"
                 )
-            if vllm_cached and view["retrieved"] is None and req["role"] == "reuse":
+            if in_process and vllm_cached and view["retrieved"] is None and req["role"] == "reuse":
                 findings.append(f"{where}: vLLM counted {vllm_cached} cached tokens but no LMCache retrieve was logged")
             if reported is not None and vllm_cached is not None and reported not in (vllm_cached, vllm_cached + 1):
                 findings.append(f"{where}: LMCache reports {reported} hit tokens, vLLM {vllm_cached} cached")
@@ -138,8 +153,15 @@ class LMCacheEvidence:
     degraded: tuple[str, ...]  # degraded-mode log lines (at most 3): LMCache silently recomputes
 
 
-def lmcache_evidence(probes: list[dict], log_text: str) -> LMCacheEvidence:
-    """Scan an LMCache arm's log and cross-check it with the arm's judged probes (nothing is modified)."""
+def lmcache_evidence(
+    probes: list[dict], log_text: str, connector: str | None = None, server_log: str | None = None
+) -> LMCacheEvidence:
+    """Scan an LMCache arm's log and cross-check it with the arm's judged probes (nothing is modified).
+
+    `connector`: the arm's connector name; LMCacheMPConnector leaves out the checks that read the
+    in-process connector's lines (module docstring), anything else (or None) is read as the
+    in-process connector. `server_log`: where the MP server's log is, as the report names it."""
+    in_process = connector != MP_CONNECTOR
     scan = scan_log(log_text)
     retrieves = len(scan["retrieves"])
     signals = {
@@ -154,11 +176,19 @@ def lmcache_evidence(probes: list[dict], log_text: str) -> LMCacheEvidence:
         "initialized": scan.get("initialized", [])[:2],
         "versions_logged": scan["versions"],
     }
-    views, findings = cross_check(probes, scan)
-    if scan["double_unpin_warnings"]:
+    if not in_process:  # the counts above are of lines this arm's log never has
+        signals.update(retrieves=None, double_unpin_per_retrieve=None, stores=None)
+    views, findings = cross_check(probes, scan, in_process)
+    if not in_process:
+        where = f"its log ({server_log})" if server_log else "its own log, beside this arm's"
         findings.append(
-            f"{scan['double_unpin_warnings']} 'Double unpin' warnings over {retrieves} retrieves "
-            "(LMCache #5090; recorded, not a verdict)"
+            f"{MP_CONNECTOR}: LMCache's retrieves and stores for this arm happen in the LMCache MP server "
+            f"and are logged in {where}; they are not cross-checked against vLLM's cached-token counts"
+        )
+    if scan["double_unpin_warnings"]:
+        over = f"over {retrieves} retrieves" if in_process else "in this arm's log"
+        findings.append(
+            f"{scan['double_unpin_warnings']} 'Double unpin' warnings {over} (LMCache #5090; recorded, not a verdict)"
         )
     findings.append(f"LMCache CUDA ops: {scan['cuda_ops']}")
     return LMCacheEvidence(signals, views, tuple(findings), tuple(scan["degraded"][:3]))

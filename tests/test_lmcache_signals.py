@@ -110,3 +110,84 @@ def test_cross_check_matches_requests_by_vllm_request_id_prefix():
     assert any("reuse 2: LMCache reports 1280 hit tokens, vLLM 1024 cached" in f for f in findings)
     assert any("reuse 3: LMCache reported no per-request hit count" in f for f in findings)
     assert any("reuse 3: vLLM counted 256 cached tokens but no LMCache retrieve was logged" in f for f in findings)
+
+
+# Lines of an LMCacheMPConnector arm's own log (same H200 run): the engine's LMCache import, no
+# retrieve, store, lookup or configuration line (those are the MP server's, in its own log).
+MP_ARM_LOG = (
+    "(EngineCore pid=983) [2026-11-30 12:24:29,515] LMCache WARNING: lmcache.cuda_ops compiled extension not found; "
+    "CudaDeviceOps stays on the torch baseline for all ops. (device_ops.py:34:lmcache.v1.platform.cuda.device_ops)\n"
+    "(EngineCore pid=983) [2026-11-30 12:24:29,759] LMCache INFO: Using external LMCacheMPConnector from "
+    "lmcache.integration.vllm.lmcache_mp_connector (lmcache_mp_connector.py:1212:"
+    "vllm.distributed.kv_transfer.kv_connector.v1.lmcache_mp_connector)\n"
+)
+MP_SERVER_LOG = "h200.logs/LMCacheMPConnector.lmcache-server.log"
+IN_PROCESS_NOTES = ("no per-request hit count", "no LMCache retrieve was logged", "LMCache retrieved")
+
+
+def _hit_probes() -> list[dict]:
+    """A cold request and three vLLM hits that the MP connector reports no per-request count for."""
+    reuse = [{"role": "reuse", "request_id": str(i), "cached_tokens": 1280, "kv_transfer_params": None} for i in (1, 2)]
+    return [
+        {
+            "name": "fixture",
+            "requests": [{"role": "cold", "request_id": "0", "cached_tokens": 0, "kv_transfer_params": None}, *reuse],
+        },
+        {
+            "name": "chat-511",
+            "requests": [{"role": "reuse", "request_id": "9", "cached_tokens": 256, "kv_transfer_params": None}],
+        },
+    ]
+
+
+def test_in_process_connector_arm_still_gets_the_log_notes():
+    """The V1 connector (and an unnamed connector, the old call) keeps every per-request note."""
+    for connector in (None, "LMCacheConnectorV1"):
+        findings = lmcache_evidence(_hit_probes(), MP_ARM_LOG, connector=connector).findings
+        assert sum("no per-request hit count" in f for f in findings) == 3
+        assert "chat-511 reuse 0: vLLM counted 256 cached tokens but no LMCache retrieve was logged" in findings
+        assert not any("MP server" in f for f in findings)
+
+
+def test_mp_connector_arm_gets_no_in_process_log_notes_and_one_pointer_to_the_server_log():
+    evidence = lmcache_evidence(_hit_probes(), MP_ARM_LOG, connector="LMCacheMPConnector", server_log=MP_SERVER_LOG)
+    assert not [f for f in evidence.findings if any(note in f for note in IN_PROCESS_NOTES)]
+    pointers = [f for f in evidence.findings if "MP server" in f]
+    assert len(pointers) == 1 and MP_SERVER_LOG in pointers[0]
+    assert evidence.findings == (pointers[0], "LMCache CUDA ops: not loaded: fell back to torch ops")
+    # counts of lines this arm's log never has are not recorded as zero
+    assert evidence.signals["retrieves"] is None and evidence.signals["stores"] is None
+    assert evidence.request_views[("fixture", 1)] == {
+        "reported_hit_tokens": None,
+        "retrieved": None,
+        "required": None,
+        "lookup_hit_tokens": None,
+    }
+    without_path = lmcache_evidence(_hit_probes(), MP_ARM_LOG, connector="LMCacheMPConnector").findings
+    assert sum("MP server" in f for f in without_path) == 1
+
+
+def test_mp_connector_arm_ignores_in_process_retrieve_lines_but_keeps_degraded_mode():
+    """Even a log with V1 retrieve lines (and mismatches) is not cross-checked on an MP arm; degraded
+    mode, which the MP connector logs too, still counts."""
+    probes = [
+        {
+            "name": "chat-512",
+            "requests": [
+                {
+                    "role": "reuse",
+                    "request_id": "7",
+                    "cached_tokens": 511,
+                    "kv_transfer_params": {"num_lmcache_cached_tokens": 512},
+                }
+            ],
+        }
+    ]
+    v1 = lmcache_evidence(probes, HITS, connector="LMCacheConnectorV1").findings
+    assert "chat-512 reuse 0: LMCache retrieved 512 tokens where vLLM counted 511 cached" in v1
+    mp = lmcache_evidence(probes, HITS, connector="LMCacheMPConnector", server_log=MP_SERVER_LOG)
+    assert not [f for f in mp.findings if any(note in f for note in IN_PROCESS_NOTES)]
+    assert mp.request_views[("chat-512", 0)]["reported_hit_tokens"] == 512
+    assert any("'Double unpin' warnings in this arm's log" in f for f in mp.findings)
+    degraded = lmcache_evidence([], DEGRADED, connector="LMCacheMPConnector")
+    assert degraded.degraded and degraded.signals["degraded_mode"] is True
