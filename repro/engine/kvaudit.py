@@ -12,11 +12,12 @@ Two classes, both resolved by vLLM's connector factory from this module
                     audit reads the blocks. It needs no cooperation from the connector.
 
 What it reads, and when:
-  scheduler side  get_num_new_matched_tokens gives the local (prefix-cache) hit; update_state_after_alloc
-                  the external tokens the connector will load; build_connector_meta wraps the
-                  connector's own metadata with each newly scheduled request's block IDs and counts
-                  (AuditMetadata). bind_connector_metadata hands the wrapped connector its own
-                  metadata back, so it sees exactly what it built.
+  scheduler side  get_num_new_matched_tokens whether the connector loads asynchronously;
+                  update_state_after_alloc the external tokens it will load; build_connector_meta
+                  (where a new request's num_computed_tokens is its local prefix-cache hit plus
+                  those external tokens) wraps the connector's own metadata with each newly
+                  scheduled request's block IDs and counts (AuditMetadata). bind_connector_metadata
+                  hands the wrapped connector its own metadata back, so it sees exactly what it built.
   worker side     wait_for_layer_load(layer), after the connector's own wait (a layer-wise loader
                   has finished that layer then; a synchronous one finished in start_load_kv): the
                   full blocks that hold the reused prefix. save_kv_layer(layer), after the attention
@@ -218,7 +219,6 @@ class _Audit:
         self._audit_bs = vllm_config.cache_config.block_size
         self._audit_head = vllm_config.model_config.get_head_size()
         self._audit_role = role
-        self._audit_local: dict[str, int] = {}
         self._audit_async: dict[str, bool] = {}
         self._audit_external: dict[str, int] = {}
         self._audit_seq = 0
@@ -240,11 +240,10 @@ class _Audit:
             traceback.print_exc()
 
     # ---- scheduler side
-    def _audit_matched(self, request, num_computed_tokens: int, result) -> None:
+    def _audit_matched(self, request, result) -> None:
         if self._audit_dead:
             return
         try:
-            self._audit_local[request.request_id] = int(num_computed_tokens)
             self._audit_async[request.request_id] = bool(result[1]) if result else False
         except Exception:  # noqa: BLE001
             self._audit_fail("get_num_new_matched_tokens")
@@ -257,7 +256,6 @@ class _Audit:
             for req in scheduler_output.scheduled_new_reqs:
                 # num_computed_tokens is local + external here (the scheduler counted both)
                 ext = self._audit_external.pop(req.req_id, 0)
-                self._audit_local.pop(req.req_id, None)
                 tokens = list(req.prompt_token_ids or [])
                 meta.requests.append(
                     AuditRequest(
@@ -385,7 +383,7 @@ class KVAuditObserver(_Audit, KVConnectorBase_V1):
         self._audit_init(vllm_config, role)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
-        self._audit_matched(request, num_computed_tokens, (0, False))
+        self._audit_matched(request, (0, False))
         return 0, False
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
@@ -438,7 +436,7 @@ def make_wrapped(target) -> type:
 
         def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
             result = target.get_num_new_matched_tokens(self, request, num_computed_tokens)
-            self._audit_matched(request, num_computed_tokens, result)
+            self._audit_matched(request, result)
             return result
 
         def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
