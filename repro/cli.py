@@ -61,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--suite", choices=["acceptance"], default=None)
     p.add_argument("--compare-native", action="store_true", help="also run vLLM native prefix caching as an arm")
+    p.add_argument(
+        "--no-native-matched",
+        action="store_true",
+        help="with --compare-native, leave out the native-matched control (native reusing exactly what the "
+        "connector reused; it waits for the connector arm): the three-arm reference run",
+    )
     p.add_argument("--fixture", required=True)
     p.add_argument("--report", default="reports/run.json")
     p.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")

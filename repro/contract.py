@@ -142,9 +142,14 @@ class EngineConfig:
     max_model_len: int
     block_size: int
     device: str
+    # set where arms share a GPU: the KV cache holds this many tokens (repro.plan.arm_slots)
+    kv_cache_tokens: int | None = None
 
     def to_json(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.kv_cache_tokens is None:
+            del out["kv_cache_tokens"]
+        return out
 
     @classmethod
     def from_json(cls, data: object, where: str = "engine") -> EngineConfig:
@@ -157,6 +162,7 @@ class EngineConfig:
             max_model_len=_get(data, "max_model_len", int, where),
             block_size=_get(data, "block_size", int, where),
             device=_get(data, "device", str, where),
+            kv_cache_tokens=_get(data, "kv_cache_tokens", int, where, optional=True),
         )
 
 

@@ -61,7 +61,9 @@ def plan_arms(opts: Options, fixture: Fixture) -> list[PlannedArm]:
     if a.compare_native:
         arms.append(PlannedArm(ArmSpec("native", "native")))
         connectors = [arm.name for arm in arms if arm.spec.mode == "connector"]
-        if connectors:  # the critic's control: native reusing exactly what the connector reused
+        if (
+            connectors and not a.no_native_matched
+        ):  # the critic's control: native reusing exactly what the connector reused
             arms.append(PlannedArm(ArmSpec(NATIVE_MATCHED, "native"), match_arm=connectors[0]))
     if len(arms) == 1:
         raise UsageError(
@@ -154,6 +156,9 @@ class ArmSlot:
 
     env: dict
     gpu_memory_utilization: float
+    # CUDA, several arms on one GPU at once: the KV cache is sized to this many tokens instead of
+    # from vLLM's free-memory profiling, which other processes' builds disturb (see arm_slots)
+    kv_cache_tokens: int | None = None
 
 
 def _visible_gpus() -> list[str]:
@@ -199,11 +204,21 @@ def default_jobs(opts: Options, n_arms: int) -> int:
     return max(1, min(n_arms, cores, fit))
 
 
+# A shared GPU's arms get a KV cache of this many times --max-model-len tokens: the kit runs one
+# sequence at a time, so this holds a primed prefix, the request that reuses it and the next probe.
+SHARED_GPU_KV_MAX_MODEL_LENS = 4
+
+
 def arm_slots(opts: Options, n_arms: int, jobs: int) -> list[ArmSlot]:
     """Per arm: on CUDA a GPU (round robin) and, where several arms share one, an equal share of
     90 % of its memory (never more than --gpu-memory-utilization); on the CPU, when arms run at once,
     each arm's OpenMP thread on its own core (the thread count, and so the arithmetic, stay as in a
-    run one at a time). One job: nothing changes."""
+    run one at a time). One job: nothing changes.
+
+    Arms that share a GPU also get a KV cache of a fixed size (SHARED_GPU_KV_MAX_MODEL_LENS x
+    --max-model-len tokens, vLLM's kv_cache_memory_bytes): otherwise each engine sizes it by
+    profiling the GPU's free memory, and vLLM stops with "Error in memory profiling" when another
+    process frees memory meanwhile, which arms building at the same time do (seen on an H200)."""
     util = opts.args.gpu_memory_utilization
     if jobs <= 1:
         return [ArmSlot({}, util) for _ in range(n_arms)]
@@ -211,7 +226,8 @@ def arm_slots(opts: Options, n_arms: int, jobs: int) -> list[ArmSlot]:
         gpus = _visible_gpus() or ["0"]
         per_gpu = -(-min(jobs, n_arms) // len(gpus))
         share = min(util, round(0.9 / per_gpu, 3))
-        return [ArmSlot({"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]}, share) for i in range(n_arms)]
+        tokens = SHARED_GPU_KV_MAX_MODEL_LENS * opts.args.max_model_len if per_gpu > 1 else None
+        return [ArmSlot({"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]}, share, tokens) for i in range(n_arms)]
     cores = os.cpu_count() or 1
     return [ArmSlot({"VLLM_CPU_OMP_THREADS_BIND": str(i % cores)}, util) for i in range(n_arms)]
 

@@ -110,7 +110,12 @@ def arm_entry(
     probes, verdict = judge_arm(res, baseline, spec.mode, block_size, arm.skip_probes)
     entry["probes"] = probes
     if spec.connector is not None and "lmcache" in spec.connector.name.lower():
-        evidence = lmcache_evidence(probes, outcome.log_text)
+        evidence = lmcache_evidence(
+            probes,
+            outcome.log_text,
+            connector=spec.connector.name,
+            server_log=f"{logs_rel}/{spec.name}.lmcache-server.log",
+        )
         entry["lmcache"] = evidence.signals
         entry["findings"] += list(evidence.findings)
         for probe in probes:
@@ -175,10 +180,17 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
                     probe_jobs, skipped, info = matched_probes(opts, arm, probes, conn, a.block_size)
                     matched[arm.name] = (skipped, info)
                     job = replace(job, probes=tuple(probe_jobs))
-                if slots[i].gpu_memory_utilization != job.engine.gpu_memory_utilization:
-                    job = replace(
-                        job, engine=replace(job.engine, gpu_memory_utilization=slots[i].gpu_memory_utilization)
+                slot = slots[i]
+                if (slot.gpu_memory_utilization, slot.kv_cache_tokens) != (
+                    job.engine.gpu_memory_utilization,
+                    job.engine.kv_cache_tokens,
+                ):
+                    engine = replace(
+                        job.engine,
+                        gpu_memory_utilization=slot.gpu_memory_utilization,
+                        kv_cache_tokens=slot.kv_cache_tokens,
                     )
+                    job = replace(job, engine=engine)
                 return job
 
             progress.note(f"{len(planned)} arms, {min(n_jobs, len(planned))} at a time")

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from kvkit_testutil import ROOT
 
 from repro.atomic import dumps_json, write_json_atomic
@@ -61,6 +62,8 @@ def test_writes_are_deterministic_and_refuse_unknown_types(tmp_path):
     target = tmp_path / "a.json"
     write_json_atomic(target, {"b": 1, "a": [1, "é"]})
     assert target.read_text(encoding="utf-8") == '{\n  "a": [\n    1,\n    "é"\n  ],\n  "b": 1\n}\n'
+    write_json_atomic(target, {"b": 1, "a": [1, 2]})
+    assert target.read_text(encoding="utf-8") == '{\n  "a": [1, 2],\n  "b": 1\n}\n'
     try:
         write_json_atomic(target, {"x": object()})
     except TypeError:
@@ -69,3 +72,35 @@ def test_writes_are_deterministic_and_refuse_unknown_types(tmp_path):
         raise AssertionError("an unknown type was serialized")
     assert json.loads(target.read_text())["b"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
+
+
+def test_arrays_of_plain_numbers_stay_on_one_line_and_the_text_parses_back_exactly():
+    import random
+
+    from repro.atomic import dumps_json
+
+    sample = {"ids": [3, -1, 2**40], "grid": [[0.5, None], [True, 1e-7]], "s": "[1,  2]", "e": [], "d": {}}
+    assert dumps_json(sample) == (
+        '{\n  "d": {},\n  "e": [],\n  "grid": [\n    [0.5, null],\n    [true, 1e-07]\n  ],\n'
+        '  "ids": [3, -1, 1099511627776],\n  "s": "[1,  2]"\n}\n'
+    )
+    rng = random.Random(7)
+    leaves = [None, True, False, 0, -3, 1.5e-7, 2**53, -0.0, "a", "[1,\\n 2]", "x\ny", "é", 1e300]
+
+    def value(depth=0):
+        r = rng.random()
+        if depth > 3 or r < 0.3:
+            return rng.choice(leaves)
+        if r < 0.6:
+            return [value(depth + 1) for _ in range(rng.randint(0, 4))]
+        return {f"{rng.choice('abé1')}{i}": value(depth + 1) for i in range(rng.randint(0, 4))}
+
+    for _ in range(2000):
+        obj = value()
+        text = dumps_json(obj)
+        assert json.loads(text) == json.loads(json.dumps(obj))
+        assert json.dumps(json.loads(text), indent=2, sort_keys=True, ensure_ascii=False) == json.dumps(
+            obj, indent=2, sort_keys=True, ensure_ascii=False
+        )
+    with pytest.raises(ValueError):
+        dumps_json({"x": float("nan")})

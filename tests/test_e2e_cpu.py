@@ -8,6 +8,7 @@ import pytest
 from conftest import have_vllm, run_cli
 from kvkit_testutil import run_test_connector
 
+from repro.atomic import dumps_json
 from repro.cli import selftest_cpu_argv
 from repro.report import REPORT_SCHEMA_VERSION
 
@@ -177,7 +178,8 @@ def test_report_contract(selftest):
         and data["schema_version"] == REPORT_SCHEMA_VERSION
         and data["claim_eligible"] is False
     )
-    assert raw == json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    # the kit's one JSON layout (sorted keys, indent 2, arrays of plain numbers on one line), byte for byte
+    assert raw == dumps_json(data)
     assert data["generations"] == sum(len(p["requests"]) for a in data["arms"] for p in a["probes"])
     for arm in data["arms"]:
         assert {"name", "mode", "connector", "verdict", "reasons", "effective_config", "probes"} <= set(arm)

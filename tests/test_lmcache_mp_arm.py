@@ -40,6 +40,12 @@ def test_the_arm_runs_against_a_server_the_kit_starts_and_stops(setup):
     assert arm["verdict"] == "PASS" and arm["error"] is None
     log = (setup["logs"] / "LMCacheMPConnector.lmcache-server.log").read_text()
     assert "--port" in log or log  # the server's own log, kept beside the arm logs
+    # its retrieves are in that log, not in the arm's: no in-process "no retrieve was logged" notes,
+    # one pointer to the server's log as the report publishes it
+    notes = " ".join(arm["findings"])
+    assert "no LMCache retrieve was logged" not in notes
+    pointer = f"{setup['logs'].name}/LMCacheMPConnector.lmcache-server.log"
+    assert pointer in notes and (setup["report"].parent / pointer).is_file()
     _no_server_left(pid_dir)
 
 

@@ -136,3 +136,53 @@ def test_native_matched_copies_the_connector_arms_reuse_lengths_aligned_down(mod
     assert "reused nothing" in skipped["chat-513"]
     _, skipped, _ = matched_probes(opts, arm, probes, None, 16)  # the connector arm failed
     assert set(skipped) == {"fixture", "chat-511", "chat-512", "chat-513"}
+
+
+def test_arms_sharing_a_gpu_get_a_fixed_kv_cache_and_the_job_carries_it(model, tmp_path, monkeypatch):
+    """vLLM's free-memory profiling fails when another process frees GPU memory meanwhile (arms
+    building at once on one H200 did): arms that share a GPU get kv_cache_memory_bytes instead."""
+    from dataclasses import replace
+
+    from repro import plan
+
+    opts = _opts(model, tmp_path, "--device", "cuda", "--max-model-len", "2048", "--gpu-memory-utilization", "0.5")
+    monkeypatch.setattr(plan, "_visible_gpus", lambda: ["0"])
+    shared = plan.arm_slots(opts, 3, 3)
+    assert [s.kv_cache_tokens for s in shared] == [plan.SHARED_GPU_KV_MAX_MODEL_LENS * 2048] * 3
+    assert [s.gpu_memory_utilization for s in shared] == [0.3] * 3
+    # one arm per GPU, or one at a time: vLLM sizes the cache as before
+    monkeypatch.setattr(plan, "_visible_gpus", lambda: ["0", "1", "2"])
+    assert [s.kv_cache_tokens for s in plan.arm_slots(opts, 3, 3)] == [None] * 3
+    assert [(s.kv_cache_tokens, s.gpu_memory_utilization) for s in plan.arm_slots(opts, 3, 1)] == [(None, 0.5)] * 3
+    fixture = load_fixture(SELFTEST)
+    job = arm_job(opts, plan_arms(opts, fixture)[0], list(fixture.probes), fixture.sha256)
+    assert "kv_cache_tokens" not in job.to_json()["engine"]
+    job = replace(job, engine=replace(job.engine, kv_cache_tokens=8192))
+    assert Job.from_json(json.loads(json.dumps(job.to_json()))) == job
+
+
+def test_kv_bytes_per_token_reads_the_models_attention_shape(tmp_path):
+    from repro.engine.child import kv_bytes_per_token
+
+    cfg = {
+        "model_type": "qwen3",
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "hidden_size": 1024,
+        "torch_dtype": "bfloat16",
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    # Qwen3-0.6B: 2 (K, V) x 28 layers x 8 KV heads x 128 x 2 bytes
+    assert kv_bytes_per_token(str(tmp_path), None, "float16") == 2 * 28 * 8 * 128 * 2
+    assert kv_bytes_per_token(str(tmp_path), None, "float32") == 2 * 28 * 8 * 128 * 4
+    assert kv_bytes_per_token(str(tmp_path), None, "auto") == 2 * 28 * 8 * 128 * 2
+
+
+def test_no_native_matched_leaves_the_three_arm_reference_run(model, tmp_path):
+    fixture = load_fixture(SELFTEST)
+    names = [a.name for a in plan_arms(_opts(model, tmp_path, "--compare-native"), fixture)]
+    assert names[-2:] == ["native", "native-matched"]
+    opts = _opts(model, tmp_path, "--compare-native", "--no-native-matched", "--kv-connector", "ExampleConnector")
+    assert [a.name for a in plan_arms(opts, fixture)] == ["baseline", "ExampleConnector", "native"]

@@ -100,6 +100,7 @@ def _effective_config(llm) -> dict:
         "enable_prefix_caching": bool(cfg.cache_config.enable_prefix_caching),
         "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
         "max_num_seqs": cfg.scheduler_config.max_num_seqs,
+        "kv_cache_memory_bytes": getattr(cfg.cache_config, "kv_cache_memory_bytes", None),
         "kv_transfer_config": None
         if ktc is None
         else {
@@ -190,6 +191,25 @@ def _collect_versions() -> dict:
     return out
 
 
+_DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
+
+
+def kv_bytes_per_token(model: str, revision: str | None, dtype: str) -> int:
+    """Bytes of K and V one token takes over all layers, from the model's config (full attention,
+    the KV cache in the model's dtype): what a KV cache of N tokens costs in kv_cache_memory_bytes."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(model, revision=revision)
+    cfg = getattr(cfg, "text_config", None) or cfg
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    if dtype == "auto":
+        dtype = str(getattr(cfg, "torch_dtype", None) or getattr(cfg, "dtype", None) or "float16")
+    size = _DTYPE_BYTES.get(dtype.replace("torch.", ""), 2)
+    return 2 * cfg.num_hidden_layers * kv_heads * head_dim * size
+
+
 def _engine_kwargs(job: Job) -> dict:
     e, arm = job.engine, job.arm
     kwargs = {
@@ -209,6 +229,8 @@ def _engine_kwargs(job: Job) -> dict:
         "enable_prefix_caching": arm.mode == "native",
         "disable_log_stats": False,
     }
+    if e.kv_cache_tokens:
+        kwargs["kv_cache_memory_bytes"] = e.kv_cache_tokens * kv_bytes_per_token(e.model, e.revision, e.dtype)
     ktc = None
     if arm.connector is not None:
         ktc = {
