@@ -85,6 +85,11 @@ def _ints(values: object, where: str) -> tuple[int, ...]:
 # ---- the job --------------------------------------------------------------------------------------
 
 
+# Set by the parent for an arm that starts while the first arm's preflight runs: the file it writes
+# once the preflight is decided ("go", or "stop": the preflight failed); see repro.engine.child.
+PREFLIGHT_GATE_ENV = "KVKIT_PREFLIGHT_GATE"
+
+
 @dataclass(frozen=True)
 class ConnectorSpec:
     name: str

@@ -111,19 +111,41 @@ def _memory_gib() -> float | str:
     return "unavailable: no MemTotal"
 
 
+def visible_gpus(rows: list[tuple[str, str, str]], visible: str | None) -> list[str]:
+    """The names of the GPUs this process may use: rows are nvidia-smi's (index, uuid, name) for the
+    host's GPUs, visible is CUDA_VISIBLE_DEVICES (indices or UUIDs, in its order; unset: all)."""
+    if visible is None:
+        return [name for _, _, name in rows]
+    out = []
+    for item in (v.strip() for v in visible.split(",")):
+        if not item or item == "-1":
+            break  # CUDA stops at the first invalid entry
+        match = [
+            name for index, uuid, name in rows if item == index or (item.startswith("GPU-") and uuid.startswith(item))
+        ]
+        if not match:
+            break
+        out.append(match[0])
+    return out
+
+
 def gpu_info() -> dict:
-    out = _run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
+    out = _run(["nvidia-smi", "--query-gpu=index,uuid,name,driver_version", "--format=csv,noheader"])
     if out.startswith("unavailable"):
         return {"gpus": [], "driver": out}
-    gpus, driver = [], "unavailable: none listed"
+    rows, driver = [], "unavailable: none listed"
     for line in out.splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) >= 2:
-            gpus.append(parts[0])
-            driver = parts[1]
+        if len(parts) >= 4:
+            rows.append((parts[0], parts[1], parts[2]))
+            driver = parts[3]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    info = {"gpus": visible_gpus(rows, visible), "driver": driver}
+    if visible is not None:  # a Ray cell or an arm on one GPU of several: the host's count beside it
+        info.update(cuda_visible_devices=visible, host_gpus=len(rows))
     cuda = _run(["nvidia-smi"])
     m = re.search(r"CUDA Version:\s*([\d.]+)", cuda)
-    return {"gpus": gpus, "driver": driver, "cuda_driver_api": m.group(1) if m else "unavailable: not reported"}
+    return {**info, "cuda_driver_api": m.group(1) if m else "unavailable: not reported"}
 
 
 def hardware() -> dict:

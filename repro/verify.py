@@ -15,11 +15,11 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from repro import __version__, kvaudit, lmcache_mp, logscan
+from repro import __version__, atomic, kvaudit, lmcache_mp, logscan
 from repro.atomic import dumps_json, write_bytes_atomic
 from repro.cli import Options, parse_args
 from repro.commands import run_command
-from repro.contract import ArmResult, Failure, Job, progress_path
+from repro.contract import PREFLIGHT_GATE_ENV, ArmResult, Failure, Job, progress_path
 from repro.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, UsageError
 from repro.evaluate import judge_arm
 from repro.fixtures import Fixture, check_probes_fit, load_fixture
@@ -280,18 +280,34 @@ def run_arms(
 ) -> list[ArmOutcome | None]:
     """Run the arms' children, up to n_jobs at a time, and return their outcomes in plan order.
 
-    The first arm's child makes the preflight: no other arm starts before it says the preflight
-    passed (its progress file), so a bad connector still stops the run with exit 2 before any
-    engine is built, and the arms waiting then never start. An interrupt (it reaches the main
-    thread only) kills every running child's process group and propagates. An arm that copies
-    another's reuse lengths (native-matched) waits for that arm and gets its job from job_for then."""
+    The first arm's child makes the preflight. Arms that start before it says how the preflight
+    went (its progress file) import vLLM meanwhile and wait, before building an engine, for the
+    gate file the parent writes then ("go" or "stop"; repro.engine.child.wait_for_preflight), so a
+    bad connector still stops the run with exit 2 before any engine is built, and arms not started
+    yet never start. An interrupt (it reaches the main thread only) kills every running child's
+    process group and propagates. An arm that copies another's reuse lengths (native-matched)
+    waits for that arm and gets its job from job_for then."""
     released, stop = threading.Event(), threading.Event()
+    gate = work / "preflight.gate"
+    gate_lock = threading.Lock()
+
+    def release(ok: bool) -> None:
+        """Decide the preflight once: the gate file first, then the event (a child started after the
+        event was set never waits)."""
+        with gate_lock:
+            if released.is_set():
+                return
+            if not ok:
+                stop.set()
+            atomic.write_bytes_atomic(gate, b"go\n" if ok else b"stop\n")
+            released.set()
+
     index = {arm.name: i for i, arm in enumerate(planned)}
     finished = [threading.Event() for _ in planned]
     outcomes: list[ArmOutcome | None] = [None] * len(planned)
     first_job = job_for(0)
     if first_job.preflight is None:
-        released.set()
+        release(True)
     # the path the runner gives the first child's result; its progress file sits beside it
     first_progress = Path(progress_path(str(work / f"{planned[0].name}.result.json")))
 
@@ -303,12 +319,10 @@ def run_arms(
             raise
         finally:
             finished[i].set()
-            if i == 0:
-                released.set()  # never leave the others waiting for a preflight that will not come
+            if i == 0:  # never leave the others waiting for a preflight that will not come
+                release(not stop.is_set())
 
     def outcome_of(i: int) -> ArmOutcome | None:
-        while i > 0 and not released.wait(0.2):
-            pass
         arm = planned[i]
         dep = index.get(arm.match_arm) if arm.match_arm is not None else None
         if dep is not None:
@@ -320,6 +334,8 @@ def run_arms(
         job = first_job if i == 0 else job_for(i, outcomes[dep] if dep is not None else None)
         progress.start(arm.name, Path(progress_path(str(work / f"{arm.name}.result.json"))))
         arm_env = {**env, **slots[i].env}
+        if i > 0 and not released.is_set():
+            arm_env[PREFLIGHT_GATE_ENV] = str(gate)
 
         def launch(job: Job) -> ArmOutcome:
             return run_arm(
@@ -337,9 +353,7 @@ def run_arms(
         else:
             outcome = launch(job)
         if i == 0:
-            if outcome.result is not None and outcome.result.preflight_problems:
-                stop.set()
-            released.set()
+            release(not (outcome.result is not None and outcome.result.preflight_problems))
         progress.child_done(arm.name, "finished: judging" if outcome.failure is None else "failed")
         outcomes[i] = outcome
         return outcome
@@ -350,11 +364,8 @@ def run_arms(
             while not all(f.done() for f in futures):
                 if not released.is_set():
                     state = _read_json(first_progress)
-                    if state.get("preflight_ok") is True:
-                        released.set()
-                    elif state.get("preflight_ok") is False:
-                        stop.set()
-                        released.set()
+                    if state.get("preflight_ok") is not None:
+                        release(state["preflight_ok"] is True)
                 wait(futures, timeout=0.3, return_when=FIRST_EXCEPTION)
             return [f.result() for f in futures]
         except BaseException:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 from repro.contract import EXIT_OK, EXIT_RAISED, ArmResult, ArmSpec, EngineConfig, ProbeJob, build_job
 from repro.engine import child
@@ -43,3 +44,26 @@ def test_a_good_result_is_written_and_exits_ok(tmp_path, monkeypatch):
     monkeypatch.setattr(child, "run_job", lambda job, keep: ArmResult(arm="baseline", engine_start_s=1.0))
     assert child.run_and_write(_job(tmp_path), []) == EXIT_OK
     assert ArmResult.from_json(json.loads((tmp_path / "out.json").read_text())).engine_start_s == 1.0
+
+
+def test_an_arm_started_during_the_preflight_waits_at_the_gate_for_go_or_stop(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    import pytest
+
+    from repro.contract import PREFLIGHT_GATE_ENV, progress_path
+
+    job = _job(tmp_path)
+    monkeypatch.delenv(PREFLIGHT_GATE_ENV, raising=False)
+    assert child.wait_for_preflight(job) == 0.0  # no gate: an arm started after the preflight
+    gate = tmp_path / "preflight.gate"
+    monkeypatch.setenv(PREFLIGHT_GATE_ENV, str(gate))
+    threading.Timer(0.5, lambda: gate.write_text("go\n")).start()
+    t0 = time.monotonic()
+    waited = child.wait_for_preflight(job)
+    assert 0.4 <= waited <= time.monotonic() - t0
+    assert json.loads(Path(progress_path(job.output)).read_text())["stage"] == "waiting for the preflight"
+    gate.write_text("stop\n")
+    with pytest.raises(child.PreflightStopped, match="preflight failed"):
+        child.wait_for_preflight(job)

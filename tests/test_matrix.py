@@ -204,3 +204,15 @@ def test_summary_rows_and_page():
     assert "node-lost: NodeDiedError" in html and "vLLM 0.28.0" in html
     assert "<script" not in html and "http" not in html.replace("http-equiv", "")
     assert render_matrix_page(summary, cells_dir="t/site") == html  # a pure function of the summary
+
+
+def test_a_row_names_its_model_fixture_and_the_flags_that_set_it_apart():
+    from repro.matrix.page import _distinct_flags
+
+    summary = _summary()
+    a, b = summary["cells"]
+    a["flags"], b["flags"] = ["--device", "cpu", "--batch-invariant"], ["--device", "cpu"]
+    assert _distinct_flags(summary["cells"]) == {"a": ["--batch-invariant"], "b": []}
+    html = render_matrix_page(summary, cells_dir="t/site")
+    assert "model x · fixture selftest-cpu.json · seed 0 · --batch-invariant</span>" in html
+    assert "seed 1</span>" in html  # b: nothing sets it apart but its seed

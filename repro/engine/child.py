@@ -22,6 +22,7 @@ from repro.atomic import dumps_json, write_bytes_atomic
 from repro.contract import (
     EXIT_OK,
     EXIT_RAISED,
+    PREFLIGHT_GATE_ENV,
     ArmResult,
     ChildError,
     Job,
@@ -32,6 +33,32 @@ from repro.contract import (
 from repro.engine.preflight import batch_invariant_requested
 from repro.provenance import package_version
 from repro.verdict import batch_invariance_state
+
+
+class PreflightStopped(RuntimeError):
+    """The first arm's preflight failed: this arm imported vLLM but built no engine."""
+
+
+def wait_for_preflight(job: Job) -> float:
+    """An arm started during the first arm's preflight imports vLLM meanwhile and waits here, before
+    it builds an engine, for the parent's word: "go", or "stop" (then PreflightStopped: the run ends
+    with the preflight's exit 2 and no engine was ever built). Returns the seconds it waited, which
+    are not engine start time."""
+    gate = os.environ.get(PREFLIGHT_GATE_ENV)
+    if not gate:
+        return 0.0
+    t0 = time.monotonic()
+    report_stage(job, "waiting for the preflight")
+    while True:
+        try:
+            with open(gate, encoding="utf-8") as fh:
+                word = fh.read().strip()
+        except FileNotFoundError:
+            time.sleep(0.1)
+            continue
+        if word == "go":
+            return time.monotonic() - t0
+        raise PreflightStopped(f"the first arm's preflight failed ({word!r}): no engine built")
 
 
 def report_stage(job: Job, stage: str, preflight_ok: bool | None = None) -> None:
@@ -336,6 +363,7 @@ def run_job(job: Job, keep: list) -> ArmResult:
     from vllm import LLM, SamplingParams, TokensPrompt
 
     versions = _collect_versions()
+    waited = wait_for_preflight(job)
     report_stage(job, "building the engine", preflight_ok=True)
     _audit_env(job)
     audit = _AuditRecords(job.kv_audit_dir)
@@ -381,8 +409,8 @@ def run_job(job: Job, keep: list) -> ArmResult:
         versions=versions,
         effective_config={**_effective_config(llm), **_process_facts(probes, audit)},
         # from process start to a ready engine: interpreter, imports and engine construction
-        engine_start_s=round(ready - _T_PROCESS, 3),
-        import_s=round(t0 - _T_PROCESS, 3),
+        engine_start_s=round(ready - _T_PROCESS - waited, 3),
+        import_s=round(t0 - _T_PROCESS - waited, 3),
         generation_s=round(time.monotonic() - t_gen, 3),
         fixture_sha256=job.fixture_sha256,
         kv_audit=audit.summary(),

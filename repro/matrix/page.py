@@ -4,6 +4,7 @@ and divergence class; each row links its cell's report page (rendered by repro.p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from urllib.parse import quote
 
 from repro.publish.environment import make_environment
@@ -48,7 +49,15 @@ def _stack(cell: dict) -> str:
     return " · ".join(parts) + (f" · {cell['hardware']}" if cell.get("hardware") else "")
 
 
-def _row(cell: dict, probes: list[str], cells_dir: str) -> MatrixRow:
+def _distinct_flags(cells: list[dict]) -> dict[str, list[str]]:
+    """Per cell, the verifier flags (and values) not every cell has, in the cell's order: what sets
+    one row apart from another (--batch-invariant, say)."""
+    lists = [[str(f) for f in c.get("flags") or []] for c in cells]
+    common = set.intersection(*(set(x) for x in lists)) if lists else set()
+    return {c["name"]: [f for f in flags if f not in common] for c, flags in zip(cells, lists)}
+
+
+def _row(cell: dict, probes: list[str], cells_dir: str, distinct: list[str] = ()) -> MatrixRow:
     reuse_arms = [a for a in cell["arms"] if a["mode"] != "baseline"]
     base = next((a for a in cell["arms"] if a["mode"] == "baseline"), None)
     marks = tuple(
@@ -60,7 +69,10 @@ def _row(cell: dict, probes: list[str], cells_dir: str) -> MatrixRow:
         for p in probes
     )
     error = cell.get("error")
-    setup = f"{cell['environment']} · {cell['connector'] or 'fixture arms'} · seed {cell['seed']}"
+    parts = [cell["environment"], cell["connector"] or "fixture arms"]
+    parts += [f"model {PurePosixPath(cell['model']).name}"] if cell.get("model") else []
+    parts += [f"fixture {PurePosixPath(cell['fixture']).name}"] if cell.get("fixture") else []
+    setup = " · ".join([*parts, f"seed {cell['seed']}", *([" ".join(distinct)] if distinct else [])])
     return MatrixRow(
         name=cell["name"],
         href=f"{quote(cells_dir)}/{quote(cell['page'])}" if cell.get("page") else None,
@@ -81,7 +93,8 @@ def build_matrix_page(summary: dict, cells_dir: str) -> MatrixPage:
         f"{len(summary['cells'])} cells, {done} done, {len(summary['cells']) - done} ERROR · "
         f"{summary['started_utc'][:10]} · Ray {summary['cluster'].get('ray_version', '—')}"
     )
-    rows = tuple(_row(c, probes, cells_dir) for c in summary["cells"])
+    distinct = _distinct_flags(summary["cells"])
+    rows = tuple(_row(c, probes, cells_dir, distinct[c["name"]]) for c in summary["cells"])
     return MatrixPage(name=summary["name"], headline=headline, probes=tuple(probes), rows=rows)
 
 

@@ -1,0 +1,22 @@
+"""Provenance's GPU list: the GPUs the run could use, not every GPU of the host (a Ray cell or an arm
+sees one of several through CUDA_VISIBLE_DEVICES)."""
+
+from __future__ import annotations
+
+from repro.provenance import hardware_label, visible_gpus
+
+ROWS = [
+    ("0", "GPU-c5384e55-2e35", "NVIDIA H200"),
+    ("1", "GPU-78ec9f4f-956c", "NVIDIA H200"),
+    ("2", "GPU-0a1b", "NVIDIA L4"),
+]
+
+
+def test_cuda_visible_devices_picks_the_gpus_by_index_or_uuid_in_its_order():
+    assert visible_gpus(ROWS, None) == ["NVIDIA H200", "NVIDIA H200", "NVIDIA L4"]
+    assert visible_gpus(ROWS, "1") == ["NVIDIA H200"]
+    assert visible_gpus(ROWS, "2,0") == ["NVIDIA L4", "NVIDIA H200"]
+    assert visible_gpus(ROWS, "GPU-78ec9f4f") == ["NVIDIA H200"]  # a UUID prefix, as CUDA takes it
+    assert visible_gpus(ROWS, "") == [] and visible_gpus(ROWS, "-1") == []
+    assert visible_gpus(ROWS, "0,7,1") == ["NVIDIA H200"]  # CUDA stops at the first invalid entry
+    assert hardware_label({"gpus": visible_gpus(ROWS, "1")}) == "NVIDIA H200"
