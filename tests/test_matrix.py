@@ -216,3 +216,12 @@ def test_a_row_names_its_model_fixture_and_the_flags_that_set_it_apart():
     html = render_matrix_page(summary, cells_dir="t/site")
     assert "model x · fixture selftest-cpu.json · seed 0 · --batch-invariant</span>" in html
     assert "seed 1</span>" in html  # b: nothing sets it apart but its seed
+
+
+def test_the_matrix_page_shows_its_writeup_as_markdown_without_raw_html():
+    html = render_matrix_page(
+        _summary(), cells_dir="t/site", writeup_md="## What it shows\n\n**bold** <script>x</script>"
+    )
+    assert '<h2 id="writeup">Writeup</h2>' in html and "<strong>bold</strong>" in html
+    assert "<script>" not in html
+    assert 'id="writeup"' not in render_matrix_page(_summary(), cells_dir="t/site")

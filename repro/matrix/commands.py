@@ -173,7 +173,9 @@ def publish(summary: dict, reports: Path) -> None:
     if folder.is_dir():
         render_site(folder, folder / SITE_DIR)
     write_json_atomic(reports / f"{summary['name']}.json", summary)
-    html = render_matrix_page(summary, cells_dir=f"{summary['name']}/{SITE_DIR}")
+    md = reports / f"{summary['name']}.md"  # a writeup, when someone wrote one
+    writeup = md.read_text(encoding="utf-8") if md.is_file() else None
+    html = render_matrix_page(summary, cells_dir=f"{summary['name']}/{SITE_DIR}", writeup_md=writeup)
     write_bytes_atomic(reports / f"{summary['name']}.html", html.encode("utf-8"))
 
 

@@ -98,6 +98,10 @@ def build_matrix_page(summary: dict, cells_dir: str) -> MatrixPage:
     return MatrixPage(name=summary["name"], headline=headline, probes=tuple(probes), rows=rows)
 
 
-def render_matrix_page(summary: dict, cells_dir: str) -> str:
+def render_matrix_page(summary: dict, cells_dir: str, writeup_md: str | None = None) -> str:
+    """writeup_md: the matrix's writeup (`reports/matrix/<name>.md`), shown under the table."""
+    from repro.publish.site import render_writeup
+
     page = build_matrix_page(summary, cells_dir)
-    return make_environment().get_template("matrix.html.j2").render(page=page, generator=GENERATOR)
+    writeup = render_writeup(writeup_md) if writeup_md is not None else None
+    return make_environment().get_template("matrix.html.j2").render(page=page, writeup=writeup, generator=GENERATOR)
