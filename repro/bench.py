@@ -20,6 +20,7 @@ from pathlib import Path
 
 from repro.cli import SELFTEST_CPU_FIXTURE, selftest_cpu_argv
 from repro.commands import ArgumentParser
+from repro.errors import UsageError
 
 TARGET_RATIO = 0.65  # issue 13: arms at the same time on 2 cores (it was 1.25 one at a time)
 TARGET_AUDIT_OVERHEAD = 0.25
@@ -116,3 +117,66 @@ def audit_figures(on: list[tuple[dict, float]], off: list[tuple[dict, float]]) -
     )
     met = "met" if worst <= TARGET_AUDIT_OVERHEAD else "NOT met"
     print(f"  worst arm overhead {worst:+.1%}  (target <= {TARGET_AUDIT_OVERHEAD:.0%} of an arm's wall time: {met})")
+
+
+TARGET_GPU_SLOWEST_ARM = 1.3  # issue 13: a run's wall against its slowest arm, arms at the same time on a GPU
+TARGET_MATRIX_RATIO = 0.6  # issue 13: a matrix on two GPUs against the same cells one after another
+
+
+def report_figures(data: dict) -> list[str]:
+    """A verifier report's concurrency figures: its wall against its slowest arm and against the
+    arms' summed engine starts (the kit's own time, never the engine's)."""
+    arms = data["arms"]
+    wall = data["diagnostics"]["wall_s"]
+    walls = {a["name"]: a["timing"].get("wall_s") or 0.0 for a in arms}
+    starts = sum(a["timing"].get("engine_start_s") or 0.0 for a in arms)
+    slowest = max(walls, key=walls.get)
+    jobs = data["config"].get("jobs")
+    ratio = wall / walls[slowest] if walls[slowest] else float("inf")
+    met = "met" if ratio <= TARGET_GPU_SLOWEST_ARM else "NOT met"
+    lines = [f"{len(arms)} arms, {jobs} at a time on {data.get('hardware_label', '?')}: wall {wall:.1f} s"]
+    lines += [f"  {n:<20} child wall {w:6.1f} s" for n, w in walls.items()]
+    lines.append(f"wall / slowest arm ({slowest}): {ratio:.2f}x  (target on a GPU <= {TARGET_GPU_SLOWEST_ARM}: {met})")
+    if starts:
+        lines.append(f"wall / summed engine starts: {wall / starts:.3f}")
+    return lines
+
+
+def matrix_figures(together: dict, one_at_a_time: dict) -> list[str]:
+    """Two summaries of the same matrix, cells at the same time and --one-at-a-time."""
+    if together["name"] != one_at_a_time["name"]:
+        raise UsageError(f"not the same matrix: {together['name']!r} and {one_at_a_time['name']!r}")
+    if together["diagnostics"].get("one_at_a_time") or not one_at_a_time["diagnostics"].get("one_at_a_time"):
+        raise UsageError("give the matrix run with cells at the same time first, then its --one-at-a-time run")
+    a, b = together["diagnostics"]["wall_s"], one_at_a_time["diagnostics"]["wall_s"]
+    met = "met" if a / b <= TARGET_MATRIX_RATIO else "NOT met"
+    gpus = together.get("cluster", {}).get("gpus")
+    return [
+        f"matrix {together['name']}: {len(together['cells'])} cells, cluster GPUs {gpus}",
+        f"cells at the same time {a:.1f} s; one after another {b:.1f} s: {a / b:.2f}x  (target <= {TARGET_MATRIX_RATIO}: {met})",
+    ]
+
+
+def figures(argv: list[str]) -> int:
+    """`python -m repro bench-figures FILE [FILE]`: the concurrency figures of runs made elsewhere (a GPU
+    box): one verifier report, or a matrix summary with cells at the same time and the same matrix's
+    --one-at-a-time summary."""
+    p = ArgumentParser(prog="python -m repro bench-figures", description=figures.__doc__)
+    p.add_argument("files", nargs="+", help="a kvkit-report, or two kvkit-matrix summaries")
+    args = p.parse_args(argv)
+    docs = []
+    for f in args.files:
+        try:
+            docs.append(json.loads(Path(f).read_text(encoding="utf-8")))
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"{f}: cannot read a JSON document ({exc})") from None
+    kinds = [d.get("kind") if isinstance(d, dict) else None for d in docs]
+    if kinds == ["kvkit-report"]:
+        lines = report_figures(docs[0])
+    elif kinds == ["kvkit-matrix", "kvkit-matrix"]:
+        lines = matrix_figures(docs[0], docs[1])
+    else:
+        raise UsageError("give one kvkit-report, or two kvkit-matrix summaries (together, then --one-at-a-time)")
+    print("\n".join(lines))
+    print("figures describe the kit's own scheduling; claim_eligible=false, no performance claim")
+    return 0

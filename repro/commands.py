@@ -50,6 +50,13 @@ COMMANDS = (
         "bench", "--model DIR", "run the CPU acceptance and print wall time vs summed engine starts", "repro.bench:main"
     ),
     Command(
+        "bench-figures",
+        "REPORT | MATRIX MATRIX-ONE-AT-A-TIME",
+        "print the concurrency figures of a run made elsewhere: a report's wall vs its slowest arm, "
+        "or a matrix's cells at once vs one after another",
+        "repro.bench:figures",
+    ),
+    Command(
         "margins",
         "[--seeds 1-8]",
         "per model seed, the smallest relative top-1/top-2 logit gap of the baseline",
