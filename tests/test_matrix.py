@@ -225,3 +225,15 @@ def test_the_matrix_page_shows_its_writeup_as_markdown_without_raw_html():
     assert '<h2 id="writeup">Writeup</h2>' in html and "<strong>bold</strong>" in html
     assert "<script>" not in html
     assert 'id="writeup"' not in render_matrix_page(_summary(), cells_dir="t/site")
+
+
+@pytest.mark.parametrize("name", ["h200-controls", "h200-lmcache-versions"])
+def test_each_committed_matrix_page_is_the_rendering_of_its_summary_and_writeup(name):
+    folder = ROOT / "reports" / "matrix"
+    summary = json.loads((folder / f"{name}.json").read_text(encoding="utf-8"))
+    md = (folder / f"{name}.md").read_text(encoding="utf-8")
+    page = (folder / f"{name}.html").read_text(encoding="utf-8")
+    assert page == render_matrix_page(summary, cells_dir=f"{name}/site", writeup_md=md)
+    for cell in summary["cells"]:  # every cell ran and its report and page are committed
+        assert cell["status"] == "done" and (folder / cell["report"]).is_file()
+        assert (folder / name / "site" / cell["page"]).is_file()
