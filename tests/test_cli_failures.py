@@ -374,3 +374,67 @@ def test_a_kit_error_in_the_first_arms_thread_never_hangs_the_others(setup, monk
     work.mkdir()
     with Progress([a.name for a in arms], "quiet") as progress, pytest.raises(FileNotFoundError):
         verify.run_arms(arms, lambda i, dep=None: job, arm_slots(opts, 2, 2), 2, work, {}, opts.args, progress)
+
+
+@pytest.mark.parametrize("preflight_ok", [True, False])
+def test_arms_start_during_the_preflight_and_wait_at_the_gate_for_its_word(setup, preflight_ok):
+    """run_arms: the arms after the first start while the first child makes the preflight (they import
+    vLLM meanwhile) with the gate file in their environment; the parent writes "go" or "stop" there
+    once the first child's progress file says how the preflight went."""
+    import threading
+    import time
+
+    from repro import verify
+    from repro.atomic import write_json_atomic
+    from repro.cli import parse_args
+    from repro.contract import PREFLIGHT_GATE_ENV, ArmResult, ArmSpec, EngineConfig, Preflight, ProbeJob, build_job
+    from repro.contract import progress_path as progress_of
+    from repro.plan import PlannedArm, arm_slots
+    from repro.progress import Progress
+    from repro.runner import ArmOutcome
+
+    opts = parse_args(_args(setup, "--kv-connector", "ExampleConnector", "--jobs", "2"))
+    arms = [PlannedArm(ArmSpec("baseline", "baseline")), PlannedArm(ArmSpec("native", "native"))]
+    engine = EngineConfig(str(setup["model"]), None, "auto", 0, 0.1, 256, 16, "cpu")
+    probes = [ProbeJob("p", {"token_ids": [1, 2]}, 1)]
+    first = build_job(
+        ArmSpec("baseline", "baseline"), engine, probes, max_tokens=2, logprobs=2, preflight=Preflight((), "cpu")
+    )
+    other = build_job(ArmSpec("native", "native"), engine, probes, max_tokens=2, logprobs=2)
+    work = setup["tmp"] / "work"
+    work.mkdir()
+    seen: dict = {}
+    decided = threading.Event()
+
+    def fake_run_arm(job, workdir, log_path, env, timeout_s, python, module):
+        name = job.arm.name
+        if name == "baseline":  # the first child: the preflight takes a while, then its progress file says
+            time.sleep(1.0)
+            progress = progress_of(str(workdir / "baseline.result.json"))
+            write_json_atomic(progress, {"stage": "importing", "preflight_ok": preflight_ok})
+            decided.wait(10)
+            problems = () if preflight_ok else ("unknown connector 'X'",)
+            return ArmOutcome(name, ArmResult(arm=name, preflight_problems=problems), None, log_path, "", 1.0)
+        seen["started_before_the_word"] = not decided.is_set() and not (workdir / "preflight.gate").exists()
+        gate = env.get(PREFLIGHT_GATE_ENV)
+        seen["gate"] = gate
+        deadline = time.monotonic() + 10
+        while gate and not Path(gate).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        seen["word"] = Path(gate).read_text().strip() if gate else None
+        decided.set()
+        return ArmOutcome(name, ArmResult(arm=name), None, log_path, "", 1.0)
+
+    real = verify.run_arm
+    verify.run_arm = fake_run_arm
+    try:
+        with Progress([a.name for a in arms], "quiet") as progress:
+            outcomes = verify.run_arms(
+                arms, lambda i, dep=None: first if i == 0 else other, arm_slots(opts, 2, 2), 2, work, {}, opts.args,
+                progress,
+            )  # fmt: skip
+    finally:
+        verify.run_arm = real
+    assert seen["started_before_the_word"] and seen["gate"] == str(work / "preflight.gate")
+    assert seen["word"] == ("go" if preflight_ok else "stop")
+    assert bool(outcomes[0].result.preflight_problems) is not preflight_ok
