@@ -227,6 +227,10 @@ def test_the_matrix_page_shows_its_writeup_as_markdown_without_raw_html():
     assert 'id="writeup"' not in render_matrix_page(_summary(), cells_dir="t/site")
 
 
+@pytest.mark.skipif(
+    not (ROOT / "reports" / "matrix").exists() and not (ROOT / ".git").exists(),
+    reason="the committed reports are not part of this copy (the kit)",
+)
 @pytest.mark.parametrize("name", ["h200-controls", "h200-lmcache-versions"])
 def test_each_committed_matrix_page_is_the_rendering_of_its_summary_and_writeup(name):
     folder = ROOT / "reports" / "matrix"
