@@ -61,9 +61,8 @@ def plan_arms(opts: Options, fixture: Fixture) -> list[PlannedArm]:
     if a.compare_native:
         arms.append(PlannedArm(ArmSpec("native", "native")))
         connectors = [arm.name for arm in arms if arm.spec.mode == "connector"]
-        if (
-            connectors and not a.no_native_matched
-        ):  # the critic's control: native reusing exactly what the connector reused
+        # the critic's control: native reusing exactly what the connector reused
+        if connectors and not a.no_native_matched:
             arms.append(PlannedArm(ArmSpec(NATIVE_MATCHED, "native"), match_arm=connectors[0]))
     if len(arms) == 1:
         raise UsageError(

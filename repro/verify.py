@@ -114,7 +114,7 @@ def arm_entry(
             probes,
             outcome.log_text,
             connector=spec.connector.name,
-            server_log=f"{logs_rel}/{spec.name}.lmcache-server.log",
+            server_log=lmcache_mp.server_log_path(Path(logs_rel), spec.name).as_posix(),
         )
         entry["lmcache"] = evidence.signals
         entry["findings"] += list(evidence.findings)
@@ -181,17 +181,10 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
                     matched[arm.name] = (skipped, info)
                     job = replace(job, probes=tuple(probe_jobs))
                 slot = slots[i]
-                if (slot.gpu_memory_utilization, slot.kv_cache_tokens) != (
-                    job.engine.gpu_memory_utilization,
-                    job.engine.kv_cache_tokens,
-                ):
-                    engine = replace(
-                        job.engine,
-                        gpu_memory_utilization=slot.gpu_memory_utilization,
-                        kv_cache_tokens=slot.kv_cache_tokens,
-                    )
-                    job = replace(job, engine=engine)
-                return job
+                engine = replace(
+                    job.engine, gpu_memory_utilization=slot.gpu_memory_utilization, kv_cache_tokens=slot.kv_cache_tokens
+                )
+                return replace(job, engine=engine)
 
             progress.note(f"{len(planned)} arms, {min(n_jobs, len(planned))} at a time")
             outcomes = run_arms(planned, job_for, slots, n_jobs, work, env, a, progress)
@@ -230,7 +223,7 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
         data = dumps_json(report).encode("utf-8")
         with deferred_signals():  # logs and report are swapped in together, or not at all
             logs = [e["name"] for e in entries]
-            logs += [f"{n}.lmcache-server" for n in logs if (work / f"{n}.lmcache-server.log").exists()]
+            logs += [server.stem for n in logs if (server := lmcache_mp.server_log_path(work, n)).exists()]
             publish_logs(work, report_path.parent / logs_dir_name, logs)
             write_bytes_atomic(report_path, data)
             state.published = report
@@ -299,6 +292,8 @@ def run_arms(
                 return
             if not ok:
                 stop.set()
+            # atomic: a waiting child must never read a half-written word (through the module, so
+            # that a test standing in for the report's own write_bytes_atomic does not see this one)
             atomic.write_bytes_atomic(gate, b"go\n" if ok else b"stop\n")
             released.set()
 

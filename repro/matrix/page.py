@@ -8,6 +8,7 @@ from pathlib import PurePosixPath
 from urllib.parse import quote
 
 from repro.publish.environment import make_environment
+from repro.publish.site import render_writeup
 from repro.verdict import ERROR
 
 GENERATOR = "kvkit-matrix"  # not the site's mark: the site never prunes this page
@@ -100,8 +101,6 @@ def build_matrix_page(summary: dict, cells_dir: str) -> MatrixPage:
 
 def render_matrix_page(summary: dict, cells_dir: str, writeup_md: str | None = None) -> str:
     """writeup_md: the matrix's writeup (`reports/matrix/<name>.md`), shown under the table."""
-    from repro.publish.site import render_writeup
-
     page = build_matrix_page(summary, cells_dir)
     writeup = render_writeup(writeup_md) if writeup_md is not None else None
     return make_environment().get_template("matrix.html.j2").render(page=page, writeup=writeup, generator=GENERATOR)
