@@ -54,3 +54,8 @@ kit: $(INV) ## Build dist/kvkit-<version>-<commit>.tar.gz to attach to an upstre
 
 kit-check: kit ## Unpack the kit into a temp dir and run its CPU self-test and tests there (many minutes)
 	@$(INV) kit-check
+
+.PHONY: lmcache-ops
+SDIST ?=
+lmcache-ops: $(INV) ## Build LMCache's compiled ops for the GPU environment's torch when its wheel's do not import (SDIST=lmcache-X.tar.gz; nvcc)
+	@$(INV) lmcache-ops --sdist "$(SDIST)" --profile "$(PROFILE)" --python "$(PYTHON)"

@@ -4,6 +4,7 @@ environment. Run through the Makefile (`make repro`, `make test`, ...)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import shutil
@@ -89,6 +90,42 @@ def existing_python(python: str, profile: str) -> str:
     return python
 
 
+def lmcache_ops_copy_path(py: str) -> dict:
+    """`python -m repro lmcache-ops show` for py: the copy path an LMCache arm would get (auto)."""
+    out = subprocess.run(
+        [py, "-m", "repro", "lmcache-ops", "show", "--python", py], capture_output=True, text=True, check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        return json.loads(out.stdout) if out.returncode == 0 else {}
+    except ValueError:
+        return {}
+
+
+def ensure_lmcache_ops(c, py: str, sdist: str = "") -> None:
+    """Build LMCache's compiled ops for py's torch when the wheel's do not import, an sdist is given
+    (LMCACHE_OPS_SDIST=path) and nvcc is there; otherwise say why LMCache will run its torch fallback."""
+    sdist = sdist or os.environ.get("LMCACHE_OPS_SDIST", "")
+    plan = lmcache_ops_copy_path(py)
+    if plan.get("path") == "compiled":
+        return
+    why = plan.get("detail") or "lmcache.cuda_ops does not import"
+    nvcc = shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if os.access(p, os.X_OK)), None)
+    if not sdist or not nvcc:
+        need = "LMCACHE_OPS_SDIST=path/to/lmcache-X.tar.gz" if not sdist else "nvcc (the CUDA toolkit)"
+        print(f"[kvkit] LMCache will run its torch fallback ({why}); {need} builds its ops", file=sys.stderr)
+        return
+    print(f"[kvkit] building LMCache's compiled ops from {sdist} ({why}) ...", file=sys.stderr, flush=True)
+    result = run_py(
+        c,
+        shlex.quote(py),
+        f"-m repro lmcache-ops build --python {shlex.quote(py)} --sdist {shlex.quote(sdist)}",
+        warn=True,
+    )
+    if result.exited != 0:
+        raise Exit(code=result.exited)
+
+
 def run_py(c, py: str, args: str, warn: bool = False):
     return c.run(f"{py} {args}", pty=False, warn=warn, env={"PYTHONPATH": str(ROOT)})
 
@@ -121,6 +158,8 @@ def repro(c, profile="auto", model="", python=""):
     """Run the reference verification for a profile and print its summary."""
     profile = resolve_profile(profile)
     py = existing_python(python, profile) if python else venv_python(profile)
+    if profile != "cpu" and (not python or os.environ.get("LMCACHE_OPS_SDIST")):
+        ensure_lmcache_ops(c, py)  # the verifier's default --lmcache-ops auto then finds the build
     if profile == "cpu":
         model = model or make_model(c, py)
     model = model or REFERENCE_MODEL
@@ -129,6 +168,23 @@ def repro(c, profile="auto", model="", python=""):
     result = run_py(c, shlex.quote(py), "-m repro.verify_kv_reuse " + args, warn=True)
     if result.exited != 0:
         raise Exit(code=result.exited)
+
+
+@task(
+    help={
+        "sdist": "LMCache's source distribution (lmcache-X.tar.gz), the version installed in the environment",
+        "profile": "the GPU profile whose environment gets the ops (default: by hardware)",
+        "python": "an existing environment's interpreter instead of the profile's",
+    }
+)
+def lmcache_ops(c, sdist="", profile="auto", python=""):
+    """Build LMCache's compiled ops for the environment's torch (.cache/lmcache-ops/), if its wheel's do not import."""
+    if not sdist:
+        raise Exit("give LMCache's sdist: make lmcache-ops SDIST=path/to/lmcache-0.5.4.tar.gz", code=2)
+    profile = resolve_profile(profile)
+    if profile == "cpu":
+        raise Exit("LMCache's compiled ops are CUDA ops: use a GPU profile on a CUDA machine", code=2)
+    ensure_lmcache_ops(c, existing_python(python, profile) if python else venv_python(profile), sdist)
 
 
 @task(help={"k": "pytest -k expression", "fast": "skip the end-to-end engine tests"})

@@ -36,6 +36,7 @@ def selftest_cpu_argv(model: str, report: str, fixture: str = SELFTEST_CPU_FIXTU
             "--report", report]  # fmt: skip
 
 
+MAX_TRIALS = 50
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -65,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-native-matched",
         action="store_true",
         help="with --compare-native, leave out the native-matched control (native reusing exactly what the "
-        "connector reused; it waits for the connector arm): the three-arm reference run",
+        "connector reused; it generates once the connector arm is done): the three-arm reference run",
     )
     p.add_argument("--fixture", required=True)
     p.add_argument("--report", default="reports/run.json")
@@ -79,6 +80,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="arms run at the same time (default: what the machine sustains; 1: one after another)",
+    )
+    p.add_argument(
+        "--trials",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run each reuse arm N times, each with a fresh engine (and MP server); a finding not in every "
+        "trial is intermittent, and each probe reports k of N (default 1)",
+    )
+    p.add_argument(
+        "--no-confirm",
+        dest="confirm",
+        action="store_false",
+        help="do not re-run alone an arm whose FAIL or CORRUPT came while it shared its GPU (or the CPU's cores) "
+        "with other arms; the report says the finding was not confirmed",
     )
     p.add_argument("--quiet", action="store_true", help="print only the summary (no progress display)")
     p.add_argument(
@@ -97,11 +113,25 @@ def build_parser() -> argparse.ArgumentParser:
         "capability 8.0 or higher); each arm's workers must confirm them active",
     )
     p.add_argument(
+        "--gpu-load",
+        action="store_true",
+        help="keep the arms' GPUs busy while the reuse arms run (a neighbour process of matrix products, at most "
+        "~4 GiB per GPU), so that a stream-ordering race in a connector shows by design; CUDA only",
+    )
+    p.add_argument(
         "--python",
         default=sys.executable,
         metavar="PATH",
         help="the interpreter of an existing environment with vLLM (and LMCache) that runs the engines; the kit "
         "checks it and installs nothing into it (default: this one)",
+    )
+    p.add_argument(
+        "--lmcache-ops",
+        choices=["auto", "compiled", "fallback"],
+        default="auto",
+        help="LMCache's copies in every LMCache process (engine and MP server): auto (its compiled ops if they "
+        "import, from the wheel or a kit build, else its torch fallback, recorded), compiled (an error without "
+        "them), fallback (the kit blocks them: a control); build them with `python -m repro lmcache-ops build`",
     )
     # Tests only: a stand-in engine child for the failure-handling tests (never proof that the
     # verification works). Any other module than the default also skips the vLLM preflight.
@@ -174,6 +204,21 @@ def _check_batch_invariant(args: argparse.Namespace) -> None:
         raise UsageError(f"--batch-invariant: {BATCH_INVARIANT_DEVICES}, not with --device cpu")
 
 
+GPU_LOAD_NEEDS = "--gpu-load needs a CUDA GPU (it loads the GPUs the arms run on)"
+
+
+def _check_gpu_load(opts: Options) -> None:
+    """--gpu-load on the CPU: one line (the device is settled without torch, as for --batch-invariant)."""
+    if not getattr(opts.args, "gpu_load", False):
+        return
+    if opts.args.device == "cpu":
+        raise UsageError(f"{GPU_LOAD_NEEDS}, not with --device cpu")
+    from repro.plan import uses_cuda  # repro.plan imports this module
+
+    if not uses_cuda(opts):
+        raise UsageError(f"{GPU_LOAD_NEEDS}; no GPU is visible (--device auto)")
+
+
 def engine_python_problem(python: str, needs_lmcache: bool) -> str | None:
     """Why an interpreter cannot run the engines (one line), or None: it runs, vllm is importable, and
     lmcache too when an LMCache connector is asked for. Nothing is imported or installed."""
@@ -229,6 +274,8 @@ def validate(args: argparse.Namespace) -> Options:
         raise UsageError("--gpu-memory-utilization must be in (0, 1]")
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
+    if not 1 <= args.trials <= MAX_TRIALS:
+        raise UsageError(f"--trials must be from 1 to {MAX_TRIALS} (1: each arm once)")
     if args.jobs is not None and not 1 <= args.jobs <= 64:
         raise UsageError("--jobs must be from 1 to 64")
     if args.keep_kv is not None:
@@ -267,6 +314,7 @@ def validate(args: argparse.Namespace) -> Options:
 
         if not uses_cuda(opts):
             raise UsageError(f"--batch-invariant: {BATCH_INVARIANT_DEVICES}; no GPU is visible (--device auto)")
+    _check_gpu_load(opts)
     return opts
 
 

@@ -94,6 +94,13 @@ COMMANDS = (
         "repro.publish.issue_md:main",
     ),
     Command(
+        "lmcache-ops",
+        "build --python PY --sdist FILE [--arch 9.0] | show --python PY",
+        "build LMCache's compiled ops from its sdist for PY's torch (into .cache/lmcache-ops), or show which "
+        "copy path an LMCache arm run with PY gets",
+        "repro.lmcache_ops:main",
+    ),
+    Command(
         "kit",
         "[--report PATH ...]",
         "build dist/kvkit-<version>-<commit>.tar.gz to attach to an upstream issue",

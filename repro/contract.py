@@ -88,6 +88,7 @@ def _ints(values: object, where: str) -> tuple[int, ...]:
 # Set by the parent for an arm that starts while the first arm's preflight runs: the file it writes
 # once the preflight is decided ("go", or "stop": the preflight failed); see repro.engine.child.
 PREFLIGHT_GATE_ENV = "KVKIT_PREFLIGHT_GATE"
+PROBES_FILE_KEY = "probes"  # a native-matched arm's probes file: {"probes": [...]} or {"stop": why}
 
 
 @dataclass(frozen=True)
@@ -251,6 +252,9 @@ class Job:
     fixture_sha256: str | None = None
     output: str | None = None  # the result path; set by the runner
     kv_audit_dir: str | None = None  # where repro.engine.kvaudit records KV blocks (None: no audit)
+    # native-matched: the child builds its engine, then waits for this file to give its probes
+    # (PROBES_FILE_KEY: a list of ProbeJob), or to say "stop" (its connector arm gave nothing to match)
+    probes_file: str | None = None
 
     def to_json(self) -> dict:
         out = {
@@ -265,6 +269,8 @@ class Job:
         }
         if self.preflight is not None:
             out["preflight"] = self.preflight.to_json()
+        if self.probes_file is not None:
+            out["probes_file"] = self.probes_file
         return out
 
     @classmethod
@@ -282,6 +288,7 @@ class Job:
             fixture_sha256=_get(data, "fixture_sha256", str, "job", optional=True),
             output=_get(data, "output", str, "job", optional=True),
             kv_audit_dir=_get(data, "kv_audit_dir", str, "job", optional=True),
+            probes_file=_get(data, "probes_file", str, "job", optional=True),
         )
 
 

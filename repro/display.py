@@ -3,6 +3,7 @@ the issue Markdown. Pure functions over a report dict (as written, or as loaded)
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -218,9 +219,13 @@ def arm_class_text(arm: dict) -> str:
 
 
 def arm_verdict_text(arm: dict) -> str:
-    """'FAIL (near-ties only: 2)', 'FAIL (decisive: 6)'; other verdicts as they are."""
+    """'FAIL (near-ties only: 2)', 'FAIL (decisive: 6)'; other verdicts as they are. A verdict measured
+    under conditions that qualify it says so: 'FAIL (decisive: 6) · contention-dependent: clean when re-run
+    alone' (finding_class_text); a report without trials or a confirmation keeps the bare verdict."""
     note = arm_class_text(arm)
-    return f"{arm['verdict']} ({note})" if note else str(arm["verdict"])
+    text = f"{arm['verdict']} ({note})" if note else str(arm["verdict"])
+    qualifier = finding_class_text(arm)
+    return f"{text} · {qualifier}" if qualifier else text
 
 
 # --- The KV audit (report schema 2). A report of schema 1 has none of these fields. ---
@@ -430,3 +435,344 @@ def blamed_chunks(audit: dict) -> list[dict]:
             }
         )
     return chunks
+
+
+# --- The conditions a verdict was measured under (issue 18): the GPU, who shared it, LMCache's copy
+# path, repeated trials and the re-run alone. Every key is optional: a report without them shows none
+# of this, and every function below returns "" (or nothing) for it.
+
+NOT_RECORDED = "not recorded"
+# The classes the report's trials and confirmation carry (schemas/report.schema.json, repro.trials).
+EVERY_TRIAL, INTERMITTENT, CLEAN_RATE = "every trial", "intermittent", "none"
+DETERMINISTIC, CONTENTION_DEPENDENT = "deterministic", "contention-dependent"
+NOT_REPRODUCED, UNCONFIRMED = "not reproduced", "unconfirmed"
+CONFIRMATION_MEANING = {
+    DETERMINISTIC: "reproduced when re-run alone",
+    CONTENTION_DEPENDENT: "clean when re-run alone, so it needed the shared device",
+    NOT_REPRODUCED: "the re-run alone found something else",
+    UNCONFIRMED: "the re-run alone decided nothing",
+}
+SHARER_NOUNS = {"arm": ("arm", "arms"), "lmcache-server": ("MP server", "MP servers")}
+
+
+def show(value: object) -> str:
+    """One scalar or structure as deterministic text; strings as they are."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def flatten(data: object, prefix: str = "") -> list[tuple[str, str]]:
+    """Nested dicts as sorted dotted keys; lists and scalars printed whole."""
+    if isinstance(data, dict) and data:
+        out: list[tuple[str, str]] = []
+        for key in sorted(data):
+            out.extend(flatten(data[key], f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return [(prefix, show(data))]
+
+
+def seconds(value: object, unit: bool = True) -> str:
+    """'40.1 s', '61 s' ('40.1' without the unit); '?' when not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "? s" if unit else "?"
+    return f"{round(value, 1):g}" + (" s" if unit else "")
+
+
+ARM_CONDITION_KEYS = ("gpu", "sharing", "copy_paths", "trials", "confirmation")
+
+
+def has_arm_conditions(arm: dict) -> bool:
+    """The arm records something of what it was measured under (older reports record none of it)."""
+    return any(k in arm for k in ARM_CONDITION_KEYS) or bool(arm_copy_paths(arm))
+
+
+def arm_copy_paths(arm: dict) -> list[dict]:
+    """The arm's copy_paths, else its lmcache.copy_paths (the same list); [] for an arm without LMCache."""
+    paths = arm.get("copy_paths")
+    if paths is None and isinstance(arm.get("lmcache"), dict):
+        paths = arm["lmcache"].get("copy_paths")
+    return [p for p in paths or [] if isinstance(p, dict)]
+
+
+def copy_path_text(arm: dict) -> str:
+    """'engine compiled (wheel), MP server fallback': the copy path each LMCache process took; '' when
+    the arm records none (not an LMCache arm, or a report made before they were recorded)."""
+    paths = arm_copy_paths(arm)
+    return ", ".join(
+        f"{p.get('process', '?')} {p.get('path') or NOT_RECORDED}" + (f" ({p['source']})" if p.get("source") else "")
+        for p in paths
+    )
+
+
+def gpu_text(arm: dict) -> str:
+    """'NVIDIA H200 (GPU 0, compute capability 9.0)'; 'CPU' when the arm ran on none; '' when not recorded."""
+    if "gpu" not in arm:
+        return ""
+    gpu = arm["gpu"]
+    if not isinstance(gpu, dict):
+        return "CPU"
+    where = [f"GPU {gpu['visible']}" if gpu.get("visible") not in (None, "") else ""]
+    where.append(f"compute capability {gpu['compute_capability']}" if gpu.get("compute_capability") else "")
+    detail = ", ".join(w for w in where if w)
+    return str(gpu.get("name") or "GPU") + (f" ({detail})" if detail else "")
+
+
+def _sharers(sharing: dict) -> list[dict]:
+    """The processes that count as sharing: all but the arm's own MP server."""
+    return [o for o in sharing.get("others") or [] if isinstance(o, dict) and not o.get("own")]
+
+
+def _count_sharers(others: list[dict]) -> str:
+    """'3 arms', '2 arms, 1 MP server and the gpu-load'."""
+    counts: dict[str, int] = {}
+    order = {"arm": 0, "lmcache-server": 1, "gpu-load": 2}
+    for o in sorted(others, key=lambda o: order.get(str(o.get("kind")), 3)):
+        counts[str(o.get("kind"))] = counts.get(str(o.get("kind")), 0) + 1
+    parts = [
+        "the gpu-load" if kind == "gpu-load" else f"{n} {SHARER_NOUNS.get(kind, (kind, kind))[n != 1]}"
+        for kind, n in counts.items()
+    ]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + f" and {parts[-1]}"
+
+
+def sharing_text(arm: dict) -> str:
+    """'shared GPU 0 with 3 arms (max overlap 40.1 s)' or 'alone on GPU 0'; '' when not recorded."""
+    sharing = arm.get("sharing")
+    if not isinstance(sharing, dict):
+        return ""
+    resource = sharing.get("resource") or "?"
+    others = _sharers(sharing)
+    if not sharing.get("shared") or not others:
+        return f"alone on {resource}"
+    longest = max((o.get("overlap_s") or 0 for o in others), default=0)
+    return f"shared {resource} with {_count_sharers(others)} (max overlap {seconds(longest)})"
+
+
+def sharing_overlaps(arm: dict) -> list[str]:
+    """Every other process on the arm's device while it ran, with its overlap: 'arm native: 40.1 s',
+    'LMCache MP server of X: 61 s (the arm's own)'."""
+    sharing = arm.get("sharing")
+    if not isinstance(sharing, dict):
+        return []
+    return [
+        f"{o.get('process', '?')}: {seconds(o.get('overlap_s'))}" + (" (the arm's own)" if o.get("own") else "")
+        for o in sharing.get("others") or []
+        if isinstance(o, dict)
+    ]
+
+
+def sharing_window(arm: dict) -> str:
+    """'3.1–64.3 s into the run'; '' when not recorded."""
+    window = (arm.get("sharing") or {}).get("window_s") if isinstance(arm.get("sharing"), dict) else None
+    if not isinstance(window, list) or len(window) != 2:
+        return ""
+    return f"{seconds(window[0], unit=False)}–{seconds(window[1])} into the run"
+
+
+def trial_rates(arm: dict) -> list[dict]:
+    trials = arm.get("trials")
+    return [r for r in (trials.get("rates") or []) if isinstance(r, dict)] if isinstance(trials, dict) else []
+
+
+def rate_cell(rate: dict) -> str:
+    """'FAIL 3/5', 'FAIL 0/5, KV CORRUPT 2/5': how many of the trials found each kind of finding."""
+    of = rate.get("of", "?")
+    text = f"FAIL {rate.get('failed', '?')}/{of}"
+    return text + (f", KV CORRUPT {rate['kv_corrupt']}/{of}" if rate.get("kv_corrupt") else "")
+
+
+def trial_rate_text(arm: dict) -> str:
+    """'chat-511 FAIL 3/5 intermittent; chat-513 FAIL 5/5 every trial; clean 5/5: fixture, chat-512';
+    '' when the arm ran once (no trials)."""
+    rates = trial_rates(arm)
+    found = [f"{r.get('probe')} {rate_cell(r)} {r.get('class')}" for r in rates if r.get("class") != CLEAN_RATE]
+    clean = [str(r.get("probe")) for r in rates if r.get("class") == CLEAN_RATE]
+    if clean:
+        found.append(f"clean {rates[0].get('of', '?')}/{rates[0].get('of', '?')}: {', '.join(clean)}")
+    return "; ".join(found)
+
+
+def _has_finding(run: dict) -> bool:
+    return any(
+        isinstance(p, dict) and (p.get("verdict") == FAIL or p.get("kv") == CORRUPT) for p in run.get("probes") or []
+    )
+
+
+def trials_found(arm: dict) -> tuple[int, int] | None:
+    """(trials that found something, trials): None without trials."""
+    trials = arm.get("trials")
+    if not isinstance(trials, dict):
+        return None
+    runs = [r for r in trials.get("runs") or [] if isinstance(r, dict)]
+    return sum(1 for r in runs if _has_finding(r)), int(trials.get("n") or len(runs))
+
+
+def run_probe_text(probe: dict) -> str:
+    """One probe of one run: 'FAIL @6,7', 'PASS', 'PASS · KV CORRUPT'."""
+    seen: list[int] = []
+    for d in probe.get("first_diffs") or []:
+        if d is not None and d not in seen:
+            seen.append(d)
+    text = str(probe.get("verdict")) + (" @" + ",".join(map(str, seen)) if seen else "")
+    return text + (f" · KV {probe['kv']}" if probe.get("kv") == CORRUPT else "")
+
+
+def trial_diffs_text(arm: dict, probe_name: str) -> str:
+    """A probe across the trials: '#1 FAIL @6,7 (shared) · #2 PASS (shared) · #3 ERROR (timeout)'."""
+    trials = arm.get("trials")
+    parts = []
+    for run in (trials.get("runs") or []) if isinstance(trials, dict) else []:
+        probe = next((p for p in run.get("probes") or [] if p.get("name") == probe_name), None)
+        text = run_probe_text(probe) if probe else str(run.get("verdict"))
+        if run.get("error"):
+            text += f" ({run['error'].get('kind')})"
+        parts.append(f"#{run.get('trial')} {text}" + (" (shared)" if run.get("shared") else ""))
+    return " · ".join(parts)
+
+
+def confirmation_class(arm: dict) -> str | None:
+    """The class the re-run alone gave the arm's finding; None when it did not run (or decided no class)."""
+    conf = arm.get("confirmation")
+    return conf.get("class") if isinstance(conf, dict) and conf.get("status") == "ran" else None
+
+
+def confirmation_text(arm: dict) -> str:
+    """'re-run alone: PASS → contention-dependent', 're-run alone: skipped (--no-confirm)',
+    're-run alone: not needed (…)'; '' when the report has no confirmation for the arm."""
+    conf = arm.get("confirmation")
+    if not isinstance(conf, dict):
+        return ""
+    if conf.get("status") != "ran":
+        return f"re-run alone: {conf.get('status')}" + (f" ({conf['why']})" if conf.get("why") else "")
+    verdict = (conf.get("run") or {}).get("verdict") or "no result"
+    return f"re-run alone: {verdict} → {conf.get('class') or 'unclassed'}"
+
+
+def confirmation_reason(arm: dict) -> str:
+    """Why the arm was re-run alone and what that run said: 'ran because shared GPU 0 with …; alone: PASS 4/4 (…)'."""
+    conf = arm.get("confirmation")
+    if not isinstance(conf, dict) or conf.get("status") != "ran":
+        return ""
+    parts = [f"ran because {conf['why']}" if conf.get("why") else "", str(conf.get("reason") or "")]
+    return "; ".join(p for p in parts if p)
+
+
+def finding_class_text(arm: dict) -> str:
+    """What qualifies the arm's verdict: 'intermittent: findings in 3/5 trials', 'findings in 5/5 trials',
+    'contention-dependent: clean when re-run alone, …'; '' when neither trials nor a re-run alone say anything."""
+    parts = []
+    found = trials_found(arm)
+    if found and found[0]:
+        k, n = found
+        parts.append(f"{INTERMITTENT}: findings in {k}/{n} trials" if k < n else f"findings in {k}/{n} trials")
+    cls = confirmation_class(arm)
+    if cls:
+        parts.append(f"{cls}: {CONFIRMATION_MEANING.get(cls, 'see the re-run alone')}")
+    return " · ".join(parts)
+
+
+@dataclass(frozen=True)
+class ConditionMark:
+    """One mark beside a FAIL: its text, and whether it weakens the finding (intermittent, needed the shared device)."""
+
+    text: str
+    qualifies: bool
+
+
+def probe_condition_marks(arm: dict, probe: dict) -> tuple[ConditionMark, ...]:
+    """The marks beside a probe's FAIL (or KV CORRUPT): 'intermittent 3/5', '5/5 trials', 'contention-dependent'."""
+    if probe.get("verdict") != FAIL and kv_verdict(probe) != CORRUPT:
+        return ()
+    marks = []
+    rate = next((r for r in trial_rates(arm) if r.get("probe") == probe.get("name")), None)
+    if rate and rate.get("class") != CLEAN_RATE:
+        hits, of = max(rate.get("failed") or 0, rate.get("kv_corrupt") or 0), rate.get("of", "?")
+        intermittent = rate.get("class") == INTERMITTENT
+        marks.append(
+            ConditionMark(f"{INTERMITTENT} {hits}/{of}" if intermittent else f"{hits}/{of} trials", intermittent)
+        )
+    cls = confirmation_class(arm)
+    if cls:
+        marks.append(ConditionMark(cls, cls != DETERMINISTIC))
+    return tuple(marks)
+
+
+def probe_marks_text(arm: dict, probe: dict) -> str:
+    """'intermittent 3/5, contention-dependent'; '' when nothing qualifies the probe's verdict."""
+    return ", ".join(m.text for m in probe_condition_marks(arm, probe))
+
+
+def report_conditions(report: dict) -> dict | None:
+    conditions = report.get("conditions")
+    return conditions if isinstance(conditions, dict) else None
+
+
+def lmcache_ops_text(report: dict) -> str:
+    """'auto (path compiled, source wheel)': the --lmcache-ops choice, then the provenance's lmcache_ops
+    keys whatever they are; '' when the report records neither."""
+    mode = (report_conditions(report) or {}).get("lmcache_ops")
+    ops = report.get("provenance", {}).get("lmcache_ops")
+    pairs = ", ".join(f"{k} {v}" for k, v in flatten(ops)) if isinstance(ops, dict) and ops else ""
+    if mode is None and not pairs:
+        return ""
+    return f"{mode or NOT_RECORDED}" + (f" ({pairs})" if pairs else "")
+
+
+def _load_device_text(device: dict, named: bool) -> str:
+    """'NVIDIA H200 float16 n 8192, 1234 iterations, 610 TFLOPS' ('GPU 1: …' when named, for several GPUs)."""
+    where = f"GPU {device['gpu']}: " if named and device.get("gpu") not in (None, "") else ""
+    n, iterations = (device.get(k) for k in ("n", "iterations"))
+    figures = [f"n {'?' if n is None else n}", f"{'?' if iterations is None else iterations} iterations"]
+    if isinstance(device.get("tflops"), (int, float)):
+        figures.append(f"{device['tflops']:g} TFLOPS")
+    return f"{where}{device.get('name') or '?'} {device.get('dtype') or '?'} " + ", ".join(figures)
+
+
+def gpu_load_text(report: dict) -> str:
+    """'GPU 0: NVIDIA H200 float16 n 8192, 1234 iterations, 610 TFLOPS; 3.1–180.2 s into the run'; 'none'.
+    A load that died while the arms ran says so."""
+    load = (report_conditions(report) or {}).get("gpu_load")
+    if not isinstance(load, dict):
+        return "none"
+    found = [d for d in load.get("devices") or [] if isinstance(d, dict)]
+    devices = [_load_device_text(d, named=len(found) > 1) for d in found]
+    gpus = ", ".join(str(g) for g in load.get("gpus") or []) or "?"
+    span = f"{seconds(load.get('started_s'), unit=False)}–{seconds(load.get('ended_s'))} into the run"
+    failure = load.get("failure") if isinstance(load.get("failure"), dict) else None
+    text = f"on GPU {gpus}: " + ("; ".join(devices) or "no device reported") + f"; {span}"
+    return text + (f"; {failure.get('kind')}: {failure.get('detail')}" if failure else "")
+
+
+def conditions_pairs(report: dict) -> list[tuple[str, str]]:
+    """The run's conditions as (name, text): trials, re-run alone, lmcache-ops, gpu-load; [] when not recorded."""
+    conditions = report_conditions(report)
+    ops = lmcache_ops_text(report)
+    if conditions is None and not ops:
+        return []
+    conditions = conditions or {}
+    pairs = [("trials", show(conditions.get("trials", NOT_RECORDED)))]
+    confirm = conditions.get("confirm")
+    pairs.append(("re-run alone", NOT_RECORDED if confirm is None else "on" if confirm else "off (--no-confirm)"))
+    pairs.append(("lmcache-ops", ops or NOT_RECORDED))
+    pairs.append(("gpu-load", gpu_load_text(report) if "gpu_load" in conditions else NOT_RECORDED))
+    return pairs
+
+
+def conditions_line(report: dict) -> str:
+    """'conditions: trials 5 · re-run alone on · lmcache-ops auto (…) · gpu-load none'; '' when not recorded."""
+    pairs = conditions_pairs(report)
+    return "conditions: " + " · ".join(f"{k} {v}" for k, v in pairs) if pairs else ""
+
+
+def qualified(arm: dict) -> bool:
+    """The arm's finding did not show every time, or not alone: a claim of it must carry its class."""
+    found = trials_found(arm)
+    intermittent = found is not None and 0 < found[0] < found[1]
+    return intermittent or confirmation_class(arm) in (CONTENTION_DEPENDENT, NOT_REPRODUCED, UNCONFIRMED)
+
+
+def conditions_warning(report: dict) -> str:
+    """What a headline must say when a finding it reports was intermittent or needed a shared device:
+    'LMCacheConnectorV1: FAIL (decisive: 6) · contention-dependent: clean when re-run alone, …'; '' otherwise."""
+    return "; ".join(f"{arm_title(a)}: {arm_verdict_text(a)}" for a in report["arms"] if qualified(a))

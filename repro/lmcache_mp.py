@@ -70,9 +70,21 @@ bundle's site-packages, LMCache 0.5.5rc5, 0.5.5 and 0.5.6 wheels; paths relative
   all exist in vLLM 0.26.0 (`distributed/kv_events.py` BlockStored/BlockRemoved/KVEventAggregator/
   KVConnectorKVEvents, `v1/core/kv_cache_utils.py:79` maybe_convert_block_hash, `base.py:85`
   SupportsHMA; KVConnectorTransferResults is absent from 0.26.0 and LMCache falls back, 0.5.6
-  `lmcache_mp_connector.py:24-32`). Compatible by code reading; not run here (no GPU). Not
-  checked: which kernels the server's transfer uses when LMCache's compiled ops do not load
-  against torch 2.11 (the README's GPU rows run its torch fallback).
+  `lmcache_mp_connector.py:24-32`). Compatible by code reading; not run here (no GPU).
+- Its copy path. The server imports LMCache, and so decides for itself whether its compiled ops
+  load (repro.lmcache_ops): the kit asks the server's interpreter, in the server's env, whether
+  `lmcache.cuda_ops` imports (while the server starts), and reads the server's log afterwards for
+  LMCache's fallback warning; `MPServer.copy_path` says which it ran, or "not recorded" and why.
+  Read in 0.5.4's source: without the compiled ops the server's store has no
+  `execute_object_group_transfer` (`v1/multiprocess/modules/lmcache_driven_transfer.py:60-62`) and
+  takes the per-object loop (`:502-620`): the torch fallback's gather into the staging buffer runs
+  on the context's torch stream (`:1057-1060`; `v1/platform/cuda/cache_context.py:414`, a torch
+  stream, which torch creates non-blocking), then with the lazy L1 allocator (`--l1-use-lazy`, on by
+  default, `v1/distributed/config.py:382-387`) the device-to-host copy is
+  `torch_ops.lmcache_memcpy_async` (`v1/gpu_connector/gpu_ops.py:85-93`), a ctypes `cudaMemcpy` on the
+  legacy default stream (`v1/platform/torch_ops.py:2198-2210`), which a non-blocking stream is not
+  ordered with: nothing orders the copy after the gather. `--no-l1-use-lazy` takes the
+  `copy_(non_blocking=True)` branch on the same stream instead (`gpu_ops.py:94-97`).
 """
 
 from __future__ import annotations
@@ -91,10 +103,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from repro import logscan
+from repro import lmcache_ops, logscan
 from repro.contract import LMCACHE_SERVER_DIED, LMCACHE_SERVER_START, Failure
-from repro.provenance import redact_text
-from repro.runner import deferred_signals, kill_group, redact_log, start_child
+from repro.runner import deferred_signals, kill_group, redact_log, redacted_tail, start_child
 
 FAILURE_KINDS = (LMCACHE_SERVER_START, LMCACHE_SERVER_DIED)
 CONNECTOR = "LMCacheMPConnector"
@@ -104,6 +115,7 @@ READY_TIMEOUT_S = 180.0  # imports torch and LMCache, then sets up its memory po
 STOP_GRACE_S = 10.0  # SIGTERM to SIGKILL: uvicorn's shutdown closes the engine and frees its pool
 _POLL_S = 0.2
 _PROBE_TIMEOUT_S = 1.0
+_PROBE_GRACE_S = 2.0
 # No proxy for a loopback health check, whatever http_proxy says.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -152,11 +164,13 @@ class ServerSettings:
 
 
 class ServerError(Exception):
-    """The server did not start (LMCACHE_SERVER_START) or died under the arm (LMCACHE_SERVER_DIED)."""
+    """The server did not start (LMCACHE_SERVER_START) or died under the arm (LMCACHE_SERVER_DIED).
+    `copy_path`: the server's (MPServer.copy_path), once mp_server has stopped it; None if it never ran."""
 
     def __init__(self, kind: str, detail: str, log_tail: str = "") -> None:
         super().__init__(f"{kind}: {detail}")
         self.kind, self.detail, self.log_tail = kind, detail, log_tail
+        self.copy_path: dict | None = None
 
     def failure(self) -> Failure:
         return Failure(self.kind, self.detail, self.log_tail)
@@ -208,6 +222,8 @@ class MPServer:
     env: dict[str, str]
     ready_s: float | None = None
     stopping: bool = False  # set once the kit stops it: an exit after that is no death
+    ops_probe: dict | None = None  # repro.lmcache_ops.probe(..., ops=True) in the server's env
+    copy_path: dict | None = None  # server_copy_path(), set when mp_server has stopped the server
 
     @property
     def pid(self) -> int:
@@ -233,12 +249,7 @@ class MPServer:
         return "stopped by the kit" if self.stopping else exit_text(self.proc.returncode)
 
     def log_tail(self) -> str:
-        """The log's tail, secrets blanked; read without rewriting the file (the group may still write)."""
-        try:
-            raw = self.log_path.read_bytes().decode("utf-8", errors="replace")
-        except OSError:
-            return ""
-        return logscan.tail(redact_text(raw, self.env))
+        return redacted_tail(self.log_path, self.env)
 
     def record(self) -> dict:
         """What a report may keep about the server."""
@@ -249,6 +260,7 @@ class MPServer:
             "ready_s": self.ready_s,
             "log": self.log_path.name,
             "returncode": self.proc.returncode,
+            "copy_path": self.copy_path,
         }
 
 
@@ -277,16 +289,20 @@ def mp_server(
     settings: ServerSettings | None = None,
     stop_grace_s: float = STOP_GRACE_S,
     on_death: Callable[[MPServer], None] | None = None,
+    probe_ops: bool = True,
 ) -> Iterator[MPServer]:
     """Start the server, wait until it is ready, yield it; on leaving, stop and reap its whole group.
 
     `python` must have lmcache; `env` is the arm's (runner.child_env plus its GPU slot). A server
     that exits or is not ready within ready_timeout_s raises ServerError(LMCACHE_SERVER_START).
     `on_death(server)` runs once, from a watcher thread, if the server exits while the block runs
-    (to stop the arm early); server.check() after the arm raises LMCACHE_SERVER_DIED either way."""
+    (to stop the arm early); server.check() after the arm raises LMCACHE_SERVER_DIED either way.
+    After the block, `server.copy_path` (and a ServerError's `copy_path`) says which copy path the
+    server ran (server_copy_path); `probe_ops` False leaves out the import probe behind it."""
     settings = settings or ServerSettings()
     ports = free_ports(settings.host, 2)
     command = settings.command(python, *ports)
+    probe = _OpsProbe(python, env) if probe_ops else None  # runs while the server starts: no wall time
     t0 = time.monotonic()
     try:
         proc, lifeline = start_child(command, log_path=log_path, env=env)
@@ -296,6 +312,8 @@ def mp_server(
     with _LIVE_LOCK:
         _LIVE.add(server)
     watcher = None
+    failed: ServerError | None = None
+    ended_well = False
     try:
         wait_ready(server, t0 + ready_timeout_s, ready_timeout_s)
         server.ready_s = round(time.monotonic() - t0, 3)
@@ -303,6 +321,10 @@ def mp_server(
             watcher = threading.Thread(target=_watch, args=(server, on_death), name="kvkit-lmcache-mp", daemon=True)
             watcher.start()
         yield server
+        ended_well = True
+    except ServerError as exc:
+        failed = exc
+        raise
     finally:
         server.stopping = True
         with deferred_signals():  # a second Ctrl-C must not leave the group half stopped
@@ -313,6 +335,69 @@ def mp_server(
             if watcher is not None:
                 watcher.join()
         redact_log(log_path, env)  # the group is gone: the file can be rewritten
+        # a failed or interrupted start is reported at once: the probe gets a moment, not its timeout
+        wait_s = lmcache_ops.PROBE_TIMEOUT_S if ended_well else _PROBE_GRACE_S
+        server.ops_probe = probe.result(wait_s) if probe is not None else None
+        server.copy_path = server_copy_path(server.ops_probe, _read_text(log_path))
+        if failed is not None:
+            failed.copy_path = server.copy_path
+
+
+class _OpsProbe:
+    """repro.lmcache_ops.probe(python, env, ops=True) on a thread of its own (the same interpreter and
+    env as the server: what it answers is what the server's own `import lmcache` met)."""
+
+    def __init__(self, python: str, env: dict[str, str]) -> None:
+        self._out: dict = {"problem": "the probe did not finish"}
+        self._thread = threading.Thread(target=self._run, args=(python, env), name="kvkit-lmcache-ops", daemon=True)
+        self._thread.start()
+
+    def _run(self, python: str, env: dict[str, str]) -> None:
+        self._out = lmcache_ops.probe(python, env, ops=True, versions=False)
+
+    def result(self, timeout_s: float) -> dict:
+        self._thread.join(timeout_s)
+        return self._out
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def server_copy_path(probe: dict | None, log_text: str) -> dict:
+    """Which copy path the server ran: {"path": "compiled" | "fallback" | "not recorded", "source",
+    "detail"}. LMCache's fallback warning in the server's log decides "fallback"; the import probe
+    in its env says "compiled" (and from where) or gives the import error; neither: "not recorded"."""
+    ops = (probe or {}).get("ops") or {}
+    warning = lmcache_ops.FALLBACK_WARNING
+    warned = next((x[x.index(warning) :] for x in map(logscan.clean_line, log_text.splitlines()) if warning in x), None)
+    error = None if ops.get("imports") else ops.get("error")
+    if warned:
+        because = f"{lmcache_ops.OPS_MODULE}: {error}" if ops.get("lmcache_imports") and error else None
+        return {"path": "fallback", "source": None, "detail": because or f"LMCache logged: {warned[:300]}"}
+    if ops.get("imports"):
+        source, where = ops_source(ops.get("file"))
+        return {"path": "compiled", "source": source, "detail": where}
+    if ops.get("lmcache_imports"):
+        return {"path": "fallback", "source": None, "detail": f"{lmcache_ops.OPS_MODULE}: {error}"}
+    if probe is None:
+        why = "the import probe was off and the server's log has no fallback warning"
+    else:
+        why = f"the server's interpreter cannot import lmcache ({error or probe.get('problem')})"
+    return {"path": "not recorded", "source": None, "detail": why}
+
+
+def ops_source(ops_file: str | None) -> tuple[str | None, str]:
+    """("kit build", its dir) when the ops file is in a kit build's tree (repro.lmcache_ops), else ("wheel", the file)."""
+    if not ops_file:
+        return None, "no file"
+    build_dir = Path(ops_file).resolve().parent.parent.parent
+    if (build_dir / lmcache_ops.MANIFEST_NAME).is_file():
+        return "kit build", str(build_dir)
+    return "wheel", ops_file
 
 
 def wait_ready(server: MPServer, deadline: float, timeout_s: float) -> None:

@@ -14,6 +14,11 @@ arm's log holds none of those lines, so their absence says nothing about that ar
 built on them are left out, with one note naming the server's log. What the arm's log can still
 say is kept: degraded mode (the MP connector logs it when the server stops answering), the
 compiled-ops warning of the engine's own LMCache import, double unpins.
+
+Each LMCache process of an arm (the engine, and an MP arm's server) runs LMCache's compiled ops or
+its torch fallback, each decided at its own `import lmcache` (repro.lmcache_ops): `copy_paths` says
+which for each, from the fallback warning in its log and the import its process (or a probe in its
+env) made; never "unknown": a process with no evidence is "not recorded" with the reason.
 """
 
 from __future__ import annotations
@@ -22,12 +27,12 @@ import re
 from dataclasses import dataclass
 
 from repro.lmcache_mp import CONNECTOR as MP_CONNECTOR
+from repro.lmcache_ops import FALLBACK_WARNING, OPS_MODULE
 from repro.logscan import clean_line
 
 # Start-up failure caught by LMCacheManager, or its health monitor giving up on a backend: either
 # way LMCache recomputes everything while vLLM reports a healthy engine.
 DEGRADED = re.compile(r"(?:operate in|entering) degraded mode")
-CUDA_OPS_MISSING = "lmcache.cuda_ops compiled extension not found"
 DOUBLE_UNPIN = re.compile(r"Pin count of MemoryObj \S*\s*is negative: (-?\d+)\.?\s*Double unpin occurred somewhere")
 RETRIEVED = re.compile(
     r"\[req_id=(?P<req>[^\]]+)\] Retrieved (?P<got>\d+) out of (?P<need>\d+) (?:required tokens \(from (?P<total>\d+) total tokens\)|out of total (?P<total2>\d+) tokens)"
@@ -47,7 +52,6 @@ def scan_log(text: str) -> dict:
     """Everything LMCache said that the report needs, from one arm's log."""
     out: dict = {
         "degraded": [],
-        "cuda_ops": "unknown",
         "double_unpin_warnings": 0,
         "retrieves": [],
         "stores": [],
@@ -55,13 +59,10 @@ def scan_log(text: str) -> dict:
         "config": None,
         "versions": [],
     }
-    initialized = False
     for raw in text.splitlines():
         line = clean_line(raw)
         if DEGRADED.search(line):
             out["degraded"].append(line[:500])
-        if CUDA_OPS_MISSING in line:
-            out["cuda_ops"] = "not loaded: fell back to torch ops"
         if DOUBLE_UNPIN.search(line):
             out["double_unpin_warnings"] += 1
         if m := RETRIEVED.search(line):
@@ -88,13 +89,84 @@ def scan_log(text: str) -> dict:
         if (m := CONFIG.search(line)) and out["config"] is None:
             out["config"] = m["cfg"][:MAX_CONFIG_CHARS]
         if m := INITIALIZED.search(line):
-            initialized = True
             out.setdefault("initialized", []).append(line[line.index("LMCache initialized") :][:600])
             if m["version"] not in out["versions"]:
                 out["versions"].append(m["version"].strip())
-    if out["cuda_ops"] == "unknown" and initialized and out["retrieves"]:
-        out["cuda_ops"] = "loaded: no fallback warning"
     return out
+
+
+ENGINE, SERVER = "engine", "MP server"
+
+
+def _engine_copy_path(build: dict | None, fallback_lines: list[str]) -> dict:
+    """The engine's: LMCache's own warning in the arm's log decides fallback; else what the child's
+    import of lmcache.cuda_ops said (repro.engine.child._lmcache_build, or its older `cuda_ops` text)."""
+    build = build or {}
+    error = build.get("ops_import_error")
+    if not error and str(build.get("cuda_ops", "")).startswith("not loaded: "):
+        error = build["cuda_ops"][len("not loaded: ") :]
+    said = (
+        build.get("copy_path") or {"loaded": "compiled"}.get(build.get("cuda_ops")) or ("fallback" if error else None)
+    )
+    if fallback_lines:
+        detail = f"{OPS_MODULE}: {error}" if error else f"LMCache logged: {fallback_lines[0][:300]}"
+        if said == "compiled":
+            detail += " (though the child's own import of lmcache.cuda_ops worked)"
+        return {"process": ENGINE, "path": "fallback", "source": None, "detail": detail}
+    if said == "compiled":
+        source = build.get("ops_source") or "wheel"  # the child before kit builds tried the wheel only
+        where = build.get("ops_build_dir") or build.get("cuda_ops_file") or "lmcache.cuda_ops imported"
+        return {"process": ENGINE, "path": "compiled", "source": source, "detail": where}
+    if said == "fallback":
+        return {"process": ENGINE, "path": "fallback", "source": None, "detail": f"{OPS_MODULE}: {error}"}
+    why = build.get("problem") or "the arm recorded no LMCache build"
+    return {
+        "process": ENGINE,
+        "path": "not recorded",
+        "source": None,
+        "detail": f"{why}; no fallback warning in its log",
+    }
+
+
+def copy_paths(engine_build: dict | None, engine_log: str, server: dict | None) -> list[dict]:
+    """Each LMCache process's copy path: [{"process": "engine" | "MP server", "path": "compiled" |
+    "fallback" | "not recorded", "source": "wheel" | "kit build" | None, "detail": str}].
+
+    `engine_build`: the arm's versions["lmcache_build"]; `engine_log`: the arm's log; `server`: an MP
+    arm's server copy path (repro.lmcache_mp.MPServer.copy_path), None for an arm without a server."""
+    warned = [x[x.index(FALLBACK_WARNING) :] for x in map(clean_line, engine_log.splitlines()) if FALLBACK_WARNING in x]
+    out = [_engine_copy_path(engine_build, warned)]
+    if server is not None:
+        out.append(
+            {
+                "process": SERVER,
+                "path": server.get("path") or "not recorded",
+                "source": server.get("source"),
+                "detail": server.get("detail") or "the kit recorded nothing about it",
+            }
+        )
+    return out
+
+
+def copy_path_text(paths: list[dict]) -> str:
+    """The finding's text: engine compiled (wheel); MP server fallback (lmcache.cuda_ops: ImportError: ...)."""
+    parts = []
+    for p in paths:
+        why = p["detail"]
+        if p["path"] == "compiled":
+            why = f"kit build {p['detail']}" if p["source"] == "kit build" else str(p["source"])
+        parts.append(f"{p['process']} {p['path']} ({why})")
+    return "; ".join(parts)
+
+
+def cuda_ops_text(engine: dict) -> str:
+    """The old `cuda_ops` signal (read by older readers and the issue text), from the engine's copy path."""
+    if engine["path"] == "fallback":
+        logged = engine["detail"].startswith("LMCache logged")
+        return "not loaded: fell back to torch ops" if logged else f"not loaded: {engine['detail']}"
+    if engine["path"] == "compiled":
+        return f"loaded: {engine['source']}"
+    return f"not recorded: {engine['detail']}"
 
 
 def _for_request(items: list[dict], request_id: str | None) -> list[dict]:
@@ -154,20 +226,31 @@ class LMCacheEvidence:
 
 
 def lmcache_evidence(
-    probes: list[dict], log_text: str, connector: str | None = None, server_log: str | None = None
+    probes: list[dict],
+    log_text: str,
+    connector: str | None = None,
+    server_log: str | None = None,
+    engine_build: dict | None = None,
+    server_copy_path: dict | None = None,
 ) -> LMCacheEvidence:
     """Scan an LMCache arm's log and cross-check it with the arm's judged probes (nothing is modified).
 
     `connector`: the arm's connector name; LMCacheMPConnector leaves out the checks that read the
     in-process connector's lines (module docstring), anything else (or None) is read as the
-    in-process connector. `server_log`: where the MP server's log is, as the report names it."""
+    in-process connector. `server_log`: where the MP server's log is, as the report names it.
+    `engine_build`, `server_copy_path`: see copy_paths (an MP arm without the latter has its server
+    "not recorded")."""
     in_process = connector != MP_CONNECTOR
     scan = scan_log(log_text)
     retrieves = len(scan["retrieves"])
+    if not in_process and server_copy_path is None:
+        server_copy_path = {"path": "not recorded", "detail": "the kit passed no copy path for its MP server"}
+    paths = copy_paths(engine_build, log_text, server_copy_path)
     signals = {
         "degraded_mode": bool(scan["degraded"]),
         "degraded_messages": scan["degraded"][:3],
-        "cuda_ops": scan["cuda_ops"],
+        "copy_paths": paths,
+        "cuda_ops": cuda_ops_text(paths[0]),
         "double_unpin_warnings": scan["double_unpin_warnings"],
         "retrieves": retrieves,
         "double_unpin_per_retrieve": round(scan["double_unpin_warnings"] / retrieves, 3) if retrieves else None,
@@ -190,5 +273,5 @@ def lmcache_evidence(
         findings.append(
             f"{scan['double_unpin_warnings']} 'Double unpin' warnings {over} (LMCache #5090; recorded, not a verdict)"
         )
-    findings.append(f"LMCache CUDA ops: {scan['cuda_ops']}")
+    findings.append(f"LMCache copy path: {copy_path_text(paths)}")
     return LMCacheEvidence(signals, views, tuple(findings), tuple(scan["degraded"][:3]))

@@ -160,7 +160,7 @@ class ArmSlot:
     kv_cache_tokens: int | None = None
 
 
-def _visible_gpus() -> list[str]:
+def visible_gpus() -> list[str]:
     """GPU indices the children may use, without importing torch: CUDA_VISIBLE_DEVICES, else nvidia-smi."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
@@ -186,7 +186,7 @@ CPU_ARM_BASE_GIB = 2.0
 
 
 def uses_cuda(opts: Options) -> bool:
-    return opts.args.device == "cuda" or (opts.args.device == "auto" and bool(_visible_gpus()))
+    return opts.args.device == "cuda" or (opts.args.device == "auto" and bool(visible_gpus()))
 
 
 def default_jobs(opts: Options, n_arms: int) -> int:
@@ -222,7 +222,7 @@ def arm_slots(opts: Options, n_arms: int, jobs: int) -> list[ArmSlot]:
     if jobs <= 1:
         return [ArmSlot({}, util) for _ in range(n_arms)]
     if uses_cuda(opts):
-        gpus = _visible_gpus() or ["0"]
+        gpus = visible_gpus() or ["0"]
         per_gpu = -(-min(jobs, n_arms) // len(gpus))
         share = min(util, round(0.9 / per_gpu, 3))
         tokens = SHARED_GPU_KV_MAX_MODEL_LENS * opts.args.max_model_len if per_gpu > 1 else None

@@ -67,9 +67,14 @@ class Progress:
         self._broken = False
 
     # ---- state changes (any thread)
+    def add(self, arm: str) -> None:
+        """A row for a run planned later (a trial, a confirmation alone)."""
+        with self._lock:
+            self.arms.setdefault(arm, _Arm(arm))
+
     def start(self, arm: str, progress_file: Path | None = None) -> None:
         with self._lock:
-            a = self.arms[arm]
+            a = self.arms.setdefault(arm, _Arm(arm))
             a.started, a.progress_file = time.monotonic(), progress_file
         self._set(arm, "starting")
 

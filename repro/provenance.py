@@ -219,14 +219,19 @@ def probe_python(python: str) -> dict:
         return {"problem": "no such file"}
     if os.path.isdir(found) or not os.access(found, os.X_OK):
         return {"problem": "not an executable file"}
+    return ask_json([found, "-c", _ENGINE_PROBE], ENGINE_PROBE_TIMEOUT_S, "is not a working Python 3")
+
+
+def ask_json(argv: list[str], timeout_s: float, unanswered: str, env: dict | None = None, who: str = "") -> dict:
+    """Run a probe that prints one JSON object on its last line; {"problem": "<one line>"} when it
+    cannot run, times out or answers anything else. Never raises."""
+    who = f"{who} " if who else ""
     try:
-        out = subprocess.run(
-            [found, "-c", _ENGINE_PROBE], capture_output=True, text=True, timeout=ENGINE_PROBE_TIMEOUT_S, check=False
-        )
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False, env=env)
     except OSError as exc:
-        return {"problem": f"cannot run it ({exc.strerror or exc})"}
+        return {"problem": f"cannot run {who or 'it '}({exc.strerror or exc})"}
     except subprocess.TimeoutExpired:
-        return {"problem": f"did not answer within {ENGINE_PROBE_TIMEOUT_S} s"}
+        return {"problem": f"{who}did not answer within {timeout_s:g} s"}
     lines = out.stdout.strip().splitlines()
     try:
         info = json.loads(lines[-1]) if out.returncode == 0 and lines else None
@@ -234,7 +239,7 @@ def probe_python(python: str) -> dict:
         info = None
     if not isinstance(info, dict):
         tail = (out.stderr.strip().splitlines() or ["no output"])[-1][:200]
-        return {"problem": f"is not a working Python 3 (exit {out.returncode}: {tail})"}
+        return {"problem": f"{who}{unanswered} (exit {out.returncode}: {tail})"}
     return info
 
 

@@ -10,6 +10,12 @@ Report schema (kind "kvkit-report"; JSON Schema in schemas/report.schema.json):
     block x layer x K/V plane, and what a non-exact cell's bytes equal); acceptance.checked items
     say which check they are ("tokens" or "kv"). All four kv fields are required in version 2
     (null where there is nothing to say).
+    Additions to version 2 that old readers may ignore and old files lack (no version bump): the
+    run's conditions (trials, confirm, lmcache_ops, gpu_load) and provenance.lmcache_ops; per arm
+    gpu, sharing (the other processes on its device and their overlap), copy_paths (each LMCache
+    process: compiled ops or the torch fallback), trials (each run, rates per probe, the class) and
+    confirmation (the same job re-run alone, and the class of the finding); diagnostics
+    arms_wall_s, trials_wall_s and confirm_wall_s.
 The schema is authoritative: validate_report checks every report before it is written (and the
 cross-field shape of the KV audit, which JSON Schema cannot say).
 A newer file is refused ("upgrade the kit"). A version 1 file loads as it is: version 2 only added
@@ -28,13 +34,20 @@ from repro.display import (
     arm_title,
     arm_verdict_text,
     cached_cell,
+    conditions_line,
+    confirmation_reason,
+    confirmation_text,
+    copy_path_text,
     diff_class_cell,
+    gpu_text,
     headline,
     kv_audit_state,
     kv_blame_text,
     kv_cell,
     kv_findings,
     kv_verdict,
+    sharing_text,
+    trial_rate_text,
 )
 from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME, UsageError
 from repro.paths import SCHEMAS_DIR
@@ -130,6 +143,20 @@ def unexpected_kv_findings(report: dict) -> list[tuple[dict, dict]]:
     return [(a, p) for a, p in kv_findings(report) if (a["name"], p["name"]) not in excused]
 
 
+def trial_findings(report: dict) -> list[tuple[str, str]]:
+    """(arm, probe) of a finding that only a later trial made (its own run passed the probe): a
+    finding all the same, never hidden behind the first trial's PASS."""
+    out = []
+    for arm in report["arms"]:
+        own = {p["name"]: p for p in arm.get("probes") or []}
+        for rate in (arm.get("trials") or {}).get("rates") or []:
+            probe = own.get(rate["probe"]) or {}
+            own_found = probe.get("verdict") not in (PASS, SKIPPED, None) or kv_verdict(probe) == CORRUPT
+            if (rate["failed"] or rate["kv_corrupt"]) and not own_found:
+                out.append((arm["name"], rate["probe"]))
+    return out
+
+
 def exit_code(report: dict) -> int:
     """0 all good; 1 completed but acceptance not matched (or a non-PASS verdict outside it); 3 error.
 
@@ -138,7 +165,7 @@ def exit_code(report: dict) -> int:
     audit is meant to catch). An error still exits 3 first."""
     if not report.get("complete", False) or report["errors"] or any(a["verdict"] == ERROR for a in report["arms"]):
         return EXIT_RUNTIME
-    if unexpected_kv_findings(report):
+    if unexpected_kv_findings(report) or trial_findings(report):
         return EXIT_MISMATCH
     acc = report["acceptance"]
     if acc["matched"] is None:
@@ -165,6 +192,20 @@ def _probe_line(probe: dict, kv: str | None, width: int = VERDICT_COLUMN) -> str
     return f"{head}{_tokens_verdict(probe):<{width}} KV {kv}"
 
 
+def _condition_lines(arm: dict) -> list[str]:
+    """What the arm's verdict was measured under, one fact a line; none for a report that records none."""
+    device = " · ".join(t for t in (gpu_text(arm), sharing_text(arm)) if t)
+    confirmation = confirmation_text(arm)
+    reason = confirmation_reason(arm)
+    lines = [
+        f"copy path: {copy_path_text(arm)}" if copy_path_text(arm) else "",
+        device,
+        f"trials: {trial_rate_text(arm)}" if trial_rate_text(arm) else "",
+        confirmation + (f" — {reason}" if reason else ""),
+    ]
+    return [f"  {line}"[:400] for line in lines if line]
+
+
 def format_summary(report: dict) -> str:
     audit = kv_audit_state(report)
     block_size = (report.get("config") or {}).get("block_size")
@@ -172,6 +213,8 @@ def format_summary(report: dict) -> str:
         headline(report),
         f"# {report['generations']} generations · acceptance.matched = {acceptance_label(report)}",
     ]
+    if conditions_line(report):
+        lines.append(conditions_line(report)[:400])
     # the KV column starts after the widest token verdict (a classed FAIL is wider than the usual 20)
     width = max([VERDICT_COLUMN] + [len(_tokens_verdict(p)) for a in report["arms"] for p in a["probes"]])
     for arm in report["arms"]:
@@ -182,6 +225,7 @@ def format_summary(report: dict) -> str:
         lines.append(f"{arm_title(arm)}: {arm_verdict_text(arm)}")
         if arm.get("error"):
             lines.append(f"  ERROR {arm['error']['kind']}: {arm['error']['detail']}"[:400])
+        lines += _condition_lines(arm)
         if audit:
             lines.append(f"  {arm_kv_text(arm)}"[:400])
         for p in arm["probes"]:

@@ -67,6 +67,7 @@ class ArmOutcome:
     log_text: str
     wall_s: float
     returncode: int | None = None
+    server_copy_path: dict | None = None  # an LMCacheMPConnector arm: its MP server's (repro.lmcache_mp)
 
 
 class Interrupted(Exception):
@@ -333,6 +334,15 @@ def run_arm(
         wall_s=round(wall, 3),
         returncode=returncode,
     )
+
+
+def redacted_tail(log_path: Path, env: dict[str, str]) -> str:
+    """A log's tail, secrets blanked; read without rewriting the file (its writer may still write)."""
+    try:
+        raw = log_path.read_bytes().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    return logscan.tail(redact_text(raw, env))
 
 
 def redact_log(log_path: Path, env: dict[str, str]) -> str:

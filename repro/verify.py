@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -15,16 +16,17 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from repro import __version__, atomic, kvaudit, lmcache_mp, logscan
+from repro import __version__, atomic, gpu_load, kvaudit, lmcache_mp, lmcache_ops, logscan, trials
 from repro.atomic import dumps_json, write_bytes_atomic
 from repro.cli import Options, parse_args
 from repro.commands import run_command
-from repro.contract import PREFLIGHT_GATE_ENV, ArmResult, Failure, Job, progress_path
+from repro.contract import PREFLIGHT_GATE_ENV, PROBES_FILE_KEY, ArmResult, Failure, Job, progress_path
 from repro.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, UsageError
 from repro.evaluate import judge_arm
 from repro.fixtures import Fixture, check_probes_fit, load_fixture
 from repro.lmcache_signals import lmcache_evidence
 from repro.plan import (
+    ArmSlot,
     PlannedArm,
     arm_job,
     arm_slots,
@@ -33,6 +35,8 @@ from repro.plan import (
     materialize,
     plan_arms,
     preflight_for,
+    uses_cuda,
+    visible_gpus,
     vocab_size,
 )
 from repro.progress import Progress, choose_mode
@@ -55,6 +59,7 @@ from repro.runner import (
     run_arm,
     stop_all_children,
 )
+from repro.sharing import ARM, CPU_CORES, GPU_LOAD, SERVER, Window, gpu_resource, sharing_of, sharing_text
 from repro.suite import build_probes
 from repro.verdict import (
     BATCH_INVARIANT_INACTIVE,
@@ -115,8 +120,11 @@ def arm_entry(
             outcome.log_text,
             connector=spec.connector.name,
             server_log=lmcache_mp.server_log_path(Path(logs_rel), spec.name).as_posix(),
+            engine_build=(res.versions or {}).get("lmcache_build"),
+            server_copy_path=outcome.server_copy_path,
         )
         entry["lmcache"] = evidence.signals
+        entry["copy_paths"] = evidence.signals.get("copy_paths")  # every LMCache process: compiled or fallback
         entry["findings"] += list(evidence.findings)
         for probe in probes:
             for i, req in enumerate(probe["requests"]):
@@ -157,6 +165,10 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
     if a.lmcache_config:
         extra_env["LMCACHE_CONFIG_FILE"] = str(Path(a.lmcache_config).resolve())
     env = child_env(dict(os.environ), hashseed=HASHSEED, extra=extra_env)
+    ops = None
+    if any(arm.spec.connector is not None and "lmcache" in arm.spec.connector.name.lower() for arm in arms):
+        ops = lmcache_ops.resolve(a.lmcache_ops, a.python, env)  # compiled ops or the fallback, for every process
+        env = lmcache_ops.apply(ops, env)
     work = Path(tempfile.mkdtemp(prefix=f".{report_path.stem}.work-", dir=report_path.parent))
     logs_dir_name = f"{report_path.stem}.logs"
     scratch: list[str] = []
@@ -171,58 +183,80 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
             planned = [materialize(p, scratch) for p in arms]
             matched: dict[str, tuple[dict, dict]] = {}  # native-matched arm -> (skipped, what it matched)
 
-            def job_for(i: int, dependency: ArmOutcome | None = None) -> Job:
-                arm = planned[i]
+            def job_for(
+                i: int, dependency: ArmOutcome | None = None, arm: PlannedArm | None = None, slot: ArmSlot | None = None
+            ) -> Job:
+                """Arm i's job; a trial or a confirmation run passes its own (renamed, freshly
+                materialized) arm and slot, and never makes the preflight."""
+                own = arm is None
+                arm, slot = arm or planned[i], slot or slots[i]
                 kv_dir = str(work / "kv" / arm.name) if a.kv_audit else None
-                job = arm_job(opts, arm, probes, fixture.sha256, preflight if i == 0 else None, kv_dir)
-                if arm.match_arm is not None:
+                job = arm_job(opts, arm, probes, fixture.sha256, preflight if i == 0 and own else None, kv_dir)
+                if planned[i].match_arm is not None:
                     conn = dependency.result if dependency is not None and dependency.failure is None else None
-                    probe_jobs, skipped, info = matched_probes(opts, arm, probes, conn, a.block_size)
-                    matched[arm.name] = (skipped, info)
+                    probe_jobs, skipped, info = matched_probes(opts, planned[i], probes, conn, a.block_size)
+                    if own:
+                        matched[arm.name] = (skipped, info)
                     job = replace(job, probes=tuple(probe_jobs))
-                slot = slots[i]
                 engine = replace(
                     job.engine, gpu_memory_utilization=slot.gpu_memory_utilization, kv_cache_tokens=slot.kv_cache_tokens
                 )
                 return replace(job, engine=engine)
 
             progress.note(f"{len(planned)} arms, {min(n_jobs, len(planned))} at a time")
-            outcomes = run_arms(planned, job_for, slots, n_jobs, work, env, a, progress)
-            for i, arm in enumerate(planned):
-                if arm.name in matched:
-                    planned[i] = replace(arm, skip_probes={**arm.skip_probes, **matched[arm.name][0]})
-            first = outcomes[0]
-            if first is not None and first.result is not None and first.result.preflight_problems:
-                raise UsageError("; ".join(first.result.preflight_problems))
-            baseline = None
-            for arm, outcome in zip(planned, outcomes):
-                if arm.spec.mode == "baseline" and outcome.failure is None:
-                    baseline = outcome.result
-                if outcome.result is not None and outcome.failure is None:
-                    results[arm.name] = outcome.result
-                entries.append(arm_entry(arm, outcome, baseline, a.block_size, logs_dir_name, a.batch_invariant))
-                if arm.match_arm is not None:
-                    info = matched.get(arm.name, ({}, {}))[1]
-                    entries[-1]["matched_to"] = arm.match_arm
-                    for p in entries[-1]["probes"]:
-                        p["match"] = info.get(p["name"])
-            if a.kv_audit:
-                for e in entries:
-                    if e["name"] in results:
-                        progress.stage(e["name"], "comparing KV")
-            if a.kv_audit:
-                audit_kv(entries, results, baseline, work, env, a)
-            else:  # the report says so in every place the audit would speak
-                kvaudit.annotate(entries, results, None, None, a.block_size)
+            clock = Clock(t0, resource_for(opts))
+            with load_neighbour(opts, env, work, clock) as load:
+                outcomes = run_arms(planned, job_for, slots, n_jobs, work, env, a, progress, clock)
+                arms_wall = clock.now()
+                for i, arm in enumerate(planned):
+                    if arm.name in matched:
+                        planned[i] = replace(arm, skip_probes={**arm.skip_probes, **matched[arm.name][0]})
+                first = outcomes[0]
+                if first is not None and first.result is not None and first.result.preflight_problems:
+                    raise UsageError("; ".join(first.result.preflight_problems))
+                baseline = None
+                for arm, outcome in zip(planned, outcomes):
+                    if arm.spec.mode == "baseline" and outcome.failure is None:
+                        baseline = outcome.result
+                    if outcome.result is not None and outcome.failure is None:
+                        results[arm.name] = outcome.result
+                    entries.append(arm_entry(arm, outcome, baseline, a.block_size, logs_dir_name, a.batch_invariant))
+                    if arm.match_arm is not None:
+                        info = matched.get(arm.name, ({}, {}))[1]
+                        entries[-1]["matched_to"] = arm.match_arm
+                        for p in entries[-1]["probes"]:
+                            p["match"] = info.get(p["name"])
+                extra = Extra(opts, arms, planned, outcomes, slots, job_for, baseline, logs_dir_name, scratch)
+                extra.walls["arms"] = arms_wall
+                if a.trials > 1:
+                    progress.note(f"trials 2 to {a.trials} of every reuse arm")
+                    run_trials(extra, a.trials, n_jobs, work, env, a, progress, clock)
+                load_record = load.record() if load is not None else None
+            audit_all(entries + extra.entries, results | extra.results, baseline, work, env, a, progress)
+            confirm = confirmations(entries, extra, clock, a)
+            if confirm:
+                run_confirmations(extra, confirm, work, env, a, progress, clock)
+                audit_all(extra.alone_entries(), extra.results, baseline, work, env, a, progress)
+            fold_runs(entries, extra, clock, a)
             for e in entries:
                 progress.finish(e["name"], e["verdict"])
         report = assemble(opts, fixture, entries, argv, env, started, time.monotonic() - t0, min(n_jobs, len(arms)))
+        report["conditions"] = {
+            "trials": a.trials,
+            "confirm": a.confirm,
+            "lmcache_ops": getattr(a, "lmcache_ops", "auto"),
+            "gpu_load": load_record,
+        }
+        if ops is not None:
+            report["provenance"]["lmcache_ops"] = ops.provenance
+        report["errors"] += extra.errors()
+        report["diagnostics"].update(extra.timing())
         # Serialize (and check against the schema) before anything on disk changes: a report that
         # cannot be written leaves the old report and its logs as they were.
         validate_report(report)
         data = dumps_json(report).encode("utf-8")
         with deferred_signals():  # logs and report are swapped in together, or not at all
-            logs = [e["name"] for e in entries]
+            logs = [e["name"] for e in entries] + extra.names() + (["gpu-load"] if load_record else [])
             logs += [server.stem for n in logs if (server := lmcache_mp.server_log_path(work, n)).exists()]
             publish_logs(work, report_path.parent / logs_dir_name, logs)
             write_bytes_atomic(report_path, data)
@@ -234,6 +268,241 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
     print(format_summary(report))
     print(f"report: {report_path}", file=sys.stderr)
     return exit_code(report)
+
+
+class Clock:
+    """Seconds since the run's start, and every device-using process's window (repro.sharing)."""
+
+    def __init__(self, t0: float, resource_of):
+        self.t0 = t0
+        self.windows: list[Window] = []
+        self._resource_of = resource_of
+        self._lock = threading.Lock()
+        self.phases: dict[str, float] = {}
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def record(self, process: str, kind: str, owner: str | None, slot, start: float, resources=None) -> None:
+        res = tuple(resources) if resources is not None else self._resource_of(slot)
+        with self._lock:
+            self.windows.append(Window(process, kind, owner, res, start, self.now()))
+
+    def sharing(self, arm: str) -> dict | None:
+        with self._lock:
+            return sharing_of(arm, list(self.windows))
+
+
+def resource_for(opts: Options):
+    """slot -> the devices an arm in that slot uses: its GPU on CUDA (CUDA_VISIBLE_DEVICES of its
+    slot, else the first visible one, which a child that sees them all uses), the cores on the CPU."""
+    if not uses_cuda(opts):
+        return lambda slot: (CPU_CORES,)
+    first = (visible_gpus() or ["0"])[0]
+    return lambda slot: (gpu_resource((slot.env if slot else {}).get("CUDA_VISIBLE_DEVICES", first)),)
+
+
+@contextlib.contextmanager
+def load_neighbour(opts: Options, env: dict, work: Path, clock: Clock):
+    """--gpu-load: the neighbour keeps every visible GPU busy while the arms and their trials run
+    (not the confirmations alone); its window is recorded like an arm's."""
+    if not getattr(opts.args, "gpu_load", False):
+        yield None
+        return
+    gpus = visible_gpus() or ["0"]
+    start = clock.now()
+    try:
+        with gpu_load.neighbour(opts.args.python, gpus, env, work / "gpu-load.log", t0=clock.t0) as load:
+            yield load
+    finally:
+        clock.record("gpu-load", GPU_LOAD, None, None, start, resources=[gpu_resource(g) for g in gpus])
+
+
+@dataclass
+class Run:
+    """One more run of a reuse arm: a trial (2..N) or the confirmation alone."""
+
+    primary: int  # index of the arm it repeats
+    label: str  # "trial 3", "alone"
+    trial: int | None
+    arm: PlannedArm  # renamed: <arm>~trial3, <arm>~alone
+    slot: ArmSlot
+    outcome: ArmOutcome | None = None
+    entry: dict | None = None
+
+
+class Extra:
+    """The runs beyond each arm's own: trials and confirmations, judged like arms, folded into their
+    arm's entry at the end (repro.trials)."""
+
+    def __init__(self, opts, originals, planned, outcomes, slots, job_for, baseline, logs_rel, scratch):
+        self.opts = opts
+        self.originals, self.planned, self.outcomes, self.slots = originals, planned, outcomes, slots
+        self.job_for, self.baseline, self.logs_rel, self.scratch = job_for, baseline, logs_rel, scratch
+        self.runs: list[Run] = []
+        self.results: dict[str, ArmResult] = {}
+        self.walls: dict[str, float] = {}
+
+    def fresh(self, i: int, suffix: str) -> PlannedArm:
+        """Arm i again, with fresh @tmpdir directories (a fresh store: its cold request is cold again)."""
+        arm = materialize(self.originals[i], self.scratch)
+        return replace(arm, spec=replace(arm.spec, name=f"{arm.name}~{suffix}"), match_arm=None)
+
+    def run(self, runs: list[Run], n_jobs: int, work: Path, env: dict, a, progress: Progress, clock: Clock) -> None:
+        index = {arm.name: i for i, arm in enumerate(self.planned)}
+
+        def job_for(j: int, dependency=None) -> Job:
+            r = runs[j]
+            match = self.planned[r.primary].match_arm
+            dep = self.outcomes[index[match]] if match is not None else None
+            return self.job_for(r.primary, dep, r.arm, r.slot)
+
+        outcomes = run_arms(
+            [r.arm for r in runs], job_for, [r.slot for r in runs], n_jobs, work, env, a, progress, clock
+        )
+        for r, outcome in zip(runs, outcomes):
+            if outcome is None:
+                continue
+            r.outcome = outcome
+            arm = replace(r.arm, skip_probes={**r.arm.skip_probes, **self.planned[r.primary].skip_probes})
+            r.entry = arm_entry(arm, outcome, self.baseline, a.block_size, self.logs_rel, a.batch_invariant)
+            if outcome.result is not None and outcome.failure is None:
+                self.results[r.arm.name] = outcome.result
+            self.runs.append(r)
+
+    def of(self, i: int, alone: bool = False) -> list[Run]:
+        return [r for r in self.runs if r.primary == i and (r.trial is None) == alone and r.entry is not None]
+
+    @property
+    def entries(self) -> list[dict]:
+        return [r.entry for r in self.runs if r.trial is not None and r.entry is not None]
+
+    def alone_entries(self) -> list[dict]:
+        return [r.entry for r in self.runs if r.trial is None and r.entry is not None]
+
+    def names(self) -> list[str]:
+        return [r.arm.name for r in self.runs]
+
+    def errors(self) -> list[dict]:
+        return [
+            {"arm": f"{self.planned[r.primary].name} ({r.label})", "kind": r.entry["error"]["kind"],
+             "detail": r.entry["error"]["detail"]}
+            for r in self.runs
+            if r.entry is not None and r.entry.get("error")
+        ]  # fmt: skip
+
+    def timing(self) -> dict:
+        return {f"{k}_wall_s": round(v, 3) for k, v in self.walls.items()}
+
+
+def run_trials(extra: Extra, n: int, n_jobs: int, work: Path, env: dict, a, progress: Progress, clock: Clock) -> None:
+    """Trials 2..n of every reuse arm, each a fresh engine (and MP server), as many at once as the
+    arms themselves ran (the same slots' settings, by position)."""
+    todo = [(i, k) for i, arm in enumerate(extra.planned) if arm.spec.mode != "baseline" for k in range(2, n + 1)]
+    if not todo:
+        return
+    slots = arm_slots(extra.opts, len(todo), n_jobs)  # shares for as many at once as --jobs allows
+    runs = [Run(i, f"trial {k}", k, extra.fresh(i, f"trial{k}"), slot) for (i, k), slot in zip(todo, slots)]
+    t = time.monotonic()
+    extra.run(runs, n_jobs, work, env, a, progress, clock)
+    extra.walls["trials"] = time.monotonic() - t
+
+
+def run_confirmations(extra: Extra, todo: list[tuple[int, Run | None]], work, env, a, progress, clock) -> None:
+    """Each shared finding's job again, alone: one at a time, nothing else on the device (no other
+    arm, no load neighbour), the same engine settings and device as the run it confirms."""
+    t = time.monotonic()
+    for i, shared_run in todo:
+        slot = shared_run.slot if shared_run is not None else extra.slots[i]
+        progress.note(f"re-running {extra.planned[i].name} alone to confirm its finding")
+        extra.run([Run(i, "alone", None, extra.fresh(i, "alone"), slot)], 1, work, env, a, progress, clock)
+    extra.walls["confirm"] = time.monotonic() - t
+
+
+def audit_all(entries, results, baseline, work, env, a, progress) -> None:
+    """The KV audit of these entries (or, with it off, the report saying so where it would speak)."""
+    if not a.kv_audit:
+        kvaudit.annotate(entries, results, None, None, a.block_size)
+        return
+    for e in entries:
+        if e["name"] in results:
+            progress.stage(e["name"], "comparing KV")
+    names = {e["name"] for e in entries}
+    audit_kv(entries, {n: r for n, r in results.items() if n in names}, baseline, work, env, a)
+
+
+def _summaries(entries: list[dict], extra: Extra, clock: Clock) -> dict[int, list[tuple[str, dict]]]:
+    """Per reuse arm (by index), its runs as (run name, repro.trials summary): its own run first."""
+    out = {}
+    for i, e in enumerate(entries):
+        if e["mode"] == "baseline":
+            continue
+        named = [(e["name"], e, 1)] + [(r.arm.name, r.entry, r.trial) for r in extra.of(i)]
+        out[i] = [(n, trials.run_summary(en, k, (clock.sharing(n) or {}).get("shared"))) for n, en, k in named]
+    return out
+
+
+def confirmations(entries: list[dict], extra: Extra, clock: Clock, a) -> list[tuple[int, Run | None]]:
+    """The arms to re-run alone: a FAIL or a CORRUPT found while sharing (--no-confirm: none)."""
+    if not a.confirm:
+        return []
+    todo = []
+    for i, named in _summaries(entries, extra, clock).items():
+        found = trials.needs_confirmation([run for _, run in named])
+        if found is not None:
+            todo.append((i, next((r for r in extra.of(i) if r.trial == found["trial"]), None)))
+    return todo
+
+
+def fold_runs(entries: list[dict], extra: Extra, clock: Clock, a) -> None:
+    """Each arm's entry gains its device, who shared it, its trials and its confirmation."""
+    summaries = _summaries(entries, extra, clock)
+    for i, e in enumerate(entries):
+        e["gpu"] = gpu_of(e, extra.slots[i])
+        e["sharing"] = clock.sharing(e["name"])
+        if i not in summaries:
+            continue
+        named = summaries[i]
+        if a.trials > 1:
+            e["trials"] = trials.trial_rates([run for _, run in named])
+        e["confirmation"] = confirmation_of(named, extra.of(i, alone=True), clock, a)
+
+
+def _no_run(status: str, why: str) -> dict:
+    return {"status": status, "why": why, "run": None, "class": None, "reason": None}
+
+
+def confirmation_of(named: list[tuple[str, dict]], alone: list[Run], clock: Clock, a) -> dict:
+    """The report's `confirmation` of one reuse arm (repro.trials classes the finding)."""
+    runs = [run for _, run in named]
+    found = trials.needs_confirmation(runs)
+    if found is None:
+        if any(trials.has_finding(r) for r in runs):
+            return _no_run("not needed", "the finding came from a run that shared nothing: it needs no confirming")
+        return _no_run("not needed", "no finding")
+    name = next(n for n, run in named if run is found)
+    label = "its run" if found["trial"] == 1 else f"trial {found['trial']}"
+    why = f"{label} found it while it {sharing_text(clock.sharing(name))}"
+    if not a.confirm:
+        return _no_run("skipped", f"--no-confirm: {why}; not re-run alone")
+    if not alone:
+        return _no_run("skipped", f"{why}; the run alone never ran")
+    r = alone[0]
+    sharing = clock.sharing(r.arm.name)
+    run = trials.run_summary(r.entry, None, (sharing or {}).get("shared"))
+    cls, reason = trials.classify_confirmation([x for x in runs if x.get("shared")], run)
+    return {"status": "ran", "why": why, "run": run, "class": cls, "reason": reason, "sharing": sharing}
+
+
+def gpu_of(entry: dict, slot: ArmSlot) -> dict | None:
+    """The GPU an arm ran on: CUDA_VISIBLE_DEVICES of its slot (else the first visible) and what its
+    child's torch said of it (name, compute capability); None on the CPU."""
+    versions = entry.get("versions") or {}
+    names, caps = versions.get("gpus") or [], versions.get("gpu_capabilities") or []
+    if not names:
+        return None
+    visible = slot.env.get("CUDA_VISIBLE_DEVICES") or (visible_gpus() or ["0"])[0]
+    return {"visible": visible, "name": names[0], "compute_capability": caps[0] if caps else None}
 
 
 def audit_kv(
@@ -270,6 +539,7 @@ def run_arms(
     env: dict,
     a,
     progress: Progress,
+    clock: Clock | None = None,
 ) -> list[ArmOutcome | None]:
     """Run the arms' children, up to n_jobs at a time, and return their outcomes in plan order.
 
@@ -279,7 +549,10 @@ def run_arms(
     bad connector still stops the run with exit 2 before any engine is built, and arms not started
     yet never start. An interrupt (it reaches the main thread only) kills every running child's
     process group and propagates. An arm that copies another's reuse lengths (native-matched)
-    waits for that arm and gets its job from job_for then."""
+    builds its engine meanwhile and waits, before generating, for the probes file the parent writes
+    from that arm's reuse lengths when it is done (repro.engine.child.wait_for_probes).
+
+    clock, when given, records every child's and MP server's window (repro.sharing)."""
     released, stop = threading.Event(), threading.Event()
     gate = work / "preflight.gate"
     gate_lock = threading.Lock()
@@ -317,16 +590,32 @@ def run_arms(
             if i == 0:  # never leave the others waiting for a preflight that will not come
                 release(not stop.is_set())
 
+    def feed_probes(i: int, dep: int, probes_file: Path) -> None:
+        """native-matched: once its connector arm is done, its reuse lengths become this arm's probes."""
+        while not finished[dep].wait(0.2):
+            if stop.is_set():
+                break
+        if stop.is_set() or outcomes[dep] is None:
+            payload: dict = {"stop": "the run is stopping"}
+        else:
+            payload = {PROBES_FILE_KEY: [p.to_json() for p in job_for(i, outcomes[dep]).probes]}
+        atomic.write_bytes_atomic(probes_file, dumps_json(payload).encode("utf-8"))
+
     def outcome_of(i: int) -> ArmOutcome | None:
         arm = planned[i]
         dep = index.get(arm.match_arm) if arm.match_arm is not None else None
-        if dep is not None:
-            progress.stage(arm.name, f"waiting for {arm.match_arm}")
-            while not finished[dep].wait(0.2):
-                pass
         if stop.is_set():
             return None
-        job = first_job if i == 0 else job_for(i, outcomes[dep] if dep is not None else None)
+        if i == 0:
+            job = first_job
+        elif dep is not None:
+            probes_file = work / f"{arm.name}.probes.json"
+            job = replace(job_for(i, None), probes=(), probes_file=str(probes_file))
+            threading.Thread(
+                target=feed_probes, args=(i, dep, probes_file), name=f"kvkit-probes-{arm.name}", daemon=True
+            ).start()
+        else:
+            job = job_for(i, None)
         progress.start(arm.name, Path(progress_path(str(work / f"{arm.name}.result.json"))))
         arm_env = {**env, **slots[i].env}
         if i > 0 and not released.is_set():
@@ -343,10 +632,13 @@ def run_arms(
                 module=a.engine_module,
             )
 
+        start = clock.now() if clock else 0.0
         if job.arm.connector is not None and job.arm.connector.name == lmcache_mp.CONNECTOR:
-            outcome = _run_with_mp_server(job, arm_env, work, a, progress, launch)
+            outcome = _run_with_mp_server(job, arm_env, work, a, progress, launch, clock, slots[i])
         else:
             outcome = launch(job)
+        if clock:
+            clock.record(f"arm {arm.name}", ARM, arm.name, slots[i], start)
         if i == 0:
             release(not (outcome.result is not None and outcome.result.preflight_problems))
         progress.child_done(arm.name, "finished: judging" if outcome.failure is None else "failed")
@@ -376,7 +668,9 @@ def run_arms(
             raise
 
 
-def _run_with_mp_server(job: Job, env: dict, work: Path, a, progress: Progress, launch) -> ArmOutcome:
+def _run_with_mp_server(
+    job: Job, env: dict, work: Path, a, progress: Progress, launch, clock: Clock | None = None, slot=None
+) -> ArmOutcome:
     """An LMCacheMPConnector arm: the kit starts LMCache's MP server (repro.lmcache_mp) for this arm
     alone, points the connector at it, runs the arm, and stops the server whatever happens. A server
     that does not start, or dies while the arm runs, is the arm's named failure: a result made
@@ -384,6 +678,7 @@ def _run_with_mp_server(job: Job, env: dict, work: Path, a, progress: Progress, 
     name = job.arm.name
     server_log = lmcache_mp.server_log_path(work, name)
     outcome = None
+    start = clock.now() if clock else 0.0
     try:
         progress.stage(name, "starting the LMCache MP server")
         settings = lmcache_mp.ServerSettings(**({"module": a.lmcache_server_module} if a.lmcache_server_module else {}))
@@ -395,9 +690,12 @@ def _run_with_mp_server(job: Job, env: dict, work: Path, a, progress: Progress, 
             server.check()
     except lmcache_mp.ServerError as exc:
         if outcome is None:  # never ran: the arm's log is the server's
-            return ArmOutcome(name, None, exc.failure(), server_log, exc.log_tail, 0.0)
-        return replace(outcome, result=None, failure=exc.failure())
-    return outcome
+            return ArmOutcome(name, None, exc.failure(), server_log, exc.log_tail, 0.0, server_copy_path=exc.copy_path)
+        return replace(outcome, result=None, failure=exc.failure(), server_copy_path=exc.copy_path)
+    finally:
+        if clock:
+            clock.record(f"LMCache MP server of {name}", SERVER, name, slot, start)
+    return replace(outcome, server_copy_path=server.copy_path)
 
 
 def _read_json(path: Path) -> dict:
@@ -518,6 +816,10 @@ def _verify(argv: list[str]) -> int:
         return _interrupted(state, str(exc) or "SIGINT")
     except UsageError:
         raise  # repro.commands.run_command: one line, exit 2
+    except gpu_load.LoadError as exc:  # the neighbour did not start: no arm result is worth a report
+        print(exc.log_tail, file=sys.stderr)
+        print(f"error: --gpu-load: {exc}; no report written", file=sys.stderr)
+        return EXIT_RUNTIME
     except PermissionError as exc:  # a path the user gave that cannot be written: bad input, not a crash
         raise UsageError(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
     except Exception:  # noqa: BLE001 - a kit bug: say so, keep the traceback, and never exit 0 or 1

@@ -311,6 +311,10 @@ BAD_INPUT = {
     "model dir without config": (lambda s: (s["model"] / "config.json").unlink() or [], "has no config.json"),
     "unknown flag": (lambda s: ["--frobnicate"], "unrecognized arguments"),
     "reuses out of range": (lambda s: ["--reuses", "0"], "--reuses must be"),
+    "no trials": (lambda s: ["--trials", "0"], "--trials must be from 1 to"),
+    "trials not an integer": (lambda s: ["--trials", "2.5"], "argument --trials: invalid int value"),
+    "unknown copy path": (lambda s: ["--lmcache-ops", "fastest"], "argument --lmcache-ops: invalid choice"),
+    "GPU load on the CPU": (lambda s: ["--gpu-load", "--device", "cpu"], "--gpu-load needs a CUDA GPU"),
 }
 
 

@@ -1,5 +1,6 @@
 """The KV audit without an engine: K/V plane splitting per layout, the comparison's figures and the
-sources it names on real tensors, and the parent's classes, floor and verdicts (repro.kvaudit)."""
+sources it names on real tensors, the parent's classes, floor and verdicts (repro.kvaudit), and the
+recorder's bookkeeping of an asynchronous load across vLLM's calls (scheduler and worker halves)."""
 
 from __future__ import annotations
 
@@ -211,3 +212,123 @@ def test_an_audit_that_failed_is_unavailable_never_a_token_verdict_change():
     annotate(entries, {n: ArmResult(n) for n in ("baseline", "A")}, None, None, 16)
     assert entries[1]["kv_audit"] is None and entries[1]["probes"][0]["kv"] is None
     assert entries[1]["probes"][0]["requests"][1]["kv_audit"] is None
+
+
+class _Target:
+    """A stand-in for a connector class: what vLLM's hooks return, nothing loaded."""
+
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        self.matched, self.received = (0, False), None
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        return self.matched
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        return None
+
+    def build_connector_meta(self, scheduler_output):
+        return "inner"
+
+    def register_kv_caches(self, kv_caches):
+        return None
+
+    def bind_connector_metadata(self, metadata):
+        self.bound = metadata
+
+    def get_finished(self, finished_req_ids):
+        return None, self.received
+
+    def wait_for_layer_load(self, layer_name):
+        return None
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        return None
+
+
+def _vllm_config():
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        cache_config=SimpleNamespace(block_size=BS), model_config=SimpleNamespace(get_head_size=lambda: D)
+    )
+
+
+def _new_req(req_id, computed, prompt_len=14):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(req_id=req_id, prompt_token_ids=list(range(prompt_len)), block_ids=([5, 1, 7, 2],),
+                           num_computed_tokens=computed)  # fmt: skip
+
+
+def _output(*new_reqs):
+    from types import SimpleNamespace
+
+    sched = {r.req_id: 14 - r.num_computed_tokens for r in new_reqs}
+    return SimpleNamespace(scheduled_new_reqs=list(new_reqs), num_scheduled_tokens=sched)
+
+
+def _wrapped(monkeypatch, tmp_path):
+    from repro.engine import kvaudit
+
+    monkeypatch.setenv(kvaudit.AUDIT_DIR_ENV, str(tmp_path))
+    return kvaudit.make_wrapped(_Target)
+
+
+def test_an_asynchronous_load_is_described_when_the_request_is_promoted(monkeypatch, tmp_path):
+    """vLLM's order (0.26 and 0.28): match (n, True); allocate with n; steps that schedule nothing for
+    the request; promotion: allocate again with 0, scheduled as new with num_computed_tokens = n."""
+    from types import SimpleNamespace
+
+    sched = _wrapped(monkeypatch, tmp_path)(_vllm_config(), "scheduler")
+    req = SimpleNamespace(request_id="r1")
+    sched.matched = (12, True)
+    assert sched.get_num_new_matched_tokens(req, 0) == (12, True)
+    sched.update_state_after_alloc(req, None, 12)
+    assert sched.build_connector_meta(_output()).requests == []  # loading: not scheduled
+    sched.update_state_after_alloc(req, None, 0)  # the promotion's allocation
+    (audited,) = sched.build_connector_meta(_output(_new_req("r1", 12))).requests
+    assert audited.async_load and audited.computed_tokens == 12
+    assert (audited.local_tokens, audited.external_tokens) == (0, 12)
+    assert audited.reused_blocks(BS) == [0, 1, 2]
+    # a load that came back short (a load error: vLLM schedules fewer computed tokens) reads only those
+    sched.get_num_new_matched_tokens(SimpleNamespace(request_id="r2"), 0)
+    sched.update_state_after_alloc(SimpleNamespace(request_id="r2"), None, 12)
+    (short,) = sched.build_connector_meta(_output(_new_req("r2", 4))).requests
+    assert short.async_load and short.external_tokens == 12 and short.reused_blocks(BS) == [0]
+    # a synchronous load, and an asynchronous answer the scheduler turned synchronous (0 external)
+    sched.matched = (8, False)
+    sched.get_num_new_matched_tokens(SimpleNamespace(request_id="r3"), 4)
+    sched.update_state_after_alloc(SimpleNamespace(request_id="r3"), None, 8)
+    sched.matched = (4, True)
+    sched.get_num_new_matched_tokens(SimpleNamespace(request_id="r4"), 4)
+    sched.update_state_after_alloc(SimpleNamespace(request_id="r4"), None, 0)
+    r3, r4 = sched.build_connector_meta(_output(_new_req("r3", 12), _new_req("r4", 4))).requests
+    assert (r3.async_load, r3.local_tokens, r3.external_tokens) == (False, 4, 8)
+    assert (r4.async_load, r4.local_tokens, r4.external_tokens) == (False, 4, 0)
+
+
+def test_the_worker_reads_an_asynchronous_load_only_after_get_finished_reported_it(monkeypatch, tmp_path):
+    from repro.engine.kvaudit import AuditMetadata
+
+    worker = _wrapped(monkeypatch, tmp_path)(_vllm_config(), "worker")
+    kv = torch.randn(NB, H, BS, 2 * D)
+    worker.register_kv_caches({"model.layers.0.attn": kv})
+
+    def request(seq, req_id):
+        return AuditRequest(seq, req_id, "sha", 14, [5, 1, 7, 2], 0, 12, 14, True, 12)
+
+    worker.received = {"r1"}
+    assert worker.get_finished(set()) == (None, {"r1"})
+    worker.bind_connector_metadata(AuditMetadata(inner="inner", requests=[request(0, "r1"), request(1, "r2")]))
+    assert worker.bound == "inner"  # the connector gets its own metadata back
+    worker.wait_for_layer_load("model.layers.0.attn")
+    seen = json.loads((tmp_path / "000000.json").read_text())
+    assert seen["unavailable"] is None and seen["async_load"] and seen["load_finished_reported"]
+    assert seen["reused_blocks"] == 3 and seen["external_tokens"] == 12
+    read = torch.load(tmp_path / "000000.reused.000.pt")
+    assert torch.equal(read, split_planes(kv, [5, 1, 7], "cpu-rows"))
+    # promoted without this worker's get_finished naming it: unavailable, with that reason, nothing read
+    blind = json.loads((tmp_path / "000001.json").read_text())
+    assert blind["load_finished_reported"] is False and "get_finished never reported" in blind["unavailable"]
+    assert not (tmp_path / "000001.reused.000.pt").exists()
+    assert not list(tmp_path.glob("audit-error*"))

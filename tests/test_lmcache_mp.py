@@ -234,3 +234,64 @@ def test_kill_9_of_the_kit_takes_the_server_group_down(tmp_path, ignore_term):
         if kit.poll() is None:
             kit.kill()
     assert "kvkit lifeline: the kit is gone" in (tmp_path / "arm.lmcache-server.log").read_text()
+
+
+# ---- the server's copy path (repro.lmcache_ops): its import probe and its log --------------------
+
+WARNING_LINE = (
+    "[2026-11-30 12:24:29,515] LMCache WARNING: lmcache.cuda_ops compiled extension not found; CudaDeviceOps stays "
+    "on the torch baseline for all ops. (device_ops.py:34:lmcache.v1.platform.cuda.device_ops)\n"
+)
+
+
+def test_server_copy_path_from_its_log_and_its_probe(tmp_path):
+    from test_lmcache_ops import UNDEFINED
+
+    from repro.lmcache_mp import ops_source, server_copy_path
+
+    failed = {"ops": {"lmcache_imports": True, "imports": False, "error": f"ImportError: {UNDEFINED}"}}
+    assert server_copy_path(failed, WARNING_LINE) == {
+        "path": "fallback",
+        "source": None,
+        "detail": f"lmcache.cuda_ops: ImportError: {UNDEFINED}",
+    }
+    logged = server_copy_path(None, WARNING_LINE)
+    assert logged["path"] == "fallback" and logged["detail"].startswith(
+        "LMCache logged: lmcache.cuda_ops compiled extension not found; CudaDeviceOps"
+    )
+    assert server_copy_path(failed, "")["path"] == "fallback"  # the probe alone: the server imports the same
+    wheel = {"ops": {"lmcache_imports": True, "imports": True, "file": "/site/lmcache/cuda_ops.so"}}
+    assert server_copy_path(wheel, "") == {"path": "compiled", "source": "wheel", "detail": "/site/lmcache/cuda_ops.so"}
+    build = tmp_path / "0.5.4-torch2.11.0-sm9.0"
+    (build / "lmcache-0.5.4" / "lmcache").mkdir(parents=True)
+    (build / "kvkit-lmcache-ops.json").write_text("{}")
+    assert ops_source(str(build / "lmcache-0.5.4" / "lmcache" / "cuda_ops.so")) == ("kit build", str(build))
+    for probe in (None, {"problem": "python did not answer"}, {"ops": {"lmcache_imports": False, "error": "x"}}):
+        said = server_copy_path(probe, "")
+        assert said["path"] == "not recorded" and said["detail"]
+
+
+def test_a_served_arm_records_the_servers_copy_path_from_its_env(tmp_path):
+    """The probe runs in the server's interpreter and env while it starts: a fake lmcache whose ops raise."""
+    from test_lmcache_ops import UNDEFINED, fake_site
+
+    from repro.lmcache_ops import with_pythonpath
+
+    env = with_pythonpath(_env(), fake_site(tmp_path / "site", ops="raises"))
+    with mp_server(sys.executable, tmp_path / "arm.lmcache-server.log", env, settings=STAND_IN) as server:
+        assert server.copy_path is None  # decided once the server is stopped and its log whole
+    assert server.copy_path == {
+        "path": "fallback",
+        "source": None,
+        "detail": f"lmcache.cuda_ops: ImportError: {UNDEFINED}",
+    }
+    assert server.record()["copy_path"] == server.copy_path
+    with mp_server(sys.executable, tmp_path / "b.lmcache-server.log", _env(), settings=STAND_IN) as bare:
+        pass
+    assert bare.copy_path["path"] == "not recorded" and "cannot import lmcache" in bare.copy_path["detail"]
+
+
+def test_a_server_that_fails_still_says_its_copy_path(tmp_path):
+    with pytest.raises(ServerError) as failed, _server(tmp_path, {"exit_before_ready": 3}):
+        pass
+    assert failed.value.copy_path is not None and failed.value.copy_path["path"] == "not recorded"

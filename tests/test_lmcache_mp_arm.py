@@ -68,3 +68,24 @@ def test_a_server_that_dies_during_the_arm_makes_it_an_error(setup):
     assert arm["verdict"] == "ERROR" and arm["error"]["kind"] == "lmcache-server-died"
     assert arm["probes"] == []  # a result made against a dead server is no evidence
     _no_server_left(pid_dir)
+
+
+def test_each_trial_gets_a_fresh_server_and_every_run_is_in_the_report(setup):
+    """--trials 3: three MP servers, one per run, each started and stopped; the report keeps each run."""
+    pid_dir = setup["tmp"] / "pids"
+    pid_dir.mkdir(exist_ok=True)
+    env = {**_env(setup), "KVKIT_STAND_IN": json.dumps({"pid_dir": str(pid_dir)}), "PYTHONPATH": str(ROOT)}
+    args = _args(setup, "--kv-connector", "LMCacheMPConnector", *STAND_IN, "--trials", "3", "--jobs", "1")
+    proc = run_cli(args, env=env, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(setup["report"].read_text())
+    arm = next(a for a in data["arms"] if a["name"] == "LMCacheMPConnector")
+    assert arm["trials"]["n"] == 3 and [r["trial"] for r in arm["trials"]["runs"]] == [1, 2, 3]
+    assert data["conditions"]["trials"] == 3
+    for name in ("LMCacheMPConnector", "LMCacheMPConnector~trial2", "LMCacheMPConnector~trial3"):
+        # a fresh server for every trial, its log published beside its arm log
+        assert (setup["logs"] / f"{name}.lmcache-server.log").is_file()
+    # one at a time: the MP arm shared its device only with its own servers
+    assert arm["sharing"]["shared"] is False and arm["confirmation"]["status"] == "not needed"
+    assert [p["process"] for p in arm["copy_paths"]] == ["engine", "MP server"]
+    _no_server_left(pid_dir)

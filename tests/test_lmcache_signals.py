@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from repro.lmcache_signals import cross_check, lmcache_evidence, scan_log
+from repro.lmcache_signals import copy_paths, cross_check, lmcache_evidence, scan_log
 from repro.verdict import ERROR, INCONCLUSIVE, PASS, ArmVerdict, decide_lmcache_degraded
 
 DATA = Path(__file__).parent / "data" / "lmcache"
@@ -24,7 +24,9 @@ def test_hits_retrieves_and_lookups_are_read_per_request():
 def test_double_unpins_and_cuda_ops_fallback_are_counted():
     scan = scan_log(HITS)
     assert scan["double_unpin_warnings"] == 20
-    assert scan["cuda_ops"] == "not loaded: fell back to torch ops"
+    signals = lmcache_evidence([], HITS).signals
+    assert signals["cuda_ops"] == "not loaded: fell back to torch ops"  # the old key, for old readers
+    assert [(p["process"], p["path"]) for p in signals["copy_paths"]] == [("engine", "fallback")]
     assert scan["versions"] == ["0.5.4-g3e11b8ed"]
     assert scan["config"].startswith("{'chunk_size': 256")
 
@@ -152,9 +154,11 @@ def test_in_process_connector_arm_still_gets_the_log_notes():
 def test_mp_connector_arm_gets_no_in_process_log_notes_and_one_pointer_to_the_server_log():
     evidence = lmcache_evidence(_hit_probes(), MP_ARM_LOG, connector="LMCacheMPConnector", server_log=MP_SERVER_LOG)
     assert not [f for f in evidence.findings if any(note in f for note in IN_PROCESS_NOTES)]
-    pointers = [f for f in evidence.findings if "MP server" in f]
+    pointers = [f for f in evidence.findings if "happen in the LMCache MP server" in f]
     assert len(pointers) == 1 and MP_SERVER_LOG in pointers[0]
-    assert evidence.findings == (pointers[0], "LMCache CUDA ops: not loaded: fell back to torch ops")
+    assert evidence.findings[0] == pointers[0] and len(evidence.findings) == 2
+    assert evidence.findings[1].startswith("LMCache copy path: engine fallback (LMCache logged: ")
+    assert evidence.findings[1].endswith("; MP server not recorded (the kit passed no copy path for its MP server)")
     # counts of lines this arm's log never has are not recorded as zero
     assert evidence.signals["retrieves"] is None and evidence.signals["stores"] is None
     assert evidence.request_views[("fixture", 1)] == {
@@ -164,7 +168,7 @@ def test_mp_connector_arm_gets_no_in_process_log_notes_and_one_pointer_to_the_se
         "lookup_hit_tokens": None,
     }
     without_path = lmcache_evidence(_hit_probes(), MP_ARM_LOG, connector="LMCacheMPConnector").findings
-    assert sum("MP server" in f for f in without_path) == 1
+    assert sum("happen in the LMCache MP server" in f for f in without_path) == 1
 
 
 def test_mp_connector_arm_ignores_in_process_retrieve_lines_but_keeps_degraded_mode():
@@ -191,3 +195,75 @@ def test_mp_connector_arm_ignores_in_process_retrieve_lines_but_keeps_degraded_m
     assert any("'Double unpin' warnings in this arm's log" in f for f in mp.findings)
     degraded = lmcache_evidence([], DEGRADED, connector="LMCacheMPConnector")
     assert degraded.degraded and degraded.signals["degraded_mode"] is True
+
+
+# ---- each LMCache process's copy path (compiled ops or LMCache's torch fallback) -----------------
+
+UNDEFINED = "ImportError: /site-packages/lmcache/cuda_ops.cpython-312-x86_64-linux-gnu.so: undefined symbol: _ZN3c10"
+WHEEL_BUILD = {"version": "0.5.4", "cuda_ops": "loaded", "copy_path": "compiled", "ops_source": "wheel"}
+FAILED_BUILD = {
+    "version": "0.5.4",
+    "cuda_ops": f"not loaded: {UNDEFINED}",
+    "copy_path": "fallback",
+    "ops_source": None,
+    "ops_import_error": UNDEFINED,
+}
+SERVER_FALLBACK = {"path": "fallback", "source": None, "detail": f"lmcache.cuda_ops: {UNDEFINED}"}
+
+
+def test_copy_paths_read_the_fallback_warning_of_a_real_log_and_the_childs_import():
+    logged = copy_paths(None, HITS, None)
+    assert logged == [
+        {
+            "process": "engine",
+            "path": "fallback",
+            "source": None,
+            "detail": "LMCache logged: lmcache.cuda_ops compiled extension not found; CudaDeviceOps "
+            "stays on the torch baseline for all ops. (device_ops.py:34:lmcache.v1.platform.cuda.device_ops)",
+        }
+    ]
+    both = copy_paths(FAILED_BUILD, HITS, None)  # the child's import error says why
+    assert both[0]["path"] == "fallback" and both[0]["detail"] == f"lmcache.cuda_ops: {UNDEFINED}"
+    # the degraded log has no warning: the child's import decides
+    assert copy_paths(WHEEL_BUILD, DEGRADED, None)[0] == {
+        "process": "engine",
+        "path": "compiled",
+        "source": "wheel",
+        "detail": "lmcache.cuda_ops imported",
+    }
+    kit = {**WHEEL_BUILD, "ops_source": "kit build", "ops_build_dir": "/kit/.cache/lmcache-ops/0.5.4-torch2.11.0-sm9.0"}
+    assert copy_paths(kit, DEGRADED, None)[0]["detail"].endswith("sm9.0")
+    assert copy_paths(FAILED_BUILD, DEGRADED, None)[0]["path"] == "fallback"
+
+
+def test_copy_paths_disagreement_and_nothing_recorded_are_said_never_unknown():
+    warned_but_imported = copy_paths(WHEEL_BUILD, HITS, None)[0]
+    assert (
+        warned_but_imported["path"] == "fallback"
+        and "own import of lmcache.cuda_ops worked" in warned_but_imported["detail"]
+    )
+    nothing = copy_paths(None, DEGRADED, None)[0]
+    assert nothing["path"] == "not recorded"
+    assert nothing["detail"] == "the arm recorded no LMCache build; no fallback warning in its log"
+    old_child = copy_paths({"version": "0.5.4", "cuda_ops": "loaded", "cuda_ops_file": "cuda_ops.so"}, DEGRADED, None)
+    assert old_child[0]["path"] == "compiled" and old_child[0]["source"] == "wheel"
+    old_failed = copy_paths({"cuda_ops": f"not loaded: {UNDEFINED}"}, DEGRADED, None)
+    assert old_failed[0]["path"] == "fallback" and UNDEFINED in old_failed[0]["detail"]
+
+
+def test_an_mp_arm_gets_its_servers_copy_path_in_signals_and_one_finding_line():
+    evidence = lmcache_evidence(
+        [], DEGRADED, connector="LMCacheMPConnector", engine_build=WHEEL_BUILD, server_copy_path=SERVER_FALLBACK
+    )
+    paths = evidence.signals["copy_paths"]
+    assert [(p["process"], p["path"], p["source"]) for p in paths] == [
+        ("engine", "compiled", "wheel"),
+        ("MP server", "fallback", None),
+    ]
+    line = f"LMCache copy path: engine compiled (wheel); MP server fallback (lmcache.cuda_ops: {UNDEFINED})"
+    assert line in evidence.findings
+    assert evidence.signals["cuda_ops"] == "loaded: wheel"  # the old key: the engine's
+    assert not any("unknown" in f for f in evidence.findings)
+    v1 = lmcache_evidence([], HITS, connector="LMCacheConnectorV1", engine_build=FAILED_BUILD)
+    assert [p["process"] for p in v1.signals["copy_paths"]] == ["engine"]
+    assert v1.signals["cuda_ops"] == f"not loaded: lmcache.cuda_ops: {UNDEFINED}"

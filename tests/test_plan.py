@@ -146,12 +146,12 @@ def test_arms_sharing_a_gpu_get_a_fixed_kv_cache_and_the_job_carries_it(model, t
     from repro import plan
 
     opts = _opts(model, tmp_path, "--device", "cuda", "--max-model-len", "2048", "--gpu-memory-utilization", "0.5")
-    monkeypatch.setattr(plan, "_visible_gpus", lambda: ["0"])
+    monkeypatch.setattr(plan, "visible_gpus", lambda: ["0"])
     shared = plan.arm_slots(opts, 3, 3)
     assert [s.kv_cache_tokens for s in shared] == [plan.SHARED_GPU_KV_MAX_MODEL_LENS * 2048] * 3
     assert [s.gpu_memory_utilization for s in shared] == [0.3] * 3
     # one arm per GPU, or one at a time: vLLM sizes the cache as before
-    monkeypatch.setattr(plan, "_visible_gpus", lambda: ["0", "1", "2"])
+    monkeypatch.setattr(plan, "visible_gpus", lambda: ["0", "1", "2"])
     assert [s.kv_cache_tokens for s in plan.arm_slots(opts, 3, 3)] == [None] * 3
     assert [(s.kv_cache_tokens, s.gpu_memory_utilization) for s in plan.arm_slots(opts, 3, 1)] == [(None, 0.5)] * 3
     fixture = load_fixture(SELFTEST)

@@ -17,15 +17,18 @@ import os
 import platform
 import sys
 import traceback
+from dataclasses import replace
 
 from repro.atomic import dumps_json, write_bytes_atomic
 from repro.contract import (
     EXIT_OK,
     EXIT_RAISED,
     PREFLIGHT_GATE_ENV,
+    PROBES_FILE_KEY,
     ArmResult,
     ChildError,
     Job,
+    ProbeJob,
     ProbeResult,
     RequestResult,
     progress_path,
@@ -59,6 +62,28 @@ def wait_for_preflight(job: Job) -> float:
         if word == "go":
             return time.monotonic() - t0
         raise PreflightStopped(f"the first arm's preflight failed ({word!r}): no engine built")
+
+
+class ProbesStopped(RuntimeError):
+    """A native-matched arm's connector arm gave nothing to match, or the run is stopping."""
+
+
+def wait_for_probes(job: Job) -> Job:
+    """native-matched: the engine is built while the connector arm runs; its probes (the prefix
+    lengths that arm reused) arrive in job.probes_file when that arm is done (written atomically
+    by the parent). The wait is after engine start and before generation, so it counts in neither."""
+    report_stage(job, "waiting for the connector arm's reuse lengths", preflight_ok=True)
+    while True:
+        try:
+            with open(job.probes_file, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except FileNotFoundError:
+            time.sleep(0.1)
+            continue
+        if PROBES_FILE_KEY not in data:
+            raise ProbesStopped(f"no probes to match: {data.get('stop', data)}")
+        probes = tuple(ProbeJob.from_json(p, f"probes_file[{i}]") for i, p in enumerate(data[PROBES_FILE_KEY]))
+        return replace(job, probes=probes, probes_file=None)
 
 
 def report_stage(job: Job, stage: str, preflight_ok: bool | None = None) -> None:
@@ -170,8 +195,10 @@ def _process_facts(probes: list[ProbeResult], audit: _AuditRecords) -> dict:
 def _lmcache_build() -> dict:
     """The installed LMCache wheel's build, for an LMCache arm: its version, the CUDA runtime its
     compiled ops link and the nvcc that built them (read from lmcache/cuda_ops*.so), and whether
-    those ops import in this environment (the worker imports the same file). The wheel records no
-    torch build: its metadata requires an unpinned torch, so only the import tells a mismatch."""
+    those ops import in this environment (the worker imports the same file): `copy_path` "compiled"
+    or "fallback" (LMCache's torch fallback), `ops_source` "wheel" or "kit build" (with
+    `ops_build_dir`; repro.lmcache_ops), `ops_import_error` when they do not import. The wheel records
+    no torch build: its metadata requires an unpinned torch, so only the import tells a mismatch."""
     import importlib
     import importlib.util
     import re
@@ -182,22 +209,31 @@ def _lmcache_build() -> dict:
     out: dict = {"version": package_version("lmcache"), "torch_build": "not recorded in the wheel"}
     folder = next(iter(spec.submodule_search_locations))
     ops = sorted(n for n in os.listdir(folder) if n.startswith("cuda_ops") and n.endswith(".so"))
-    if not ops:
-        return {**out, "cuda_ops_file": None, "cuda_ops": "not shipped in this wheel"}
-    with open(os.path.join(folder, ops[0]), "rb") as fh:
-        data = fh.read()
-    nvcc = re.search(rb"Cuda compilation tools, release [\d.]+, V([\d.]+)", data)
-    out.update(
-        cuda_ops_file=ops[0],
-        cuda_runtime=sorted({m.decode() for m in re.findall(rb"libcudart\.so\.\d+", data)}),
-        nvcc=nvcc.group(1).decode() if nvcc else None,
-    )
+    if ops:
+        with open(os.path.join(folder, ops[0]), "rb") as fh:
+            data = fh.read()
+        nvcc = re.search(rb"Cuda compilation tools, release [\d.]+, V([\d.]+)", data)
+        out.update(
+            cuda_ops_file=ops[0],
+            cuda_runtime=sorted({m.decode() for m in re.findall(rb"libcudart\.so\.\d+", data)}),
+            nvcc=nvcc.group(1).decode() if nvcc else None,
+        )
+    else:
+        out["cuda_ops_file"] = None
     try:
-        importlib.import_module("lmcache.cuda_ops")
-        out["cuda_ops"] = "loaded"
+        module = importlib.import_module("lmcache.cuda_ops")
     except Exception as exc:  # noqa: BLE001 - ImportError (an undefined torch symbol, say) or worse: record it
         first = (str(exc).strip().splitlines() or [""])[0]
-        out["cuda_ops"] = f"not loaded: {type(exc).__name__}: {first[:300]}"
+        error = f"{type(exc).__name__}: {first[:300]}"
+        shipped = f"not loaded: {error}" if ops else "not shipped in this wheel"
+        return {**out, "cuda_ops": shipped, "copy_path": "fallback", "ops_source": None, "ops_import_error": error}
+    # A kit build is an unpacked source tree beside the kit's manifest (repro.lmcache_ops.MANIFEST_NAME).
+    tree = os.path.dirname(os.path.dirname(os.path.abspath(module.__file__ or folder)))
+    build_dir = os.path.dirname(tree)
+    kit = os.path.isfile(os.path.join(build_dir, "kvkit-lmcache-ops.json"))
+    out.update(cuda_ops="loaded", copy_path="compiled", ops_source="kit build" if kit else "wheel")
+    if kit:
+        out["ops_build_dir"] = build_dir
     return out
 
 
@@ -215,6 +251,9 @@ def _collect_versions() -> dict:
     }
     if torch.cuda.is_available():
         out["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        out["gpu_capabilities"] = [
+            "{}.{}".format(*torch.cuda.get_device_capability(i)) for i in range(torch.cuda.device_count())
+        ]
     return out
 
 
@@ -371,6 +410,8 @@ def run_job(job: Job, keep: list) -> ArmResult:
     llm = LLM(**_engine_kwargs(job))
     keep.append(llm)
     ready = time.monotonic()
+    if job.probes_file:
+        job = wait_for_probes(job)
     tokenizer = llm.get_tokenizer()
     sp = SamplingParams(
         temperature=0.0, max_tokens=job.max_tokens, ignore_eos=True, logprobs=job.logprobs, seed=job.engine.seed

@@ -12,17 +12,30 @@ Two classes, both resolved by vLLM's connector factory from this module
                     audit reads the blocks. It needs no cooperation from the connector.
 
 What it reads, and when:
-  scheduler side  get_num_new_matched_tokens whether the connector loads asynchronously;
-                  update_state_after_alloc the external tokens it will load; build_connector_meta
-                  (where a new request's num_computed_tokens is its local prefix-cache hit plus
-                  those external tokens) wraps the connector's own metadata with each newly
-                  scheduled request's block IDs and counts (AuditMetadata). bind_connector_metadata
-                  hands the wrapped connector its own metadata back, so it sees exactly what it built.
+  scheduler side  get_num_new_matched_tokens whether the connector loads asynchronously, and the
+                  local hit it was shown; update_state_after_alloc the external tokens it will load;
+                  build_connector_meta (where a new request's num_computed_tokens is its local
+                  prefix-cache hit plus those external tokens) wraps the connector's own metadata
+                  with each newly scheduled request's block IDs and counts (AuditMetadata).
+                  bind_connector_metadata hands the wrapped connector its own metadata back, so it
+                  sees exactly what it built.
   worker side     wait_for_layer_load(layer), after the connector's own wait (a layer-wise loader
                   has finished that layer then; a synchronous one finished in start_load_kv): the
                   full blocks that hold the reused prefix. save_kv_layer(layer), after the attention
                   op wrote the step's KV: the full prompt blocks this step computed (requests that
                   reused nothing: the baseline's reference and each arm's cold prefill).
+
+An asynchronous load (get_num_new_matched_tokens returned (n, True); LMCache's MP connector) is
+read the same way, one promotion later. vLLM (0.26 and 0.28 alike) then parks the request in
+WAITING_FOR_REMOTE_KVS, where it is not in scheduled_new_reqs, while the connector loads; the worker
+reports the load done in the second set get_finished returns; the scheduler promotes the request and
+schedules it as new, with num_computed_tokens = the loaded tokens, and update_state_after_alloc is
+called a second time with 0. So the scheduler side keeps the first nonzero external count from the
+allocation that started the load (_audit_pending) and describes the request when it is promoted; the
+worker side remembers every id its get_finished reported received, and reads the blocks after
+wait_for_layer_load of the first forward step that computes the request: exactly what attention
+reads. A request promoted without this worker having seen that signal (a connector that reports
+completion some other way) stays unavailable, with that reason.
 
 Each block is written as [2, elements]: plane 0 is K, plane 1 is V, split by the backend's layout
 (LAYOUTS). Files go to the audit directory (AUDIT_DIR_ENV) as `<seq>.<kind>.<layer>.pt` (all of
@@ -187,13 +200,19 @@ class AuditRequest:
     prompt_len: int
     block_ids: list[int]
     local_tokens: int  # prefix-cache hit (block-aligned)
-    external_tokens: int  # what the connector said it loads
+    external_tokens: int  # what the connector said it loads (for an asynchronous load: the first nonzero count)
     scheduled_tokens: int
     async_load: bool
+    # num_computed_tokens as scheduled: after an asynchronous load, what vLLM counts as loaded (less than
+    # local + external after a load error, one less on a full-prompt hit); None in older records
+    computed_tokens: int | None = None
 
     def reused_blocks(self, block_size: int) -> list[int]:
         """Indices (within the prompt) of the full blocks whose KV was reused, not computed."""
-        return list(range((self.local_tokens + self.external_tokens) // block_size))
+        reused = self.local_tokens + self.external_tokens
+        if self.computed_tokens is not None:
+            reused = min(reused, self.computed_tokens)
+        return list(range(reused // block_size))
 
     def computed_blocks(self, block_size: int) -> list[int]:
         """Full prompt blocks this step computed; only for a request that reused nothing."""
@@ -220,13 +239,17 @@ class _Audit:
         self._audit_head = vllm_config.model_config.get_head_size()
         self._audit_role = role
         self._audit_async: dict[str, bool] = {}
+        self._audit_local: dict[str, int] = {}  # the local hit get_num_new_matched_tokens was shown
         self._audit_external: dict[str, int] = {}
+        self._audit_pending: dict[str, tuple[int, int]] = {}  # async load started: (local, external)
+        self._audit_received: set[str] = set()  # worker: ids get_finished reported loaded
         self._audit_seq = 0
         self._audit_kv: dict[str, torch.Tensor] = {}
         self._audit_layout: str | None = None
         self._audit_layout_problem: str | None = None
         self._audit_reqs: list[AuditRequest] = []
         self._audit_written: set[int] = set()
+        self._audit_blind: set[int] = set()  # seqs described as unavailable: never read
         self._audit_dead = self._audit_dir is None
 
     def _audit_fail(self, where: str) -> None:
@@ -240,13 +263,39 @@ class _Audit:
             traceback.print_exc()
 
     # ---- scheduler side
-    def _audit_matched(self, request, result) -> None:
+    def _audit_matched(self, request, num_computed_tokens, result) -> None:
         if self._audit_dead:
             return
         try:
             self._audit_async[request.request_id] = bool(result[1]) if result else False
+            self._audit_local[request.request_id] = int(num_computed_tokens or 0)
         except Exception:  # noqa: BLE001
             self._audit_fail("get_num_new_matched_tokens")
+
+    def _audit_alloc(self, request, num_external_tokens) -> None:
+        """An allocation that starts an asynchronous load keeps its counts until the request is
+        promoted; the promotion's own allocation passes 0 and changes nothing."""
+        if self._audit_dead:
+            return
+        try:
+            rid, ext = request.request_id, int(num_external_tokens or 0)
+            self._audit_external[rid] = ext
+            if ext and self._audit_async.get(rid) and rid not in self._audit_pending:
+                self._audit_pending[rid] = (self._audit_local.get(rid, 0), ext)
+        except Exception:  # noqa: BLE001
+            self._audit_fail("update_state_after_alloc")
+
+    def _audit_counts(self, req) -> tuple[int, int, bool]:
+        """(local, external, asynchronous) for a newly scheduled request; forgets it."""
+        rid, computed = req.req_id, int(req.num_computed_tokens)
+        pending = self._audit_pending.pop(rid, None)
+        ext = self._audit_external.pop(rid, 0)
+        self._audit_async.pop(rid, None)
+        self._audit_local.pop(rid, None)
+        if pending is None:  # loaded in this step, or not at all: num_computed_tokens is local + external
+            return computed - ext, ext, False
+        local, ext = pending
+        return min(local, computed), ext, True
 
     def _audit_meta(self, scheduler_output, inner) -> AuditMetadata:
         meta = AuditMetadata(inner=inner)
@@ -254,8 +303,7 @@ class _Audit:
             return meta
         try:
             for req in scheduler_output.scheduled_new_reqs:
-                # num_computed_tokens is local + external here (the scheduler counted both)
-                ext = self._audit_external.pop(req.req_id, 0)
+                local, ext, is_async = self._audit_counts(req)
                 tokens = list(req.prompt_token_ids or [])
                 meta.requests.append(
                     AuditRequest(
@@ -264,11 +312,12 @@ class _Audit:
                         prompt_sha256=prompt_sha256(tokens),
                         prompt_len=len(tokens),
                         block_ids=[int(b) for b in req.block_ids[0]],
-                        local_tokens=int(req.num_computed_tokens) - ext,
+                        local_tokens=int(local),
                         external_tokens=int(ext),
                         scheduled_tokens=int(req.num_computed_tokens)
                         + int(scheduler_output.num_scheduled_tokens[req.req_id]),
-                        async_load=self._audit_async.pop(req.req_id, False),
+                        async_load=is_async,
+                        computed_tokens=int(req.num_computed_tokens),
                     )
                 )
                 self._audit_seq += 1
@@ -296,27 +345,45 @@ class _Audit:
         except Exception:  # noqa: BLE001
             self._audit_fail("register_kv_caches")
 
+    def _audit_finished(self, result) -> None:
+        """The ids get_finished reported received: their asynchronous loads are complete."""
+        if self._audit_dead:
+            return
+        try:
+            received = result[1] if result else None
+            self._audit_received.update(str(rid) for rid in received or ())
+        except Exception:  # noqa: BLE001
+            self._audit_fail("get_finished")
+
     def _audit_bind(self, metadata):
         """Remember our part; return the wrapped connector's own metadata."""
         if isinstance(metadata, AuditMetadata):
             if not self._audit_dead:
-                self._audit_reqs = list(metadata.requests)
                 try:
-                    for r in self._audit_reqs:
-                        self._audit_describe(r)
+                    self._audit_reqs = [r for r in metadata.requests if self._audit_describe(r)]
                 except Exception:  # noqa: BLE001
+                    self._audit_reqs = []
                     self._audit_fail("bind_connector_metadata")
             return metadata.inner
         return metadata
 
-    def _audit_describe(self, r: AuditRequest) -> None:
+    def _audit_describe(self, r: AuditRequest) -> bool:
+        """Write the request's record once; whether its blocks are to be read."""
         if r.seq in self._audit_written:
-            return
+            return r.seq not in self._audit_blind
         self._audit_written.add(r.seq)
-        reason = None
+        reason, signalled = None, None
         if r.async_load:
-            reason = "the connector loads asynchronously: the audit cannot tell when the load completed"
-        elif self._audit_layout is None:
+            # the scheduler promotes on the workers' get_finished; this worker's own report is the
+            # proof that the bytes are in place before this step's forward
+            signalled = r.req_id in self._audit_received
+            self._audit_received.discard(r.req_id)
+            if not signalled:
+                reason = (
+                    "the connector loads asynchronously and this worker's get_finished never reported the "
+                    "request's load finished: the audit cannot tell when the load completed"
+                )
+        if reason is None and self._audit_layout is None:
             reason = self._audit_layout_problem or "no KV tensors were registered"
         record = {
             "seq": r.seq,
@@ -326,6 +393,9 @@ class _Audit:
             "block_size": self._audit_bs,
             "local_tokens": r.local_tokens,
             "external_tokens": r.external_tokens,
+            "computed_tokens": r.computed_tokens,
+            "async_load": r.async_load,
+            "load_finished_reported": signalled,
             "reused_blocks": len(r.reused_blocks(self._audit_bs)),
             "computed_blocks": len(r.computed_blocks(self._audit_bs)),
             "layers": list(self._audit_kv),
@@ -341,6 +411,9 @@ class _Audit:
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(record, fh, sort_keys=True)
         os.replace(tmp, path)
+        if reason is not None:
+            self._audit_blind.add(r.seq)
+        return reason is None
 
     def _audit_worker(self) -> dict:
         """What this worker process runs with, read once it has served a request (see worker_facts)."""
@@ -362,8 +435,6 @@ class _Audit:
                 return
             li = list(self._audit_kv).index(layer_name)
             for r in self._audit_reqs:
-                if r.async_load:
-                    continue
                 idx = r.reused_blocks(self._audit_bs) if kind == "reused" else r.computed_blocks(self._audit_bs)
                 if not idx:
                     continue
@@ -383,7 +454,7 @@ class KVAuditObserver(_Audit, KVConnectorBase_V1):
         self._audit_init(vllm_config, role)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
-        self._audit_matched(request, (0, False))
+        self._audit_matched(request, num_computed_tokens, (0, False))
         return 0, False
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
@@ -436,13 +507,12 @@ def make_wrapped(target) -> type:
 
         def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
             result = target.get_num_new_matched_tokens(self, request, num_computed_tokens)
-            self._audit_matched(request, result)
+            self._audit_matched(request, num_computed_tokens, result)
             return result
 
         def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
             out = target.update_state_after_alloc(self, request, blocks, num_external_tokens)
-            if not self._audit_dead:
-                self._audit_external[request.request_id] = int(num_external_tokens or 0)
+            self._audit_alloc(request, num_external_tokens)
             return out
 
         def build_connector_meta(self, scheduler_output):
@@ -459,6 +529,11 @@ def make_wrapped(target) -> type:
         def handle_preemptions(self, kv_connector_metadata):
             inner = kv_connector_metadata.inner if isinstance(kv_connector_metadata, AuditMetadata) else None
             return target.handle_preemptions(self, inner if inner is not None else kv_connector_metadata)
+
+        def get_finished(self, finished_req_ids):
+            out = target.get_finished(self, finished_req_ids)
+            self._audit_finished(out)
+            return out
 
         def wait_for_layer_load(self, layer_name: str):
             out = target.wait_for_layer_load(self, layer_name)

@@ -20,6 +20,7 @@ class ArmMark:
     verdict: str
     kv: str | None
     divergence: str | None
+    conditions: str | None = None  # what qualifies a FAIL: "intermittent 3/5, contention-dependent"
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class MatrixRow:
     setup: str
     marks: tuple[tuple[ArmMark, ...], ...]  # per probe column: the reuse arms' verdicts
     baseline: str | None
+    arm_notes: tuple[str, ...] = ()  # per arm with one: "LMCacheConnectorV1: copy path engine compiled (wheel) · …"
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,13 @@ def _row(cell: dict, probes: list[str], cells_dir: str, distinct: list[str] = ()
     base = next((a for a in cell["arms"] if a["mode"] == "baseline"), None)
     marks = tuple(
         tuple(
-            ArmMark(a["name"], a["probes"][p]["verdict"], a["probes"][p].get("kv"), a["probes"][p].get("divergence"))
+            ArmMark(
+                a["name"],
+                a["probes"][p]["verdict"],
+                a["probes"][p].get("kv"),
+                a["probes"][p].get("divergence"),
+                a["probes"][p].get("conditions"),
+            )
             for a in reuse_arms
             if p in a["probes"]
         )
@@ -83,7 +91,14 @@ def _row(cell: dict, probes: list[str], cells_dir: str, distinct: list[str] = ()
         setup=setup,
         marks=marks,
         baseline=base["verdict"] if base else None,
+        arm_notes=tuple(_arm_note(a) for a in reuse_arms if a.get("copy_path") or a.get("class")),
     )
+
+
+def _arm_note(arm: dict) -> str:
+    """'LMCacheConnectorV1: copy path engine compiled (wheel) · contention-dependent: …'."""
+    parts = [f"copy path {arm['copy_path']}" if arm.get("copy_path") else "", arm.get("class") or ""]
+    return f"{arm['name']}: " + " · ".join(p for p in parts if p)
 
 
 def build_matrix_page(summary: dict, cells_dir: str) -> MatrixPage:

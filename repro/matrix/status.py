@@ -13,7 +13,8 @@ from repro.report import exit_code
 
 MATRIX_KIND = "kvkit-matrix"
 # 1: cells (status, error, exit code, report and page links, versions, per-arm per-probe verdicts with
-#    KV verdict and divergence class), probes, cluster, timings.
+#    KV verdict and divergence class), probes, cluster, timings. Added without a bump (absent from older
+#    summaries, which render as before): per arm copy_path and class, per probe conditions (issue 18).
 MATRIX_SCHEMA_VERSION = 1
 DONE, ERROR = "done", "error"
 # Error kinds of a cell (the verifier's own ERROR arms are inside its report: kind "engine-error").
@@ -86,7 +87,10 @@ def divergence(probe: dict) -> str | None:
 
 
 def arm_rows(report: dict) -> list[dict]:
-    """Each arm's verdict and, per probe, its verdict, KV verdict and near-tie flag (when present)."""
+    """Each arm's verdict and, per probe, its verdict, KV verdict and near-tie flag (when present). Where
+    the report records them (issue 18): the arm's LMCache copy path ("copy_path"), the class its trials
+    or re-run alone gave its finding ("class"), and per probe the marks beside a FAIL ("conditions");
+    a report without them gives the rows it always gave."""
     rows = []
     for arm in report["arms"]:
         probes = {}
@@ -97,7 +101,12 @@ def arm_rows(report: dict) -> list[dict]:
                 "kv": kv.get("verdict") if isinstance(kv, dict) else None,
                 "divergence": divergence(probe),
             }
-        rows.append({"name": arm["name"], "mode": arm["mode"], "verdict": arm["verdict"], "probes": probes})
+            marks = display.probe_marks_text(arm, probe)
+            if marks:
+                probes[probe["name"]]["conditions"] = marks
+        row = {"name": arm["name"], "mode": arm["mode"], "verdict": arm["verdict"], "probes": probes}
+        extra = {"copy_path": display.copy_path_text(arm), "class": display.finding_class_text(arm)}
+        rows.append(row | {k: v for k, v in extra.items() if v})
     return rows
 
 

@@ -11,6 +11,7 @@ from repro.commands import ArgumentParser
 from repro.display import (
     DIVERGENCE_LEGEND,
     acceptance_label,
+    arm_copy_paths,
     arm_kv_text,
     arm_title,
     arm_verdict_text,
@@ -19,13 +20,28 @@ from repro.display import (
     blocks_text,
     cached_cell,
     commit_label,
+    conditions_pairs,
+    conditions_warning,
+    confirmation_reason,
+    confirmation_text,
+    copy_path_text,
     day,
     diff_class_cell,
+    gpu_text,
+    has_arm_conditions,
     kv_audit_state,
     kv_cell,
     margin_class,
     number,
+    probe_marks_text,
+    rate_cell,
+    run_probe_text,
+    sharing_overlaps,
+    sharing_text,
+    sharing_window,
     span_text,
+    trial_rate_text,
+    trial_rates,
 )
 from repro.errors import EXIT_OK
 from repro.report import CLAIM_LINE, load_report
@@ -48,10 +64,40 @@ def escape_cell(text: str) -> str:
     return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
 
 
+TRIALS_HEADER = ("trials",)  # columns the verdict table gains when a report records trials / a re-run alone
+ALONE_HEADER = ("re-run alone",)
+
+
+def _has(report: dict, key: str) -> bool:
+    return any(isinstance(a.get(key), dict) for a in report["arms"])
+
+
+def _verdict_cell(arm: dict, probe: dict) -> str:
+    """'FAIL', or 'FAIL (intermittent 3/5, contention-dependent)' where its conditions qualify it."""
+    marks = probe_marks_text(arm, probe)
+    return f"{probe['verdict']} ({marks})" if marks else str(probe["verdict"])
+
+
+def _trials_cell(arm: dict, probe: dict) -> str:
+    rate = next((r for r in trial_rates(arm) if r.get("probe") == probe["name"]), None)
+    return f"{rate_cell(rate)} ({rate.get('class')})" if rate else "—"
+
+
+def _alone_cell(arm: dict, probe: dict) -> str:
+    conf = arm.get("confirmation")
+    if not isinstance(conf, dict):
+        return "—"
+    run = conf.get("run") if isinstance(conf.get("run"), dict) else {}
+    alone = next((p for p in run.get("probes") or [] if p.get("name") == probe["name"]), None)
+    return run_probe_text(alone) if alone else str(conf.get("status"))
+
+
 def table_rows(report: dict) -> list[tuple[str, ...]]:
     """One row per probe of every arm but a passing baseline (it is what the others are compared to);
-    with the KV audit on, each row ends with the probe's KV verdict."""
+    with the KV audit on, each row ends with the probe's KV verdict; then, where the report records
+    them, the probe's trial rate and its verdict when re-run alone."""
     kv = bool(kv_audit_state(report))
+    trials, alone = _has(report, "trials"), _has(report, "confirmation")
     block_size = (report.get("config") or {}).get("block_size")
     rows = []
     for arm in report["arms"]:
@@ -59,10 +105,12 @@ def table_rows(report: dict) -> list[tuple[str, ...]]:
             continue
         for p in arm.get("probes", []):
             tokens = "" if p.get("prompt_tokens") is None else str(p["prompt_tokens"])
-            row = (arm_title(arm), p["name"], tokens, cached_cell(p), p["verdict"], diff_class_cell(p))
-            rows.append(row + ((kv_cell(p, block_size),) if kv else ()))
+            row = (arm_title(arm), p["name"], tokens, cached_cell(p), _verdict_cell(arm, p), diff_class_cell(p))
+            row += ((kv_cell(p, block_size),) if kv else ()) + ((_trials_cell(arm, p),) if trials else ())
+            rows.append(row + ((_alone_cell(arm, p),) if alone else ()))
         if not arm.get("probes"):
-            rows.append((arm_title(arm), "—", "", "—", arm["verdict"], "") + (("—",) if kv else ()))
+            empty = ("—",) * (kv + trials + alone)
+            rows.append((arm_title(arm), "—", "", "—", arm["verdict"], "") + empty)
     return rows
 
 
@@ -74,6 +122,7 @@ def markdown_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
 
 def format_table(report: dict) -> str:
     header = TABLE_HEADER + (KV_HEADER if kv_audit_state(report) else ())
+    header += (TRIALS_HEADER if _has(report, "trials") else ()) + (ALONE_HEADER if _has(report, "confirmation") else ())
     return markdown_table(header, table_rows(report))
 
 
@@ -149,6 +198,37 @@ def format_verdicts(report: dict) -> str:
             lines.append(f"  - {ERROR} {arm['error'].get('kind')}: {str(arm['error'].get('detail'))[:300]}")
     for err in report.get("errors") or []:
         lines.append(f"- {ERROR} {err.get('arm')}: {err.get('kind')}: {str(err.get('detail'))[:300]}")
+    return "\n".join(lines)
+
+
+def has_conditions(report: dict) -> bool:
+    """The report records what its verdicts were measured under (issue 18); older ones do not."""
+    return bool(conditions_pairs(report)) or any(has_arm_conditions(a) for a in report["arms"])
+
+
+def _arm_conditions(arm: dict) -> list[str]:
+    """One arm's conditions: its device and who shared it, LMCache's copy path, its trials, its re-run alone."""
+    device = " · ".join(t for t in (gpu_text(arm), sharing_text(arm), sharing_window(arm)) if t) or NOT_RECORDED
+    overlaps = "; ".join(sharing_overlaps(arm))
+    lines = [f"- **{arm_title(arm)}**: {device}" + (f" ({overlaps})" if overlaps else "")]
+    for path in arm_copy_paths(arm):
+        detail = f": {path['detail']}" if path.get("detail") else ""
+        lines.append(f"  - copy path, {copy_path_text({'copy_paths': [path]})}{detail}")
+    if trial_rate_text(arm):
+        lines.append(f"  - trials: {trial_rate_text(arm)}")
+    if confirmation_text(arm):
+        reason = confirmation_reason(arm)
+        lines.append(f"  - {confirmation_text(arm)}" + (f" ({reason})" if reason else ""))
+    return lines
+
+
+def format_conditions(report: dict) -> str:
+    """What the verdicts were measured under: the run's trials, re-run alone, LMCache copy path and
+    gpu-load, then each arm's GPU, sharing (with the overlaps), copy path per process, trials and re-run alone."""
+    lines = [f"- **{name}**: {text}" for name, text in conditions_pairs(report)]
+    for arm in report["arms"]:
+        if has_arm_conditions(arm):
+            lines += _arm_conditions(arm)
     return "\n".join(lines)
 
 
@@ -450,6 +530,12 @@ def format_reproduce(report: dict) -> str:
     )
 
 
+def format_conditions_warning(report: dict) -> list[str]:
+    """Above the table, where a failure it shows was intermittent or needed the shared device; else nothing."""
+    warning = conditions_warning(report)
+    return [f"**Read the verdicts with their conditions:** {warning}."] if warning else []
+
+
 def render_body(report: dict, token_limit: int | None) -> str:
     commit = commit_label(report["provenance"])
     parts = [
@@ -459,8 +545,10 @@ def render_body(report: dict, token_limit: int | None) -> str:
             "process (greedy decoding, `ignore_eos`). `0→1280×3`: the cold request reported 0 cached tokens, each "
             f"of 3 reuses 1280; `@4,15`: first differing token index; {DIVERGENCE_LEGEND}."
         ),
+        *format_conditions_warning(report),
         format_table(report),
         format_verdicts(report),
+        *(["#### Conditions\n\n" + format_conditions(report)] if has_conditions(report) else []),
         *(["#### KV audit\n\n" + format_kv_audit(report)] if kv_audit_state(report) is not None else []),
         "#### What maintainers ask for\n\n" + format_maintainer_facts(report),
         "#### First diffs and margins\n\n" + format_diffs(report, token_limit),

@@ -79,7 +79,10 @@ def render_report_page(
 def render_index(rows: list, env: jinja2.Environment | None = None) -> str:
     env = env or make_environment()
     kv_column = any(row.kv is not None for row in rows)  # a KV column once any report has the KV audit
-    return env.get_template("index.html.j2").render(rows=rows, kv_column=kv_column, generator=GENERATOR)
+    conditions = any(v.condition for row in rows for v in row.verdicts)
+    return env.get_template("index.html.j2").render(
+        rows=rows, kv_column=kv_column, conditions=conditions, generator=GENERATOR
+    )
 
 
 def _write(path: Path, data: bytes, written: list[Path]) -> None:

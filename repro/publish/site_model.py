@@ -5,7 +5,6 @@ Pure: no file, clock or environment access. Every date shown comes from the repo
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from repro.display import (
     DIVERGENCE_LEGEND,
     acceptance_label,
     arm_class_text,
+    arm_copy_paths,
     arm_divergences,
     arm_kv_text,
     arm_title,
@@ -22,9 +22,17 @@ from repro.display import (
     cached_cell,
     classed_divergences,
     commit_label,
+    conditions_pairs,
+    conditions_warning,
+    confirmation_reason,
+    confirmation_text,
     day,
     diff_cell,
     divergence_class,
+    finding_class_text,
+    flatten,
+    gpu_text,
+    has_arm_conditions,
     headline,
     is_commit_hash,
     kv_audit_state,
@@ -33,6 +41,17 @@ from repro.display import (
     kv_verdict,
     margin_class,
     number,
+    probe_condition_marks,
+    qualified,
+    rate_cell,
+    run_probe_text,
+    sharing_overlaps,
+    sharing_text,
+    sharing_window,
+    show,
+    trial_diffs_text,
+    trial_rate_text,
+    trial_rates,
 )
 from repro.publish.heatmap import Heatmap, Legend, build_heatmap, build_legend
 
@@ -57,6 +76,8 @@ class TableRow:
     # a FAIL's divergences with their classes, ("@13 (near-tie, gap 0.045 nats)", "near-tie") each; then
     # the cell shows these instead of diff
     classes: tuple[tuple[str, str], ...] = ()
+    # what qualifies a FAIL (or KV CORRUPT): ("intermittent 3/5", True), ("5/5 trials", False); () without trials
+    marks: tuple[tuple[str, bool], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -69,6 +90,8 @@ class ArmBlock:
     kv_status: str = ""  # "KV audit: ok · floor rel …" (schema 2 with the audit on)
     divergences: str = ""  # a FAIL arm's divergences by class: "decisive: 6", "near-ties only: 2"
     near_ties_only: bool = False  # every divergence of this FAIL arm is a near-tie: its own badge
+    condition: str = ""  # "contention-dependent: clean when re-run alone, …" (repro.display.finding_class_text)
+    qualified: bool = False  # the finding was intermittent or needed the shared device: shown as a warning
 
 
 @dataclass(frozen=True)
@@ -119,6 +142,40 @@ class KVDetail:
 
 
 @dataclass(frozen=True)
+class RateRow:
+    """One probe of an arm across its trials: 'FAIL 3/5', its class, and each trial's verdict and first diffs."""
+
+    probe: str
+    rate: str
+    cls: str
+    trials: str
+
+
+@dataclass(frozen=True)
+class ArmConditions:
+    """What one arm was measured under: its GPU, who shared it, LMCache's copy path per process,
+    its trials and its re-run alone (each "" or () when the report does not record it)."""
+
+    arm: str
+    gpu: str
+    sharing: str
+    window: str
+    overlaps: tuple[str, ...]
+    copy_paths: tuple[tuple[str, str, str, str], ...]  # process, path, source, detail
+    trials: str
+    rates: tuple[RateRow, ...]
+    confirmation: str
+    confirmation_reason: str
+    confirmation_run: tuple[tuple[str, str], ...]  # probe, 'FAIL @6,7' in the run alone
+
+
+@dataclass(frozen=True)
+class Conditions:
+    run: tuple[tuple[str, str], ...]  # trials, re-run alone, lmcache-ops, gpu-load
+    arms: tuple[ArmConditions, ...]
+
+
+@dataclass(frozen=True)
 class ArmLog:
     arm: str
     path: str
@@ -146,6 +203,8 @@ class ReportPage:
     kv_note: str = ""  # the audit's state near the table; "" for a report made before the audit
     kv_legend: Legend | None = None
     divergence_legend: str = DIVERGENCE_LEGEND
+    conditions: Conditions | None = None  # None: the report records none of the conditions (issue 18)
+    conditions_warning: str = ""  # a finding that was intermittent or needed the shared device, by arm
 
 
 @dataclass(frozen=True)
@@ -156,6 +215,7 @@ class IndexVerdict:
     verdict: str
     divergences: str = ""  # "decisive: 6", "near-ties only: 2"; "" unless a FAIL
     near_ties_only: bool = False
+    condition: str = ""  # "contention-dependent: …" when the verdict was qualified by its conditions
 
 
 @dataclass(frozen=True)
@@ -177,23 +237,6 @@ def visible_text(text: object) -> str:
     if not isinstance(text, str):
         return "—"
     return _CONTROL.sub(lambda m: _ESCAPES.get(m.group(), f"\\x{ord(m.group()):02x}"), text)
-
-
-def show(value: object) -> str:
-    """One scalar or structure as deterministic text; strings as they are."""
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, sort_keys=True, ensure_ascii=False)
-
-
-def flatten(data: object, prefix: str = "") -> list[tuple[str, str]]:
-    """Nested dicts as sorted dotted keys; lists and scalars printed whole."""
-    if isinstance(data, dict) and data:
-        out: list[tuple[str, str]] = []
-        for key in sorted(data):
-            out.extend(flatten(data[key], f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    return [(prefix, show(data))]
 
 
 def package_version(report: dict, name: str) -> str:
@@ -225,7 +268,7 @@ def _cell_text(value: object) -> str:
     return "?" if value is None else str(value)
 
 
-def _table_row(probe: dict, anchor: str, kv: bool, block_size: int | None) -> TableRow:
+def _table_row(arm: dict, probe: dict, anchor: str, kv: bool, block_size: int | None) -> TableRow:
     tokens = "" if probe.get("prompt_tokens") is None else str(probe["prompt_tokens"])
     note = str(probe.get("skipped") or "")
     return TableRow(
@@ -239,13 +282,14 @@ def _table_row(probe: dict, anchor: str, kv: bool, block_size: int | None) -> Ta
         kv=kv_cell(probe, block_size) if kv else "",
         kv_verdict=(kv_verdict(probe) or "") if kv else "",
         classes=tuple((g.text, g.cls) for g in classed_divergences(probe)),
+        marks=tuple((m.text, m.qualifies) for m in probe_condition_marks(arm, probe)),
     )
 
 
 def _arm_block(arm: dict, arm_index: int, kv: bool, block_size: int | None) -> ArmBlock:
     err = arm.get("error")
     error = (str(err.get("kind", "?")), str(err.get("detail", "")), str(err.get("log_tail") or "")) if err else None
-    rows = tuple(_table_row(p, f"d{arm_index}-{i}", kv, block_size) for i, p in enumerate(arm.get("probes") or []))
+    rows = tuple(_table_row(arm, p, f"d{arm_index}-{i}", kv, block_size) for i, p in enumerate(arm.get("probes") or []))
     return ArmBlock(
         title=arm_title(arm),
         verdict=str(arm["verdict"]),
@@ -255,7 +299,39 @@ def _arm_block(arm: dict, arm_index: int, kv: bool, block_size: int | None) -> A
         kv_status=arm_kv_text(arm) if kv else "",
         divergences=arm_class_text(arm),
         near_ties_only=bool(arm_class_text(arm)) and arm_divergences(arm).near_ties_only,
+        condition=finding_class_text(arm),
+        qualified=qualified(arm),
     )
+
+
+def _arm_conditions(arm: dict) -> ArmConditions:
+    conf = arm.get("confirmation") if isinstance(arm.get("confirmation"), dict) else {}
+    alone = conf.get("run") if isinstance(conf.get("run"), dict) else {}
+    return ArmConditions(
+        arm=arm_title(arm),
+        gpu=gpu_text(arm),
+        sharing=sharing_text(arm),
+        window=sharing_window(arm),
+        overlaps=tuple(sharing_overlaps(arm)),
+        copy_paths=tuple(
+            tuple(str(p.get(k) or "") for k in ("process", "path", "source", "detail")) for p in arm_copy_paths(arm)
+        ),
+        trials=trial_rate_text(arm),
+        rates=tuple(
+            RateRow(str(r.get("probe")), rate_cell(r), str(r.get("class")), trial_diffs_text(arm, str(r.get("probe"))))
+            for r in trial_rates(arm)
+        ),
+        confirmation=confirmation_text(arm),
+        confirmation_reason=confirmation_reason(arm),
+        confirmation_run=tuple((str(p.get("name")), run_probe_text(p)) for p in alone.get("probes") or []),
+    )
+
+
+def _conditions(report: dict) -> Conditions | None:
+    """The page's Conditions section; None for a report that records none of them (its page is as it was)."""
+    run = tuple(conditions_pairs(report))
+    arms = tuple(_arm_conditions(a) for a in report["arms"] if has_arm_conditions(a))
+    return Conditions(run=run, arms=arms) if run or arms else None
 
 
 def _kv_request_line(label: str, audit: object) -> str | None:
@@ -449,6 +525,8 @@ def build_report_page(report: dict, *, stem: str, raw_href: str, log_hrefs: dict
         kv=bool(audit),
         kv_note=_kv_note(report, audit),
         kv_legend=build_legend() if audit else None,
+        conditions=_conditions(report),
+        conditions_warning=conditions_warning(report),
     )
 
 
@@ -474,6 +552,7 @@ def _index_verdict(arm: dict) -> IndexVerdict:
         verdict=str(arm["verdict"]),
         divergences=note,
         near_ties_only=bool(note) and arm_divergences(arm).near_ties_only,
+        condition=finding_class_text(arm) if qualified(arm) else "",
     )
 
 

@@ -36,8 +36,37 @@ The faults, each a bug class seen in KV offloading code:
   drop_tail      the last num_blocks loaded blocks are never written but still counted as a hit:
                  attention reads whatever the freshly allocated blocks held
 
-The scheduler side decides which blocks a load faults (and their sources), so
-`kv_transfer_params["planted_fault"]` reports exactly what the worker did.
+Gates: optional conditions under which a load's fault applies at all (a load a gate holds back
+is faithful and reports no faulted blocks). Each load's gate figures go in its audit line and in
+`kv_transfer_params["planted_fault"]["gate"]`, so a report shows why a load faulted or not.
+  when         "always" (default) or "contended": a race with another process for the CPU. At each
+               load the scheduler does a fixed amount of CPU work standing for an asynchronous copy
+               (contended_cpu_ms of this thread's CPU time, default 40) and reads how long the thread
+               waited on a run queue meanwhile (/proc/thread-self/schedstat, 2nd field). If the wait
+               reaches contended_ratio (default 0.25) of the copy's CPU time, the copy "missed its
+               window" and the load faults. Why 0.25: a thread sharing its core with one other
+               runnable thread for the whole copy waits about as long as it runs (ratio ~1, r with r
+               of them); one alone on the machine waits only for short wake-ups of idle daemons
+               (well under a millisecond each, ratio < 0.05 over 40 ms). 0.25 sits between the two
+               (a quarter of the copy, 10 ms, is several scheduler slices), so a load faults when
+               another process was runnable on its core for a real part of the copy, not for a blip.
+               The engine itself keeps one core busy meanwhile: its worker busy-waits (sched_yield)
+               for the scheduler's next output for up to 1 s after each step (vLLM shm_broadcast
+               SpinCondition), so the copy runs on the other core; alone on an idle 2-core machine
+               it has that core to itself. Any other runnable process counts as contention, the
+               kit's own arms or not: the figures recorded with each load (runnable tasks on the
+               machine before and after, CPU time of the engine's other threads and processes
+               during the copy) say where it came from.
+               Where schedstat is unreadable (no CONFIG_SCHEDSTATS / SCHED_INFO, not Linux) the
+               connector refuses to start and says so, rather than never or always fault.
+  once_in      an absolute directory shared by the engines of one arm's trials: at construction
+               the scheduler side claims DIR/claim (O_CREAT | O_EXCL, atomic); only the engine
+               that wins applies the fault, every other engine loads faithfully. So of N fresh
+               engines exactly one faults: an intermittent fault. Delete the claim to re-arm.
+Both gates may be set; a load then faults only when both let it.
+
+The scheduler side decides which blocks a load faults (and their sources) and evaluates the gates,
+so `kv_transfer_params["planted_fault"]` reports exactly what the worker did.
 """
 
 from __future__ import annotations
@@ -46,6 +75,8 @@ import hashlib
 import json
 import os
 import re
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +89,112 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 FAULTS = ("none", "zero_blocks", "shift_blocks", "stale", "swap_kv", "corrupt_layer", "overwrite_tail", "drop_tail")
 TAIL_FAULTS = ("overwrite_tail", "drop_tail")
+WHEN = ("always", "contended")
+SCHEDSTAT_PATH = "/proc/thread-self/schedstat"
+CONTENDED_CPU_MS = 40.0  # the stand-in copy: long enough for many scheduler slices (a few ms each)
+CONTENDED_RATIO = 0.25  # see the module docstring for why
+CLAIM_NAME = "claim"
+
+
+class SchedstatUnavailable(RuntimeError):
+    """This system does not say how long a thread waited on a run queue."""
+
+
+def parse_schedstat(text: str) -> tuple[int, int]:
+    """(ns on a CPU, ns waiting on a run queue) from a schedstat line "<run> <wait> <timeslices>"."""
+    fields = text.split()
+    if len(fields) < 2 or not all(f.isdigit() for f in fields[:2]):
+        raise SchedstatUnavailable(f"unexpected schedstat line {text.strip()[:80]!r}")
+    return int(fields[0]), int(fields[1])
+
+
+def read_runqueue_wait_ns(path: str | None = None) -> int:
+    """How long the calling thread has waited on a run queue, in ns; SchedstatUnavailable if unknown."""
+    path = path or SCHEDSTAT_PATH
+    try:
+        with open(path, encoding="ascii") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise SchedstatUnavailable(f"{path} is not readable ({exc.strerror or exc})") from None
+    return parse_schedstat(text)[1]
+
+
+def missed_window(cpu_ns: int, wait_ns: int, ratio: float) -> bool:
+    """Whether a copy that ran cpu_ns waited long enough on a run queue to have missed its window."""
+    return cpu_ns > 0 and wait_ns >= ratio * cpu_ns
+
+
+def runnable_tasks() -> int | None:
+    """Tasks runnable on the whole machine now, this one included (/proc/loadavg), None if unknown:
+    recorded next to a copy's wait so a report shows whether other processes were competing."""
+    try:
+        with open("/proc/loadavg", encoding="ascii") as fh:
+            return int(fh.read().split()[3].split("/")[0])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _task_cpu_ns(pid: int, skip_tid: int | None = None) -> int:
+    total = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for tid in tids:
+        if skip_tid is not None and tid == str(skip_tid):
+            continue
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", encoding="ascii") as fh:
+                total += parse_schedstat(fh.read())[0]
+        except (OSError, SchedstatUnavailable):
+            continue  # a thread that ended meanwhile
+    return total
+
+
+def engine_cpu_ns() -> int:
+    """CPU time so far of this engine's other threads and processes: this process's threads but the
+    caller, its parent (the frontend) and its children (the workers). Recorded next to a copy's
+    wait: when it barely moved during the copy, the wait came from outside the engine."""
+    me = os.getpid()
+    pids = [os.getppid()]
+    try:
+        with open(f"/proc/{me}/task/{me}/children", encoding="ascii") as fh:
+            pids += [int(c) for c in fh.read().split()]
+    except OSError:
+        pass
+    return _task_cpu_ns(me, skip_tid=threading.get_native_id()) + sum(_task_cpu_ns(p) for p in pids)
+
+
+def timed_copy(cpu_ns: int, path: str | None = None) -> dict:
+    """Spend cpu_ns of this thread's CPU time (the stand-in for a copy) and say how long the thread
+    waited on a run queue meanwhile: {"cpu_ns", "wait_ns", "wall_ns", "runnable": [before, after],
+    "engine_other_cpu_ns"} (the last two say where the competition came from; see engine_cpu_ns)."""
+    runnable0, engine0 = runnable_tasks(), engine_cpu_ns()
+    wait0, cpu0, wall0 = read_runqueue_wait_ns(path), time.thread_time_ns(), time.monotonic_ns()
+    x = 0
+    while time.thread_time_ns() - cpu0 < cpu_ns:
+        for i in range(2000):  # arithmetic between clock reads, so the clock is not the whole work
+            x ^= i * 2654435761
+    wait1, cpu1, wall1 = read_runqueue_wait_ns(path), time.thread_time_ns(), time.monotonic_ns()
+    return {
+        "cpu_ns": cpu1 - cpu0,
+        "wait_ns": wait1 - wait0,
+        "wall_ns": wall1 - wall0,
+        "runnable": [runnable0, runnable_tasks()],
+        "engine_other_cpu_ns": engine_cpu_ns() - engine0,
+    }
+
+
+def claim_once(directory: str) -> bool:
+    """Atomically claim directory/claim: True for exactly one caller, ever (until the file is removed)."""
+    os.makedirs(directory, exist_ok=True)
+    try:
+        fd = os.open(os.path.join(directory, CLAIM_NAME), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps({"pid": os.getpid()}) + "\n")
+    return True
 
 
 def faulted_indices(fault: str, first_block: int | None, num_blocks: int, n_loaded: int) -> list[int]:
@@ -84,6 +221,7 @@ class _Op:
     first_loaded_block: int = 0  # index of keys[0] within the prompt's blocks
     faulted: list[int] = field(default_factory=list)  # indices into keys/block_ids
     sources: dict[int, str] = field(default_factory=dict)  # faulted index -> key its bytes come from
+    gate: dict | None = None  # why the gates let this load's fault apply or not (None: no gate set)
 
 
 @dataclass
@@ -106,12 +244,53 @@ class PlantedFaultConnector(KVConnectorBase_V1):
         self.layer = int(extra.get("layer", 0))
         self.scale = float(extra.get("scale", 1.0))
         self.audit_path = extra.get("audit_path")
+        self._init_gates(extra, role)
         self.block_size = vllm_config.cache_config.block_size
         os.makedirs(self.store_dir, exist_ok=True)
         self._external: dict[str, int] = {}
         self._loaded: dict[str, tuple[int, list[int]]] = {}
         self._stored_prompts: list[list[str]] = []  # block keys of each stored prompt, oldest first
         self._kv: dict[str, torch.Tensor] = {}
+
+    def _init_gates(self, extra: dict, role) -> None:
+        self.when = str(extra.get("when", "always"))
+        if self.when not in WHEN:
+            raise ValueError(f"planted fault option when={self.when!r}; choose one of {', '.join(WHEN)}")
+        self.contended_cpu_ns = int(float(extra.get("contended_cpu_ms", CONTENDED_CPU_MS)) * 1e6)
+        self.contended_ratio = float(extra.get("contended_ratio", CONTENDED_RATIO))
+        if self.when == "contended":
+            try:
+                read_runqueue_wait_ns()
+            except SchedstatUnavailable as exc:
+                raise ValueError(f"planted fault when=contended cannot measure run-queue wait: {exc}") from None
+        self.once_in = extra.get("once_in")
+        self.claimed: bool | None = None
+        if self.once_in is not None:
+            if not os.path.isabs(str(self.once_in)):
+                raise ValueError(f"planted fault option once_in={self.once_in!r} must be an absolute directory")
+            if role == KVConnectorRole.SCHEDULER:  # the side that decides faults claims, once per engine
+                self.claimed = claim_once(str(self.once_in))
+
+    def _gate_load(self) -> dict | None:
+        """Evaluate the gates for one load: None when none is set, else the figures and "apply"."""
+        if self.when == "always" and self.once_in is None:
+            return None
+        gate: dict[str, Any] = {"apply": True}
+        if self.once_in is not None:
+            gate["once_in"] = {"dir": str(self.once_in), "claimed": bool(self.claimed)}
+            gate["apply"] = bool(self.claimed)
+        if self.when == "contended":
+            try:
+                copy = timed_copy(self.contended_cpu_ns)
+            except SchedstatUnavailable as exc:  # readable at start, not now: say so, load faithfully
+                gate["contended"] = {"unavailable": str(exc)}
+                gate["apply"] = False
+                return gate
+            missed = missed_window(copy["cpu_ns"], copy["wait_ns"], self.contended_ratio)
+            ratio = copy["wait_ns"] / copy["cpu_ns"] if copy["cpu_ns"] else None
+            gate["contended"] = {**copy, "wait_ratio": ratio, "threshold": self.contended_ratio, "missed": missed}
+            gate["apply"] = gate["apply"] and missed
+        return gate
 
     # ---- shared helpers
     def _keys(self, tokens: list[int], n_blocks: int) -> list[str]:
@@ -150,7 +329,11 @@ class PlantedFaultConnector(KVConnectorBase_V1):
         return None
 
     def _plan_load(self, op: _Op) -> None:
-        """Fill op.faulted and op.sources; a sourced fault without a source does not apply."""
+        """Fill op.faulted and op.sources; a sourced fault without a source does not apply, nor does
+        one a gate holds back."""
+        op.gate = self._gate_load()
+        if op.gate is not None and not op.gate["apply"]:
+            return
         n = len(op.keys)
         for j in faulted_indices(self.fault, self.first_block, self.num_blocks, n):
             if self.fault == "shift_blocks":
@@ -177,7 +360,7 @@ class PlantedFaultConnector(KVConnectorBase_V1):
                 op = _Op(req.req_id, "load", self._keys(tokens, b1)[b0:], block_ids[b0:b1], b0)
                 self._plan_load(op)
                 meta.ops.append(op)
-                self._loaded[req.req_id] = (external, [b0 + j for j in op.faulted])
+                self._loaded[req.req_id] = (external, [b0 + j for j in op.faulted], op.gate)
             else:
                 done = min(len(tokens), req.num_computed_tokens + scheduler_output.num_scheduled_tokens[req.req_id])
                 n = done // self.block_size
@@ -189,8 +372,11 @@ class PlantedFaultConnector(KVConnectorBase_V1):
         return meta
 
     def request_finished(self, request, block_ids) -> tuple[bool, dict[str, Any] | None]:
-        loaded, faulted = self._loaded.pop(request.request_id, (0, []))
-        return False, {"planted_fault": {"loaded_tokens": loaded, "fault": self.fault, "faulted_blocks": faulted}}
+        loaded, faulted, gate = self._loaded.pop(request.request_id, (0, [], None))
+        report = {"loaded_tokens": loaded, "fault": self.fault, "faulted_blocks": faulted}
+        if gate is not None:
+            report["gate"] = gate
+        return False, {"planted_fault": report}
 
     # ---- worker side
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -246,6 +432,8 @@ class PlantedFaultConnector(KVConnectorBase_V1):
             "faulted_max_abs_diff": [[b0 + j, diffs[j]] for j in op.faulted],
             "clean_max_abs_diff": max([d for j, d in enumerate(diffs) if j not in set(op.faulted)], default=0.0),
         }
+        if op.gate is not None:
+            line["gate"] = op.gate
         with open(self.audit_path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(line, sort_keys=True) + "\n")
 

@@ -1,0 +1,146 @@
+"""Repeated trials and the confirmation alone: a judged run reduced to its findings, rates per probe,
+and the class of a finding (pure: judged report entries in, small dicts out).
+
+A finding is what a reuse arm's run says is wrong: a probe whose token verdict is FAIL (with the
+first diffs of its requests), or a probe whose KV verdict is CORRUPT. Two runs "find the same" when
+they fail the same probes at the same first diffs and blame KV on the same probes.
+"""
+
+from __future__ import annotations
+
+from repro.verdict import CORRUPT, ERROR, FAIL, INCONCLUSIVE
+
+EVERY_TRIAL = "every trial"
+INTERMITTENT = "intermittent"
+NONE = "none"
+CONSISTENT, CLEAN = "consistent", "clean"
+
+DETERMINISTIC = "deterministic"
+CONTENTION_DEPENDENT = "contention-dependent"
+NOT_REPRODUCED = "not reproduced"
+UNCONFIRMED = "unconfirmed"
+# A run whose arm verdict is one of these decided nothing about the finding.
+UNDECIDED = (ERROR, INCONCLUSIVE)
+
+
+def run_summary(entry: dict, trial: int, shared: bool | None) -> dict:
+    """One run of an arm (a judged report entry) as the report's trials and confirmation keep it."""
+    probes = []
+    for p in entry.get("probes") or []:
+        if p.get("skipped"):
+            continue
+        reqs = p.get("requests") or []
+        kv = p.get("kv")
+        probes.append(
+            {
+                "name": p["name"],
+                "verdict": p.get("verdict"),
+                "first_diffs": [r.get("first_diff") for r in reqs],
+                "cached_tokens": [r.get("cached_tokens") for r in reqs],
+                "kv": kv.get("verdict") if isinstance(kv, dict) else None,
+            }
+        )
+    error = entry.get("error")
+    return {
+        "trial": trial,
+        "verdict": entry.get("verdict"),
+        "error": None if not error else {"kind": error.get("kind"), "detail": error.get("detail")},
+        "wall_s": (entry.get("timing") or {}).get("wall_s"),
+        "shared": shared,
+        "probes": probes,
+    }
+
+
+def findings(run: dict) -> frozenset:
+    """The run's findings: ("tokens", probe, first diffs) and ("kv", probe) items."""
+    out = set()
+    for p in run["probes"]:
+        if p["verdict"] == FAIL:
+            out.add(("tokens", p["name"], tuple(p["first_diffs"])))
+        if p["kv"] == CORRUPT:
+            out.add(("kv", p["name"]))
+    return frozenset(out)
+
+
+def has_finding(run: dict) -> bool:
+    return bool(findings(run))
+
+
+def decided(run: dict) -> bool:
+    return run["verdict"] not in UNDECIDED
+
+
+def _probe_found(run: dict, name: str) -> tuple[bool, bool]:
+    p = next((p for p in run["probes"] if p["name"] == name), None)
+    return (p is not None and p["verdict"] == FAIL), (p is not None and p["kv"] == CORRUPT)
+
+
+def trial_rates(runs: list[dict]) -> dict:
+    """The report's `trials` from every run of one arm (trial 1 is the arm's own run)."""
+    names = []
+    for run in runs:
+        names += [p["name"] for p in run["probes"] if p["name"] not in names]
+    rates = []
+    for name in names:
+        hits = [_probe_found(run, name) for run in runs]
+        failed = sum(1 for tokens, _ in hits if tokens)
+        corrupt = sum(1 for _, kv in hits if kv)
+        either = sum(1 for tokens, kv in hits if tokens or kv)
+        cls = NONE if either == 0 else EVERY_TRIAL if either == len(runs) else INTERMITTENT
+        rates.append({"probe": name, "failed": failed, "kv_corrupt": corrupt, "of": len(runs), "class": cls})
+    classes = {r["class"] for r in rates}
+    overall = INTERMITTENT if INTERMITTENT in classes else CONSISTENT if EVERY_TRIAL in classes else CLEAN
+    return {"n": len(runs), "runs": runs, "rates": rates, "class": overall}
+
+
+def rate_text(rates: dict) -> str:
+    """'chat-511 FAIL 3/5 (intermittent); fixture 0/5' for the summary lines."""
+    parts = []
+    for r in rates["rates"]:
+        what = f"FAIL {r['failed']}/{r['of']}"
+        if r["kv_corrupt"]:
+            what += f", KV CORRUPT {r['kv_corrupt']}/{r['of']}"
+        parts.append(f"{r['probe']} {what}" + (f" ({r['class']})" if r["class"] == INTERMITTENT else ""))
+    return "; ".join(parts)
+
+
+def needs_confirmation(runs: list[dict]) -> dict | None:
+    """The first run that found something while it shared its device (the one to re-run alone), or None."""
+    return next((run for run in runs if run.get("shared") and has_finding(run)), None)
+
+
+def _run_text(run: dict) -> str:
+    if not decided(run):
+        why = (run.get("error") or {}).get("kind") or run["verdict"]
+        return f"{run['verdict']} ({why})"
+    bad = sorted({name for _, name, *_ in findings(run)})
+    total = len(run["probes"])
+    if not bad:
+        return f"PASS {total}/{total}"
+    return f"{run['verdict']} on {', '.join(bad)}"
+
+
+def classify_confirmation(shared_runs: list[dict], alone: dict) -> tuple[str, str]:
+    """(class, reason) of a finding made while sharing, given the same job re-run alone.
+
+    deterministic: alone finds exactly what the shared run found; contention-dependent: alone finds
+    nothing, and every shared run found it (one clean shared trial would make a clean run alone
+    no evidence of contention); not reproduced: alone finds something else, or finds nothing after
+    shared trials that were themselves intermittent; unconfirmed: the run alone decided nothing."""
+    found = [r for r in shared_runs if has_finding(r)]
+    target = found[0] if found else None
+    if target is None:
+        return UNCONFIRMED, "no shared run found anything to confirm"
+    if not decided(alone):
+        return UNCONFIRMED, f"alone: {_run_text(alone)}: the finding is neither confirmed nor cleared"
+    if findings(alone) == findings(target):
+        return DETERMINISTIC, f"alone: {_run_text(alone)}, the same first diffs and KV blame as while sharing"
+    if not has_finding(alone):
+        shared_clean = [r for r in shared_runs if decided(r) and not has_finding(r)]
+        if shared_clean:
+            return NOT_REPRODUCED, (
+                f"alone: {_run_text(alone)}; {len(shared_clean)} of {len(shared_runs)} shared trials were clean too, "
+                "so one clean run alone does not tell contention from chance"
+            )
+        return CONTENTION_DEPENDENT, f"alone: {_run_text(alone)}: the finding needed the shared device"
+    return NOT_REPRODUCED, f"alone: {_run_text(alone)}: a different finding from the shared run's"

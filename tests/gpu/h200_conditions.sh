@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# How the H200 condition reports under reports/conditions/ were made: LMCache's copy path (its compiled
+# CUDA ops or its torch fallback) x whether the GPU was shared (alone, under --gpu-load, five arms at
+# once), with repeated trials. Run from the kit's root on a CUDA host with no network, two GPUs, torch
+# 2.11 (cu130), nvcc and ninja, and the offline bundle of vLLM 0.26.0 + LMCache 0.5.4 made by
+# pack-wheels.sh (split into parts), with LMCache 0.5.4's source distribution beside it.
+#
+#   tests/gpu/h200_conditions.sh stage DIR      copy a bundle part (and the sdist) from DIR to $STAGE
+#   tests/gpu/h200_conditions.sh unpack         unpack the bundle into $SITE, make the fp16 tiny model
+#                                              (seed 6), start the ops build in the background
+#   tests/gpu/h200_conditions.sh mp fallback|compiled OUT
+#                                              the MP arm alone on GPU 0 and under --gpu-load on GPU 1,
+#                                              5 trials each, --jobs 1 (nothing else on either GPU)
+#   tests/gpu/h200_conditions.sh five OUT       both connectors, native and native-matched, five arms at
+#                                              once: fallback on GPU 0, compiled ops on GPU 1, 2 trials
+# Every report goes to OUT with its logs as OUT/NAME.logs.tar.xz.
+set -euo pipefail
+STAGE=${STAGE:-/tmp/kvkit-stage}
+SITE=${SITE:-/tmp/site}
+MODEL=${MODEL:-/tmp/models/kvkit-tiny-qwen3-seed6}
+PY=${PY:-python3}
+export PYTHONPATH=$SITE PYTHONUNBUFFERED=1
+
+common=(--model "$MODEL" --lmcache-config fixtures/lmcache-local-cpu.yaml --dtype float16
+  --gpu-memory-utilization 0.45 --max-model-len 2048 --block-size 16 --max-tokens 16 --seed 0
+  --device cuda --suite acceptance --quiet)
+
+verify() {  # NAME GPU ARGS...: one run on one GPU, its logs packed beside its report
+  local name=$1 gpu=$2; shift 2
+  local rc=0
+  CUDA_VISIBLE_DEVICES=$gpu "$PY" -m repro.verify_kv_reuse "${common[@]}" "$@" --report "$OUT/$name.json" \
+    >"$OUT/$name.out" 2>&1 || rc=$?
+  echo "exit $rc" >>"$OUT/$name.out"
+  if [ -d "$OUT/$name.logs" ]; then
+    tar -C "$OUT" -cJf "$OUT/$name.logs.tar.xz" "$name.logs" && rm -rf "${OUT:?}/$name.logs"
+  fi
+}
+
+case ${1:?step} in
+  stage)
+    mkdir -p "$STAGE" && cp "${2:?DIR}"/* "$STAGE"/ && ls -l "$STAGE" ;;
+  unpack)
+    mkdir -p "$SITE" && cat "$STAGE"/b.* | xz -d -T0 | tar -x -C "$SITE"
+    "$PY" -c "import vllm, lmcache, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+    "$PY" -m repro make-model "$MODEL" --seed 6
+    # LMCache's compiled ops for this torch: in the background, while the fallback runs go
+    sdist=$(ls "$STAGE"/lmcache-*.tar.gz)
+    setsid nohup bash -c "MAX_JOBS=12 '$PY' -m repro lmcache-ops build --python '$PY' --sdist '$sdist' --arch 9.0; echo exit \$?" \
+      >/tmp/kvkit-ops-build.log 2>&1 < /dev/null &
+    echo "ops build started" ;;
+  mp)
+    ops=${2:?fallback|compiled}; OUT=${3:?OUT}; mkdir -p "$OUT"
+    if [ "$ops" = compiled ]; then  # the background build must be done
+      for _ in $(seq 400); do grep -q "^exit " /tmp/kvkit-ops-build.log 2>/dev/null && break; sleep 1; done
+      tail -n 5 /tmp/kvkit-ops-build.log; cp /tmp/kvkit-ops-build.log "$OUT"/ops-build.log
+    fi
+    mp=(--fixture fixtures/conditions-gpu-lmcache-mp.json --lmcache-ops "$ops" --trials 5 --jobs 1)
+    verify "mp-$ops-alone" 0 "${mp[@]}" &
+    verify "mp-$ops-gpu-load" 1 "${mp[@]}" --gpu-load &
+    wait ;;
+  five)
+    OUT=${2:?OUT}; mkdir -p "$OUT"
+    five=(--fixture fixtures/selftest-gpu-lmcache-mp.json --compare-native --trials 2)
+    verify five-fallback 0 "${five[@]}" --lmcache-ops fallback &
+    verify five-compiled 1 "${five[@]}" --lmcache-ops compiled &
+    wait ;;
+  *) echo "unknown step $1" >&2; exit 2 ;;
+esac
