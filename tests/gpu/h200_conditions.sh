@@ -12,7 +12,9 @@
 #                                              the MP arm alone on GPU 0 and under --gpu-load on GPU 1,
 #                                              5 trials each, --jobs 1 (nothing else on either GPU)
 #   tests/gpu/h200_conditions.sh five OUT       both connectors, native and native-matched, five arms at
-#                                              once: fallback on GPU 0, compiled ops on GPU 1, 2 trials
+#                                              once: fallback on GPU 0, compiled ops on GPU 1
+#   tests/gpu/h200_conditions.sh all OUT        mp fallback, mp compiled, five, one after another
+#   tests/gpu/h200_conditions.sh collect OUT DEST   pack what OUT holds so far into DEST/results.tar.xz
 # Every report goes to OUT with its logs as OUT/NAME.logs.tar.xz.
 set -euo pipefail
 STAGE=${STAGE:-/tmp/kvkit-stage}
@@ -60,9 +62,22 @@ case ${1:?step} in
     wait ;;
   five)
     OUT=${2:?OUT}; mkdir -p "$OUT"
-    five=(--fixture fixtures/selftest-gpu-lmcache-mp.json --compare-native --trials 2)
+    five=(--fixture fixtures/selftest-gpu-lmcache-mp.json --compare-native)
     verify five-fallback 0 "${five[@]}" --lmcache-ops fallback &
     verify five-compiled 1 "${five[@]}" --lmcache-ops compiled &
     wait ;;
+  all)
+    OUT=${2:?OUT}; mkdir -p "$OUT"
+    for step in "mp fallback" "mp compiled" "five"; do
+      echo "$(date -u +%T) start $step" >>"$OUT/progress.txt"
+      # shellcheck disable=SC2086
+      "$0" $step "$OUT" || echo "$(date -u +%T) $step exit $?" >>"$OUT/progress.txt"
+      echo "$(date -u +%T) done $step" >>"$OUT/progress.txt"
+    done
+    echo "all done" >>"$OUT/progress.txt" ;;
+  collect)
+    OUT=${2:?OUT}; DEST=${3:?DEST}
+    cat "$OUT/progress.txt" 2>/dev/null || true
+    tar -C "$(dirname "$OUT")" -cJf "$DEST/results.tar.xz" "$(basename "$OUT")" && ls -l "$DEST" ;;
   *) echo "unknown step $1" >&2; exit 2 ;;
 esac
