@@ -148,7 +148,7 @@ def copy_paths(engine_build: dict | None, engine_log: str, server: dict | None) 
     return out
 
 
-def copy_path_text(paths: list[dict]) -> str:
+def copy_path_finding(paths: list[dict]) -> str:
     """The finding's text: engine compiled (wheel); MP server fallback (lmcache.cuda_ops: ImportError: ...)."""
     parts = []
     for p in paths:
@@ -273,5 +273,5 @@ def lmcache_evidence(
         findings.append(
             f"{scan['double_unpin_warnings']} 'Double unpin' warnings {over} (LMCache #5090; recorded, not a verdict)"
         )
-    findings.append(f"LMCache copy path: {copy_path_text(paths)}")
+    findings.append(f"LMCache copy path: {copy_path_finding(paths)}")
     return LMCacheEvidence(signals, views, tuple(findings), tuple(scan["degraded"][:3]))

@@ -61,7 +61,7 @@ def sharing_of(arm: str, windows: list[Window]) -> dict | None:
     }
 
 
-def sharing_text(sharing: dict | None) -> str:
+def who_shared(sharing: dict | None) -> str:
     """One line: "alone on GPU 0" or "shared GPU 0 with arm native (40.1 s), gpu-load (61.0 s)"."""
     if not sharing:
         return "not recorded"

@@ -59,7 +59,7 @@ from repro.runner import (
     run_arm,
     stop_all_children,
 )
-from repro.sharing import ARM, CPU_CORES, GPU_LOAD, SERVER, Window, gpu_resource, sharing_of, sharing_text
+from repro.sharing import ARM, CPU_CORES, GPU_LOAD, SERVER, Window, gpu_resource, sharing_of, who_shared
 from repro.suite import build_probes
 from repro.verdict import (
     BATCH_INVARIANT_INACTIVE,
@@ -244,7 +244,7 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
         report["conditions"] = {
             "trials": a.trials,
             "confirm": a.confirm,
-            "lmcache_ops": getattr(a, "lmcache_ops", "auto"),
+            "lmcache_ops": a.lmcache_ops,
             "gpu_load": load_record,
         }
         if ops is not None:
@@ -278,7 +278,6 @@ class Clock:
         self.windows: list[Window] = []
         self._resource_of = resource_of
         self._lock = threading.Lock()
-        self.phases: dict[str, float] = {}
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -306,7 +305,7 @@ def resource_for(opts: Options):
 def load_neighbour(opts: Options, env: dict, work: Path, clock: Clock):
     """--gpu-load: the neighbour keeps every visible GPU busy while the arms and their trials run
     (not the confirmations alone); its window is recorded like an arm's."""
-    if not getattr(opts.args, "gpu_load", False):
+    if not opts.args.gpu_load:
         yield None
         return
     gpus = visible_gpus() or ["0"]
@@ -327,8 +326,7 @@ class Run:
     trial: int | None
     arm: PlannedArm  # renamed: <arm>~trial3, <arm>~alone
     slot: ArmSlot
-    outcome: ArmOutcome | None = None
-    entry: dict | None = None
+    entry: dict | None = None  # judged like an arm (arm_entry), once it ran
 
 
 class Extra:
@@ -363,7 +361,6 @@ class Extra:
         for r, outcome in zip(runs, outcomes):
             if outcome is None:
                 continue
-            r.outcome = outcome
             arm = replace(r.arm, skip_probes={**r.arm.skip_probes, **self.planned[r.primary].skip_probes})
             r.entry = arm_entry(arm, outcome, self.baseline, a.block_size, self.logs_rel, a.batch_invariant)
             if outcome.result is not None and outcome.failure is None:
@@ -457,8 +454,9 @@ def confirmations(entries: list[dict], extra: Extra, clock: Clock, a) -> list[tu
 def fold_runs(entries: list[dict], extra: Extra, clock: Clock, a) -> None:
     """Each arm's entry gains its device, who shared it, its trials and its confirmation."""
     summaries = _summaries(entries, extra, clock)
+    first_gpu = (visible_gpus() or ["0"])[0]  # asked once: without CUDA_VISIBLE_DEVICES it runs nvidia-smi
     for i, e in enumerate(entries):
-        e["gpu"] = gpu_of(e, extra.slots[i])
+        e["gpu"] = gpu_of(e, extra.slots[i], first_gpu)
         e["sharing"] = clock.sharing(e["name"])
         if i not in summaries:
             continue
@@ -482,7 +480,7 @@ def confirmation_of(named: list[tuple[str, dict]], alone: list[Run], clock: Cloc
         return _no_run("not needed", "no finding")
     name = next(n for n, run in named if run is found)
     label = "its run" if found["trial"] == 1 else f"trial {found['trial']}"
-    why = f"{label} found it while it {sharing_text(clock.sharing(name))}"
+    why = f"{label} found it while it {who_shared(clock.sharing(name))}"
     if not a.confirm:
         return _no_run("skipped", f"--no-confirm: {why}; not re-run alone")
     if not alone:
@@ -494,14 +492,14 @@ def confirmation_of(named: list[tuple[str, dict]], alone: list[Run], clock: Cloc
     return {"status": "ran", "why": why, "run": run, "class": cls, "reason": reason, "sharing": sharing}
 
 
-def gpu_of(entry: dict, slot: ArmSlot) -> dict | None:
+def gpu_of(entry: dict, slot: ArmSlot, first_gpu: str) -> dict | None:
     """The GPU an arm ran on: CUDA_VISIBLE_DEVICES of its slot (else the first visible) and what its
     child's torch said of it (name, compute capability); None on the CPU."""
     versions = entry.get("versions") or {}
     names, caps = versions.get("gpus") or [], versions.get("gpu_capabilities") or []
     if not names:
         return None
-    visible = slot.env.get("CUDA_VISIBLE_DEVICES") or (visible_gpus() or ["0"])[0]
+    visible = slot.env.get("CUDA_VISIBLE_DEVICES") or first_gpu
     return {"visible": visible, "name": names[0], "compute_capability": caps[0] if caps else None}
 
 

@@ -44,14 +44,20 @@ def _fixture(name: str, description: str, arms: list[dict]) -> dict:
     }
 
 
+def _fault_extra(fault: str, **gate) -> dict:
+    """The planted fault's settings with its gate; zero_blocks on the first 16 loaded blocks."""
+    extra = {"fault": fault, **gate}
+    if fault == "zero_blocks":
+        extra.update(first_block=0, num_blocks=16)
+    return extra
+
+
 def contended_fixture(fault: str = "zero_blocks", **gate) -> dict:
     """A zero_blocks fault that applies only to a load whose stand-in copy waited on a run queue
     (when: contended), plus a faithful planted arm that keeps a core busy when arms run at once.
     Alone (--jobs 1) the contended arm should PASS; with --jobs 4 --compare-native (baseline,
     native and both arms sharing two cores) it should FAIL on at least one reuse."""
-    extra = {"fault": fault, "when": "contended", **gate}
-    if fault == "zero_blocks":
-        extra.update(first_block=0, num_blocks=16)
+    extra = _fault_extra(fault, when="contended", **gate)
     return _fixture(
         "planted-contended",
         "The planted fault gated on CPU contention: a load faults only when the connector's stand-in "
@@ -67,9 +73,7 @@ def intermittent_fixture(claim_dir: str | os.PathLike, fault: str = "zero_blocks
     claim_dir = os.fspath(claim_dir)
     if not os.path.isabs(claim_dir):
         raise ValueError(f"claim_dir {claim_dir!r} must be absolute")
-    extra = {"fault": fault, "once_in": claim_dir}
-    if fault == "zero_blocks":
-        extra.update(first_block=0, num_blocks=16)
+    extra = _fault_extra(fault, once_in=claim_dir)
     return _fixture(
         "planted-intermittent",
         "The planted fault in one engine only: the engine that claims once_in first faults, every "

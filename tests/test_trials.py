@@ -2,7 +2,7 @@
 made while sharing, and who overlapped whom (pure functions, no engine)."""
 
 from repro import trials
-from repro.sharing import ARM, CPU_CORES, GPU_LOAD, SERVER, Window, sharing_of, sharing_text
+from repro.sharing import ARM, CPU_CORES, GPU_LOAD, SERVER, Window, sharing_of, who_shared
 
 
 def _entry(verdict="PASS", probes=(), error=None):
@@ -106,9 +106,9 @@ def test_sharing_counts_other_arms_other_servers_and_the_load_not_the_arms_own_s
         ("arm native", 30.0, False),
         ("gpu-load", 10.0, False),
     ]
-    assert sharing_text(s) == "shared GPU 0 with arm native (30 s), gpu-load (10 s)"
+    assert who_shared(s) == "shared GPU 0 with arm native (30 s), gpu-load (10 s)"
     alone = sharing_of("mp", windows[:2])
-    assert alone["shared"] is False and sharing_text(alone) == "alone on GPU 0"
+    assert alone["shared"] is False and who_shared(alone) == "alone on GPU 0"
     assert sharing_of("nobody", windows) is None
 
 
@@ -119,4 +119,4 @@ def test_cpu_arms_that_overlap_in_time_share_the_cores():
     ]
     assert sharing_of("a", windows)["shared"] is False
     windows.append(Window("arm c", ARM, "c", (CPU_CORES,), 5.0, 6.0))
-    assert sharing_text(sharing_of("a", windows)) == "shared CPU cores with arm c (1 s)"
+    assert who_shared(sharing_of("a", windows)) == "shared CPU cores with arm c (1 s)"
