@@ -445,11 +445,12 @@ NOT_RECORDED = "not recorded"
 # The classes the report's trials and confirmation carry (schemas/report.schema.json, repro.trials).
 EVERY_TRIAL, INTERMITTENT, CLEAN_RATE = "every trial", "intermittent", "none"
 DETERMINISTIC, CONTENTION_DEPENDENT = "deterministic", "contention-dependent"
-NOT_REPRODUCED, UNCONFIRMED = "not reproduced", "unconfirmed"
+REPRODUCED_VARYING, NOT_REPRODUCED, UNCONFIRMED = "reproduced, varying", "not reproduced", "unconfirmed"
 CONFIRMATION_MEANING = {
     DETERMINISTIC: "reproduced when re-run alone",
+    REPRODUCED_VARYING: "wrong again when re-run alone, with other first diffs or KV blame",
     CONTENTION_DEPENDENT: "clean when re-run alone, so it needed the shared device",
-    NOT_REPRODUCED: "the re-run alone found something else",
+    NOT_REPRODUCED: "not found again when re-run alone",
     UNCONFIRMED: "the re-run alone decided nothing",
 }
 SHARER_NOUNS = {"arm": ("arm", "arms"), "lmcache-server": ("MP server", "MP servers")}
@@ -709,14 +710,20 @@ def report_conditions(report: dict) -> dict | None:
 
 
 def lmcache_ops_text(report: dict) -> str:
-    """'auto (path compiled, source wheel)': the --lmcache-ops choice, then the provenance's lmcache_ops
-    keys whatever they are; '' when the report records neither."""
+    """'fallback (path fallback, LMCache 0.5.4, torch 2.11.0+cu130, sm 9.0; forced: …)': the --lmcache-ops
+    choice, then what the provenance's lmcache_ops says ran (the full record, the build's manifest
+    with it, stays in the JSON); '' when the report records neither."""
     mode = (report_conditions(report) or {}).get("lmcache_ops")
     ops = report.get("provenance", {}).get("lmcache_ops")
-    pairs = ", ".join(f"{k} {v}" for k, v in flatten(ops)) if isinstance(ops, dict) and ops else ""
-    if mode is None and not pairs:
+    if mode is None and not (isinstance(ops, dict) and ops):
         return ""
-    return f"{mode or NOT_RECORDED}" + (f" ({pairs})" if pairs else "")
+    if not isinstance(ops, dict) or not ops:
+        return str(mode)
+    labels = (("path", "path "), ("source", ""), ("lmcache", "LMCache "), ("torch", "torch "), ("arch", "sm "))
+    parts = [f"{label}{ops[key]}" for key, label in labels if ops.get(key) not in (None, "")]
+    detail = ops.get("detail")
+    text = ", ".join(parts) + (f"; {detail}" if isinstance(detail, str) and detail else "")
+    return f"{mode or NOT_RECORDED}" + (f" ({text})" if text else "")
 
 
 def _load_device_text(device: dict, named: bool) -> str:
@@ -769,7 +776,12 @@ def qualified(arm: dict) -> bool:
     """The arm's finding did not show every time, or not alone: a claim of it must carry its class."""
     found = trials_found(arm)
     intermittent = found is not None and 0 < found[0] < found[1]
-    return intermittent or confirmation_class(arm) in (CONTENTION_DEPENDENT, NOT_REPRODUCED, UNCONFIRMED)
+    return intermittent or confirmation_class(arm) in (
+        REPRODUCED_VARYING,
+        CONTENTION_DEPENDENT,
+        NOT_REPRODUCED,
+        UNCONFIRMED,
+    )
 
 
 def conditions_warning(report: dict) -> str:

@@ -17,6 +17,7 @@ CONSISTENT, CLEAN = "consistent", "clean"
 
 DETERMINISTIC = "deterministic"
 CONTENTION_DEPENDENT = "contention-dependent"
+REPRODUCED_VARYING = "reproduced, varying"
 NOT_REPRODUCED = "not reproduced"
 UNCONFIRMED = "unconfirmed"
 # A run whose arm verdict is one of these decided nothing about the finding.
@@ -113,7 +114,7 @@ def _run_text(run: dict) -> str:
     if not decided(run):
         why = (run.get("error") or {}).get("kind") or run["verdict"]
         return f"{run['verdict']} ({why})"
-    bad = sorted({name for _, name, *_ in findings(run)})
+    bad = sorted(_probes(run))
     total = len(run["probes"])
     if not bad:
         return f"PASS {total}/{total}"
@@ -123,10 +124,13 @@ def _run_text(run: dict) -> str:
 def classify_confirmation(shared_runs: list[dict], alone: dict) -> tuple[str, str]:
     """(class, reason) of a finding made while sharing, given the same job re-run alone.
 
-    deterministic: alone finds exactly what the shared run found; contention-dependent: alone finds
-    nothing, and every shared run found it (one clean shared trial would make a clean run alone
-    no evidence of contention); not reproduced: alone finds something else, or finds nothing after
-    shared trials that were themselves intermittent; unconfirmed: the run alone decided nothing."""
+    deterministic: alone finds exactly what the shared run found; reproduced, varying: alone finds
+    something wrong with a probe the shared run found wrong, but not the same first diffs or KV blame
+    (the device was not needed, yet the bytes differ run to run: a race, or state left by earlier
+    requests); contention-dependent: alone finds nothing, and every shared run found it (one clean
+    shared trial would make a clean run alone no evidence of contention); not reproduced: alone finds
+    nothing after shared trials that were themselves intermittent, or finds something only on other
+    probes; unconfirmed: the run alone decided nothing."""
     found = [r for r in shared_runs if has_finding(r)]
     target = found[0] if found else None
     if target is None:
@@ -143,4 +147,15 @@ def classify_confirmation(shared_runs: list[dict], alone: dict) -> tuple[str, st
                 "so one clean run alone does not tell contention from chance"
             )
         return CONTENTION_DEPENDENT, f"alone: {_run_text(alone)}: the finding needed the shared device"
-    return NOT_REPRODUCED, f"alone: {_run_text(alone)}: a different finding from the shared run's"
+    again = sorted(_probes(alone) & _probes(target))
+    if again:
+        which = "the same probes" if again == sorted(_probes(target)) else ", ".join(again)
+        return REPRODUCED_VARYING, (
+            f"alone: {_run_text(alone)}: {which} wrong again without the shared device, "
+            "with other first diffs or KV blame than while sharing"
+        )
+    return NOT_REPRODUCED, f"alone: {_run_text(alone)}: a finding on other probes than the shared run's"
+
+
+def _probes(run: dict) -> set[str]:
+    return {name for _, name, *_ in findings(run)}

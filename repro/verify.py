@@ -231,7 +231,8 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
                 if a.trials > 1:
                     progress.note(f"trials 2 to {a.trials} of every reuse arm")
                     run_trials(extra, a.trials, n_jobs, work, env, a, progress, clock)
-                load_record = load.record() if load is not None else None
+            # recorded once it is stopped: its end, how it ended and its last counters
+            load_record = load.record() if load is not None else None
             audit_all(entries + extra.entries, results | extra.results, baseline, work, env, a, progress)
             confirm = confirmations(entries, extra, clock, a)
             if confirm:

@@ -53,7 +53,18 @@ def sample() -> dict:
     load = {"gpu": "0", "name": "NVIDIA H200", "n": 8192, "dtype": "float16", "iterations": 1234, "tflops": 610.0}
     gpu_load = {"gpus": ["0"], "devices": [load], "started_s": 3.1, "ended_s": 180.2, "state": "running"}
     report["conditions"] = {"trials": 5, "confirm": True, "lmcache_ops": "auto", "gpu_load": gpu_load}
-    report["provenance"]["lmcache_ops"] = {"chosen": "compiled", "source": "wheel", "build": {"cuda": "12.8"}}
+    report["provenance"]["lmcache_ops"] = {
+        "mode": "auto",
+        "path": "compiled",
+        "source": "wheel",
+        "lmcache": "0.5.4",
+        "torch": "2.13.0+cu130",
+        "arch": "9.0",
+        "build_dir": None,
+        "manifest": None,
+        "wheel_import_error": None,
+        "detail": "the installed wheel's lmcache/cuda_ops.so",
+    }
     arms = {a["name"]: a for a in report["arms"]}
     for arm in report["arms"]:
         arm["gpu"] = {"visible": "0", "name": "NVIDIA H200", "compute_capability": "9.0"}
@@ -163,7 +174,7 @@ def test_summary_shows_each_condition():
     text = format_summary(sample())
     lines = text.splitlines()
     assert lines[2].startswith(
-        "conditions: trials 5 · re-run alone on · lmcache-ops auto (build.cuda 12.8, chosen compiled"
+        "conditions: trials 5 · re-run alone on · lmcache-ops auto (path compiled, wheel, LMCache 0.5.4, torch 2.13.0+cu130"
     )
     assert "gpu-load on GPU 0: NVIDIA H200 float16 n 8192, 1234 iterations, 610 TFLOPS; 3.1–180.2 s" in lines[2]
     head = lines.index(next(line for line in lines if line.startswith("PlantedFault")))
@@ -241,7 +252,10 @@ def test_issue_markdown_conditions_and_every_fail_claim_says_contention_dependen
     body = format_issue_md(sample())
     section = body[body.index("#### Conditions") : body.index("#### What maintainers ask for")]
     assert "- **trials**: 5" in section and "- **gpu-load**: on GPU 0: NVIDIA H200" in section
-    assert "- **lmcache-ops**: auto (build.cuda 12.8, chosen compiled, source wheel)" in section
+    assert (
+        "- **lmcache-ops**: auto (path compiled, wheel, LMCache 0.5.4, torch 2.13.0+cu130, sm 9.0; the installed wheel's lmcache/cuda_ops.so)"
+        in section
+    )
     assert "shared GPU 0 with 2 arms and the gpu-load (max overlap 55 s)" in section and "arm native: 40.1 s" in section
     assert "  - copy path, engine compiled (wheel): lmcache.c_ops loaded" in section
     assert "  - copy path, MP server fallback: c_ops not importable" in section

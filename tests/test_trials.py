@@ -26,6 +26,7 @@ def _entry(verdict="PASS", probes=(), error=None):
 CLEAN = ("chat", "PASS", "EXACT", [(None, 0), (None, 256)])
 FAILED = ("chat", "FAIL", "EXACT", [(None, 0), (6, 256)])
 FAILED_ELSEWHERE = ("chat", "FAIL", "EXACT", [(None, 0), (9, 256)])
+FAILED_OTHER_PROBE = ("other", "FAIL", "EXACT", [(None, 0), (6, 256)])
 CORRUPTED = ("chat", "PASS", "CORRUPT", [(None, 0), (None, 256)])
 
 
@@ -79,7 +80,10 @@ def test_confirmation_classes():
     alone_error = trials.run_summary(_entry("ERROR", [], {"kind": "timeout", "detail": "x"}), None, False)
     assert trials.classify_confirmation(shared, alone_same)[0] == trials.DETERMINISTIC
     assert trials.classify_confirmation(shared, alone_clean)[0] == trials.CONTENTION_DEPENDENT
-    assert trials.classify_confirmation(shared, alone_other)[0] == trials.NOT_REPRODUCED
+    cls, reason = trials.classify_confirmation(shared, alone_other)
+    assert cls == trials.REPRODUCED_VARYING and "the same probes wrong again" in reason
+    alone_other_probe = _run(FAILED_OTHER_PROBE, None, shared=False)
+    assert trials.classify_confirmation(shared, alone_other_probe)[0] == trials.NOT_REPRODUCED
     cls, reason = trials.classify_confirmation(shared, alone_error)
     assert cls == trials.UNCONFIRMED and "timeout" in reason
 

@@ -14,6 +14,9 @@
 #   tests/gpu/h200_conditions.sh five OUT       both connectors, native and native-matched, five arms at
 #                                              once: fallback on GPU 0, compiled ops on GPU 1
 #   tests/gpu/h200_conditions.sh all OUT        mp fallback, mp compiled, five, one after another
+#   tests/gpu/h200_conditions.sh one OUT        on one GPU: each condition in turn, most telling first:
+#                                              the MP arm (5 trials) and the V1 arm (1 trial), each
+#                                              copy path, under --gpu-load and alone, --jobs 1
 #   tests/gpu/h200_conditions.sh collect OUT DEST   pack what OUT holds so far into DEST/results.tar.xz
 # Every report goes to OUT with its logs as OUT/NAME.logs.tar.xz.
 set -euo pipefail
@@ -47,7 +50,7 @@ case ${1:?step} in
     "$PY" -m repro make-model "$MODEL" --seed 6
     # LMCache's compiled ops for this torch: in the background, while the fallback runs go
     sdist=$(ls "$STAGE"/lmcache-*.tar.gz)
-    setsid nohup bash -c "MAX_JOBS=12 '$PY' -m repro lmcache-ops build --python '$PY' --sdist '$sdist' --arch 9.0; echo exit \$?" \
+    setsid nohup bash -c "MAX_JOBS=${BUILD_JOBS:-8} '$PY' -m repro lmcache-ops build --python '$PY' --sdist '$sdist' --arch 9.0; echo exit \$?" \
       >/tmp/kvkit-ops-build.log 2>&1 < /dev/null &
     echo "ops build started" ;;
   mp)
@@ -66,6 +69,29 @@ case ${1:?step} in
     verify five-fallback 0 "${five[@]}" --lmcache-ops fallback &
     verify five-compiled 1 "${five[@]}" --lmcache-ops compiled &
     wait ;;
+  one)
+    OUT=${2:?OUT}; mkdir -p "$OUT"
+    mp=(--fixture fixtures/conditions-gpu-lmcache-mp.json --trials 5 --jobs 1)
+    v1=(--fixture fixtures/conditions-gpu-lmcache-v1.json --jobs 1)
+    wait_build() {
+      for _ in $(seq 600); do grep -q "^exit " /tmp/kvkit-ops-build.log 2>/dev/null && break; sleep 1; done
+      cp /tmp/kvkit-ops-build.log "$OUT"/ops-build.log
+    }
+    step() {  # NAME ARGS...
+      echo "$(date -u +%T) start $1" >>"$OUT/progress.txt"
+      verify "$1" 0 "${@:2}"
+      echo "$(date -u +%T) done $1 ($(tail -n 1 "$OUT/$1.out"))" >>"$OUT/progress.txt"
+    }
+    step mp-fallback-gpu-load "${mp[@]}" --lmcache-ops fallback --gpu-load
+    wait_build
+    step mp-compiled-gpu-load "${mp[@]}" --lmcache-ops compiled --gpu-load
+    step v1-compiled-gpu-load "${v1[@]}" --lmcache-ops compiled --gpu-load
+    step mp-fallback-alone "${mp[@]}" --lmcache-ops fallback
+    step mp-compiled-alone "${mp[@]}" --lmcache-ops compiled
+    step v1-fallback-gpu-load "${v1[@]}" --lmcache-ops fallback --gpu-load
+    step v1-compiled-alone "${v1[@]}" --lmcache-ops compiled
+    step v1-fallback-alone "${v1[@]}" --lmcache-ops fallback
+    echo "all done" >>"$OUT/progress.txt" ;;
   all)
     OUT=${2:?OUT}; mkdir -p "$OUT"
     for step in "mp fallback" "mp compiled" "five"; do
