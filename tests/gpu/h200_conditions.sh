@@ -17,6 +17,9 @@
 #   tests/gpu/h200_conditions.sh one OUT        on one GPU: each condition in turn, most telling first:
 #                                              the MP arm (5 trials) and the V1 arm (1 trial), each
 #                                              copy path, under --gpu-load and alone, --jobs 1
+#   tests/gpu/h200_conditions.sh rest OUT       on one GPU: what `one` had not reached on 2026-12-01, the
+#                                              MP fallback alone without the KV audit, the five-arm run
+# Then: python tests/gpu/import_conditions.py RAW_DIR NAME (into reports/ as h200-conditions-NAME).
 #   tests/gpu/h200_conditions.sh collect OUT DEST   pack what OUT holds so far into DEST/results.tar.xz
 # Every report goes to OUT with its logs as OUT/NAME.logs.tar.xz.
 set -euo pipefail
@@ -92,6 +95,28 @@ case ${1:?step} in
     step v1-compiled-alone "${v1[@]}" --lmcache-ops compiled
     step v1-fallback-alone "${v1[@]}" --lmcache-ops fallback
     echo "all done" >>"$OUT/progress.txt" ;;
+  rest)  # what `one` had not reached when the first session's device time ran out (2026-12-01), and the
+    # control it lacked: the MP fallback alone without the KV audit (does the audit's own GPU work widen the race?)
+    OUT=${2:?OUT}; mkdir -p "$OUT"
+    "$0" wait-build "$OUT"
+    "$0" step "$OUT" mp-compiled-alone --fixture fixtures/conditions-gpu-lmcache-mp.json --trials 5 --jobs 1 --lmcache-ops compiled
+    "$0" step "$OUT" mp-fallback-alone-no-audit --fixture fixtures/conditions-gpu-lmcache-mp.json --trials 5 --jobs 1 \
+      --lmcache-ops fallback --no-kv-audit
+    "$0" step "$OUT" v1-fallback-gpu-load --fixture fixtures/conditions-gpu-lmcache-v1.json --jobs 1 --lmcache-ops fallback --gpu-load
+    "$0" step "$OUT" v1-compiled-alone --fixture fixtures/conditions-gpu-lmcache-v1.json --jobs 1 --lmcache-ops compiled
+    "$0" step "$OUT" v1-fallback-alone --fixture fixtures/conditions-gpu-lmcache-v1.json --jobs 1 --lmcache-ops fallback
+    # the five arms at once on one GPU, native-matched starting with its connector arm: wall vs slowest arm
+    "$0" step "$OUT" five-compiled --fixture fixtures/selftest-gpu-lmcache-mp.json --compare-native --lmcache-ops compiled
+    echo "all done" >>"$OUT/progress.txt" ;;
+  wait-build)
+    OUT=${2:?OUT}
+    for _ in $(seq 600); do grep -q "^exit " /tmp/kvkit-ops-build.log 2>/dev/null && break; sleep 1; done
+    cp /tmp/kvkit-ops-build.log "$OUT"/ops-build.log ;;
+  step)  # OUT NAME ARGS...: one verify run on GPU 0, its start and end in OUT/progress.txt
+    OUT=${2:?OUT}; name=${3:?NAME}; shift 3
+    echo "$(date -u +%T) start $name" >>"$OUT/progress.txt"
+    verify "$name" 0 "$@"
+    echo "$(date -u +%T) done $name ($(tail -n 1 "$OUT/$name.out"))" >>"$OUT/progress.txt" ;;
   all)
     OUT=${2:?OUT}; mkdir -p "$OUT"
     for step in "mp fallback" "mp compiled" "five"; do
