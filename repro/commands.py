@@ -47,6 +47,19 @@ COMMANDS = (
         "repro.tinymodel:main",
     ),
     Command(
+        "convert-model",
+        "NAME [--dtype float16|bfloat16] [--out DIR] [--gguf FILE]",
+        "convert a packaged trained model's GGUF (smollm2) into a folder vLLM loads, under .cache/models",
+        "repro.models.convert:main",
+    ),
+    Command(
+        "check-model",
+        "DIR [--gguf FILE] [--steps tensors,transformers,vllm] [--json FILE]",
+        "check a converted folder against independent readings of its GGUF (the gguf package, transformers) "
+        "and vLLM's greedy tokens against transformers'",
+        "repro.models.check:main",
+    ),
+    Command(
         "bench", "--model DIR", "run the CPU acceptance and print wall time vs summed engine starts", "repro.bench:main"
     ),
     Command(
@@ -99,6 +112,13 @@ COMMANDS = (
         "build LMCache's compiled ops from its sdist for PY's torch (into .cache/lmcache-ops), or show which "
         "copy path an LMCache arm run with PY gets",
         "repro.lmcache_ops:main",
+    ),
+    Command(
+        "chaos",
+        "[--faults N] [--seed S] [--kinds K,...] [--keep]",
+        "run the kit again and again (fake engine, MP stand-in, a 2-cell Ray matrix) with one fault each, drawn "
+        "from a seed; check that nothing is left, no report is partial and every failure is named",
+        "repro.chaos.commands:chaos",
     ),
     Command(
         "kit",

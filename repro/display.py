@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass
 
 from repro.compare import NEAR_TIE_NATS
+from repro.replays import BASELINE as REPLAY_BASELINE
+from repro.replays import MIN_REPLAY_TOKENS
 from repro.verdict import (
     CELL_CORRUPT,
     CORRUPT,
@@ -226,6 +228,109 @@ def arm_verdict_text(arm: dict) -> str:
     text = f"{arm['verdict']} ({note})" if note else str(arm["verdict"])
     qualifier = finding_class_text(arm)
     return f"{text} · {qualifier}" if qualifier else text
+
+
+# --- Replayed answers (repro.replays): a divergent reuse's tokens that are another probe's answer, or an
+# earlier request's. A report made before they were recorded has none: these return "" or nothing.
+
+
+REPLAY_LEGEND = (
+    f"a replay is a run of at least {MIN_REPLAY_TOKENS} generated tokens that equal another probe's baseline answer "
+    "(or an earlier request of the same probe) at the same indices where they differ from this probe's own baseline"
+)
+
+
+_AUDIT_SOURCE = re.compile(r"^probe (.+) block \d+$")
+
+
+def audit_source_probes(request: dict) -> list[str]:
+    """The other probes whose KV the KV audit found in what this reuse read (what its wrong bytes equal,
+    'probe fixture block 48'), from layer 1 on: layer 0's K and V depend only on a token and its position,
+    so prompts with the same token at the same place share them; later layers depend on everything before.
+    [] when it found none or the reuse was not audited."""
+    audit = request.get("kv_audit")
+    matches = audit.get("matches") if isinstance(audit, dict) else None
+    sources = (str(x.get("source")) for x in matches or [] if isinstance(x, dict) and _deep(x.get("layer")))
+    return sorted({m.group(1) for m in map(_AUDIT_SOURCE.match, sources) if m})
+
+
+def _deep(layer: object) -> bool:
+    return isinstance(layer, int) and not isinstance(layer, bool) and layer > 0
+
+
+def replay_text(replay: dict) -> str:
+    """'replays fixture's answer from @0, 7 tokens'; an earlier request of the same probe 'repeats its
+    reuse 1's answer from @9, 7 tokens' (or 'its cold request's answer')."""
+    request = replay.get("request")
+    span = f"from @{replay.get('from')}, {replay.get('tokens')} tokens"
+    if request == REPLAY_BASELINE:
+        return f"replays {replay.get('probe')}'s answer {span}"
+    return f"repeats its {'cold request' if request == 'cold' else request}'s answer {span}"
+
+
+def request_replays(request: dict) -> list[dict]:
+    """A reuse's replays as the report stores them, other probes' answers first; [] when it has none."""
+    found = request.get("replays")
+    return [r for r in found if isinstance(r, dict)] if isinstance(found, list) else []
+
+
+def _sources_complete(request: dict) -> bool:
+    """The reuse was audited and every cell whose bytes the audit matched is in the report (it keeps the
+    first repro.kvaudit.MATCHES_KEPT, layer 0 first: a long prompt's deeper layers may be cut)."""
+    from repro.kvaudit import MATCHES_KEPT  # repro.kvaudit imports this module: read at call time
+
+    audit = request.get("kv_audit")
+    if not isinstance(audit, dict) or audit.get("status") != "audited":
+        return False
+    return len(audit.get("matches") or []) < MATCHES_KEPT
+
+
+def replay_texts(request: dict) -> list[str]:
+    """Each replay of a reuse as text, with what the KV audit found where it read the reuse: 'replays
+    fixture's answer from @0, 7 tokens (KV audit: fixture's blocks)', or '(KV audit: not fixture's blocks)'
+    when it found others or none (the tokens match by chance: a small model's answers share phrases).
+    Nothing added without the audit, nor a 'not' when the report kept only some of what it matched."""
+    sources, complete = audit_source_probes(request), _sources_complete(request)
+    out = []
+    for r in request_replays(request):
+        text = replay_text(r)
+        if r.get("request") == REPLAY_BASELINE and r.get("probe") in sources:
+            text += f" (KV audit: {r.get('probe')}'s blocks)"
+        elif r.get("request") == REPLAY_BASELINE and complete:
+            text += f" (KV audit: not {r.get('probe')}'s blocks)"
+        out.append(text)
+    return out
+
+
+def request_replay_text(request: dict, whole: bool = False) -> str:
+    """'replays fixture's answer from @0, 7 tokens (+1 more)'; every replay when whole; '' for none."""
+    found = replay_texts(request)
+    if whole or len(found) < 2:
+        return "; ".join(found)
+    return f"{found[0]} (+{len(found) - 1} more)"
+
+
+def probe_replay_lines(probe: dict, whole: bool = False) -> list[str]:
+    """'reuse 1: replays fixture's answer from @0, 7 tokens', a line per reuse that replays something;
+    reuses with the same text share a line ('reuses 1, 2, 3: …')."""
+    by_text: dict[str, list[int]] = {}
+    reuse_no = 0
+    for r in probe.get("requests") or []:
+        reuse_no += r.get("role") == "reuse"
+        text = request_replay_text(r, whole) if r.get("role") == "reuse" else ""
+        if text:
+            by_text.setdefault(text, []).append(reuse_no)
+    return [f"reuse{'s' if len(nos) > 1 else ''} {', '.join(map(str, nos))}: {text}" for text, nos in by_text.items()]
+
+
+def replay_indices(request: dict) -> set[int]:
+    """The token indices of a reuse that its replays cover (to mark them in a token grid)."""
+    covered: set[int] = set()
+    for r in request_replays(request):
+        start, n = r.get("from"), r.get("tokens")
+        if isinstance(start, int) and isinstance(n, int):
+            covered.update(range(start, start + n))
+    return covered
 
 
 # --- The KV audit (report schema 2). A report of schema 1 has none of these fields. ---

@@ -3,8 +3,11 @@ taken from repro.verdict (the one authority)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from repro.compare import margin_at
 from repro.contract import ArmResult, ProbeResult, RequestResult
+from repro.replays import find_replays, request_label
 from repro.suite import shared_first_blocks
 from repro.verdict import (
     ArmVerdict,
@@ -40,6 +43,12 @@ def comparability_problems(baseline: ArmResult, other: ArmResult) -> list[str]:
     for key in COMPARABLE_VERSION_KEYS:
         if bv.get(key) != ov.get(key):
             problems.append(f"{key} version differs: baseline {bv.get(key)!r} vs {other.arm} {ov.get(key)!r}")
+    # The GPU each ran on: the first its child saw (its slot's CUDA_VISIBLE_DEVICES, else the first
+    # visible, which a child that sees them all uses); nothing on the CPU.
+    for label, key in (("GPU", "gpus"), ("GPU compute capability", "gpu_capabilities")):
+        b, o = (bv.get(key) or [None])[0], (ov.get(key) or [None])[0]
+        if b != o:
+            problems.append(f"{label} differs: baseline {b!r} vs {other.arm} {o!r}")
     bp = {p.name: p.prompt_token_ids for p in baseline.probes}
     for p in other.probes:
         if p.name in bp and bp[p.name] != p.prompt_token_ids:
@@ -80,8 +89,23 @@ def probe_verdict(probe: ProbeResult, baseline_probe: ProbeResult | None, mode: 
     )
 
 
-def judge_probe(probe: ProbeResult, baseline_probe: ProbeResult | None, mode: str) -> tuple[dict, ProbeVerdict]:
-    """The report entry for one probe (requests annotated with diffs and margins) and its verdict."""
+def _replays(probe: ProbeResult, index: int, own: list[int], answers: Mapping[str, list[int]]) -> list[dict]:
+    """What a divergent reuse replays (repro.replays): other probes' answers, its probe's earlier requests."""
+    earlier = [(request_label(i), list(r.token_ids)) for i, r in enumerate(probe.requests[:index])]
+    found = find_replays(probe.name, list(probe.requests[index].token_ids), own, answers, earlier)
+    return [r.as_dict() for r in found]
+
+
+def judge_probe(
+    probe: ProbeResult,
+    baseline_probe: ProbeResult | None,
+    mode: str,
+    answers: Mapping[str, list[int]] | None = None,
+) -> tuple[dict, ProbeVerdict]:
+    """The report entry for one probe (requests annotated with diffs and margins) and its verdict.
+
+    answers: every probe's baseline continuation by name; each reuse that differs from its own baseline
+    gets `replays` (a list, empty when it replays nothing), one that does not gets None."""
     pv = probe_verdict(probe, baseline_probe, mode)
     reqs = [r.to_json() for r in probe.requests]
     for r in reqs:
@@ -96,8 +120,10 @@ def judge_probe(probe: ProbeResult, baseline_probe: ProbeResult | None, mode: st
             first_diff_vs_cold=None,
             margin=_margin(pv.cold_first_diff, base, probe.requests[0]),
         )
-        for r, req, d, dc in zip(reqs[1:], probe.requests[1:], pv.reuse_first_diffs, pv.reuse_first_diffs_vs_cold):
+        pairs = zip(reqs[1:], probe.requests[1:], pv.reuse_first_diffs, pv.reuse_first_diffs_vs_cold)
+        for i, (r, req, d, dc) in enumerate(pairs, start=1):
             r.update(first_diff=d, first_diff_vs_cold=dc, margin=_margin(d, base, req))
+            r["replays"] = None if d is None else _replays(probe, i, list(base.token_ids), answers or {})
     entry = {
         "name": probe.name,
         "prompt_tokens": len(probe.prompt_token_ids),
@@ -135,7 +161,8 @@ def judge_arm(
         if problems:
             return [], decide_incomparable(problems)
     base_probes = {p.name: p for p in (baseline.probes if baseline else ())}
-    judged = [judge_probe(p, base_probes.get(p.name), mode) for p in result.probes]
+    answers = {name: list(p.requests[0].token_ids) for name, p in base_probes.items() if p.requests}
+    judged = [judge_probe(p, base_probes.get(p.name), mode, answers) for p in result.probes]
     judged += [(_skipped_entry(name, why), decide_skipped(why)) for name, why in sorted((skip_probes or {}).items())]
     verdicts = {entry["name"]: pv for entry, pv in judged}
     for first, second in shared_first_blocks({p.name: list(p.prompt_token_ids) for p in result.probes}, block_size):

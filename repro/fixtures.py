@@ -20,6 +20,12 @@ FIXTURE_KIND = "kvkit-fixture"
 FIXTURE_SCHEMA_VERSION = 1
 _MAX_REUSES = 64
 _MAX_TOKEN_ID = 2**31  # the vocabulary check proper needs the model (check_probes_fit)
+# The names the kit gives its own arms and files: a fixture or command-line arm of one of these names
+# would share that arm's or file's log, result and KV directory (and native-matched would wait on
+# itself for ever). Trials and confirmations are `<arm>~trialK` and `<arm>~alone`: `~` is no name
+# character. tests/test_fixtures.py checks this list against the modules that make the names.
+RESERVED_ARM_NAMES = ("baseline", "native", "native-matched", "gpu-load", "kv-compare")
+RESERVED_ARM_SUFFIXES = (".lmcache-server",)  # an MP server's log is <arm>.lmcache-server.log
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,11 @@ class ArmSpec:
     module_path: str | None = None
     extra_config: dict = field(default_factory=dict)
     skip_probes: dict = field(default_factory=dict)  # probe name -> why this arm cannot run it
+    lmcache_ops: str | None = None  # this arm's own --lmcache-ops (one connector twice, once per copy path)
+
+
+# --lmcache-ops values (repro.lmcache_ops.MODES; that module imports heavier things, so spelled here too)
+LMCACHE_OPS_MODES = ("auto", "compiled", "fallback")
 
 
 @dataclass(frozen=True)
@@ -67,6 +78,23 @@ def _name(name: object) -> str:
     """A name from the fixture as an error message shows it: as written, or quoted when it is not
     printable (a newline in a key must not break the one-line error)."""
     return name if isinstance(name, str) and name.isprintable() else repr(name)
+
+
+def name_problem(name: str) -> str | None:
+    """Why a probe or arm name is refused (it names files and log lines), or None."""
+    if not name or len(name) > 64 or not all(c.isalnum() or c in "-_." for c in name):
+        return f"{name!r} must be 1-64 letters, digits, '-', '_' or '.'"
+    return None
+
+
+def arm_name_problem(name: str) -> str | None:
+    """Why an arm name is refused: a probe name's characters, not hidden, and none of the kit's own."""
+    problem = name_problem(name)
+    if problem is None and name.startswith("."):
+        problem = f"{name!r} must not start with '.'"
+    if problem is None and (name in RESERVED_ARM_NAMES or name.endswith(RESERVED_ARM_SUFFIXES)):
+        problem = f"{name!r} is reserved (the kit's own: {', '.join(RESERVED_ARM_NAMES)}, *{RESERVED_ARM_SUFFIXES[0]})"
+    return problem
 
 
 def _fail(path: str | Path, msg: str) -> UsageError:
@@ -110,8 +138,8 @@ def parse_probe(obj: object, where: str, path) -> Probe:
     if not isinstance(obj, dict):
         raise _fail(path, f"{where}: must be an object")
     name = _require(obj, "name", str, where, path)
-    if not name or len(name) > 64 or not all(c.isalnum() or c in "-_." for c in name):
-        raise _fail(path, f"{where}.name: {name!r} must be 1-64 letters, digits, '-', '_' or '.'")
+    if (problem := name_problem(name)) is not None:
+        raise _fail(path, f"{where}.name: {problem}")
     prompt = _require(obj, "prompt", dict, where, path)
     reuses = obj.get("reuses")
     if reuses is not None and (
@@ -134,8 +162,8 @@ def _parse_arm(obj: object, where: str, path) -> ArmSpec:
     if not isinstance(obj, dict):
         raise _fail(path, f"{where}: must be an object")
     name = _require(obj, "name", str, where, path)
-    if name in ("baseline", "native") or not name:
-        raise _fail(path, f"{where}.name: {name!r} is reserved")
+    if (problem := arm_name_problem(name)) is not None:
+        raise _fail(path, f"{where}.name: {problem}")
     connector = _require(obj, "connector", str, where, path)
     module_path = obj.get("module_path")
     if module_path is not None and not isinstance(module_path, str):
@@ -144,7 +172,12 @@ def _parse_arm(obj: object, where: str, path) -> ArmSpec:
     skip = obj.get("skip_probes", {})
     if not isinstance(extra, dict) or not isinstance(skip, dict) or not all(isinstance(v, str) for v in skip.values()):
         raise _fail(path, f"{where}: extra_config and skip_probes must be objects (skip reasons are strings)")
-    return ArmSpec(name=name, connector=connector, module_path=module_path, extra_config=extra, skip_probes=skip)
+    ops = obj.get("lmcache_ops")
+    if ops is not None and ops not in LMCACHE_OPS_MODES:
+        raise _fail(path, f"{where}.lmcache_ops: must be one of {', '.join(LMCACHE_OPS_MODES)}")
+    return ArmSpec(
+        name=name, connector=connector, module_path=module_path, extra_config=extra, skip_probes=skip, lmcache_ops=ops
+    )
 
 
 def parse_fixture(data: object, path: str | Path, digest: str) -> Fixture:

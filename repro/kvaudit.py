@@ -29,6 +29,9 @@ from repro.verdict import (
 
 PLANES = ("K", "V")
 COMPARE_MODULE = "repro.engine.kvcompare"
+# What a reuse's wrong bytes equal is kept for this many cells at most, in the comparison's order (layer 0
+# first): a long prompt's deeper layers may be left out (repro.display.replay_texts reads this).
+MATCHES_KEPT = 200
 
 
 def _record_ok(record: dict | None) -> str | None:
@@ -203,7 +206,7 @@ def reuse_entry(raw: dict, record: dict, floor_rel: float | None) -> tuple[dict,
         "num_blocks": raw["num_blocks"],
         "layers": raw["layers"],
         "planes": planes,
-        "matches": raw.get("matches", [])[:200],
+        "matches": raw.get("matches", [])[:MATCHES_KEPT],
         "counts": counts,
     }
     audit = KVRequestAudit(True, None, tuple(corrupt), counts["numeric"], counts["exact"])

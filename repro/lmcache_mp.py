@@ -52,7 +52,10 @@ bundle's site-packages, LMCache 0.5.5rc5, 0.5.5 and 0.5.6 wheels; paths relative
   (`http_server.py:69-157`; uvicorn 0.54.0 `server.py:115-116` awaits lifespan startup before it
   creates the listening server), and `GET /healthcheck` answers 200 {"status": "healthy"} once
   the engine is set, 503 before (`v1/multiprocess/http_apis/info_api.py:41-60`, the same file in
-  0.5.4 and 0.5.6). The kit's probe: that answer, and a TCP connection to the ZMQ port. (0.5.6's
+  0.5.4 and 0.5.6). The kit's probe: that answer, and a TCP connection to the ZMQ port, and then
+  that the sockets listening on both ports belong to the process group the kit started (the kit
+  picks free ports and releases them, so another cell's server on this host may bind one first and
+  answer healthy: `foreign_listeners`, from /proc/net/tcp and the group's open sockets). (0.5.6's
   auto-start probes with a ZMQ PING instead, `mp_server_launcher.py:481-511`, which needs
   lmcache's own client in the parent.) The log lines "LMCache HTTP server initialized" (0.5.6
   `http_server.py:155`, 0.5.4 `:163`) and "LMCache cache server is running..." (0.5.6
@@ -105,7 +108,8 @@ from pathlib import Path
 
 from repro import lmcache_ops, logscan
 from repro.contract import LMCACHE_SERVER_DIED, LMCACHE_SERVER_START, Failure
-from repro.runner import deferred_signals, kill_group, redact_log, redacted_tail, start_child
+from repro.lifeline import group_members
+from repro.runner import deferred_signals, kill_group, redact_log, redacted_tail, start_child, starting, stop_starting
 
 FAILURE_KINDS = (LMCACHE_SERVER_START, LMCACHE_SERVER_DIED)
 CONNECTOR = "LMCacheMPConnector"
@@ -271,7 +275,10 @@ _LIVE_LOCK = threading.Lock()
 
 
 def stop_all_servers(grace_s: float = STOP_GRACE_S) -> None:
-    """Stop every live server's group; a thread still waiting for one to be ready then fails at once."""
+    """No server (nor any child) starts any more (repro.runner.stop_starting: a server registers under
+    that stop's lock), and every live server's group is stopped; a thread still waiting for one to be
+    ready then fails at once."""
+    stop_starting()
     with _LIVE_LOCK:
         live = list(_LIVE)
     for server in live:
@@ -302,15 +309,16 @@ def mp_server(
     settings = settings or ServerSettings()
     ports = free_ports(settings.host, 2)
     command = settings.command(python, *ports)
-    probe = _OpsProbe(python, env) if probe_ops else None  # runs while the server starts: no wall time
     t0 = time.monotonic()
     try:
-        proc, lifeline = start_child(command, log_path=log_path, env=env)
+        with starting():  # the run is not stopping; a stop meanwhile waits, then sees this server
+            proc, lifeline = start_child(command, log_path=log_path, env=env)
+            server = MPServer(proc, settings, command, ports[0], ports[1], log_path, env)
+            with _LIVE_LOCK:
+                _LIVE.add(server)
     except OSError as exc:
         raise ServerError(LMCACHE_SERVER_START, f"the LMCache MP server could not be started: {exc}") from exc
-    server = MPServer(proc, settings, command, ports[0], ports[1], log_path, env)
-    with _LIVE_LOCK:
-        _LIVE.add(server)
+    probe = _OpsProbe(python, env) if probe_ops else None  # runs while the server starts: no wall time
     watcher = None
     failed: ServerError | None = None
     ended_well = False
@@ -401,24 +409,90 @@ def ops_source(ops_file: str | None) -> tuple[str | None, str]:
 
 
 def wait_ready(server: MPServer, deadline: float, timeout_s: float) -> None:
-    """Poll until the server is ready; raise LMCACHE_SERVER_START if it exits or the deadline passes."""
+    """Poll until the server is ready: its ports answer (probe_ready) and the sockets listening there
+    are its own group's (foreign_listeners); raise LMCACHE_SERVER_START if it exits or the deadline
+    passes, saying who answered in its place if anyone did."""
+    foreign: set[int] | None = None  # what answered in its place, once something did
     while True:
         if not server.alive():
             raise ServerError(
                 LMCACHE_SERVER_START,
-                f"the LMCache MP server exited before it was ready ({server.how_it_ended()})",
+                f"the LMCache MP server exited before it was ready ({server.how_it_ended()}){_who(foreign, server)}",
                 server.log_tail(),
             )
         if probe_ready(server.settings.host, server.port, server.http_port):
-            return
+            foreign = foreign_listeners(server)
+            if foreign is None:
+                return
         if time.monotonic() >= deadline:
             where = f"http://{server.settings.host}:{server.http_port}{HEALTH_PATH} and port {server.port}"
             raise ServerError(
                 LMCACHE_SERVER_START,
-                f"the LMCache MP server was not ready within {timeout_s:g} s ({where})",
+                f"the LMCache MP server was not ready within {timeout_s:g} s ({where}){_who(foreign, server)}",
                 server.log_tail(),
             )
         time.sleep(_POLL_S)
+
+
+def _listening_inodes(port: int) -> set[int] | None:
+    """The inodes of the TCP sockets listening on this port (this network namespace), or None where
+    /proc cannot say."""
+    inodes, readable = set(), False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        readable = True
+        for row in rows:
+            f = row.split()  # sl local_address rem_address st ... inode
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(int(f[9]))
+    return inodes if readable else None
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    """The inodes of the sockets a process holds open (empty where it is gone or not ours to read)."""
+    out = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            out.add(int(link[8:-1]))
+    return out
+
+
+def foreign_listeners(server: MPServer) -> set[int] | None:
+    """None when the server's own process group holds the sockets listening on both its ports (or
+    /proc cannot tell, as off Linux); else the inodes of the listening sockets it does not hold
+    (empty: nothing listens there any more)."""
+    ours: set[int] = set()
+    for pid in group_members(server.pid):
+        ours |= _socket_inodes(pid)
+    foreign: set[int] | None = None
+    for port in (server.http_port, server.port):
+        inodes = _listening_inodes(port)
+        if inodes is not None and not inodes & ours:
+            foreign = (foreign or set()) | inodes
+    return foreign
+
+
+def _who(foreign: set[int] | None, server: MPServer) -> str:
+    """What answered on the server's ports in its place, for the start failure's detail."""
+    if foreign is None:
+        return ""
+    holders = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if entry.isdigit() and _socket_inodes(int(entry)) & foreign:
+            holders.append(f"pid {entry} ({_read_text(Path(f'/proc/{entry}/comm')).strip() or '?'})")
+    by = ", ".join(holders) or "a process the kit cannot see"
+    return f"; its ports answered from {by}, not the server the kit started (pid {server.pid})"
 
 
 def _watch(server: MPServer, on_death: Callable[[MPServer], None]) -> None:

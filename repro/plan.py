@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from repro.contract import (
     build_job,
 )
 from repro.errors import UsageError
-from repro.fixtures import Fixture, Probe
+from repro.fixtures import Fixture, Probe, arm_name_problem
 from repro.suite import requests_for
 
 # A connector setting with this value gets a fresh directory for its arm alone.
@@ -36,6 +37,8 @@ class PlannedArm:
     spec: ArmSpec
     skip_probes: dict = field(default_factory=dict)  # probe name -> why this arm cannot run it
     match_arm: str | None = None  # native-matched: the connector arm whose reuse lengths it copies
+    lmcache_ops: str | None = None  # the fixture arm's own LMCache copy path (else --lmcache-ops)
+    env: dict = field(default_factory=dict)  # what its processes' environment holds apart (its copy path)
 
     @property
     def name(self) -> str:
@@ -47,6 +50,8 @@ def plan_arms(opts: Options, fixture: Fixture) -> list[PlannedArm]:
     a = opts.args
     arms = [PlannedArm(ArmSpec("baseline", "baseline"))]
     if a.kv_connector:
+        if (problem := arm_name_problem(a.kv_connector)) is not None:  # the arm is named after it
+            raise UsageError(f"--kv-connector: {problem}")
         extra = dict(opts.extra_config)
         if a.kv_connector == "ExampleConnector":
             extra.setdefault("shared_storage_path", TMPDIR_TOKEN)
@@ -57,7 +62,9 @@ def plan_arms(opts: Options, fixture: Fixture) -> list[PlannedArm]:
     else:
         for spec in fixture.arms:
             conn = ConnectorSpec(spec.connector, spec.module_path, dict(spec.extra_config))
-            arms.append(PlannedArm(ArmSpec(spec.name, "connector", conn), dict(spec.skip_probes)))
+            arms.append(
+                PlannedArm(ArmSpec(spec.name, "connector", conn), dict(spec.skip_probes), lmcache_ops=spec.lmcache_ops)
+            )
     if a.compare_native:
         arms.append(PlannedArm(ArmSpec("native", "native")))
         connectors = [arm.name for arm in arms if arm.spec.mode == "connector"]
@@ -71,15 +78,16 @@ def plan_arms(opts: Options, fixture: Fixture) -> list[PlannedArm]:
     return arms
 
 
-def materialize(arm: PlannedArm, scratch: list[str]) -> PlannedArm:
-    """Replace @tmpdir in connector settings with a fresh directory for this arm alone (listed in scratch)."""
+def materialize(arm: PlannedArm, scratch: list[str], root: str | Path | None = None) -> PlannedArm:
+    """Replace @tmpdir in connector settings with a fresh directory for this arm alone (listed in
+    scratch), under root (the run's scratch directory, repro.workdir) or else $TMPDIR."""
     conn = arm.spec.connector
     if conn is None:
         return arm
     extra = {}
     for key, value in conn.extra_config.items():
         if value == TMPDIR_TOKEN:
-            value = tempfile.mkdtemp(prefix=f"kvkit-{arm.name}-")
+            value = tempfile.mkdtemp(prefix=f"kvkit-{arm.name}-", dir=root)
             scratch.append(value)
         extra[key] = value
     return replace(arm, spec=replace(arm.spec, connector=replace(conn, extra_config=extra)))
@@ -159,6 +167,48 @@ class ArmSlot:
     # from vLLM's free-memory profiling, which other processes' builds disturb (see arm_slots)
     kv_cache_tokens: int | None = None
 
+    def apply(self, job: Job) -> Job:
+        """The job with this slot's engine settings (its environment goes to the child's env)."""
+        engine = replace(job.engine, gpu_memory_utilization=self.gpu_memory_utilization,
+                         kv_cache_tokens=self.kv_cache_tokens)  # fmt: skip
+        return replace(job, engine=engine)
+
+
+class SlotPool:
+    """The slots arms run in (arm_slots). An arm takes a free one when it launches and gives it back
+    when it ends: a pool of threads starts arms in whatever order they free up, so a slot fixed by
+    arm index would put two arms at once on one GPU share or one core. `taken`: the slot each arm
+    (by name) ran in, for its device and for a re-run on the same one."""
+
+    def __init__(self, slots: list[ArmSlot]) -> None:
+        self.slots = list(slots)
+        self.taken: dict[str, ArmSlot] = {}
+        self._free = list(range(len(self.slots)))
+        self._held: dict[str, int] = {}
+        self._cond = threading.Condition()
+
+    def take(self, name: str, stop: threading.Event) -> ArmSlot | None:
+        """The lowest free slot for arm `name`, waiting for one; None once `stop` is set."""
+        with self._cond:
+            while not self._free:
+                if stop.is_set():
+                    return None
+                self._cond.wait(0.2)
+            if stop.is_set():
+                return None
+            k = min(self._free)
+            self._free.remove(k)
+            self._held[name] = k
+            self.taken[name] = self.slots[k]
+            return self.slots[k]
+
+    def give_back(self, name: str) -> None:
+        with self._cond:
+            k = self._held.pop(name, None)
+            if k is not None:
+                self._free.append(k)
+                self._cond.notify()
+
 
 def visible_gpus() -> list[str]:
     """GPU indices the children may use, without importing torch: CUDA_VISIBLE_DEVICES, else nvidia-smi."""
@@ -185,6 +235,15 @@ def _memory_gib() -> tuple[float, float] | None:
 CPU_ARM_BASE_GIB = 2.0
 
 
+def usable_cores() -> list[int]:
+    """The cores this process may run on (its affinity set: a cpuset-limited container's, or a matrix
+    cell's own cores), not every core of the machine."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity call on this platform
+        return list(range(os.cpu_count() or 1))
+
+
 def uses_cuda(opts: Options) -> bool:
     return opts.args.device == "cuda" or (opts.args.device == "auto" and bool(visible_gpus()))
 
@@ -194,7 +253,7 @@ def default_jobs(opts: Options, n_arms: int) -> int:
     each arm's memory share split), on the CPU as many as the cores and the memory sustain."""
     if uses_cuda(opts):
         return n_arms
-    cores = os.cpu_count() or 1
+    cores = len(usable_cores())
     mem = _memory_gib()
     fit = n_arms
     if mem is not None:
@@ -209,26 +268,29 @@ SHARED_GPU_KV_MAX_MODEL_LENS = 4
 
 
 def arm_slots(opts: Options, n_arms: int, jobs: int) -> list[ArmSlot]:
-    """Per arm: on CUDA a GPU (round robin) and, where several arms share one, an equal share of
-    90 % of its memory (never more than --gpu-memory-utilization); on the CPU, when arms run at once,
-    each arm's OpenMP thread on its own core (the thread count, and so the arithmetic, stay as in a
-    run one at a time). One job: nothing changes.
+    """The slots of n_arms arms run `jobs` at a time, one per arm that runs at once (an arm takes a
+    free one when it launches: SlotPool): on CUDA a GPU (round robin) and, where several arms share
+    one, an equal share of 90 % of its memory (never more than --gpu-memory-utilization); on the CPU,
+    when arms run at once, each arm's OpenMP thread on its own core of the process's affinity set
+    (the thread count, and so the arithmetic, stay as in a run one at a time). One job: nothing
+    changes.
 
     Arms that share a GPU also get a KV cache of a fixed size (SHARED_GPU_KV_MAX_MODEL_LENS x
     --max-model-len tokens, vLLM's kv_cache_memory_bytes): otherwise each engine sizes it by
     profiling the GPU's free memory, and vLLM stops with "Error in memory profiling" when another
     process frees memory meanwhile, which arms building at the same time do (seen on an H200)."""
     util = opts.args.gpu_memory_utilization
+    at_once = max(1, min(jobs, n_arms))
     if jobs <= 1:
-        return [ArmSlot({}, util) for _ in range(n_arms)]
+        return [ArmSlot({}, util)]
     if uses_cuda(opts):
         gpus = visible_gpus() or ["0"]
-        per_gpu = -(-min(jobs, n_arms) // len(gpus))
+        per_gpu = -(-at_once // len(gpus))
         share = min(util, round(0.9 / per_gpu, 3))
         tokens = SHARED_GPU_KV_MAX_MODEL_LENS * opts.args.max_model_len if per_gpu > 1 else None
-        return [ArmSlot({"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]}, share, tokens) for i in range(n_arms)]
-    cores = os.cpu_count() or 1
-    return [ArmSlot({"VLLM_CPU_OMP_THREADS_BIND": str(i % cores)}, util) for i in range(n_arms)]
+        return [ArmSlot({"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]}, share, tokens) for i in range(at_once)]
+    cores = usable_cores()
+    return [ArmSlot({"VLLM_CPU_OMP_THREADS_BIND": str(cores[i % len(cores)])}, util) for i in range(at_once)]
 
 
 def matched_probes(

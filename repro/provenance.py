@@ -191,6 +191,29 @@ def model_digest(model: str) -> str:
         return f"unavailable: {exc.strerror or exc}"
 
 
+def model_source(model: str) -> dict | str | None:
+    """Where a converted model's weights came from (repro.models.convert's kvkit-model.json: the package and
+    version, the GGUF's SHA-256, what it was dequantized from); None for a model the kit did not convert."""
+    from repro.models.registry import SOURCE_FILE
+
+    path = Path(model) / SOURCE_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return f"unavailable: {SOURCE_FILE} unreadable ({getattr(exc, 'strerror', None) or exc})"
+    return data if isinstance(data, dict) else f"unavailable: {SOURCE_FILE} is not an object"
+
+
+def model_record(model: str) -> dict:
+    record = {"name": model, "sha256": model_digest(model)}
+    source = model_source(model)
+    if source is not None:  # additive: reports of other models carry no source
+        record["source"] = source
+    return record
+
+
 # Asked of an engine interpreter without importing vLLM (seconds, not the 20 s an import takes):
 # where it is, its Python, and the versions and importability of the stacks the engine needs.
 _ENGINE_PROBE = r"""
@@ -299,7 +322,7 @@ def collect_provenance(
         "python": platform.python_version(),
         "packages": {n: package_version(n) for n in ("torch", "vllm", "lmcache", "transformers")},
         "fixture": {"path": fixture_path, "sha256": fixture_sha256},
-        "model": {"name": model, "sha256": model_digest(model)},
+        "model": model_record(model),
         "lmcache_config": None
         if lmcache_config is None
         else {"path": lmcache_config, "sha256": sha256_file(lmcache_config)},

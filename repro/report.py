@@ -15,7 +15,11 @@ Report schema (kind "kvkit-report"; JSON Schema in schemas/report.schema.json):
     gpu, sharing (the other processes on its device and their overlap), copy_paths (each LMCache
     process: compiled ops or the torch fallback), trials (each run, rates per probe, the class) and
     confirmation (the same job re-run alone, and the class of the finding); diagnostics
-    arms_wall_s, trials_wall_s and confirm_wall_s.
+    arms_wall_s, trials_wall_s and confirm_wall_s. Per reuse request replays (issue 19: null when it
+    matched the baseline, else the runs of its tokens that are another probe's answer or an earlier
+    request's, repro.replays); a file without them shows no replays. provenance.model.source: where a
+    model folder the kit converted from a packaged GGUF came from (repro.models: package and version,
+    the GGUF's SHA-256, dequantized_from); absent for other models.
 The schema is authoritative: validate_report checks every report before it is written (and the
 cross-field shape of the KV audit, which JSON Schema cannot say).
 A newer file is refused ("upgrade the kit"). A version 1 file loads as it is: version 2 only added
@@ -46,6 +50,7 @@ from repro.display import (
     kv_cell,
     kv_findings,
     kv_verdict,
+    probe_replay_lines,
     sharing_text,
     trial_rate_text,
 )
@@ -230,6 +235,7 @@ def format_summary(report: dict) -> str:
             lines.append(f"  {arm_kv_text(arm)}"[:400])
         for p in arm["probes"]:
             lines.append(_probe_line(p, kv_cell(p, block_size) if audit else None, width))
+            lines += [f"    {line}"[:400] for line in probe_replay_lines(p)]
         for note in arm.get("findings", []):
             lines.append(f"  note: {note}")
     for err in report["errors"]:

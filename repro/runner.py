@@ -161,35 +161,48 @@ def oom_kill_count() -> int | None:
     return None
 
 
+# A rise of the cgroup's oom_kill count covers every process in it (other arms, MP servers, the
+# load neighbour): said beside an arm's own failure, never in its place.
+OOM_ELSEWHERE = (
+    "; the kernel's out-of-memory killer fired in this cgroup while the arm ran (some process was killed, "
+    "not necessarily this arm's)"
+)
+
+
 def classify_exit(
     returncode: int | None, log_text: str, timed_out: bool, oom_killed: bool = False
 ) -> tuple[str, str] | None:
     """The failure kind for a child's exit, or None when it exited 0 (the output decides then).
 
-    Out of memory is claimed only on evidence: the cgroup counted an OOM kill during the arm, or
-    the log says so. A bare SIGKILL is a crash (whose detail mentions the OOM killer)."""
+    Out of memory is claimed only on evidence about this child: it died of SIGKILL (what the
+    kernel's killer sends; 137 through a shell) while the cgroup counted an OOM kill, or its own log
+    says so. With arms at once the count is the whole cgroup's, so any other failure keeps its kind
+    and detail, and says that something was OOM-killed meanwhile (OOM_ELSEWHERE). A bare SIGKILL
+    without that count is a crash (whose detail mentions the OOM killer)."""
     if timed_out:
         return TIMEOUT, "the arm ran past its time limit and was killed with its process group"
     if returncode == 0:
         return None
     low = log_text[-20000:].lower()
     marker = next((m for m in _OOM_MARKERS if m in low), None)
+    killed = returncode in (-signal.SIGKILL, 128 + signal.SIGKILL)
+    note = OOM_ELSEWHERE if oom_killed else ""
     if returncode is not None and returncode < 0:
         sig = signal.Signals(-returncode).name if -returncode in signal.Signals._value2member_map_ else str(-returncode)
-        if oom_killed:
+        if oom_killed and killed:
             return OOM, f"killed by {sig}; the kernel's out-of-memory killer fired during the arm"
         if marker:
             return OOM, f"killed by {sig}; the log mentions running out of memory ({marker!r})"
-        if returncode == -signal.SIGKILL:
+        if killed:
             return CRASH, f"killed by {sig} from outside (no out-of-memory kill was counted or logged)"
-        return CRASH, f"killed by {sig}"
-    if oom_killed:
-        return OOM, f"exit status {returncode}; the kernel's out-of-memory killer fired during the arm"
+        return CRASH, f"killed by {sig}{note}"
+    if oom_killed and killed:
+        return OOM, f"exit status {returncode} (SIGKILL); the kernel's out-of-memory killer fired during the arm"
     if marker:
         return OOM, f"exit status {returncode}; the log mentions running out of memory ({marker!r})"
     if returncode == EXIT_RAISED:
-        return RAISED, "the engine raised (see the log tail)"
-    return NONZERO_EXIT, f"exit status {returncode}"
+        return RAISED, f"the engine raised (see the log tail){note}"
+    return NONZERO_EXIT, f"exit status {returncode}{note}"
 
 
 def read_result(path: Path) -> tuple[ArmResult | None, tuple[str, str] | None]:
@@ -213,12 +226,43 @@ def read_result(path: Path) -> tuple[ArmResult | None, tuple[str, str] | None]:
 # an interrupt reaches the main thread only, which then stops every one (stop_all_children).
 _LIVE: set[subprocess.Popen] = set()
 _LIVE_LOCK = threading.Lock()
+# Set by a stop, under _LIVE_LOCK, where a child registers as it starts (starting): a thread that
+# passed its own stop check either registered its child before the stop's sweep (which then stops
+# it) or never starts one. The MP servers register the same way (repro.lmcache_mp).
+_stopping = False
+
+
+def stop_starting() -> None:
+    """From now on no child starts (starting raises Interrupted): the run is stopping."""
+    global _stopping
+    with _LIVE_LOCK:
+        _stopping = True
+
+
+def allow_children() -> None:
+    """Let children start again after a stop (a later run in the same process: the tests)."""
+    global _stopping
+    with _LIVE_LOCK:
+        _stopping = False
+
+
+@contextlib.contextmanager
+def starting():
+    """Hold this while a child is started and registered (in _LIVE, or a caller's own set): a stop
+    waits until the block ends, and once the run is stopping the block never runs (Interrupted)."""
+    with _LIVE_LOCK:
+        if _stopping:
+            raise Interrupted("the run is stopping: no new child")
+        yield
 
 
 def stop_all_children() -> None:
-    """Kill the process group of every child still running (the threads that wait on them then
-    return); for the verifier's interrupt and for a run that must stop early."""
+    """No child starts any more (stop_starting), and the process group of every child still running
+    is killed (the threads that wait on them then return); for the verifier's interrupt and for a
+    run that must stop early."""
+    global _stopping
     with _LIVE_LOCK:
+        _stopping = True
         live = list(_LIVE)
     for proc in live:
         kill_group(proc)
@@ -259,13 +303,14 @@ def run_child(
     """Run one child in its own process group with its output in log_path; always reap the group.
 
     Returns (returncode, timed_out, oom_killed, wall seconds). An interrupt (KeyboardInterrupt,
-    Interrupted) kills the group and propagates."""
+    Interrupted) kills the group and propagates; once the run is stopping (stop_all_children) no
+    child starts: Interrupted."""
     t0 = time.monotonic()
     oom_before = oom_kill_count()
-    proc, lifeline = start_child(argv, log_path=log_path, env=env)
+    with starting():
+        proc, lifeline = start_child(argv, log_path=log_path, env=env)
+        _LIVE.add(proc)
     try:
-        with _LIVE_LOCK:
-            _LIVE.add(proc)
         timed_out = False
         try:
             proc.wait(timeout=timeout_s)
@@ -298,9 +343,11 @@ def collect_outcome(
     result, problem = read_result(out_path)
     if failure is None:
         return result, problem
+    note = OOM_ELSEWHERE if oom_killed else ""
     if problem is None or problem[0] != RAISED:
-        return None, (NONZERO_EXIT, f"exit status {returncode} and {problem[1] if problem else 'no error recorded'}")
-    return result, problem
+        said = problem[1] if problem else "no error recorded"
+        return None, (NONZERO_EXIT, f"exit status {returncode} and {said}{note}")
+    return result, (problem[0], problem[1] + note)
 
 
 def run_arm(

@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -16,7 +15,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from repro import __version__, atomic, gpu_load, kvaudit, lmcache_mp, lmcache_ops, logscan, trials
+from repro import __version__, atomic, gpu_load, kvaudit, lmcache_mp, lmcache_ops, logscan, trials, workdir
 from repro.atomic import dumps_json, write_bytes_atomic
 from repro.cli import Options, parse_args
 from repro.commands import run_command
@@ -28,6 +27,7 @@ from repro.lmcache_signals import lmcache_evidence
 from repro.plan import (
     ArmSlot,
     PlannedArm,
+    SlotPool,
     arm_job,
     arm_slots,
     default_jobs,
@@ -165,31 +165,34 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
     if a.lmcache_config:
         extra_env["LMCACHE_CONFIG_FILE"] = str(Path(a.lmcache_config).resolve())
     env = child_env(dict(os.environ), hashseed=HASHSEED, extra=extra_env)
+    arms, arms_ops = own_copy_paths(arms, a.python, env)
     ops = None
     if any(arm.spec.connector is not None and "lmcache" in arm.spec.connector.name.lower() for arm in arms):
         ops = lmcache_ops.resolve(a.lmcache_ops, a.python, env)  # compiled ops or the fallback, for every process
         env = lmcache_ops.apply(ops, env)
-    work = Path(tempfile.mkdtemp(prefix=f".{report_path.stem}.work-", dir=report_path.parent))
+    said = workdir.sweep_line(workdir.sweep_stale(report_path.parent))  # what kill -9 left of earlier runs
+    if said:
+        print(said, file=sys.stderr, flush=True)
+    work, scratch_root = workdir.make_work_dir(report_path)  # its owner recorded, for the next run's sweep
     logs_dir_name = f"{report_path.stem}.logs"
     scratch: list[str] = []
     entries: list[dict] = []
     results: dict[str, ArmResult] = {}
     t0 = time.monotonic()
     n_jobs = a.jobs or default_jobs(opts, len(arms))
-    slots = arm_slots(opts, len(arms), n_jobs)
+    pool = SlotPool(arm_slots(opts, len(arms), n_jobs))
     progress = Progress([p.name for p in arms], choose_mode(a.quiet))
     try:
         with progress:
-            planned = [materialize(p, scratch) for p in arms]
+            planned = [materialize(p, scratch, scratch_root) for p in arms]
             matched: dict[str, tuple[dict, dict]] = {}  # native-matched arm -> (skipped, what it matched)
 
-            def job_for(
-                i: int, dependency: ArmOutcome | None = None, arm: PlannedArm | None = None, slot: ArmSlot | None = None
-            ) -> Job:
-                """Arm i's job; a trial or a confirmation run passes its own (renamed, freshly
-                materialized) arm and slot, and never makes the preflight."""
+            def job_for(i: int, dependency: ArmOutcome | None = None, arm: PlannedArm | None = None) -> Job:
+                """Arm i's job (run_arms gives it the engine settings of the slot it takes); a trial or
+                a confirmation run passes its own (renamed, freshly materialized) arm, and never makes
+                the preflight."""
                 own = arm is None
-                arm, slot = arm or planned[i], slot or slots[i]
+                arm = arm or planned[i]
                 kv_dir = str(work / "kv" / arm.name) if a.kv_audit else None
                 job = arm_job(opts, arm, probes, fixture.sha256, preflight if i == 0 and own else None, kv_dir)
                 if planned[i].match_arm is not None:
@@ -198,15 +201,12 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
                     if own:
                         matched[arm.name] = (skipped, info)
                     job = replace(job, probes=tuple(probe_jobs))
-                engine = replace(
-                    job.engine, gpu_memory_utilization=slot.gpu_memory_utilization, kv_cache_tokens=slot.kv_cache_tokens
-                )
-                return replace(job, engine=engine)
+                return job
 
             progress.note(f"{len(planned)} arms, {min(n_jobs, len(planned))} at a time")
             clock = Clock(t0, resource_for(opts))
             with load_neighbour(opts, env, work, clock) as load:
-                outcomes = run_arms(planned, job_for, slots, n_jobs, work, env, a, progress, clock)
+                outcomes = run_arms(planned, job_for, pool, n_jobs, work, env, a, progress, clock)
                 arms_wall = clock.now()
                 for i, arm in enumerate(planned):
                     if arm.name in matched:
@@ -226,7 +226,9 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
                         entries[-1]["matched_to"] = arm.match_arm
                         for p in entries[-1]["probes"]:
                             p["match"] = info.get(p["name"])
-                extra = Extra(opts, arms, planned, outcomes, slots, job_for, baseline, logs_dir_name, scratch)
+                slots = [pool.taken.get(arm.name) for arm in planned]  # where each ran
+                extra = Extra(opts, arms, planned, outcomes, slots, job_for, baseline, logs_dir_name, scratch,
+                              scratch_root)  # fmt: skip
                 extra.walls["arms"] = arms_wall
                 if a.trials > 1:
                     progress.note(f"trials 2 to {a.trials} of every reuse arm")
@@ -250,6 +252,8 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
         }
         if ops is not None:
             report["provenance"]["lmcache_ops"] = ops.provenance
+        if arms_ops:
+            report["provenance"]["lmcache_ops_arms"] = arms_ops
         report["errors"] += extra.errors()
         report["diagnostics"].update(extra.timing())
         # Serialize (and check against the schema) before anything on disk changes: a report that
@@ -263,8 +267,8 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
             write_bytes_atomic(report_path, data)
             state.published = report
     finally:
-        shutil.rmtree(work, ignore_errors=True)
-        for d in scratch:
+        workdir.remove_work_dir(work, scratch_root)
+        for d in scratch:  # under scratch_root: gone with it
             shutil.rmtree(d, ignore_errors=True)
     print(format_summary(report))
     print(f"report: {report_path}", file=sys.stderr)
@@ -302,6 +306,24 @@ def resource_for(opts: Options):
     return lambda slot: (gpu_resource((slot.env if slot else {}).get("CUDA_VISIBLE_DEVICES", first)),)
 
 
+def own_copy_paths(arms: list[PlannedArm], python: str, env: dict) -> tuple[list[PlannedArm], dict[str, dict]]:
+    """A fixture arm that names its own LMCache copy path (`lmcache_ops`) gets its processes' PYTHONPATH
+    for it, in place of --lmcache-ops's; returns the arms and, per such arm, what the path resolved to."""
+    plans: dict[str, lmcache_ops.OpsPlan] = {}
+    out, provenance = [], {}
+    for arm in arms:
+        if arm.lmcache_ops is None:
+            out.append(arm)
+            continue
+        if arm.lmcache_ops not in plans:  # an error (compiled ops missing) stops the run at once, exit 2
+            plans[arm.lmcache_ops] = lmcache_ops.resolve(arm.lmcache_ops, python, env)
+        plan = plans[arm.lmcache_ops]
+        own = lmcache_ops.apply(plan, env)
+        out.append(replace(arm, env={"PYTHONPATH": own.get("PYTHONPATH", "")}))
+        provenance[arm.name] = {"mode": arm.lmcache_ops, **plan.provenance}
+    return out, provenance
+
+
 @contextlib.contextmanager
 def load_neighbour(opts: Options, env: dict, work: Path, clock: Clock):
     """--gpu-load: the neighbour keeps every visible GPU busy while the arms and their trials run
@@ -326,7 +348,7 @@ class Run:
     label: str  # "trial 3", "alone"
     trial: int | None
     arm: PlannedArm  # renamed: <arm>~trial3, <arm>~alone
-    slot: ArmSlot
+    slot: ArmSlot | None = None  # the slot it took when it launched, once it ran
     entry: dict | None = None  # judged like an arm (arm_entry), once it ran
 
 
@@ -334,34 +356,40 @@ class Extra:
     """The runs beyond each arm's own: trials and confirmations, judged like arms, folded into their
     arm's entry at the end (repro.trials)."""
 
-    def __init__(self, opts, originals, planned, outcomes, slots, job_for, baseline, logs_rel, scratch):
+    def __init__(
+        self, opts, originals, planned, outcomes, slots, job_for, baseline, logs_rel, scratch, scratch_root=None
+    ):
         self.opts = opts
         self.originals, self.planned, self.outcomes, self.slots = originals, planned, outcomes, slots
         self.job_for, self.baseline, self.logs_rel, self.scratch = job_for, baseline, logs_rel, scratch
+        self.scratch_root = scratch_root
         self.runs: list[Run] = []
         self.results: dict[str, ArmResult] = {}
         self.walls: dict[str, float] = {}
 
     def fresh(self, i: int, suffix: str) -> PlannedArm:
         """Arm i again, with fresh @tmpdir directories (a fresh store: its cold request is cold again)."""
-        arm = materialize(self.originals[i], self.scratch)
+        arm = materialize(self.originals[i], self.scratch, self.scratch_root)
         return replace(arm, spec=replace(arm.spec, name=f"{arm.name}~{suffix}"), match_arm=None)
 
-    def run(self, runs: list[Run], n_jobs: int, work: Path, env: dict, a, progress: Progress, clock: Clock) -> None:
+    def run(
+        self, runs: list[Run], slots: list[ArmSlot], n_jobs: int, work: Path, env: dict, a, progress, clock
+    ) -> None:
+        """These runs, up to n_jobs at a time, each in a free one of these slots when it launches."""
         index = {arm.name: i for i, arm in enumerate(self.planned)}
 
         def job_for(j: int, dependency=None) -> Job:
             r = runs[j]
             match = self.planned[r.primary].match_arm
             dep = self.outcomes[index[match]] if match is not None else None
-            return self.job_for(r.primary, dep, r.arm, r.slot)
+            return self.job_for(r.primary, dep, r.arm)
 
-        outcomes = run_arms(
-            [r.arm for r in runs], job_for, [r.slot for r in runs], n_jobs, work, env, a, progress, clock
-        )
+        pool = SlotPool(slots)
+        outcomes = run_arms([r.arm for r in runs], job_for, pool, n_jobs, work, env, a, progress, clock)
         for r, outcome in zip(runs, outcomes):
             if outcome is None:
                 continue
+            r.slot = pool.taken[r.arm.name]
             arm = replace(r.arm, skip_probes={**r.arm.skip_probes, **self.planned[r.primary].skip_probes})
             r.entry = arm_entry(arm, outcome, self.baseline, a.block_size, self.logs_rel, a.batch_invariant)
             if outcome.result is not None and outcome.failure is None:
@@ -395,14 +423,14 @@ class Extra:
 
 def run_trials(extra: Extra, n: int, n_jobs: int, work: Path, env: dict, a, progress: Progress, clock: Clock) -> None:
     """Trials 2..n of every reuse arm, each a fresh engine (and MP server), as many at once as the
-    arms themselves ran (the same slots' settings, by position)."""
+    arms themselves ran, each in a free slot when it launches."""
     todo = [(i, k) for i, arm in enumerate(extra.planned) if arm.spec.mode != "baseline" for k in range(2, n + 1)]
     if not todo:
         return
     slots = arm_slots(extra.opts, len(todo), n_jobs)  # shares for as many at once as --jobs allows
-    runs = [Run(i, f"trial {k}", k, extra.fresh(i, f"trial{k}"), slot) for (i, k), slot in zip(todo, slots)]
+    runs = [Run(i, f"trial {k}", k, extra.fresh(i, f"trial{k}")) for i, k in todo]
     t = time.monotonic()
-    extra.run(runs, n_jobs, work, env, a, progress, clock)
+    extra.run(runs, slots, n_jobs, work, env, a, progress, clock)
     extra.walls["trials"] = time.monotonic() - t
 
 
@@ -411,9 +439,10 @@ def run_confirmations(extra: Extra, todo: list[tuple[int, Run | None]], work, en
     arm, no load neighbour), the same engine settings and device as the run it confirms."""
     t = time.monotonic()
     for i, shared_run in todo:
-        slot = shared_run.slot if shared_run is not None else extra.slots[i]
+        slot = shared_run.slot if shared_run is not None else extra.slots[i]  # the one the finding's run took
         progress.note(f"re-running {extra.planned[i].name} alone to confirm its finding")
-        extra.run([Run(i, "alone", None, extra.fresh(i, "alone"), slot)], 1, work, env, a, progress, clock)
+        slots = [slot] if slot is not None else arm_slots(extra.opts, 1, 1)
+        extra.run([Run(i, "alone", None, extra.fresh(i, "alone"))], slots, 1, work, env, a, progress, clock)
     extra.walls["confirm"] = time.monotonic() - t
 
 
@@ -493,14 +522,14 @@ def confirmation_of(named: list[tuple[str, dict]], alone: list[Run], clock: Cloc
     return {"status": "ran", "why": why, "run": run, "class": cls, "reason": reason, "sharing": sharing}
 
 
-def gpu_of(entry: dict, slot: ArmSlot, first_gpu: str) -> dict | None:
+def gpu_of(entry: dict, slot: ArmSlot | None, first_gpu: str) -> dict | None:
     """The GPU an arm ran on: CUDA_VISIBLE_DEVICES of its slot (else the first visible) and what its
     child's torch said of it (name, compute capability); None on the CPU."""
     versions = entry.get("versions") or {}
     names, caps = versions.get("gpus") or [], versions.get("gpu_capabilities") or []
     if not names:
         return None
-    visible = slot.env.get("CUDA_VISIBLE_DEVICES") or first_gpu
+    visible = (slot.env if slot else {}).get("CUDA_VISIBLE_DEVICES") or first_gpu
     return {"visible": visible, "name": names[0], "compute_capability": caps[0] if caps else None}
 
 
@@ -532,7 +561,7 @@ def audit_kv(
 def run_arms(
     planned: list[PlannedArm],
     job_for,
-    slots: list,
+    slots: SlotPool | list[ArmSlot],
     n_jobs: int,
     work: Path,
     env: dict,
@@ -551,7 +580,21 @@ def run_arms(
     builds its engine meanwhile and waits, before generating, for the probes file the parent writes
     from that arm's reuse lengths when it is done (repro.engine.child.wait_for_probes).
 
+    Each arm takes a free slot (its GPU share or core, and the engine settings that go with it) when
+    it launches and gives it back when it ends (SlotPool; `slots.taken` then says where each ran):
+    the pool starts arms as threads free up, in no fixed order.
+
     clock, when given, records every child's and MP server's window (repro.sharing)."""
+    names = [arm.name for arm in planned]
+    index = {name: i for i, name in enumerate(names)}
+    if len(index) < len(names):  # they would share a log, a result file and a KV directory
+        raise ValueError(f"kit bug: two arms of one name among {names}")
+    for i, arm in enumerate(planned):
+        if arm.match_arm is not None and index.get(arm.match_arm, i) == i:  # it would wait for ever
+            raise ValueError(
+                f"kit bug: {arm.name} copies the reuse lengths of {arm.match_arm}, not another arm of the run"
+            )
+    pool = slots if isinstance(slots, SlotPool) else SlotPool(slots)
     released, stop = threading.Event(), threading.Event()
     gate = work / "preflight.gate"
     gate_lock = threading.Lock()
@@ -569,7 +612,6 @@ def run_arms(
             atomic.write_bytes_atomic(gate, b"go\n" if ok else b"stop\n")
             released.set()
 
-    index = {arm.name: i for i, arm in enumerate(planned)}
     finished = [threading.Event() for _ in planned]
     outcomes: list[ArmOutcome | None] = [None] * len(planned)
     first_job = job_for(0)
@@ -602,9 +644,16 @@ def run_arms(
 
     def outcome_of(i: int) -> ArmOutcome | None:
         arm = planned[i]
-        dep = index.get(arm.match_arm) if arm.match_arm is not None else None
-        if stop.is_set():
+        dep = index[arm.match_arm] if arm.match_arm is not None else None
+        slot = pool.take(arm.name, stop)
+        if slot is None:  # the run is stopping
             return None
+        try:
+            return launch_in(i, arm, dep, slot)
+        finally:
+            pool.give_back(arm.name)
+
+    def launch_in(i: int, arm: PlannedArm, dep: int | None, slot: ArmSlot) -> ArmOutcome:
         if i == 0:
             job = first_job
         elif dep is not None:
@@ -615,8 +664,9 @@ def run_arms(
             ).start()
         else:
             job = job_for(i, None)
+        job = slot.apply(job)
         progress.start(arm.name, Path(progress_path(str(work / f"{arm.name}.result.json"))))
-        arm_env = {**env, **slots[i].env}
+        arm_env = {**env, **arm.env, **slot.env}
         if i > 0 and not released.is_set():
             arm_env[PREFLIGHT_GATE_ENV] = str(gate)
 
@@ -633,19 +683,19 @@ def run_arms(
 
         start = clock.now() if clock else 0.0
         if job.arm.connector is not None and job.arm.connector.name == lmcache_mp.CONNECTOR:
-            outcome = _run_with_mp_server(job, arm_env, work, a, progress, launch, clock, slots[i])
+            outcome = _run_with_mp_server(job, arm_env, work, a, progress, launch, clock, slot)
         else:
             outcome = launch(job)
         if clock:
-            clock.record(f"arm {arm.name}", ARM, arm.name, slots[i], start)
+            clock.record(f"arm {arm.name}", ARM, arm.name, slot, start)
         if i == 0:
             release(not (outcome.result is not None and outcome.result.preflight_problems))
         progress.child_done(arm.name, "finished: judging" if outcome.failure is None else "failed")
         outcomes[i] = outcome
         return outcome
 
-    with ThreadPoolExecutor(max_workers=max(1, n_jobs), thread_name_prefix="kvkit-arm") as pool:
-        futures = [pool.submit(one, i) for i in range(len(planned))]
+    with ThreadPoolExecutor(max_workers=max(1, n_jobs), thread_name_prefix="kvkit-arm") as executor:
+        futures = [executor.submit(one, i) for i in range(len(planned))]
         try:
             while not all(f.done() for f in futures):
                 if not released.is_set():
@@ -658,12 +708,13 @@ def run_arms(
             stop.set()
             released.set()
             with deferred_signals():
+                # from here no child or MP server starts (repro.runner.starting), so the threads end
+                # as soon as their own children are killed: none can start one after this sweep
                 stop_all_children()
                 lmcache_mp.stop_all_servers()
                 for f in futures:
                     f.cancel()
                 wait(futures)
-                stop_all_children()  # a thread that started a child after the first sweep
             raise
 
 
@@ -821,6 +872,11 @@ def _verify(argv: list[str]) -> int:
         return EXIT_RUNTIME
     except PermissionError as exc:  # a path the user gave that cannot be written: bad input, not a crash
         raise UsageError(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
+    except OSError as exc:  # the machine's, not the kit's: a full disk, an I/O error; one line, exit 3
+        written = f"{state.report_path} was written before it" if state.published else "no report written"
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"error: {exc.strerror or exc}{where}; {written}", file=sys.stderr)
+        return EXIT_RUNTIME
     except Exception:  # noqa: BLE001 - a kit bug: say so, keep the traceback, and never exit 0 or 1
         traceback.print_exc()
         written = f"{state.report_path} was written before the error" if state.published else "no report written"

@@ -1,8 +1,19 @@
 """Entry point: `python -m repro.verify_kv_reuse --model ... --fixture ... [--kv-connector ...]`."""
 
+import signal
 import sys
 
-from repro.verify import main
+
+def _term_while_starting(signum, frame):
+    """SIGTERM before repro.verify has installed its own handler (its imports take a while): one line,
+    exit 130, as for an interrupt later; nothing has been written yet."""
+    print(f"error: interrupted ({signal.Signals(signum).name}) while starting; no report written", file=sys.stderr)
+    sys.exit(130)
+
+
+signal.signal(signal.SIGTERM, _term_while_starting)
+
+from repro.verify import main  # after the handler: the import is the slow part
 
 if __name__ == "__main__":
     sys.exit(main())

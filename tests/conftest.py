@@ -26,3 +26,13 @@ def tiny_model() -> str:
     path = ROOT / ".cache" / "models" / "kvkit-tiny-qwen3"
     make_tiny_model(path)
     return str(path)
+
+
+@pytest.fixture(autouse=True)
+def _children_may_start():
+    """A test that stopped a run in this process (repro.runner.stop_all_children, or the MP servers')
+    leaves the next test free to start children."""
+    yield
+    from repro import runner
+
+    runner.allow_children()

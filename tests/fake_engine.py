@@ -6,8 +6,9 @@ KVKIT_FAKE (JSON) tells it how to behave per arm:
   {"modes": {"ARM or *": MODE}, "pid_dir": DIR, "echo_env": [NAMES], "config": {"ARM": {...}},
    "sleep_s": S, "result_schema_version": N}
 MODE is one of ok, sigkill, segfault, hang, hang-ignore-term, oom, exit7, missing, garbage,
-wrong-kind, raise, raise-no-record, slow. With pid_dir, the child first starts a grandchild that
-sleeps and writes its pid to DIR/ARM.grandchild.pid (and its own to DIR/ARM.child.pid).
+wrong-kind, raise, raise-no-record, slow, linger (writes its result, then waits sleep_s before it
+exits: the chaos run damages the result file meanwhile). With pid_dir, the child first starts a
+grandchild that sleeps and writes its pid to DIR/ARM.grandchild.pid (and its own to DIR/ARM.child.pid).
 """
 
 from __future__ import annotations
@@ -144,6 +145,8 @@ def main(argv: list[str]) -> int:
             return 3
         job["probes"] = given["probes"]
     write_json_atomic(out, _result(job, spec))
+    if mode == "linger":
+        time.sleep(float(spec.get("sleep_s", 30)))
     return 0
 
 

@@ -3,7 +3,8 @@
 `python tests/planted_fixtures.py` rewrites tests/data/fixture-contended.json; the intermittent
 fixture names an absolute claim directory, so tests build it with `write_intermittent_fixture`.
 Neither fixture carries expectations: whether the contended arm fails depends on the machine's load,
-and which trial of the intermittent arm fails on which engine won the claim.
+and which trial of the intermittent arm fails on which engine won the claim. The replay fixture
+(another probe's KV served whole) carries none either: its test reads the report.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ PLANTED_MODULE = "repro.engine.connectors.planted_fault"
 CONTENDED_ARM = "PlantedFault-contended"
 INTERMITTENT_ARM = "PlantedFault-intermittent"
 BUSY_ARM = "PlantedFault-none"
+REPLAY_ARM = "PlantedFault-replay"
 
 
 def _planted_arm(name: str, **extra) -> dict:
@@ -80,6 +82,18 @@ def intermittent_fixture(claim_dir: str | os.PathLike, fault: str = "zero_blocks
         "other engine of the arm's trials loads faithfully. No expectations: which trial fails "
         "depends on which engine wins the claim.",
         [_planted_arm(INTERMITTENT_ARM, **extra)],
+    )
+
+
+def replay_fixture() -> dict:
+    """The other_prompt fault: every reuse runs on the KV the most recently stored other prompt has at
+    the same positions (the previous probe's cold request stored it), its own last partial block computed
+    on top. The first probe has no other prompt stored before it: it loads faithfully."""
+    return _fixture(
+        "planted-replay",
+        "The planted other_prompt fault: each reuse is served another probe's stored KV for its whole "
+        "loaded prefix. No expectations: the test asserts what the report says of it.",
+        [_planted_arm(REPLAY_ARM, fault="other_prompt")],
     )
 
 

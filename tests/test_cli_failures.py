@@ -214,6 +214,25 @@ def test_kill_9_of_the_kit_stops_its_children_and_leaves_the_old_report(setup, j
     assert (setup["logs"] / "baseline.log").read_bytes() == OLD_LOG
 
 
+def test_the_next_run_removes_what_a_killed_kit_left_and_says_so_in_one_line(setup):
+    """Issue 21 (8): after kill -9 the kit's work directory (gigabytes of KV tensors on a GPU box) and
+    its connector stores stayed for ever. The next run finds work directories whose kit is no longer
+    running (by the pid and start time each records) and removes them with their stores."""
+    proc, pid_files = _kit_mid_arm(setup, 2)
+    proc.kill()
+    proc.communicate(timeout=60)
+    _assert_all_gone(pid_files, within_s=lifeline.GRACE_S + 10)
+    parent = setup["report"].parent
+    left = [p.name for p in parent.iterdir() if p.name.startswith(".report.work-")]
+    assert len(left) == 1 and list(setup["TMPDIR"].iterdir()), "the killed kit left nothing to clean"
+    again = run_cli(_args(setup, "--kv-connector", "ExampleConnector"), env=_env(setup), timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert [p.name for p in parent.iterdir() if p.name.startswith(".")] == []
+    assert list(setup["TMPDIR"].iterdir()) == [], "its connector stores are still there"
+    said = [line for line in again.stderr.splitlines() if left[0] in line]
+    assert len(said) == 1 and "no longer running" in said[0], again.stderr
+
+
 def test_secrets_are_redacted_in_report_and_kept_logs(setup):
     secret = "hf_abcdefghijklmnop0123"
     proc = run_cli(
@@ -274,6 +293,13 @@ def _tok(name: str, ids: list[int]) -> dict:
     return {"name": name, "prompt": {"token_ids": ids}}
 
 
+def _arms(s: dict, *names: str) -> list[str]:
+    """Fixture connector arms of these names, run with --compare-native (so native-matched runs too)."""
+    conn = {"connector": "ExampleConnector", "extra_config": {"shared_storage_path": "@tmpdir"}}
+    _edit_fixture(s, arms=[{"name": n, **conn} for n in names])
+    return ["--compare-native"]
+
+
 # case: (set-up returning extra flags, what the one-line message must name)
 BAD_INPUT = {
     "malformed fixture JSON": (lambda s: s["fixture"].write_text('{"kind": "kvkit-fixture",') and [], "not valid JSON"),
@@ -315,6 +341,25 @@ BAD_INPUT = {
     "trials not an integer": (lambda s: ["--trials", "2.5"], "argument --trials: invalid int value"),
     "unknown copy path": (lambda s: ["--lmcache-ops", "fastest"], "argument --lmcache-ops: invalid choice"),
     "GPU load on the CPU": (lambda s: ["--gpu-load", "--device", "cpu"], "--gpu-load needs a CUDA GPU"),
+    # issue 21 (1): an arm named like one of the kit's own arms or files (native-matched used to wait on
+    # itself for ever), a name no file may carry, or two arms of one name
+    "fixture arm named native-matched": (lambda s: _arms(s, "native-matched"), "'native-matched' is reserved"),
+    "fixture arm named baseline": (lambda s: _arms(s, "baseline"), "'baseline' is reserved"),
+    "fixture arm named gpu-load": (lambda s: _arms(s, "gpu-load"), "'gpu-load' is reserved"),
+    "fixture arm named kv-compare": (lambda s: _arms(s, "kv-compare"), "'kv-compare' is reserved"),
+    "fixture arm named like a server log": (lambda s: _arms(s, "A.lmcache-server"), "is reserved"),
+    "fixture arm named like a trial": (lambda s: _arms(s, "A~trial2"), "must be 1-64 letters, digits"),
+    "fixture arm name with a slash": (lambda s: _arms(s, "../A"), "must be 1-64 letters, digits"),
+    "fixture arm name starting with a dot": (lambda s: _arms(s, ".A"), "must not start with '.'"),
+    "duplicate fixture arm names": (lambda s: _arms(s, "A", "A"), "duplicate arm name 'A'"),
+    "command-line connector named native": (
+        lambda s: ["--kv-connector", "native", "--compare-native"],
+        "--kv-connector: 'native' is reserved",
+    ),
+    "command-line connector named native-matched": (
+        lambda s: ["--kv-connector", "native-matched", "--compare-native"],
+        "--kv-connector: 'native-matched' is reserved",
+    ),
 }
 
 
@@ -324,7 +369,9 @@ def test_bad_input_is_one_line_exit_2_and_overwrites_nothing(setup, case):
     extra = make(setup)
     default_arm = (
         []
-        if case in ("nothing to compare", "module path without connector") or "--kv-connector" in extra
+        if case in ("nothing to compare", "module path without connector")
+        or "--kv-connector" in extra
+        or "--compare-native" in extra
         else ["--kv-connector", "ExampleConnector"]
     )
     proc = run_cli(_args(setup, *default_arm) + extra, env=_env(setup), timeout=60)
@@ -442,3 +489,34 @@ def test_arms_start_during_the_preflight_and_wait_at_the_gate_for_its_word(setup
     assert seen["started_before_the_word"] and seen["gate"] == str(work / "preflight.gate")
     assert seen["word"] == ("go" if preflight_ok else "stop")
     assert bool(outcomes[0].result.preflight_problems) is not preflight_ok
+
+
+def test_a_fixture_arm_runs_its_own_lmcache_copy_path_and_the_report_says_so(setup):
+    """One connector twice, once per copy path: the arm naming `lmcache_ops: fallback` runs with the
+    kit's blocker on its PYTHONPATH (it blocks lmcache.cuda_ops), the other arm without it."""
+    from repro.lmcache_ops import FALLBACK_DIR
+
+    arms = [
+        {"name": "ex-fallback", "connector": "ExampleConnector", "lmcache_ops": "fallback"},
+        {"name": "ex-default", "connector": "ExampleConnector"},
+    ]
+    for arm in arms:
+        arm["extra_config"] = {"shared_storage_path": "@tmpdir"}
+    fixture = _fixture(setup["tmp"], arms=arms)
+    proc = run_cli(_args(setup, fixture=fixture), env=_env(setup, echo_env=["PYTHONPATH"]), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    logs = {p.stem: p.read_text() for p in setup["logs"].iterdir()}
+    paths = {arm: next(line for line in text.splitlines() if "PYTHONPATH=" in line) for arm, text in logs.items()}
+    assert str(FALLBACK_DIR) in paths["ex-fallback"]
+    assert str(FALLBACK_DIR) not in paths["ex-default"] and str(FALLBACK_DIR) not in paths["baseline"]
+    own = json.loads(setup["report"].read_text())["provenance"]["lmcache_ops_arms"]
+    assert list(own) == ["ex-fallback"] and own["ex-fallback"]["mode"] == "fallback"
+    assert own["ex-fallback"]["path"] == "fallback"
+
+
+def test_a_fixture_arm_with_an_unknown_copy_path_is_one_line_exit_2(setup):
+    arms = [{"name": "ex", "connector": "ExampleConnector", "lmcache_ops": "fastest"}]
+    proc = run_cli(_args(setup, fixture=_fixture(setup["tmp"], arms=arms)), env=_env(setup), timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "arms[0].lmcache_ops: must be one of auto, compiled, fallback" in proc.stderr
+    assert_untouched(setup)

@@ -87,6 +87,34 @@ def test_each_key_that_differs_is_named_and_the_arm_is_not_compared(change, name
     assert reasons == ["refusing to compare: " + problems[0]]
 
 
+def _on_gpu(result: dict, name: str, capability: str, *others: str) -> dict:
+    """A result whose child saw this GPU first (the one it ran on), as repro.engine.child records it."""
+    result = copy.deepcopy(result)
+    result["versions"].update(gpus=[name, *others], gpu_capabilities=[capability] * (1 + len(others)))
+    return result
+
+
+@pytest.mark.parametrize(
+    "gpu, named",
+    [
+        (("NVIDIA L4", "8.9"), ["GPU differs: baseline 'NVIDIA H200' vs conn 'NVIDIA L4'",
+                                "GPU compute capability differs: baseline '9.0' vs conn '8.9'"]),
+        (("NVIDIA H100 80GB HBM3", "9.0"), ["GPU differs: baseline 'NVIDIA H200' vs conn 'NVIDIA H100 80GB HBM3'"]),
+    ],
+)  # fmt: skip
+def test_arms_on_different_gpu_models_are_not_compared(gpu, named):
+    """Issue 21 (5): the check covered engine settings and package versions, not the GPU: arms spread
+    over a box's GPUs (or a trial on another) were compared without a word across GPU models."""
+    base = _on_gpu(BASE, "NVIDIA H200", "9.0")
+    other = _on_gpu(_other(), *gpu)
+    assert comparability(base, other) == named
+    probes, verdict, reasons = judge_arm(other, base, "connector", 16)
+    assert probes == [] and verdict == "ERROR" and reasons == ["refusing to compare: " + n for n in named]
+    # the same model on another GPU of the box compares; so do two CPU arms (no GPU recorded)
+    assert comparability(base, _on_gpu(_other(), "NVIDIA H200", "9.0", "NVIDIA L4")) == []
+    assert comparability(BASE, _other()) == []
+
+
 def test_a_missing_fixture_hash_on_one_side_is_a_difference():
     other = _other()
     del other["fixture_sha256"]

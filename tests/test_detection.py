@@ -16,7 +16,9 @@ from repro.detection.matrix import (
     compare_error,
     control_entry,
     false_positives_by_window,
+    fault_entry,
     prefix_check,
+    replay_tally,
     summarize,
     summarize_cell,
     window_verdicts,
@@ -35,6 +37,7 @@ needs_committed = pytest.mark.skipif(
 )
 BASE = list(range(100, 132))  # a 32-token baseline generation
 WINDOW_KEYS = [str(w) for w in plan.WINDOWS]
+CELLS = [(k, p) for k in plan.FAULT_PARAMS for p in plan.positions_of(k)]  # every (fault, position) the study runs
 
 
 def _diverge_at(i: int | None) -> tuple[int, ...]:
@@ -352,6 +355,119 @@ def test_detection_site_on_a_broken_report_is_one_line_and_exit_2(tmp_path, caps
     assert "is not valid JSON" in err and err.count("\n") == 1 and not site.exists()
 
 
+# ---- replays --------------------------------------------------------------------------------------
+
+DECOY_ANSWER = tuple(range(200, 232))
+
+
+def test_other_prompt_runs_at_its_one_position_over_the_whole_prefix(tmp_path):
+    assert plan.positions_of("other_prompt") == {"prefix": None} and plan.positions_of("stale") == plan.POSITIONS
+    job = plan.fault_job(tmp_path, "other_prompt", "prefix", "/m")
+    extra = job.arm.connector.extra_config
+    assert job.arm.name == "other_prompt-prefix" and extra["fault"] == "other_prompt" and "first_block" not in extra
+
+
+def test_the_baseline_runs_the_decoy_so_a_reuse_served_its_kv_can_name_it(tmp_path):
+    base = plan.baseline_job(tmp_path, 1, "/m1")
+    assert [(p.name, p.requests) for p in base.probes] == [(plan.DECOY[0], 1)] + [(n, 1) for n, _ in plan.PROMPTS]
+
+
+def _probe(name: str, outputs: list[tuple[int, ...]]) -> dict:
+    reqs = [_request(ids, 0 if i == 0 else 32, "cold" if i == 0 else "reuse") for i, ids in enumerate(outputs)]
+    return {"name": name, "prompt_token_ids": list(range(len(name), 40)), "requests": reqs}
+
+
+def test_a_fault_rows_reuses_are_judged_for_replays_of_every_prompts_answer():
+    """alpha's reuse answers as the decoy did from its first token (the decoy is in the baseline); bravo's
+    diverges into nothing it could replay; the decoy itself is never a row."""
+    baseline = {
+        "probes": [_probe("decoy", [DECOY_ANSWER]), _probe("alpha", [tuple(BASE)]), _probe("bravo", [tuple(BASE)])]
+    }
+    result = {
+        "probes": [
+            _probe("decoy", [DECOY_ANSWER]),
+            _probe("alpha", [tuple(BASE), DECOY_ANSWER[:9] + tuple(BASE[9:])]),
+            _probe("bravo", [tuple(BASE), _diverge_at(4)]),
+        ]
+    }
+    entry = fault_entry("other_prompt", "prefix", {}, result, None, baseline, [])
+    rows = {p["name"]: p for p in entry["probes"]}
+    assert set(rows) == {"alpha", "bravo"}
+    assert rows["alpha"]["reuse_replays"] == [[{"probe": "decoy", "request": "baseline", "from": 0, "tokens": 9}]]
+    assert rows["bravo"]["reuse_replays"] == [[]]  # it diverged, into nothing another prompt answered
+    tally = replay_tally(entry["probes"])
+    assert tally["divergent_reuses"] == 2 and tally["replaying_own_earlier"] == 0
+    assert tally["replaying_another"] == [
+        {
+            "name": "alpha",
+            "reuse": 1,
+            "probe": "decoy",
+            "request": "baseline",
+            "from": 0,
+            "tokens": 9,
+            "served": None,
+            "served_from": None,
+        }
+    ]  # no audit column on this row: whether decoy's KV was served is not known
+
+
+def _replay_row(name: str, replays: list, served_from: list | None) -> dict:
+    row = {"name": name, "reuse_replays": replays}
+    return row if served_from is None else {**row, "kv": {"served_from": served_from}}
+
+
+def test_each_replay_is_checked_against_the_prompt_whose_kv_the_audit_found():
+    """The truth is the KV audit's (what the reuse's wrong blocks equal); replays never read it."""
+    named = {"probe": "decoy", "request": "baseline", "from": 0, "tokens": 9}
+    other = {"probe": "echo", "request": "baseline", "from": 3, "tokens": 6}
+    own = {"probe": "charlie", "request": "cold", "from": 2, "tokens": 4}
+    probes = [
+        _replay_row("alpha", [[named]], [["decoy"]]),  # names the served prompt
+        _replay_row("bravo", [[other]], [["alpha"]]),  # names another: the model's answers share phrases
+        _replay_row("charlie", [[own]], [[]]),
+        _replay_row("delta", [None], [[]]),  # matched the baseline
+    ]
+    tally = replay_tally(probes)
+    assert tally["divergent_reuses"] == 3 and tally["replaying_own_earlier"] == 1
+    assert [(r["name"], r["served"]) for r in tally["replaying_another"]] == [("alpha", True), ("bravo", False)]
+    fault = {"fault": "other_prompt", "position": "prefix", "error": None, "windows": {}, "probes": probes}
+    s = summarize([fault], [dict(_control(0), probes=[_replay_row("alpha", [None, None], None)])], True)["replays"]
+    assert s == {
+        "present": True,
+        "divergent_reuses": 3,
+        "replaying_another": 2,
+        "naming_the_served_prompt": 1,
+        "replaying_own_earlier": 1,
+        "by_fault": {"other_prompt/prefix": [2, 3]},
+        "control_replaying": 0,
+    }
+    assert replay_tally([{"name": "alpha"}]) is None  # a row made before replays were counted
+    assert summarize([dict(fault, probes=[{"name": "alpha"}])], [], True)["replays"] == {"present": False}
+
+
+def test_the_page_shows_the_replays_column_and_what_the_audit_found():
+    report = _fake_report()
+    report["faults"][0]["probes"] = [
+        dict(
+            report["faults"][0]["probes"][0],
+            **_replay_row("alpha", [[{"probe": "echo", "request": "baseline", "from": 3, "tokens": 6}]], [["decoy"]]),
+        ),
+        dict(report["faults"][0]["probes"][0], **_replay_row("bravo", [None], [[]])),
+    ]
+    report["controls"][0]["probes"] = [_replay_row("alpha", [None, None], None)]
+    m = page_model(report)
+    assert m.replays_present and (m.replaying_another, m.divergent_reuses, m.naming_the_served_prompt) == (1, 1, 0)
+    assert m.rows[0].replays.text == "1/1 reuses, 0 naming the served prompt"
+    assert m.rows[0].replay_notes == (
+        (
+            "alpha reuse 1: replays echo's answer from @3, 6 tokens; the KV audit found decoy's blocks in it, "
+            "not echo's: a match by chance"
+        ),
+    )
+    html = render_page(report)
+    assert "1 of the 1 reuses that diverged replay another prompt's answer (0 of them the prompt whose" in html
+
+
 # ---- the committed matrix ---------------------------------------------------------------------
 
 
@@ -360,7 +476,7 @@ def test_committed_matrix_detects_every_fault_with_no_false_positive():
     report = load_matrix(COMMITTED)
     kinds = {f["fault"] for f in report["faults"]}
     assert kinds == set(plan.FAULT_PARAMS) and len(kinds) >= 6
-    assert {f["position"] for f in report["faults"]} == set(plan.POSITIONS)
+    assert {(f["fault"], f["position"]) for f in report["faults"]} == set(CELLS)
     for kind in kinds:
         cells = [c for f in report["faults"] if f["fault"] == kind for c in f["windows"].values()]
         assert any(c["detected"] > 0 for c in cells), kind  # the arm verdict is FAIL somewhere
@@ -384,9 +500,7 @@ def test_committed_matrix_kv_audit_blamed_exactly_the_planted_blocks_and_nothing
     assert report["schema_version"] == plan.SCHEMA_VERSION and report["config"]["kv_audit"] is True
     kv = summarize(report["faults"], report["controls"], report["prefix_check"]["ok"])["kv_audit"]
     assert kv["present"] and kv["ok"] and kv["mismatches"] == []
-    assert (
-        kv["blamed_exactly"] == kv["fault_probes"] == len(plan.FAULT_PARAMS) * len(plan.POSITIONS) * len(plan.PROMPTS)
-    )
+    assert kv["blamed_exactly"] == kv["fault_probes"] == len(CELLS) * len(plan.PROMPTS)
     for f in report["faults"]:
         for p in f["probes"]:
             assert p["kv"]["outcome"] == "exact" and p["kv"]["planted_blocks"] == [p["faulted_blocks"]], f["fault"]
@@ -417,7 +531,22 @@ def test_committed_matrix_was_run_with_todays_plan():
     assert config["windows"] == list(plan.WINDOWS) and config["fault_params"] == plan.FAULT_PARAMS
     assert config["prompts"] == [list(p) for p in plan.PROMPTS] and config["decoy"] == list(plan.DECOY)
     assert config["positions"] == plan.POSITIONS and config["control_reuses"] == plan.CONTROL_REUSES
+    assert config["fault_positions"] == plan.FAULT_POSITIONS
     assert config["control_model_seeds"] == sorted(plan.CONTROL_MODEL_SEEDS)
+
+
+@needs_committed
+def test_committed_matrix_counts_replays_in_every_row_and_none_in_the_controls():
+    report = load_matrix(COMMITTED)
+    s = summarize(report["faults"], report["controls"], report["prefix_check"]["ok"])["replays"]
+    assert s["present"] and set(s["by_fault"]) == {f"{k}/{p}" for k, p in CELLS}
+    diverged = sum(d is not None for f in report["faults"] for p in f["probes"] for d in p["reuse_first_diffs"])
+    assert s["divergent_reuses"] == diverged > 0 and s["control_replaying"] == 0
+    assert 0 <= s["naming_the_served_prompt"] <= s["replaying_another"] <= diverged
+    for f in report["faults"]:
+        for p in f["probes"]:
+            assert len(p["reuse_replays"]) == len(p["reuse_first_diffs"])
+            assert [r is None for r in p["reuse_replays"]] == [d is None for d in p["reuse_first_diffs"]]
 
 
 @needs_committed

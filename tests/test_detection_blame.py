@@ -256,7 +256,9 @@ def test_a_version_1_matrix_still_loads_and_renders_with_the_audit_absent(tmp_pa
     assert not m.kv_present and m.rows[0].kv.status == "absent" and m.controls[0].false_blames.status == "absent"
     html = render_page(report)
     assert "KV audit: absent (schema version 1" in html
-    assert html.count('<td class="absent">') == 2
+    assert html.count('<td class="absent">') == 3  # the fault's KV column, the control's, the fault's replays
+    assert m.rows[0].replays.status == "absent" and not m.replays_present
+    assert "replays: not counted (this matrix was made before replays were counted)" in html
 
 
 @pytest.mark.parametrize("version", [0, plan.SCHEMA_VERSION + 1, True])

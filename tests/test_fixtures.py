@@ -65,3 +65,38 @@ def test_the_shipped_fixtures_still_load():
         fixture = load_fixture(path)
         assert fixture.probes and fixture.sha256
         assert all(v in KV_VERDICTS for table in fixture.expected_kv.values() for v in table.values())
+
+
+def test_every_name_the_kit_gives_an_arm_or_a_file_is_refused_as_an_arm_name():
+    """Issue 21 (1): a fixture arm named native-matched made the control arm wait on itself for ever
+    (and share its log, result file and KV directory). The names come from the modules that make them."""
+    from pathlib import Path
+
+    from repro import gpu_load, lmcache_mp, plan
+    from repro.fixtures import RESERVED_ARM_NAMES, arm_name_problem
+
+    kit_names = [
+        "baseline",
+        "native",
+        plan.NATIVE_MATCHED,
+        gpu_load.load_log_path(Path("w")).stem,  # gpu-load.log
+        "kv-compare",  # repro.kvaudit.run_compare's job, result and log
+        lmcache_mp.server_log_path(Path("w"), "LMCacheMPConnector").stem,  # LMCacheMPConnector.lmcache-server.log
+        "A~trial2",  # repro.verify.Extra.fresh: trials and confirmations
+        "A~alone",
+    ]
+    for name in kit_names + ["a/b", "..", ".A", "", "x" * 65, "a b"]:
+        assert arm_name_problem(name), name
+    for name in ("ExampleConnector", "PlantedFault-none", "LMCacheConnectorV1", "v1.5_b", "native2", "x" * 64):
+        assert arm_name_problem(name) is None, name
+    schema = json.loads((ROOT / "schemas" / "fixture.schema.json").read_text())
+    rules = schema["$defs"]["arm"]["properties"]["name"]["allOf"]
+    assert {"not": {"enum": list(RESERVED_ARM_NAMES)}} in rules  # the schema says the same
+
+
+@pytest.mark.parametrize("name", ["native-matched", "gpu-load", "A/B", "A~trial2"])
+def test_a_fixture_arm_with_a_refused_name_is_one_line(name):
+    arm = {"name": name, "connector": "ExampleConnector"}
+    with pytest.raises(UsageError, match=r"arms\[0\]\.name: ") as caught:
+        parse_fixture(_doc(arms=[arm]), "f.json", "0" * 64)
+    assert "\n" not in str(caught.value)

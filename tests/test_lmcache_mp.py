@@ -236,6 +236,54 @@ def test_kill_9_of_the_kit_takes_the_server_group_down(tmp_path, ignore_term):
     assert "kvkit lifeline: the kit is gone" in (tmp_path / "arm.lmcache-server.log").read_text()
 
 
+def test_no_server_starts_once_the_run_is_stopping(tmp_path):
+    """Issue 21 (3): a server registered only after it started, so one starting during the verifier's
+    stop sweep was missed; the stop is checked under the lock where a server registers."""
+    from repro import runner
+
+    try:
+        stop_all_servers()
+        with pytest.raises(runner.Interrupted), _server(tmp_path, {}):
+            pytest.fail("a server started after the stop")
+    finally:
+        runner.allow_children()
+    assert not (tmp_path / "server.pid").exists() and not (tmp_path / "grandchild.pid").exists()
+
+
+def test_a_server_the_kit_did_not_start_is_never_taken_for_its_own(tmp_path, monkeypatch):
+    """Issue 21 (7): the kit picks free ports and releases them; another process (another cell's
+    server) may bind one first. The readiness probe used to accept whoever answered healthy there;
+    it now checks that the listening sockets belong to the group the kit started."""
+    from repro import lmcache_mp
+
+    ports = free_ports("127.0.0.1", 2)
+    other = subprocess.Popen(
+        [sys.executable, "-m", "tests.stand_in_mp_server", "--port", str(ports[0]), "--http-port", str(ports[1])],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not probe_ready("127.0.0.1", *ports):
+            assert other.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        monkeypatch.setattr(lmcache_mp, "free_ports", lambda host, n: list(ports))
+        with (
+            _no_leftovers(tmp_path),
+            pytest.raises(ServerError) as caught,
+            _server(tmp_path, {}, ready_timeout_s=15),
+        ):
+            pytest.fail("the kit took another process's server for the one it started")
+    finally:
+        other.kill()
+        other.wait()
+    err = caught.value
+    assert err.kind == LMCACHE_SERVER_START, err
+    assert f"pid {other.pid}" in err.detail and "not the server the kit started" in err.detail, err.detail
+
+
 # ---- the server's copy path (repro.lmcache_ops): its import probe and its log --------------------
 
 WARNING_LINE = (

@@ -178,6 +178,43 @@ def test_a_crashing_verifier_is_an_error_cell_and_leaves_no_report(tmp_path):
     assert status.cell_error(outcome, None, False)[0] == status.CRASH
 
 
+def test_cells_at_once_on_one_host_run_on_cores_of_their_own(tmp_path, monkeypatch):
+    """Issue 21 (6): cells running at once each bound their arms to cores 0..n-1. A CPU cell claims as
+    many cores as its Ray CPUs (a lock file per core, on this host: gone with its holder, kill -9
+    included) and runs its verifier on them; the verifier binds its arms within its affinity set."""
+    import os
+    import threading
+
+    from repro.matrix import cell
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores")
+    monkeypatch.setattr(cell, "CORE_LOCKS", tmp_path / "cores")
+    fake = tmp_path / "python"  # runs the launcher; as the verifier, prints its cores while both cells run
+    fake.write_text(
+        f'#!/bin/sh\nif [ "$1" = "-c" ]; then exec {sys.executable} "$@"; fi\n'
+        f"exec {sys.executable} -c \"import os, time; print('cores', sorted(os.sched_getaffinity(0))); "
+        'time.sleep(1.5)"\n'
+    )
+    fake.chmod(0o755)
+    outcomes: dict = {}
+
+    def run(name: str) -> None:
+        report = tmp_path / f"{name}.json"
+        job = CellJob(name, str(fake), (), str(report), str(ROOT), 60, "driver", cpus=1)
+        outcomes[name] = run_cell(job)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    cores = {n: [line for line in o.output_tail.splitlines() if line.startswith("cores")] for n, o in outcomes.items()}
+    assert all(o.returncode == 0 for o in outcomes.values()), outcomes
+    assert len(cores["a"]) == len(cores["b"]) == 1 and cores["a"] != cores["b"], cores
+    assert all(len(eval(c[0].split(" ", 1)[1])) == 1 for c in cores.values()), cores
+
+
 def _summary():
     m = _matrix()
     a, b = m.cells

@@ -149,8 +149,12 @@ def test_secret_env_values_are_redacted_from_the_kept_log(tmp_path):
         (-9, "torch.OutOfMemoryError: CUDA out of memory", False, False, OOM),
         (-11, "", False, False, CRASH),
         (1, "RuntimeError: CUDA out of memory. Tried to allocate", False, False, OOM),
-        (137, "", False, True, OOM),
+        (137, "", False, True, OOM),  # SIGKILL, as a shell reports it
         (137, "", False, False, NONZERO_EXIT),
+        # issue 21 (4): the cgroup's count rose, but this child was not what the killer took
+        (7, "", False, True, NONZERO_EXIT),
+        (3, "", False, True, RAISED),
+        (-11, "", False, True, CRASH),
         (3, "", False, False, RAISED),
         (2, "the process was killed by someone", False, False, NONZERO_EXIT),
     ],
@@ -177,3 +181,82 @@ def test_a_result_of_another_schema_version_is_a_named_failure(tmp_path):
     assert out.result is None and out.failure.kind == RESULT_VERSION
     assert "schema_version 99" in out.failure.detail
     assert_no_leftovers(tmp_path)
+
+
+@pytest.mark.parametrize("rc, kind", [(7, NONZERO_EXIT), (3, RAISED), (-11, CRASH), (1, NONZERO_EXIT)])
+def test_an_oom_kill_in_the_window_never_replaces_a_named_error(rc, kind):
+    """Issue 21 (4): with arms at once the cgroup's oom_kill count covers every arm (and their MP
+    servers): a rise while this arm ran does not say this arm was the one killed. Out of memory is
+    claimed for the killed process (SIGKILL, what the kernel's killer sends) or on the arm's own log;
+    any other failure keeps its own kind and detail, and says that something was OOM-killed meanwhile."""
+    got = classify_exit(rc, "", False, oom_killed=True)
+    assert got[0] == kind, got
+    assert "out-of-memory killer" in got[1] and "not necessarily this arm" in got[1]
+
+
+def test_an_arm_that_raised_while_something_else_was_oom_killed_keeps_its_error(tmp_path, monkeypatch):
+    counts = iter([4, 5])  # before and after the arm: another arm's process was killed meanwhile
+    monkeypatch.setattr(runner, "oom_kill_count", lambda: next(counts))
+    out = run_fake(tmp_path, "raise")
+    assert out.failure.kind == RAISED, out.failure
+    assert out.failure.detail.startswith("ValueError: fake engine raised")
+    assert "out-of-memory killer" in out.failure.detail
+    assert_no_leftovers(tmp_path)
+
+
+# ---- stopping: no child starts once the run is stopping (issue 21 (3)) -----------------------------
+
+
+def test_no_child_starts_once_the_run_is_stopping(tmp_path):
+    """A thread that passed its own stop check used to start its child after the sweep that stops
+    children, and the interrupted run then waited that whole arm out."""
+    try:
+        runner.stop_all_children()  # the sweep; nothing was running
+        t0 = time.monotonic()
+        with pytest.raises(runner.Interrupted):
+            run_fake(tmp_path, "hang", timeout_s=6)
+        assert time.monotonic() - t0 < 3
+        assert not (tmp_path / "pids" / "baseline.child.pid").exists()
+    finally:
+        runner.allow_children()
+
+
+def test_a_child_starting_while_the_run_stops_is_stopped_with_the_others(tmp_path, monkeypatch):
+    """The stop and a child's start are ordered under one lock: the sweep sees the child, or the child
+    never starts."""
+    import threading
+
+    entered, go = threading.Event(), threading.Event()
+    real_start = runner.start_child
+
+    def slow_start(*args, **kwargs):  # past every stop check, in the middle of starting its child
+        entered.set()
+        go.wait(10)
+        return real_start(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "start_child", slow_start)
+    outcome: dict = {}
+
+    def arm() -> None:
+        try:
+            outcome["out"] = run_fake(tmp_path, "hang", timeout_s=30)
+        except runner.Interrupted as exc:
+            outcome["out"] = exc
+
+    try:
+        thread = threading.Thread(target=arm)
+        thread.start()
+        assert entered.wait(10)
+        t0 = time.monotonic()
+        stopper = threading.Thread(target=runner.stop_all_children)
+        stopper.start()
+        time.sleep(0.3)
+        go.set()
+        stopper.join(30)
+        thread.join(30)
+        assert not thread.is_alive() and time.monotonic() - t0 < 15, "the arm ran on after the stop"
+    finally:
+        runner.allow_children()
+    child = tmp_path / "pids" / "baseline.child.pid"
+    if child.exists():  # it started before the sweep took the lock: the sweep stopped its group
+        assert runner.group_members(int(child.read_text())) == []

@@ -91,3 +91,111 @@ def test_a_report_that_breaks_its_schema_is_never_written(fake_env, monkeypatch,
     assert verify.main(_args(fake_env, "--kv-connector", "ExampleConnector")) == EXIT_RUNTIME
     assert "does not match schemas/report.schema.json at arms/1/verdict" in capsys.readouterr().err
     assert_untouched(fake_env)
+
+
+# ---- run_arms: slots taken at launch, names that cannot deadlock (issue 21) ------------------------
+
+
+def _jobs(s: dict, names: list[str]):
+    from repro.contract import ArmSpec, EngineConfig, ProbeJob, build_job
+
+    engine = EngineConfig(str(s["model"]), None, "auto", 0, 0.5, 256, 16, "cpu")
+    probes = [ProbeJob("p", {"token_ids": [1, 2]}, 1)]
+    mode = {"baseline": "baseline"}
+    return {n: build_job(ArmSpec(n, mode.get(n, "native")), engine, probes, max_tokens=2, logprobs=2) for n in names}
+
+
+def _run_arms(s: dict, planned, n_jobs: int, fake_run_arm, *flags: str, slots=None):
+    from repro.cli import parse_args
+    from repro.plan import arm_slots
+    from repro.progress import Progress
+
+    opts = parse_args(_args(s, "--kv-connector", "ExampleConnector", "--jobs", str(n_jobs), *flags))
+    jobs = _jobs(s, [p.name for p in planned])
+    work = s["tmp"] / "work"
+    work.mkdir(exist_ok=True)
+    slots = slots if slots is not None else arm_slots(opts, len(planned), n_jobs)
+    real = verify.run_arm
+    verify.run_arm = fake_run_arm
+    try:
+        with Progress([p.name for p in planned], "quiet") as progress:
+            return verify.run_arms(
+                planned, lambda i, dep=None: jobs[planned[i].name], slots, n_jobs, work, {}, opts.args, progress
+            )
+    finally:
+        verify.run_arm = real
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_arms_at_once_never_share_a_slot_whatever_order_they_start_in(fake_env, monkeypatch, device):
+    """Issue 21 (2): slots were fixed by arm index while the pool starts arms as threads free up: with
+    2 jobs over 3 arms the third started (slot 2 % 2 = 0) while the first still ran in slot 0, two
+    arms on one GPU at the full memory share without the fixed KV cache, or on one core while the
+    other idled. An arm takes a free slot when it launches."""
+    import time
+
+    from repro import plan
+    from repro.contract import ArmSpec
+    from repro.plan import PlannedArm
+    from repro.runner import ArmOutcome
+
+    monkeypatch.setattr(plan, "visible_gpus", lambda: ["0", "1"])
+    monkeypatch.setattr(plan.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(plan.os, "sched_getaffinity", lambda pid: {0, 1})
+    key = "CUDA_VISIBLE_DEVICES" if device == "cuda" else "VLLM_CPU_OMP_THREADS_BIND"
+    planned = [PlannedArm(ArmSpec("baseline", "baseline")), PlannedArm(ArmSpec("A", "native")),
+               PlannedArm(ArmSpec("B", "native"))]  # fmt: skip
+    took = {"baseline": 1.0, "A": 0.1, "B": 0.4}  # B starts when A ends, while baseline still runs
+    seen: dict = {}
+    t0 = time.monotonic()
+
+    def fake_run_arm(job, workdir, log_path, env, timeout_s, python, module):
+        start = time.monotonic() - t0
+        time.sleep(took[job.arm.name])
+        seen[job.arm.name] = (start, time.monotonic() - t0, env.get(key), job.engine.gpu_memory_utilization)
+        return ArmOutcome(job.arm.name, None, None, log_path, "", 0.0)
+
+    _run_arms(fake_env, planned, 2, fake_run_arm, "--device", device)
+    assert set(seen) == {"baseline", "A", "B"} and all(v[2] is not None for v in seen.values()), seen
+    for x, (s1, e1, where1, _) in seen.items():
+        for y, (s2, e2, where2, _) in seen.items():
+            if x < y and s1 < e2 and s2 < e1:  # ran at the same time
+                assert where1 != where2, (x, y, seen)
+
+
+def test_an_arm_that_would_wait_on_itself_or_two_arms_of_one_name_are_refused_at_once(fake_env):
+    """Issue 21 (1): native-matched copying an arm of its own name waited on itself for ever."""
+    import time
+
+    from repro.contract import ArmSpec
+    from repro.plan import PlannedArm
+    from repro.runner import ArmOutcome
+
+    def fake_run_arm(job, workdir, log_path, env, timeout_s, python, module):
+        deadline = time.monotonic() + 8  # a real child would wait for its probes for ever
+        while job.probes_file and not os.path.exists(job.probes_file) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return ArmOutcome(job.arm.name, None, None, log_path, "", 0.0)
+
+    base = PlannedArm(ArmSpec("baseline", "baseline"))
+    for planned in (
+        [base, PlannedArm(ArmSpec("native-matched", "native"), match_arm="native-matched")],
+        [base, PlannedArm(ArmSpec("A", "native")), PlannedArm(ArmSpec("A", "native"))],
+    ):
+        t0 = time.monotonic()
+        with pytest.raises(ValueError, match="kit bug"):
+            _run_arms(fake_env, planned, 2, fake_run_arm)
+        assert time.monotonic() - t0 < 5
+
+
+def test_a_full_disk_is_one_line_and_exit_3_not_a_kit_bug(setup, monkeypatch, capsys):  # noqa: F811
+    """ENOSPC while the run writes (found by the chaos run): the machine's fault, named in one line."""
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device", str(setup["report"]))
+
+    monkeypatch.setattr(verify, "run", full)
+    assert verify._verify(_args(setup)) == EXIT_RUNTIME
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: No space left on device: {setup['report']}; no report written"
+    assert_untouched(setup)

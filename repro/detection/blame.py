@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from repro import kvaudit
 from repro.contract import ArmResult
+from repro.display import audit_source_probes
 from repro.verdict import CELL_CORRUPT, CORRUPT, EXACT, FAIL, NUMERIC, UNAVAILABLE
 
 # exact: the blamed blocks are the planted blocks; over: a strict superset; under: a strict subset
@@ -45,7 +46,8 @@ def audit_probes(
     name: str, mode: str, result: dict, probes: list[str], raw: dict | None, problem: str | None, block_size: int
 ) -> tuple[dict, dict[str, dict]]:
     """The arm's audit status (status, reason, floor) and, per probe in `probes`, the verifier's KV
-    verdict with its reasons and blame, and the blocks each reuse request's audit found corrupt."""
+    verdict with its reasons and blame, the blocks each reuse request's audit found corrupt, and the
+    other prompts whose blocks it found in each reuse (served_from: what its wrong bytes equal)."""
     by_name = {p["name"]: p for p in result["probes"]}
     shim = {
         "name": name,
@@ -57,7 +59,14 @@ def audit_probes(
     out = {}
     for p in shim["probes"]:
         kv = p["kv"] or {"verdict": UNAVAILABLE, "reasons": [NO_AUDIT], "blame": None}
-        out[p["name"]] = {**kv, "blamed_blocks": [corrupt_blocks(r["kv_audit"]) for r in p["requests"][1:]]}
+        reuses = p["requests"][1:]
+        out[p["name"]] = {
+            **kv,
+            "blamed_blocks": [corrupt_blocks(r["kv_audit"]) for r in reuses],
+            # the study's prompts load at most 28 blocks: layers 0 and 1 (112 cells) always fit in the matches
+            # the report keeps (repro.kvaudit.MATCHES_KEPT), so no prompt's KV goes unnamed for want of room
+            "served_from": [audit_source_probes(r) for r in reuses],
+        }
     arm = {k: status.get(k) for k in ("status", "reason", "floor")}
     return arm, out
 
@@ -90,6 +99,7 @@ def probe_blame(kv: dict, planted: list[list[int] | None], tokens_changed: bool)
         "planted_blocks": [sorted(p) for p in planted_sets],
         "outcome": outcome,
         "tokens_changed": tokens_changed,
+        "served_from": kv.get("served_from"),
     }
 
 

@@ -61,6 +61,16 @@ def _publish(report: dict, report_path: str, site_path: str) -> int:
             print(f"  not blamed exactly: {m}")
     else:
         print("kv audit: absent (a matrix made before the audit)")
+    replays = s["replays"]
+    if replays["present"]:
+        print(
+            f"replays: {replays['replaying_another']}/{replays['divergent_reuses']} divergent reuses replay another "
+            f"prompt's answer ({replays['naming_the_served_prompt']} naming the prompt whose KV the audit found; "
+            f"{replays['replaying_own_earlier']} only an earlier request of their own), "
+            f"in the controls: {replays['control_replaying']}"
+        )
+    else:
+        print("replays: not counted (a matrix made before replays were counted)")
     for cell in s["not_fully_detected_cells"]:
         print(f"  not fully detected: {cell}")
     print(f"report: {report_path}\npage: {site_path}", file=sys.stderr)

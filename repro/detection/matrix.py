@@ -8,6 +8,7 @@ from repro import evaluate
 from repro.contract import ArmResult, ProbeResult
 from repro.detection.blame import planted_fault, summarize_blame
 from repro.detection.plan import DECOY, WINDOWS
+from repro.replays import BASELINE
 from repro.verdict import FAIL, INCONCLUSIVE, PASS, Request, decide_probe
 
 
@@ -65,7 +66,8 @@ def summarize(faults: list[dict], controls: list[dict], prefix_ok: bool) -> dict
     arm takes its worst probe, so one diverging probe is enough. It is reliably detected when
     every probe of some cell diverged. A false positive at any window fails the study, and so does
     an audit (schema 2) that did not blame exactly the planted blocks of every fault probe, or
-    blamed a block of a control (repro.detection.blame.summarize_blame).
+    blamed a block of a control (repro.detection.blame.summarize_blame). Replays (summarize_replays)
+    say what the divergent reuses' tokens were; they pass or fail nothing.
     """
     detected: dict[str, bool] = {}
     reliable: dict[str, bool] = {}
@@ -86,6 +88,7 @@ def summarize(faults: list[dict], controls: list[dict], prefix_ok: bool) -> dict
     ]
     every = bool(detected) and all(detected.values())
     kv = summarize_blame(faults, controls)
+    replays = summarize_replays(faults, controls)
     ok = every and all(n == 0 for n in fp.values()) and exercised > 0 and prefix_ok and not errors and kv["ok"]
     return {
         "fault_kinds_detected": detected,
@@ -99,15 +102,20 @@ def summarize(faults: list[dict], controls: list[dict], prefix_ok: bool) -> dict
         "arm_errors": errors,
         "prefix_check_ok": prefix_ok,
         "kv_audit": kv,
+        "replays": replays,
         "ok": ok,
     }
 
 
-def judge_probe(base_probe: dict, probe: dict) -> dict:
+def judge_probe(base_probe: dict, probe: dict, answers: dict[str, list[int]] | None = None) -> dict:
     """One probe of a reuse arm against the baseline's, at every window; the per-request first
-    diffs and margins are the verifier's own (repro.evaluate.judge_probe over the full run)."""
+    diffs, margins and replays are the verifier's own (repro.evaluate.judge_probe over the full run;
+    answers: every other prompt's answer by name, what a divergent reuse may replay)."""
     judged, _ = evaluate.judge_probe(
-        ProbeResult.from_json(probe, probe["name"]), ProbeResult.from_json(base_probe, base_probe["name"]), "connector"
+        ProbeResult.from_json(probe, probe["name"]),
+        ProbeResult.from_json(base_probe, base_probe["name"]),
+        "connector",
+        answers,
     )
     cold, *reuses = judged["requests"]
     view = [Request(tuple(r["token_ids"]), r.get("cached_tokens")) for r in judged["requests"]]
@@ -122,9 +130,58 @@ def judge_probe(base_probe: dict, probe: dict) -> dict:
         "cold_first_diff": cold["first_diff"],
         "reuse_cached_tokens": [r.get("cached_tokens") for r in reuses],
         "reuse_first_diffs": diffs,
+        "reuse_replays": [r["replays"] for r in reuses],
         "first_diff": first,
         "margin": margin,
         "verdicts": {str(w): v for w, v in verdicts.items()},
+    }
+
+
+def answers_of(baseline: dict) -> dict[str, list[int]]:
+    """What a divergent reuse may replay: every prompt's baseline answer (the decoy's included)."""
+    return {p["name"]: list(p["requests"][0]["token_ids"]) for p in baseline["probes"] if p["requests"]}
+
+
+def replay_tally(probes: list[dict]) -> dict | None:
+    """A row's replays over its 32-token runs (repro.replays): reuses that differed from the baseline,
+    those whose tokens replay another prompt's answer (each with its first such replay, and `served`:
+    whether the KV audit found that prompt's blocks in what the reuse read; None where the row has no
+    audit), and those that replay only an earlier request of their own prompt. None for rows made before
+    replays were counted."""
+    if not probes or any("reuse_replays" not in p for p in probes):
+        return None
+    divergent, another, own = 0, [], 0
+    for p in probes:
+        served = (p.get("kv") or {}).get("served_from")
+        for reuse, found in enumerate(p["reuse_replays"], start=1):
+            if found is None:
+                continue
+            divergent += 1
+            theirs = [r for r in found if r["request"] == BASELINE]
+            if theirs:
+                truth = served[reuse - 1] if isinstance(served, list) and reuse <= len(served) else None
+                named = {"name": p["name"], "reuse": reuse, **theirs[0]}
+                served_ok = None if truth is None else theirs[0]["probe"] in truth
+                another.append({**named, "served": served_ok, "served_from": truth})
+            own += bool(found) and not theirs
+    return {"divergent_reuses": divergent, "replaying_another": another, "replaying_own_earlier": own}
+
+
+def summarize_replays(faults: list[dict], controls: list[dict]) -> dict:
+    """The replays column's totals; `present` is false for a matrix made before replays were counted."""
+    rows = [(f"{f['fault']}/{f['position']}", replay_tally(f.get("probes") or [])) for f in faults if not f["error"]]
+    checks = [replay_tally(c.get("probes") or []) for c in controls if not c["error"]]
+    if any(t is None for _, t in rows) or any(t is None for t in checks) or not rows:
+        return {"present": False}
+    return {
+        "present": True,
+        "divergent_reuses": sum(t["divergent_reuses"] for _, t in rows),
+        "replaying_another": sum(len(t["replaying_another"]) for _, t in rows),
+        # of those, the replays naming the prompt whose KV the audit found in the reuse (the served prompt)
+        "naming_the_served_prompt": sum(r["served"] is True for _, t in rows for r in t["replaying_another"]),
+        "replaying_own_earlier": sum(t["replaying_own_earlier"] for _, t in rows),
+        "by_fault": {k: [len(t["replaying_another"]), t["divergent_reuses"]] for k, t in rows},
+        "control_replaying": sum(len(t["replaying_another"]) + t["replaying_own_earlier"] for t in checks),
     }
 
 
@@ -162,12 +219,13 @@ def fault_entry(
     if error is not None:
         return entry
     base = {p["name"]: p for p in baseline["probes"]}
+    answers = answers_of(baseline)
     loads = iter(audit)  # one audit line per request that loaded tokens, in request order
     for probe in result["probes"]:
         loaded = [next(loads, None) for r in probe["requests"] if planted_fault(r).get("loaded_tokens")]
         if probe["name"] == DECOY[0]:
             continue
-        row = judge_probe(base[probe["name"]], probe)
+        row = judge_probe(base[probe["name"]], probe, answers)
         row["faulted_blocks"] = planted_fault(probe["requests"][-1]).get("faulted_blocks")
         row["kv_audit"] = loaded[-1] if loaded else None
         entry["probes"].append(row)
@@ -194,8 +252,9 @@ def control_entry(arm: str, seed: int, result: dict | None, error: dict | None, 
     if error is not None:
         return entry
     base = {p["name"]: p for p in baseline["probes"]}
+    answers = answers_of(baseline)
     for probe in result["probes"]:
-        row = judge_probe(base[probe["name"]], probe)
+        row = judge_probe(base[probe["name"]], probe, answers)
         entry["probes"].append(row)
         entry["reuses_compared"] += len(row["reuse_cached_tokens"])
         entry["reuses_exercised"] += sum(1 for c in row["reuse_cached_tokens"] if c)

@@ -7,10 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from repro.atomic import write_bytes_atomic
-from repro.detection.matrix import summarize
+from repro.detection.matrix import replay_tally, summarize
 from repro.detection.plan import KIND, READABLE_VERSIONS, SCHEMA_VERSION
+from repro.display import replay_text
 from repro.errors import UsageError
 from repro.publish.environment import make_environment
+from repro.replays import MIN_REPLAY_TOKENS
 
 TEMPLATE = "detection.html.j2"
 GENERATOR = "kvkit-detection"  # not the site's marker: the report site never prunes this page
@@ -33,6 +35,8 @@ class FaultRow:
     error: str
     kv_changed: str
     min_margin: str
+    replays: CellView  # reuses replaying another prompt's answer, of those that diverged (absent: not counted)
+    replay_notes: tuple[str, ...]  # each such reuse and what it replays
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,13 @@ class DetectionPage:
     kv_control_unavailable: int
     kv_floor: str  # the arms' measured floors, in one line
     schema_version: int
+    replays_present: bool
+    replaying_another: int
+    naming_the_served_prompt: int
+    replaying_own_earlier: int
+    divergent_reuses: int
+    control_replaying: int
+    replay_min: int = MIN_REPLAY_TOKENS
 
 
 def load_matrix(path: Path) -> dict:
@@ -106,6 +117,36 @@ def load_matrix(path: Path) -> dict:
 
 
 ABSENT = CellView("absent", "absent: made before the KV audit")
+NOT_COUNTED = CellView("absent", "not counted: made before replays were counted")
+
+
+def _replay_cell(f: dict) -> tuple[CellView, tuple[str, ...]]:
+    """A fault's replays column: reuses that replay another prompt's answer, of those that diverged."""
+    tally = replay_tally(f["probes"])
+    if tally is None:
+        return NOT_COUNTED, ()
+    named = tally["replaying_another"]
+    served = sum(r["served"] is True for r in named)
+    text = f"{len(named)}/{tally['divergent_reuses']} reuses" + (
+        f", {served} naming the served prompt" if named else ""
+    )
+    notes = [f"{r['name']} reuse {r['reuse']}: {replay_text(r)}; {_served_text(r)}" for r in named]
+    if tally["replaying_own_earlier"]:
+        notes.append(f"{tally['replaying_own_earlier']} replay only an earlier request of their own prompt")
+    return CellView("partial" if named else "none", text), tuple(notes)
+
+
+def _served_text(replay: dict) -> str:
+    """Whether the KV audit found the named prompt's blocks in the reuse (the truth the replay is checked against)."""
+    truth = replay.get("served_from")
+    if truth is None:
+        return "not audited"
+    if replay["served"]:
+        return f"the KV audit found {replay['probe']}'s blocks in it"
+    if not truth:
+        return "the KV audit found no other prompt's blocks in it: a match by chance"
+    found = " and ".join(f"{p}'s" for p in truth)
+    return f"the KV audit found {found} blocks in it, not {replay['probe']}'s: a match by chance"
 
 
 def _span(blocks: list[int]) -> str:
@@ -147,6 +188,7 @@ def _fault_row(f: dict, windows: tuple[str, ...]) -> FaultRow:
         if p.get("margin") and p["margin"]["baseline_margin"] is not None
     ]
     kv, kv_notes = _kv_cell(f)
+    replays, replay_notes = _replay_cell(f)
     return FaultRow(
         fault=f["fault"],
         position=f["position"],
@@ -159,6 +201,8 @@ def _fault_row(f: dict, windows: tuple[str, ...]) -> FaultRow:
         if diffs
         else "no faulted block",
         min_margin=f"{min(margins):.3f}" if margins else "–",
+        replays=replays,
+        replay_notes=replay_notes,
     )
 
 
@@ -240,6 +284,12 @@ def page_model(report: dict) -> DetectionPage:
         kv_control_unavailable=kv.get("control_unavailable", 0),
         kv_floor=floor_line(report["faults"] + report["controls"]),
         schema_version=report["schema_version"],
+        replays_present=s["replays"]["present"],
+        replaying_another=s["replays"].get("replaying_another", 0),
+        naming_the_served_prompt=s["replays"].get("naming_the_served_prompt", 0),
+        replaying_own_earlier=s["replays"].get("replaying_own_earlier", 0),
+        divergent_reuses=s["replays"].get("divergent_reuses", 0),
+        control_replaying=s["replays"].get("control_replaying", 0),
     )
 
 

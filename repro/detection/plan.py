@@ -22,6 +22,11 @@ KIND = "kvkit-detection-matrix"
 #    (false blames: probes with any CORRUPT cell; probes UNAVAILABLE and why), controls[].probes[].kv,
 #    the top-level kv_audit (each seed's reference and comparison), config.kv_audit, and the
 #    summary's kv_audit. A version 1 file still loads and renders, its audit column shown as absent.
+#    Additions to version 2 that older files lack (no bump; readers show them as not counted): the replays
+#    column, faults[].probes[].reuse_replays and controls[].probes[].reuse_replays (per reuse, what the
+#    verifier's repro.replays found: null when it matched the baseline) and the summary's replays; the
+#    other_prompt fault (a whole loaded prefix from another prompt, at its one position "prefix") and
+#    config.fault_positions.
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 DEFAULT_REPORT = "reports/detection/detection-matrix.json"
@@ -49,7 +54,12 @@ FAULT_PARAMS = {
     "corrupt_layer": {"num_blocks": 1, "layer": 0, "scale": 1.0},
     "overwrite_tail": {"num_blocks": 1, "scale": 1.0},
     "drop_tail": {"num_blocks": 1},
+    # every loaded block from the most recently stored other prompt: a reuse served another prompt's KV,
+    # whose answer it may replay (the replays column)
+    "other_prompt": {},
 }
+# A fault whose blocks are not chosen by first_block has positions of its own (None: no first_block).
+FAULT_POSITIONS: dict[str, dict[str, int | None]] = {"other_prompt": {"prefix": None}}
 PREFIX_CHECK_FAULT = ("zero_blocks", "head")
 # (name, prompt length in tokens); lengths avoid (L-1) % 16 == 0, where ExampleConnector cannot hit.
 # The names lead the system message, so no two prompts share their first block.
@@ -67,6 +77,11 @@ METHOD = (
     "reused or computed; after the arms of one model ran, each reuse's blocks are compared with the KV its "
     "model's baseline computed for the same tokens (repro.kvaudit)."
 )
+
+
+def positions_of(fault: str) -> dict[str, int | None]:
+    """The positions a fault runs at, each with its first_block: head and tail, or the fault's own."""
+    return FAULT_POSITIONS.get(fault, POSITIONS)
 
 
 def prompt_spec(name: str, length: int) -> dict:
@@ -134,8 +149,10 @@ def planted_connector(scratch: Path, name: str, fault: str, params: dict) -> Con
 
 
 def baseline_job(scratch: Path, seed: int, model: str) -> Job:
-    """The cache-off reference; its KV audit records the reference KV of its model's arms."""
-    return arm_job(f"baseline-seed{seed}", "baseline", None, model, probe_plan(1), scratch=scratch)
+    """The cache-off reference; its KV audit records the reference KV of its model's arms. It runs the
+    decoy too: a fault that serves the decoy's KV then has the decoy's answer and blocks to be named by."""
+    probes = [(DECOY[0], DECOY[1], 1)] + probe_plan(1)
+    return arm_job(f"baseline-seed{seed}", "baseline", None, model, probes, scratch=scratch)
 
 
 def control_jobs(scratch: Path, seed: int, model: str) -> list[tuple[str, Job]]:
@@ -158,7 +175,8 @@ def control_jobs(scratch: Path, seed: int, model: str) -> list[tuple[str, Job]]:
 def fault_job(scratch: Path, fault: str, position: str, model: str, max_tokens: int = MAX_TOKENS) -> Job:
     """The decoy first (stored, never reused), then every prompt cold and once reused. The prefix
     check's short re-run (max_tokens below MAX_TOKENS) is not audited: only its tokens are read."""
-    params = dict(FAULT_PARAMS[fault], first_block=POSITIONS[position])
+    first = positions_of(fault)[position]
+    params = dict(FAULT_PARAMS[fault], **({} if first is None else {"first_block": first}))
     full = max_tokens == MAX_TOKENS
     name = f"{fault}-{position}" + ("" if full else f"-{max_tokens}tok")
     probes = [(DECOY[0], DECOY[1], 1)] + probe_plan(2)

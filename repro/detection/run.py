@@ -101,7 +101,7 @@ def run_faults(runner: Runner, model: str, baseline: dict | None, faults: tuple[
     """Every fault at every position, then the prefix check (a short re-run of one of them)."""
     entries, results = [], {}
     for fault in faults:
-        for position in plan.POSITIONS:
+        for position in plan.positions_of(fault):
             job = plan.fault_job(runner.work, fault, position, model)
             result, failure = runner.run(job)
             results[(fault, position)] = result
@@ -194,6 +194,7 @@ def build_report(
             "decoding": "greedy, ignore_eos, enforce_eager",
             "logprobs": plan.LOGPROBS,
             "positions": plan.POSITIONS,
+            "fault_positions": plan.FAULT_POSITIONS,
             "fault_params": plan.FAULT_PARAMS,
             "prompts": [list(p) for p in plan.PROMPTS],
             "decoy": list(plan.DECOY),

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 
 from repro.errors import UsageError
 from repro.matrix.cell import STOP_GRACE_S, CellJob, CellOutcome, run_cell
@@ -80,6 +81,7 @@ def run_on_ray(
                 while queue and not (one_at_a_time and pending):
                     cell, job = queue.pop(0)
                     opts = resources(cell, info["gpus"])
+                    job = replace(job, cpus=None if "num_gpus" in opts else opts["num_cpus"])  # cores to claim
                     pending[task.options(name=f"kvkit-cell-{cell.name}", **opts).remote(job)] = cell
                     print(f"[kvkit] matrix: cell {cell.name} submitted ({opts})", file=sys.stderr, flush=True)
                 done, _ = ray.wait(list(pending), num_returns=1)

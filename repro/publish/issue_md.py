@@ -10,6 +10,7 @@ from repro.atomic import write_bytes_atomic
 from repro.commands import ArgumentParser
 from repro.display import (
     DIVERGENCE_LEGEND,
+    REPLAY_LEGEND,
     acceptance_label,
     arm_copy_paths,
     arm_kv_text,
@@ -35,6 +36,7 @@ from repro.display import (
     number,
     probe_marks_text,
     rate_cell,
+    replay_texts,
     run_probe_text,
     sharing_overlaps,
     sharing_text,
@@ -455,8 +457,9 @@ def _margin_text(m: dict | None) -> str:
 
 
 def format_diffs(report: dict, token_limit: int | None) -> str:
-    """Every reuse that differed: where, the logprob margins on both sides, and both token lists."""
-    lines = []
+    """Every reuse that differed: where, the logprob margins on both sides, both token lists, and
+    whose answer it replays (repro.replays) where the report says."""
+    lines, replayed = [], False
     for arm in report["arms"]:
         for p in arm.get("probes", []):
             for i, r in enumerate(p.get("requests") or []):
@@ -466,11 +469,16 @@ def format_diffs(report: dict, token_limit: int | None) -> str:
                     f"- **{arm_title(arm)}** / `{p['name']}` / {r.get('role', 'request')} {i}: "
                     f"{r.get('cached_tokens')} cached tokens, first diff @{r['first_diff']}; {_margin_text(r.get('margin'))}"
                 )
+                replays = [f"  - **{text}**" for text in replay_texts(r)]
+                replayed = replayed or bool(replays)
+                lines += replays
                 if token_limit != 0:
                     lines.append(f"  - baseline: {format_tokens(baseline_token_ids(report, p['name']), token_limit)}")
                     lines.append(f"  - reuse: {format_tokens(r.get('token_ids'), token_limit)}")
     if not lines:
         return "No reuse differed from the baseline."
+    if replayed:
+        lines.append(f"\n_Replays: {REPLAY_LEGEND}._")
     if token_limit == 0:
         lines.append("\n_Generated token lists left out to fit GitHub's size limit; they are in the report JSON._")
     return "\n".join(lines)

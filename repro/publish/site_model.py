@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from repro.display import (
     DIVERGENCE_LEGEND,
+    REPLAY_LEGEND,
     acceptance_label,
     arm_class_text,
     arm_copy_paths,
@@ -42,8 +43,10 @@ from repro.display import (
     margin_class,
     number,
     probe_condition_marks,
+    probe_replay_lines,
     qualified,
     rate_cell,
+    replay_indices,
     run_probe_text,
     sharing_overlaps,
     sharing_text,
@@ -78,6 +81,7 @@ class TableRow:
     classes: tuple[tuple[str, str], ...] = ()
     # what qualifies a FAIL (or KV CORRUPT): ("intermittent 3/5", True), ("5/5 trials", False); () without trials
     marks: tuple[tuple[str, bool], ...] = ()
+    replays: str = ""  # "reuse 1: replays fixture's answer from @0, 7 tokens"; "" when no reuse replays anything
 
 
 @dataclass(frozen=True)
@@ -97,7 +101,8 @@ class ArmBlock:
 @dataclass(frozen=True)
 class TokenCell:
     text: str
-    css: str  # "" same as baseline, "diff" differs, "first" the recorded first difference, "gap" absent
+    css: str  # "" same as baseline, "diff" differs, "first" the recorded first difference, "gap" absent;
+    # "diff replay" / "first replay": inside a run the reuse replays from another answer (repro.replays)
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,7 @@ class ProbeDetail:
     requests: tuple[RequestLine, ...]
     chunks: tuple[TokenChunk, ...]
     kv: KVDetail | None = None  # schema 2 with the audit on, for an audited probe
+    replays: tuple[str, ...] = ()  # a line per reuse that replays another answer (repro.display.probe_replay_lines)
 
 
 @dataclass(frozen=True)
@@ -205,6 +211,7 @@ class ReportPage:
     divergence_legend: str = DIVERGENCE_LEGEND
     conditions: Conditions | None = None  # None: the report records none of the conditions (issue 18)
     conditions_warning: str = ""  # a finding that was intermittent or needed the shared device, by arm
+    replay_legend: str = ""  # what a replay is, on a page that shows one; "" otherwise
 
 
 @dataclass(frozen=True)
@@ -283,6 +290,7 @@ def _table_row(arm: dict, probe: dict, anchor: str, kv: bool, block_size: int | 
         kv_verdict=(kv_verdict(probe) or "") if kv else "",
         classes=tuple((g.text, g.cls) for g in classed_divergences(probe)),
         marks=tuple((m.text, m.qualifies) for m in probe_condition_marks(arm, probe)),
+        replays="; ".join(probe_replay_lines(probe)),
     )
 
 
@@ -380,27 +388,29 @@ def _request_label(req: dict, reuse_no: int) -> str:
 
 def _token_chunks(baseline: list | None, requests: list[dict]) -> tuple[TokenChunk, ...]:
     """Baseline and every request's token IDs aligned by index, TOKENS_PER_ROW to a row."""
-    lines: list[tuple[str, list, int | None]] = []
+    lines: list[tuple[str, list, int | None, set[int]]] = []
     if baseline is not None:
-        lines.append(("baseline", baseline, None))
+        lines.append(("baseline", baseline, None, set()))
     reuse_no = 0
     for req in requests:
         reuse_no += req.get("role") == "reuse"
-        lines.append((_request_label(req, reuse_no), list(req.get("token_ids") or []), req.get("first_diff")))
-    width = max((len(ids) for _, ids, _ in lines), default=0)
+        ids = list(req.get("token_ids") or [])
+        lines.append((_request_label(req, reuse_no), ids, req.get("first_diff"), replay_indices(req)))
+    width = max((len(ids) for _, ids, _, _ in lines), default=0)
     chunks = []
     for start in range(0, width, TOKENS_PER_ROW):
         idx = tuple(range(start, min(start + TOKENS_PER_ROW, width)))
         rows = []
-        for label, ids, first in lines:
+        for label, ids, first, replayed in lines:
             cells = []
             for i in idx:
+                replay = " replay" if i in replayed else ""
                 if i >= len(ids):
                     cells.append(TokenCell("", "first" if i == first else "gap"))
                 elif i == first:
-                    cells.append(TokenCell(str(ids[i]), "first"))
+                    cells.append(TokenCell(str(ids[i]), "first" + replay))
                 elif baseline is not None and (i >= len(baseline) or ids[i] != baseline[i]):
-                    cells.append(TokenCell(str(ids[i]), "diff"))
+                    cells.append(TokenCell(str(ids[i]), "diff" + replay))
                 else:
                     cells.append(TokenCell(str(ids[i]), ""))
             rows.append((label, tuple(cells)))
@@ -452,6 +462,7 @@ def _probe_detail(
         requests=tuple(lines),
         chunks=_token_chunks(base_ids, requests) if requests else (),
         kv=_kv_detail(arm, probe, anchor, block_size) if kv else None,
+        replays=tuple(probe_replay_lines(probe, whole=True)),
     )
 
 
@@ -527,6 +538,7 @@ def build_report_page(report: dict, *, stem: str, raw_href: str, log_hrefs: dict
         kv_legend=build_legend() if audit else None,
         conditions=_conditions(report),
         conditions_warning=conditions_warning(report),
+        replay_legend=REPLAY_LEGEND if any(d.replays for d in details) else "",
     )
 
 

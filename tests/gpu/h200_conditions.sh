@@ -19,7 +19,7 @@
 #                                              copy path, under --gpu-load and alone, --jobs 1
 #   tests/gpu/h200_conditions.sh rest OUT       on one GPU: what `one` had not reached on 2026-12-01, the
 #                                              MP fallback alone without the KV audit, the five-arm run
-# Then: python tests/gpu/import_conditions.py RAW_DIR NAME (into reports/ as h200-conditions-NAME).
+# Then: python tests/gpu/import_conditions.py RAW_DIR NAME (into reports/conditions/ as h200-conditions-NAME).
 #   tests/gpu/h200_conditions.sh collect OUT DEST   pack what OUT holds so far into DEST/results.tar.xz
 # Every report goes to OUT with its logs as OUT/NAME.logs.tar.xz.
 set -euo pipefail

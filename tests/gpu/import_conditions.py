@@ -1,6 +1,6 @@
-"""Bring one H200 conditions run (tests/gpu/h200_conditions.sh) into reports/ as h200-conditions-NAME.
+"""Bring one H200 conditions run (tests/gpu/h200_conditions.sh) into reports/conditions/ as h200-conditions-NAME.
 
-    python tests/gpu/import_conditions.py RAW_DIR NAME [--reports reports]
+    python tests/gpu/import_conditions.py RAW_DIR NAME [--reports reports/conditions]
 
 RAW_DIR holds NAME.json and NAME.logs.tar.xz as the driver wrote them. Two things change, and the
 report says so in `diagnostics.imported`: (1) the file is renamed, so every path into its logs
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("raw", type=Path)
     ap.add_argument("name")
-    ap.add_argument("--reports", type=Path, default=Path("reports"))
+    ap.add_argument("--reports", type=Path, default=Path("reports/conditions"))
     a = ap.parse_args(argv)
     src, logs_tar = a.raw / f"{a.name}.json", a.raw / f"{a.name}.logs.tar.xz"
     stem = PREFIX + a.name

@@ -30,6 +30,10 @@ The faults, each a bug class seen in KV offloading code:
                  block j with different content (a stale chunk served for a colliding or
                  reused slot); when no such prompt is stored the block loads faithfully and is
                  not reported as faulted
+  other_prompt   every loaded block gets its source as stale picks it (first_block and num_blocks do
+                 not apply): the request runs on another prompt's stored KV at the same positions,
+                 usually the previous probe's (a prefix served under another prompt's key); only its
+                 own last partial block is computed. Its answer may be that prompt's (a replay)
   swap_kv        K and V exchanged within each head (a transposed K/V layout)
   corrupt_layer  Gaussian noise added to one layer's K and V only (a per-layer offset bug)
   overwrite_tail the last num_blocks loaded blocks (a partial last chunk) overwritten with noise
@@ -87,7 +91,17 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-FAULTS = ("none", "zero_blocks", "shift_blocks", "stale", "swap_kv", "corrupt_layer", "overwrite_tail", "drop_tail")
+FAULTS = (
+    "none",
+    "zero_blocks",
+    "shift_blocks",
+    "stale",
+    "swap_kv",
+    "corrupt_layer",
+    "overwrite_tail",
+    "drop_tail",
+    "other_prompt",
+)
 TAIL_FAULTS = ("overwrite_tail", "drop_tail")
 WHEN = ("always", "contended")
 SCHEDSTAT_PATH = "/proc/thread-self/schedstat"
@@ -201,6 +215,8 @@ def faulted_indices(fault: str, first_block: int | None, num_blocks: int, n_load
     """Indices among the n_loaded blocks of one load that the fault touches."""
     if fault == "none" or n_loaded <= 0 or num_blocks <= 0:
         return []
+    if fault == "other_prompt":
+        return list(range(n_loaded))
     if first_block is None:
         first_block = -num_blocks if fault in TAIL_FAULTS else 0
     start = first_block + n_loaded if first_block < 0 else first_block
@@ -341,7 +357,7 @@ class PlantedFaultConnector(KVConnectorBase_V1):
                 if src < 0:
                     continue
                 op.sources[j] = op.keys[src]
-            elif self.fault == "stale":
+            elif self.fault in ("stale", "other_prompt"):
                 other = self._stale_source(op.first_loaded_block + j, op.keys[j])
                 if other is None:
                     continue
@@ -398,7 +414,7 @@ class PlantedFaultConnector(KVConnectorBase_V1):
         if self.fault == "overwrite_tail":
             g = torch.Generator().manual_seed(1000 + j)
             return (self.scale * torch.randn(blob.shape, generator=g)).to(blob.dtype)
-        return blob  # shift_blocks and stale: the bytes already come from the wrong block
+        return blob  # shift_blocks, stale and other_prompt: the bytes already come from the wrong block
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
         layers = list(self._kv.values())
