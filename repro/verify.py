@@ -873,15 +873,18 @@ def _verify(argv: list[str]) -> int:
     except PermissionError as exc:  # a path the user gave that cannot be written: bad input, not a crash
         raise UsageError(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
     except OSError as exc:  # the machine's, not the kit's: a full disk, an I/O error; one line, exit 3
-        written = f"{state.report_path} was written before it" if state.published else "no report written"
         where = f": {exc.filename}" if exc.filename else ""
-        print(f"error: {exc.strerror or exc}{where}; {written}", file=sys.stderr)
+        print(f"error: {exc.strerror or exc}{where}; {_written(state)}", file=sys.stderr)
         return EXIT_RUNTIME
     except Exception:  # noqa: BLE001 - a kit bug: say so, keep the traceback, and never exit 0 or 1
         traceback.print_exc()
-        written = f"{state.report_path} was written before the error" if state.published else "no report written"
-        print(f"error: internal error in the kit (traceback above); {written}", file=sys.stderr)
+        print(f"error: internal error in the kit (traceback above); {_written(state)}", file=sys.stderr)
         return EXIT_RUNTIME
+
+
+def _written(state: RunState) -> str:
+    """What an error after the start left on disk, for its one line."""
+    return f"{state.report_path} was written before the error" if state.published else "no report written"
 
 
 def main(argv: list[str] | None = None) -> int:
