@@ -16,7 +16,7 @@ from invoke import Exit, task
 
 # Invoke puts this folder first on sys.path; repro.cli needs nothing outside the standard library.
 from repro.cli import engine_python_problem, selftest_cpu_argv
-from repro.models.registry import DEFAULT_DTYPE, DTYPES, MODELS
+from repro.models.registry import DEFAULT_DTYPE, DTYPES, MODELS, PackagedModel
 
 ROOT = Path(__file__).resolve().parent
 VENVS = ROOT / ".venvs"
@@ -33,6 +33,7 @@ CPU_UNWANTED = ["torchvision", "torchaudio", "torchcodec"]
 MATRIX_ENV = "matrix"  # .venvs/matrix: the matrix driver (Ray); cells run in their own environments
 REFERENCE_MODEL = "Qwen/Qwen3-0.6B"
 REFERENCE_REVISION = "c1899de289a04d12100db370d81485cdf75e47ca"
+REFERENCE_FIXTURE = "fixtures/efim-018-l4.json"  # the reference case (Qwen3-0.6B's probes)
 
 
 def has_cuda() -> bool:
@@ -165,22 +166,32 @@ def check_model_name(model: str) -> None:
         )
 
 
-def reference_args(profile: str, model: str, report: str, fixture: str = "") -> str:
+def reference_args(profile: str, model: str, report: str, packaged: PackagedModel | None = None) -> str:
+    """The verifier's arguments for `make repro`. The CPU: the self-test (a packaged model with its own CPU
+    fixture). A GPU profile: the reference command (model at its pinned revision, LMCacheConnectorV1,
+    efim-018-l4.json); for a packaged model, its converted folder with its own GPU fixture, whose connector
+    arms (both LMCache connectors) run instead of --kv-connector, and no revision (a local folder)."""
     if profile == "cpu":
-        return shlex.join(selftest_cpu_argv(model, report, *([fixture] if fixture else [])))
-    return (
-        f"--model {model} --model-revision {REFERENCE_REVISION} --kv-connector LMCacheConnectorV1 "
-        f"--lmcache-config fixtures/lmcache-local-cpu.yaml --dtype float16 --gpu-memory-utilization 0.45 "
-        f"--max-model-len 2048 --block-size 16 --max-tokens 16 --seed 0 --device cuda --suite acceptance "
-        f"--compare-native --fixture fixtures/efim-018-l4.json --report {report}"
-    )
+        return shlex.join(selftest_cpu_argv(model, report, *([packaged.fixture] if packaged else [])))
+    if packaged:
+        head = ["--model", model]
+        fixture = packaged.gpu_fixture
+    else:
+        head = ["--model", model, "--model-revision", REFERENCE_REVISION, "--kv-connector", "LMCacheConnectorV1"]
+        fixture = REFERENCE_FIXTURE
+    return shlex.join(
+        [*head, "--lmcache-config", "fixtures/lmcache-local-cpu.yaml", "--dtype", "float16",
+         "--gpu-memory-utilization", "0.45", "--max-model-len", "2048", "--block-size", "16", "--max-tokens", "16",
+         "--seed", "0", "--device", "cuda", "--suite", "acceptance", "--compare-native", "--fixture", fixture,
+         "--report", report]
+    )  # fmt: skip
 
 
 @task(
     help={
         "profile": "cpu | gpu-lmcache-0.5.4 | gpu-lmcache-0.5.5rc5 | auto (default: CUDA → gpu-lmcache-0.5.4, else cpu)",
-        "model": "smollm2 (a trained model the kit converts; on the CPU with its own fixture), a local directory or "
-        "a hub name (GPU profiles; default Qwen/Qwen3-0.6B, on the CPU the tiny model)",
+        "model": "smollm2 (a trained model the kit converts, run with its own fixture: on a GPU both LMCache "
+        "connectors), a local directory or a hub name (GPU profiles; default Qwen/Qwen3-0.6B, on the CPU the tiny model)",
         "python": "an existing environment's interpreter with vLLM (and LMCache for a GPU profile): it runs the "
         "verifier and its engines as it is, nothing is installed into it (default: the profile's own .venvs/)",
     }
@@ -199,8 +210,7 @@ def repro(c, profile="auto", model="", python=""):
     if profile == "cpu":
         model = model or make_model(c, py)
     model = model or REFERENCE_MODEL
-    fixture = packaged.fixture if packaged and profile == "cpu" else ""
-    args = reference_args(profile, model, report, fixture) + f" --python {shlex.quote(py)}"
+    args = reference_args(profile, model, report, packaged) + f" --python {shlex.quote(py)}"
     result = run_py(c, shlex.quote(py), "-m repro.verify_kv_reuse " + args, warn=True)
     if result.exited != 0:
         raise Exit(code=result.exited)
@@ -256,7 +266,8 @@ def site(c, reports="reports", out="site"):
 
 @task
 def bench(c):
-    """Run the CPU acceptance once and print wall time, summed engine starts and their ratio."""
+    """Time the CPU acceptance (wall, summed engine starts, their ratio) and the KV audit's own cost on a
+    synchronous and an asynchronous connector arm (with and without the audit): figures, not a test."""
     py = venv_python("cpu")
     model = make_model(c, py)
     run_py(c, py, f"-m repro bench --model {model}")

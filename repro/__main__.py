@@ -2,7 +2,9 @@
 
 import sys
 
-from repro.commands import main
+from repro.commands import ignore_stop_signals, main
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    ignore_stop_signals()  # the command has ended: a late signal must not change how
+    sys.exit(code)

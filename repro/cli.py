@@ -17,6 +17,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from repro import devices
 from repro.commands import ArgumentParser
 from repro.errors import UsageError
 from repro.provenance import probe_python
@@ -213,9 +214,7 @@ def _check_gpu_load(opts: Options) -> None:
         return
     if opts.args.device == "cpu":
         raise UsageError(f"{GPU_LOAD_NEEDS}, not with --device cpu")
-    from repro.plan import uses_cuda  # repro.plan imports this module
-
-    if not uses_cuda(opts):
+    if not devices.uses_cuda(opts.args.device):
         raise UsageError(f"{GPU_LOAD_NEEDS}; no GPU is visible (--device auto)")
 
 
@@ -309,11 +308,8 @@ def validate(args: argparse.Namespace) -> Options:
             raise UsageError(f"--python {args.python}: {problem}")
     _check_report_path(Path(args.report), Path(args.fixture))
     opts = Options(args=args, extra_config=extra, model_is_local=local)
-    if getattr(args, "batch_invariant", False) and args.device == "auto":
-        from repro.plan import uses_cuda  # repro.plan imports this module
-
-        if not uses_cuda(opts):
-            raise UsageError(f"--batch-invariant: {BATCH_INVARIANT_DEVICES}; no GPU is visible (--device auto)")
+    if getattr(args, "batch_invariant", False) and args.device == "auto" and not devices.uses_cuda(args.device):
+        raise UsageError(f"--batch-invariant: {BATCH_INVARIANT_DEVICES}; no GPU is visible (--device auto)")
     _check_gpu_load(opts)
     return opts
 

@@ -10,7 +10,9 @@ traceback and exit 3.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import signal
 import sys
 import traceback
 from collections.abc import Callable
@@ -144,24 +146,44 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+def say_error(message: str) -> None:
+    """`error: <message>`, one line on stderr. A stderr that cannot take it (a file on the disk that just
+    filled) loses the line, never the exit code: the failed write escaping used to end the kit with 1,
+    which means "acceptance not matched"."""
+    try:
+        print(f"error: {message}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
 def run_command(func: Callable[[list[str]], int], argv: list[str]) -> int:
     """Call a command with the shared mapping: UsageError → 2, OSError → 3, interrupt → 130, one line each."""
     try:
         return func(argv)
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say_error(str(exc))
         return EXIT_USAGE
     except OSError as exc:
         where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
-        print(f"error: {exc.strerror or exc}{where}", file=sys.stderr)
+        say_error(f"{exc.strerror or exc}{where}")
         return EXIT_RUNTIME
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+        say_error("interrupted")
         return EXIT_INTERRUPTED
     except Exception:  # noqa: BLE001 - a kit bug: keep the traceback, and never exit 0 or 1 (which mean results)
-        traceback.print_exc()
-        print("error: internal error in the kit (traceback above)", file=sys.stderr)
+        with contextlib.suppress(OSError, ValueError):
+            traceback.print_exc()
+        say_error("internal error in the kit (traceback above)")
         return EXIT_RUNTIME
+
+
+def ignore_stop_signals() -> None:
+    """For a command that has ended, before its interpreter exits: SIGINT and SIGTERM are ignored from here.
+    Python puts the default action back for its own handlers while it shuts down, so a signal in those last
+    moments killed a kit that had finished its work (exit -15 beside a complete report, found by the chaos
+    run); ignored, it leaves the command's exit code as it was."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def main(argv: list[str]) -> int:

@@ -197,7 +197,7 @@ def neighbour(
     seconds_per_report: float = SECONDS_PER_REPORT,
     on_death: Callable[[Neighbour], None] | None = None,
 ) -> Iterator[Neighbour]:
-    """Start the load on `gpus` (the names CUDA_VISIBLE_DEVICES takes, e.g. repro.plan._visible_gpus()),
+    """Start the load on `gpus` (the names CUDA_VISIBLE_DEVICES takes, e.g. repro.devices.visible_gpus()),
     wait until it runs, yield it; on leaving, stop and reap its whole group, whatever happens.
 
     `python` must have torch with CUDA; `env` is runner.child_env(...) (the kit on PYTHONPATH). Times

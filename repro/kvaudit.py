@@ -15,7 +15,6 @@ import json
 from pathlib import Path
 
 from repro.contract import ArmResult
-from repro.display import blocks_text, span_text
 from repro.verdict import (
     CELL_CORRUPT,
     CELL_EXACT,
@@ -26,11 +25,12 @@ from repro.verdict import (
     decide_kv_probe,
     decide_kv_unavailable,
 )
+from repro.wording import blocks_text, span_text
 
 PLANES = ("K", "V")
 COMPARE_MODULE = "repro.engine.kvcompare"
 # What a reuse's wrong bytes equal is kept for this many cells at most, in the comparison's order (layer 0
-# first): a long prompt's deeper layers may be left out (repro.display.replay_texts reads this).
+# first): a long prompt's deeper layers may be left out (repro.readmodel.RequestAudit.sources_complete reads this).
 MATCHES_KEPT = 200
 
 

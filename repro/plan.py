@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import tempfile
-import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from repro import devices
 from repro.cli import DEFAULT_ENGINE_MODULE, Options
 from repro.contract import (
     ArmResult,
@@ -174,54 +172,6 @@ class ArmSlot:
         return replace(job, engine=engine)
 
 
-class SlotPool:
-    """The slots arms run in (arm_slots). An arm takes a free one when it launches and gives it back
-    when it ends: a pool of threads starts arms in whatever order they free up, so a slot fixed by
-    arm index would put two arms at once on one GPU share or one core. `taken`: the slot each arm
-    (by name) ran in, for its device and for a re-run on the same one."""
-
-    def __init__(self, slots: list[ArmSlot]) -> None:
-        self.slots = list(slots)
-        self.taken: dict[str, ArmSlot] = {}
-        self._free = list(range(len(self.slots)))
-        self._held: dict[str, int] = {}
-        self._cond = threading.Condition()
-
-    def take(self, name: str, stop: threading.Event) -> ArmSlot | None:
-        """The lowest free slot for arm `name`, waiting for one; None once `stop` is set."""
-        with self._cond:
-            while not self._free:
-                if stop.is_set():
-                    return None
-                self._cond.wait(0.2)
-            if stop.is_set():
-                return None
-            k = min(self._free)
-            self._free.remove(k)
-            self._held[name] = k
-            self.taken[name] = self.slots[k]
-            return self.slots[k]
-
-    def give_back(self, name: str) -> None:
-        with self._cond:
-            k = self._held.pop(name, None)
-            if k is not None:
-                self._free.append(k)
-                self._cond.notify()
-
-
-def visible_gpus() -> list[str]:
-    """GPU indices the children may use, without importing torch: CUDA_VISIBLE_DEVICES, else nvidia-smi."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [g for g in visible.split(",") if g.strip() and g.strip() != "-1"]
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU ")]
-
-
 def _memory_gib() -> tuple[float, float] | None:
     """(total, available) GiB from /proc/meminfo, or None."""
     try:
@@ -235,25 +185,12 @@ def _memory_gib() -> tuple[float, float] | None:
 CPU_ARM_BASE_GIB = 2.0
 
 
-def usable_cores() -> list[int]:
-    """The cores this process may run on (its affinity set: a cpuset-limited container's, or a matrix
-    cell's own cores), not every core of the machine."""
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # no affinity call on this platform
-        return list(range(os.cpu_count() or 1))
-
-
-def uses_cuda(opts: Options) -> bool:
-    return opts.args.device == "cuda" or (opts.args.device == "auto" and bool(visible_gpus()))
-
-
 def default_jobs(opts: Options, n_arms: int) -> int:
     """How many arms run at once when --jobs is not given: on CUDA every arm (the GPUs are shared,
     each arm's memory share split), on the CPU as many as the cores and the memory sustain."""
-    if uses_cuda(opts):
+    if devices.uses_cuda(opts.args.device):
         return n_arms
-    cores = len(usable_cores())
+    cores = len(devices.usable_cores())
     mem = _memory_gib()
     fit = n_arms
     if mem is not None:
@@ -269,8 +206,8 @@ SHARED_GPU_KV_MAX_MODEL_LENS = 4
 
 def arm_slots(opts: Options, n_arms: int, jobs: int) -> list[ArmSlot]:
     """The slots of n_arms arms run `jobs` at a time, one per arm that runs at once (an arm takes a
-    free one when it launches: SlotPool): on CUDA a GPU (round robin) and, where several arms share
-    one, an equal share of 90 % of its memory (never more than --gpu-memory-utilization); on the CPU,
+    free one when it launches: repro.scheduler.SlotPool): on CUDA a GPU (round robin) and, where several
+    arms share one, an equal share of 90 % of its memory (never more than --gpu-memory-utilization); on the CPU,
     when arms run at once, each arm's OpenMP thread on its own core of the process's affinity set
     (the thread count, and so the arithmetic, stay as in a run one at a time). One job: nothing
     changes.
@@ -283,13 +220,13 @@ def arm_slots(opts: Options, n_arms: int, jobs: int) -> list[ArmSlot]:
     at_once = max(1, min(jobs, n_arms))
     if jobs <= 1:
         return [ArmSlot({}, util)]
-    if uses_cuda(opts):
-        gpus = visible_gpus() or ["0"]
+    if devices.uses_cuda(opts.args.device):
+        gpus = devices.visible_gpus() or ["0"]
         per_gpu = -(-at_once // len(gpus))
         share = min(util, round(0.9 / per_gpu, 3))
         tokens = SHARED_GPU_KV_MAX_MODEL_LENS * opts.args.max_model_len if per_gpu > 1 else None
         return [ArmSlot({"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]}, share, tokens) for i in range(at_once)]
-    cores = usable_cores()
+    cores = devices.usable_cores()
     return [ArmSlot({"VLLM_CPU_OMP_THREADS_BIND": str(cores[i % len(cores)])}, util) for i in range(at_once)]
 
 

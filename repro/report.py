@@ -32,28 +32,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from repro.display import (
-    acceptance_label,
-    arm_kv_text,
-    arm_title,
-    arm_verdict_text,
-    cached_cell,
-    conditions_line,
-    confirmation_reason,
-    confirmation_text,
-    copy_path_text,
-    diff_class_cell,
-    gpu_text,
-    headline,
-    kv_audit_state,
-    kv_blame_text,
-    kv_cell,
-    kv_findings,
-    kv_verdict,
-    probe_replay_lines,
-    sharing_text,
-    trial_rate_text,
-)
 from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME, UsageError
 from repro.paths import SCHEMAS_DIR
 from repro.verdict import CELL_CORRUPT, CELL_EXACT, CELL_NUMERIC, CORRUPT, ERROR, PASS, SKIPPED
@@ -63,6 +41,23 @@ REPORT_SCHEMA_VERSION = 2
 # Every version load_report reads; older ones are refused (no migration exists).
 READABLE_VERSIONS = (1, 2)
 CLAIM_LINE = "claim_eligible=false; no performance claim"
+
+
+def kv_verdict(probe: dict) -> str | None:
+    """A probe's KV verdict as written (None: not audited)."""
+    kv = probe.get("kv")
+    return str(kv.get("verdict")) if isinstance(kv, dict) else None
+
+
+def kv_findings(report: dict) -> list[tuple[dict, dict]]:
+    """(arm, probe) of every probe whose KV verdict is CORRUPT, in report order."""
+    return [
+        (arm, probe)
+        for arm in report["arms"]
+        if arm["mode"] != "baseline"
+        for probe in arm.get("probes") or []
+        if kv_verdict(probe) == CORRUPT
+    ]
 
 
 def generations(arms: list[dict]) -> int:
@@ -137,15 +132,19 @@ def _checked(check: str, arm: str, probe: str, want: str, got: str | None) -> di
 def unexpected_kv_findings(report: dict) -> list[tuple[dict, dict]]:
     """(arm, probe) of every CORRUPT KV verdict the acceptance did not expect: an expected CORRUPT
     is excused only when the fixture stated it for that arm and probe and acceptance matched."""
-    acc = report["acceptance"]
-    excused = set()
-    if acc.get("matched"):
-        excused = {
-            (c["arm"], c["probe"])
-            for c in acc.get("checked", [])
-            if c.get("check") == "kv" and c.get("expected") == CORRUPT and c.get("ok")
-        }
+    excused = excused_kv_findings(report["acceptance"])
     return [(a, p) for a, p in kv_findings(report) if (a["name"], p["name"]) not in excused]
+
+
+def excused_kv_findings(acceptance: dict) -> set[tuple[str, str]]:
+    """(arm, probe) names whose CORRUPT KV verdict the fixture stated and a matched acceptance checked."""
+    if not acceptance.get("matched"):
+        return set()
+    return {
+        (c["arm"], c["probe"])
+        for c in acceptance.get("checked", [])
+        if c.get("check") == "kv" and c.get("expected") == CORRUPT and c.get("ok")
+    }
 
 
 def trial_findings(report: dict) -> list[tuple[str, str]]:
@@ -181,75 +180,11 @@ def exit_code(report: dict) -> int:
     return EXIT_MISMATCH if any(a["verdict"] != PASS for a in report["arms"] if a["name"] in unchecked) else EXIT_OK
 
 
-VERDICT_COLUMN = 20  # the summary's token-verdict column before the KV column, at least
-
-
-def _tokens_verdict(probe: dict) -> str:
-    """'FAIL @13 (near-tie, gap 0.045 nats)', 'PASS': a probe's token verdict, a FAIL with its divergences' classes."""
-    return f"{probe['verdict']} {diff_class_cell(probe)}".rstrip()
-
-
-def _probe_line(probe: dict, kv: str | None, width: int = VERDICT_COLUMN) -> str:
-    tokens = "" if probe["prompt_tokens"] is None else str(probe["prompt_tokens"])
-    head = f"  {probe['name']:<10} {tokens:>5}  {cached_cell(probe):<12} "
-    if kv is None:  # a report without the KV audit keeps the line it always had
-        return f"{head}{_tokens_verdict(probe)}"
-    return f"{head}{_tokens_verdict(probe):<{width}} KV {kv}"
-
-
-def _condition_lines(arm: dict) -> list[str]:
-    """What the arm's verdict was measured under, one fact a line; none for a report that records none."""
-    device = " · ".join(t for t in (gpu_text(arm), sharing_text(arm)) if t)
-    confirmation = confirmation_text(arm)
-    reason = confirmation_reason(arm)
-    lines = [
-        f"copy path: {copy_path_text(arm)}" if copy_path_text(arm) else "",
-        device,
-        f"trials: {trial_rate_text(arm)}" if trial_rate_text(arm) else "",
-        confirmation + (f" — {reason}" if reason else ""),
-    ]
-    return [f"  {line}"[:400] for line in lines if line]
-
-
 def format_summary(report: dict) -> str:
-    audit = kv_audit_state(report)
-    block_size = (report.get("config") or {}).get("block_size")
-    lines = [
-        headline(report),
-        f"# {report['generations']} generations · acceptance.matched = {acceptance_label(report)}",
-    ]
-    if conditions_line(report):
-        lines.append(conditions_line(report)[:400])
-    # the KV column starts after the widest token verdict (a classed FAIL is wider than the usual 20)
-    width = max([VERDICT_COLUMN] + [len(_tokens_verdict(p)) for a in report["arms"] for p in a["probes"]])
-    for arm in report["arms"]:
-        if arm["mode"] == "baseline":
-            if arm["verdict"] != PASS:
-                lines.append(f"baseline: {arm['verdict']} — " + "; ".join(arm["reasons"])[:300])
-            continue
-        lines.append(f"{arm_title(arm)}: {arm_verdict_text(arm)}")
-        if arm.get("error"):
-            lines.append(f"  ERROR {arm['error']['kind']}: {arm['error']['detail']}"[:400])
-        lines += _condition_lines(arm)
-        if audit:
-            lines.append(f"  {arm_kv_text(arm)}"[:400])
-        for p in arm["probes"]:
-            lines.append(_probe_line(p, kv_cell(p, block_size) if audit else None, width))
-            lines += [f"    {line}"[:400] for line in probe_replay_lines(p)]
-        for note in arm.get("findings", []):
-            lines.append(f"  note: {note}")
-    for err in report["errors"]:
-        lines.append(f"ERROR {err['arm']}: {err['kind']}: {err['detail']}"[:400])
-    if audit is False:
-        lines.append("KV audit: off")
-    elif audit:
-        findings, unexpected = kv_findings(report), unexpected_kv_findings(report)
-        lines.append("KV findings:" + ("" if findings else " none"))
-        for a, p in findings:
-            expected = "" if (a, p) in unexpected else " (expected by the fixture)"
-            lines.append(f"  {arm_title(a)} / {p['name']}: {kv_blame_text(p['kv'].get('blame'), block_size)}{expected}")
-    lines.append(CLAIM_LINE)
-    return "\n".join(lines)
+    """The text summary of a report (repro.publish.summary, which reads it through the read model)."""
+    from repro.publish.summary import format_summary as summary  # the publishing side sits above this module
+
+    return summary(report)
 
 
 def load_report(path: str | Path) -> dict:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -11,15 +10,15 @@ import sys
 import threading
 import time
 import traceback
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from repro import __version__, atomic, gpu_load, kvaudit, lmcache_mp, lmcache_ops, logscan, trials, workdir
+from repro import __version__, atomic, gpu_load, kvaudit, lmcache_mp, lmcache_ops, logscan, scheduler, trials, workdir
 from repro.atomic import dumps_json, write_bytes_atomic
 from repro.cli import Options, parse_args
-from repro.commands import run_command
-from repro.contract import PREFLIGHT_GATE_ENV, PROBES_FILE_KEY, ArmResult, Failure, Job, progress_path
+from repro.commands import run_command, say_error
+from repro.contract import ArmResult, Failure, Job
+from repro.devices import uses_cuda, visible_gpus
 from repro.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, UsageError
 from repro.evaluate import judge_arm
 from repro.fixtures import Fixture, check_probes_fit, load_fixture
@@ -27,7 +26,6 @@ from repro.lmcache_signals import lmcache_evidence
 from repro.plan import (
     ArmSlot,
     PlannedArm,
-    SlotPool,
     arm_job,
     arm_slots,
     default_jobs,
@@ -35,8 +33,6 @@ from repro.plan import (
     materialize,
     plan_arms,
     preflight_for,
-    uses_cuda,
-    visible_gpus,
     vocab_size,
 )
 from repro.progress import Progress, choose_mode
@@ -57,8 +53,8 @@ from repro.runner import (
     child_env,
     deferred_signals,
     run_arm,
-    stop_all_children,
 )
+from repro.scheduler import SlotPool
 from repro.sharing import ARM, CPU_CORES, GPU_LOAD, SERVER, Window, gpu_resource, sharing_of, who_shared
 from repro.suite import build_probes
 from repro.verdict import (
@@ -91,12 +87,14 @@ def arm_entry(
 ) -> dict:
     """One arm of the report: its result judged against the baseline, or its failure."""
     spec = arm.spec
+    # the log the outcome came from: the arm's, or its MP server's when the arm never ran (never one not written)
+    log = outcome.log_path.name if outcome.log_path is not None else f"{spec.name}.log"
     entry = {
         "name": spec.name,
         "mode": spec.mode,
         "connector": spec.connector and spec.connector.to_json(),
         "error": None,
-        "log": f"{logs_rel}/{spec.name}.log",
+        "log": f"{logs_rel}/{log}",
         "warnings": logscan.count_warnings(outcome.log_text),
         "effective_config": None,
         "versions": None,
@@ -263,13 +261,16 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
         with deferred_signals():  # logs and report are swapped in together, or not at all
             logs = [e["name"] for e in entries] + extra.names() + (["gpu-load"] if load_record else [])
             logs += [server.stem for n in logs if (server := lmcache_mp.server_log_path(work, n)).exists()]
-            publish_logs(work, report_path.parent / logs_dir_name, logs)
-            write_bytes_atomic(report_path, data)
+            with publish_logs(work, report_path.parent / logs_dir_name, logs):  # the previous ones back on failure
+                write_bytes_atomic(report_path, data)
             state.published = report
     finally:
-        workdir.remove_work_dir(work, scratch_root)
-        for d in scratch:  # under scratch_root: gone with it
-            shutil.rmtree(d, ignore_errors=True)
+        # whole or not at all: a signal (a verifier in a matrix cell gets SIGTERM more than once) that cut
+        # it short left a work folder without its owner record, which no later run sweeps
+        with deferred_signals():
+            workdir.remove_work_dir(work, scratch_root)
+            for d in scratch:  # under scratch_root: gone with it
+                shutil.rmtree(d, ignore_errors=True)
     print(format_summary(report))
     print(f"report: {report_path}", file=sys.stderr)
     return exit_code(report)
@@ -300,7 +301,7 @@ class Clock:
 def resource_for(opts: Options):
     """slot -> the devices an arm in that slot uses: its GPU on CUDA (CUDA_VISIBLE_DEVICES of its
     slot, else the first visible one, which a child that sees them all uses), the cores on the CPU."""
-    if not uses_cuda(opts):
+    if not uses_cuda(opts.args.device):
         return lambda slot: (CPU_CORES,)
     first = (visible_gpus() or ["0"])[0]
     return lambda slot: (gpu_resource((slot.env if slot else {}).get("CUDA_VISIBLE_DEVICES", first)),)
@@ -569,107 +570,12 @@ def run_arms(
     progress: Progress,
     clock: Clock | None = None,
 ) -> list[ArmOutcome | None]:
-    """Run the arms' children, up to n_jobs at a time, and return their outcomes in plan order.
+    """The arms run by the scheduler (repro.scheduler: slots, the preflight gate, native-matched's probes,
+    the stop flag), each the way this run runs one: its engine child, or, for an LMCacheMPConnector arm,
+    its MP server and child. Outcomes in plan order. clock, when given, records every child's and MP
+    server's window (repro.sharing)."""
 
-    The first arm's child makes the preflight. Arms that start before it says how the preflight
-    went (its progress file) import vLLM meanwhile and wait, before building an engine, for the
-    gate file the parent writes then ("go" or "stop"; repro.engine.child.wait_for_preflight), so a
-    bad connector still stops the run with exit 2 before any engine is built, and arms not started
-    yet never start. An interrupt (it reaches the main thread only) kills every running child's
-    process group and propagates. An arm that copies another's reuse lengths (native-matched)
-    builds its engine meanwhile and waits, before generating, for the probes file the parent writes
-    from that arm's reuse lengths when it is done (repro.engine.child.wait_for_probes).
-
-    Each arm takes a free slot (its GPU share or core, and the engine settings that go with it) when
-    it launches and gives it back when it ends (SlotPool; `slots.taken` then says where each ran):
-    the pool starts arms as threads free up, in no fixed order.
-
-    clock, when given, records every child's and MP server's window (repro.sharing)."""
-    names = [arm.name for arm in planned]
-    index = {name: i for i, name in enumerate(names)}
-    if len(index) < len(names):  # they would share a log, a result file and a KV directory
-        raise ValueError(f"kit bug: two arms of one name among {names}")
-    for i, arm in enumerate(planned):
-        if arm.match_arm is not None and index.get(arm.match_arm, i) == i:  # it would wait for ever
-            raise ValueError(
-                f"kit bug: {arm.name} copies the reuse lengths of {arm.match_arm}, not another arm of the run"
-            )
-    pool = slots if isinstance(slots, SlotPool) else SlotPool(slots)
-    released, stop = threading.Event(), threading.Event()
-    gate = work / "preflight.gate"
-    gate_lock = threading.Lock()
-
-    def release(ok: bool) -> None:
-        """Decide the preflight once: the gate file first, then the event (a child started after the
-        event was set never waits)."""
-        with gate_lock:
-            if released.is_set():
-                return
-            if not ok:
-                stop.set()
-            # atomic: a waiting child must never read a half-written word (through the module, so
-            # that a test standing in for the report's own write_bytes_atomic does not see this one)
-            atomic.write_bytes_atomic(gate, b"go\n" if ok else b"stop\n")
-            released.set()
-
-    finished = [threading.Event() for _ in planned]
-    outcomes: list[ArmOutcome | None] = [None] * len(planned)
-    first_job = job_for(0)
-    if first_job.preflight is None:
-        release(True)
-    # the path the runner gives the first child's result; its progress file sits beside it
-    first_progress = Path(progress_path(str(work / f"{planned[0].name}.result.json")))
-
-    def one(i: int) -> ArmOutcome | None:
-        try:
-            return outcome_of(i)
-        except BaseException:
-            stop.set()  # a kit bug in one arm's thread: the others do not start, the main thread re-raises
-            raise
-        finally:
-            finished[i].set()
-            if i == 0:  # never leave the others waiting for a preflight that will not come
-                release(not stop.is_set())
-
-    def feed_probes(i: int, dep: int, probes_file: Path) -> None:
-        """native-matched: once its connector arm is done, its reuse lengths become this arm's probes."""
-        while not finished[dep].wait(0.2):
-            if stop.is_set():
-                break
-        if stop.is_set() or outcomes[dep] is None:
-            payload: dict = {"stop": "the run is stopping"}
-        else:
-            payload = {PROBES_FILE_KEY: [p.to_json() for p in job_for(i, outcomes[dep]).probes]}
-        atomic.write_bytes_atomic(probes_file, dumps_json(payload).encode("utf-8"))
-
-    def outcome_of(i: int) -> ArmOutcome | None:
-        arm = planned[i]
-        dep = index[arm.match_arm] if arm.match_arm is not None else None
-        slot = pool.take(arm.name, stop)
-        if slot is None:  # the run is stopping
-            return None
-        try:
-            return launch_in(i, arm, dep, slot)
-        finally:
-            pool.give_back(arm.name)
-
-    def launch_in(i: int, arm: PlannedArm, dep: int | None, slot: ArmSlot) -> ArmOutcome:
-        if i == 0:
-            job = first_job
-        elif dep is not None:
-            probes_file = work / f"{arm.name}.probes.json"
-            job = replace(job_for(i, None), probes=(), probes_file=str(probes_file))
-            threading.Thread(
-                target=feed_probes, args=(i, dep, probes_file), name=f"kvkit-probes-{arm.name}", daemon=True
-            ).start()
-        else:
-            job = job_for(i, None)
-        job = slot.apply(job)
-        progress.start(arm.name, Path(progress_path(str(work / f"{arm.name}.result.json"))))
-        arm_env = {**env, **arm.env, **slot.env}
-        if i > 0 and not released.is_set():
-            arm_env[PREFLIGHT_GATE_ENV] = str(gate)
-
+    def run_one(arm: PlannedArm, job: Job, arm_env: dict, slot: ArmSlot) -> ArmOutcome:
         def launch(job: Job) -> ArmOutcome:
             return run_arm(
                 job,
@@ -688,34 +594,9 @@ def run_arms(
             outcome = launch(job)
         if clock:
             clock.record(f"arm {arm.name}", ARM, arm.name, slot, start)
-        if i == 0:
-            release(not (outcome.result is not None and outcome.result.preflight_problems))
-        progress.child_done(arm.name, "finished: judging" if outcome.failure is None else "failed")
-        outcomes[i] = outcome
         return outcome
 
-    with ThreadPoolExecutor(max_workers=max(1, n_jobs), thread_name_prefix="kvkit-arm") as executor:
-        futures = [executor.submit(one, i) for i in range(len(planned))]
-        try:
-            while not all(f.done() for f in futures):
-                if not released.is_set():
-                    state = _read_json(first_progress)
-                    if state.get("preflight_ok") is not None:
-                        release(state["preflight_ok"] is True)
-                wait(futures, timeout=0.3, return_when=FIRST_EXCEPTION)
-            return [f.result() for f in futures]
-        except BaseException:
-            stop.set()
-            released.set()
-            with deferred_signals():
-                # from here no child or MP server starts (repro.runner.starting), so the threads end
-                # as soon as their own children are killed: none can start one after this sweep
-                stop_all_children()
-                lmcache_mp.stop_all_servers()
-                for f in futures:
-                    f.cancel()
-                wait(futures)
-            raise
+    return scheduler.run_arms(planned, job_for, slots, n_jobs, work, env, run_one, progress)
 
 
 def _run_with_mp_server(
@@ -739,8 +620,9 @@ def _run_with_mp_server(
             outcome = launch(job)
             server.check()
     except lmcache_mp.ServerError as exc:
-        if outcome is None:  # never ran: the arm's log is the server's
-            return ArmOutcome(name, None, exc.failure(), server_log, exc.log_tail, 0.0, server_copy_path=exc.copy_path)
+        if outcome is None:  # never ran: the arm's log is the server's, or the kit's word when there is none
+            log = server_log if server_log.exists() else _never_ran_log(work, name, exc)
+            return ArmOutcome(name, None, exc.failure(), log, exc.log_tail, 0.0, server_copy_path=exc.copy_path)
         return replace(outcome, result=None, failure=exc.failure(), server_copy_path=exc.copy_path)
     finally:
         if clock:
@@ -748,17 +630,20 @@ def _run_with_mp_server(
     return replace(outcome, server_copy_path=server.copy_path)
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+def _never_ran_log(work: Path, name: str, exc: lmcache_mp.ServerError) -> Path:
+    """The arm's log when neither it nor its MP server wrote one (the server could not be started): one
+    line of the kit's saying why, so that the report never cites a log that is not there."""
+    path = work / f"{name}.log"
+    atomic.write_bytes_atomic(path, f"kvkit: {name} never ran: {exc.kind}: {exc.detail}\n".encode())
+    return path
 
 
-def publish_logs(work: Path, dest: Path, names: list[str]) -> None:
-    """Swap in the new arm logs only once the run completed, so an interrupted run leaves the
-    previous report's logs as they were."""
+@contextlib.contextmanager
+def publish_logs(work: Path, dest: Path, names: list[str]):
+    """Swap in the new arm logs for the block that writes the report: only a run that completed replaces
+    the previous report's logs, and a block that fails (a report that cannot be written: a full disk, an
+    interrupt) puts the previous ones back, so that the previous report keeps its own logs. Renames only,
+    which a full disk allows."""
     staged = work / "logs"
     staged.mkdir()
     for n in names:
@@ -767,9 +652,18 @@ def publish_logs(work: Path, dest: Path, names: list[str]) -> None:
             os.replace(src, staged / f"{n}.log")
     old = dest.with_name(dest.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
-    if dest.exists():
+    had = dest.exists()
+    if had:
         os.replace(dest, old)
-    os.replace(staged, dest)
+    try:
+        os.replace(staged, dest)
+        yield
+    except BaseException:
+        if dest.exists():
+            os.replace(dest, staged)  # the new logs go back into the work directory, and with it
+        if had:
+            os.replace(old, dest)
+        raise
     shutil.rmtree(old, ignore_errors=True)
 
 
@@ -845,16 +739,12 @@ def assemble(
 
 def _interrupted(state: RunState, why: str) -> int:
     if state.published is not None:  # the signal arrived after the report and its logs were swapped in
-        print(
-            f"error: {INTERRUPTED} ({why}) after the run completed: {state.report_path} and its logs are the new, "
-            "complete report",
-            file=sys.stderr,
+        say_error(
+            f"{INTERRUPTED} ({why}) after the run completed: {state.report_path} and its logs are the new, "
+            "complete report"
         )
         return exit_code(state.published)
-    print(
-        f"error: {INTERRUPTED} ({why}): children killed; no report written, the previous one is untouched",
-        file=sys.stderr,
-    )
+    say_error(f"{INTERRUPTED} ({why}): children killed; no report written, the previous one is untouched")
     return EXIT_INTERRUPTED
 
 
@@ -867,18 +757,20 @@ def _verify(argv: list[str]) -> int:
     except UsageError:
         raise  # repro.commands.run_command: one line, exit 2
     except gpu_load.LoadError as exc:  # the neighbour did not start: no arm result is worth a report
-        print(exc.log_tail, file=sys.stderr)
-        print(f"error: --gpu-load: {exc}; no report written", file=sys.stderr)
+        with contextlib.suppress(OSError, ValueError):
+            print(exc.log_tail, file=sys.stderr)
+        say_error(f"--gpu-load: {exc}; no report written")
         return EXIT_RUNTIME
     except PermissionError as exc:  # a path the user gave that cannot be written: bad input, not a crash
         raise UsageError(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
     except OSError as exc:  # the machine's, not the kit's: a full disk, an I/O error; one line, exit 3
         where = f": {exc.filename}" if exc.filename else ""
-        print(f"error: {exc.strerror or exc}{where}; {_written(state)}", file=sys.stderr)
+        say_error(f"{exc.strerror or exc}{where}; {_written(state)}")
         return EXIT_RUNTIME
     except Exception:  # noqa: BLE001 - a kit bug: say so, keep the traceback, and never exit 0 or 1
-        traceback.print_exc()
-        print(f"error: internal error in the kit (traceback above); {_written(state)}", file=sys.stderr)
+        with contextlib.suppress(OSError, ValueError):
+            traceback.print_exc()
+        say_error(f"internal error in the kit (traceback above); {_written(state)}")
         return EXIT_RUNTIME
 
 

@@ -11,6 +11,7 @@ import base64
 import fcntl
 import json
 import os
+import re
 import select
 import shutil
 import subprocess
@@ -409,3 +410,80 @@ def test_mixed_and_index_classes_in_chromium(browser, near_tie_site):
     assert got["badge"] == "near-ties only: 6" and got["badgeSeen"] and got["badgeBg"] != got["failBg"]
     cells = [r[6] for r in got["rows"][1:]]
     assert "FAIL (decisive: 5, near-tie: 1)" in cells[0] and "FAIL near-ties only: 6" in cells[1]
+
+
+# --- one site: the index links every report page, matrix and the detection study (issue 22 item 4) ---
+
+FIT_JS = """(() => ({
+  tables: [...document.querySelectorAll('table')].map(t => {
+    const box = t.closest('.scroll') || t.parentElement;
+    return {id: t.id || t.className, width: Math.round(t.getBoundingClientRect().width), box: box.clientWidth};
+  }),
+  links: [...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href')),
+  squares: document.querySelectorAll('svg.picture rect').length,
+  text: document.body.innerText,
+  scrollWidth: document.documentElement.scrollWidth, clientWidth: document.documentElement.clientWidth,
+}))()"""
+MATRIX = ROOT / "reports" / "matrix" / "h200-controls"
+DETECTION = ROOT / "reports" / "detection" / "detection-matrix.json"
+MACHINE_PATH = re.compile(r"(^|[\s(=:'\"])/(tmp|root|home|work|opt|usr|var)/")
+
+
+@pytest.fixture(scope="module")
+def one_site(tmp_path_factory) -> Path:
+    """The selftest report at the top, a committed matrix with its cells and the committed detection study."""
+    src = tmp_path_factory.mktemp("one-reports")
+    shutil.copy(DATA / f"{STEM}.json", src / f"{STEM}.json")
+    (src / "matrix").mkdir()
+    for suffix in (".json", ".md"):
+        shutil.copy(MATRIX.with_suffix(suffix), src / "matrix" / MATRIX.with_suffix(suffix).name)
+    shutil.copytree(MATRIX, src / "matrix" / MATRIX.name, ignore=shutil.ignore_patterns("site", "*.logs"))
+    (src / "detection").mkdir()
+    shutil.copy(DETECTION, src / "detection" / DETECTION.name)
+    out = tmp_path_factory.mktemp("one-site")
+    render_site(src, out)
+    return out
+
+
+def _fits(got: dict) -> None:
+    """Every column shows at 1280 px: no table is wider than its box, and the page does not scroll sideways."""
+    assert [t for t in got["tables"] if t["width"] > t["box"] + 1] == []
+    assert got["scrollWidth"] <= got["clientWidth"]
+    assert not MACHINE_PATH.search(got["text"]), MACHINE_PATH.search(got["text"])
+
+
+def test_index_links_every_page_at_1280(browser, one_site):
+    url = (one_site / "index.html").as_uri()
+    assert browser.load(url, 1280) == [url]
+    got = browser.evaluate(FIT_JS)
+    browser.screenshot(ARTIFACTS / "site-one-index-1280.png")
+    _fits(got)
+    assert f"{STEM}.html" in got["links"]
+    assert "matrix/h200-controls.html" in got["links"] and "detection/detection-matrix.html" in got["links"]
+    assert all((one_site / href).is_file() for href in got["links"]), got["links"]
+    assert "Matrices" in got["text"] and "Detection study" in got["text"]
+    assert "4 cells, 4 done, 0 ERROR" in got["text"] and "every fault kind detected" in got["text"]
+
+
+def test_matrix_page_picture_and_table_at_1280(browser, one_site):
+    url = (one_site / "matrix" / "h200-controls.html").as_uri()
+    assert browser.load(url, 1280) == [url]
+    got = browser.evaluate(FIT_JS)
+    browser.screenshot(ARTIFACTS / "site-one-matrix-1280.png")
+    _fits(got)
+    assert got["squares"] == 4 * 4 * 4  # cells x reuse arms x probes, one square each
+    titles = browser.evaluate("[...document.querySelectorAll('svg.picture rect title')].map(t => t.textContent)")
+    assert "seed6 · LMCacheConnectorV1 · chat-511: FAIL, KV CORRUPT, decisive" in titles
+    assert browser.evaluate("document.getElementById('picture').getBoundingClientRect().top") < browser.evaluate(
+        "document.getElementById('matrix').getBoundingClientRect().top"
+    )  # the picture above the detailed table
+    assert all((one_site / "matrix" / href).is_file() for href in got["links"] if href.endswith(".html"))
+
+
+def test_detection_page_at_1280(browser, one_site):
+    url = (one_site / "detection" / "detection-matrix.html").as_uri()
+    assert browser.load(url, 1280) == [url]
+    got = browser.evaluate(FIT_JS)
+    browser.screenshot(ARTIFACTS / "site-one-detection-1280.png")
+    _fits(got)
+    assert "Detection matrix" in got["text"]

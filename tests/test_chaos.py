@@ -230,3 +230,52 @@ def test_bad_input_is_one_line_and_exit_2():
         proc = subprocess.run([sys.executable, "-m", "repro", "chaos", *args], capture_output=True, text=True,
                               cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60, check=False)  # fmt: skip
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: "), proc.stderr
+
+
+# A process started with SIGINT ignored (as `make chaos &` starts the chaos run) calls hear_sigint, then
+# execs a Python that says what SIGINT does in it: what every kit run of the chaos run would meet.
+HEARS = (
+    "import signal, subprocess, sys\n"
+    "from repro.chaos.commands import hear_sigint\n"
+    "restored = hear_sigint()\n"
+    "child = [sys.executable, '-c', 'import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)']\n"
+    "print(restored, subprocess.run(child, capture_output=True, text=True).stdout.strip())\n"
+)
+
+
+@pytest.mark.parametrize("ignored", [True, False])
+def test_a_chaos_run_started_with_sigint_ignored_gives_its_runs_sigint_back(ignored):
+    """Seed 2101 started in the background (SIGINT ignored, inherited by every kit): all 7 SIGINT faults
+    hit kits that could not hear them and were called unnamed. The runs hear SIGINT whatever the start."""
+
+    def start():
+        signal.signal(signal.SIGINT, signal.SIG_IGN if ignored else signal.SIG_DFL)
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", HEARS], preexec_fn=start, env=env, capture_output=True, text=True,
+                         timeout=60, check=True)  # fmt: skip
+    assert out.stdout.split() == [str(ignored), "True"], out.stderr
+
+
+def test_a_kit_fault_after_the_kit_s_last_word_is_a_miss_not_a_hit(tmp_path):
+    """Fault 8 of seed 2101: a SIGTERM reached a kit that had written its report and said `report: ...`, as
+    its interpreter exited. Such a fault can only miss: the run is over (it is judged as a miss, by a normal
+    completion), and the signal is not sent."""
+    from types import SimpleNamespace
+
+    from repro.chaos import inject
+    from repro.chaos.faults import Fault
+
+    err = tmp_path / "001.err"
+    fault = Fault(1, KIT, "SIGTERM", "selftest", 0.0, 0.0, 0.0)
+    ctx = SimpleNamespace(walls={"selftest": 1.0})
+    alive = SimpleNamespace(poll=lambda: None)
+    sent: list = []
+    for said, lands in (("[kvkit] 6 arms, 2 at a time\n", True), ("report: reports/run.json\n", False),
+                        ("error: No space left on device; no report written\n", False)):  # fmt: skip
+        err.write_text(said)
+        out = inject.Outcome(fault, "selftest", stderr_path=err)
+        hit = inject._at_moment(ctx, fault, out, lambda proc, s=said: sent.append(s) or True)
+        assert hit(alive, None, 0.0) is lands
+    assert sent == ["[kvkit] 6 arms, 2 at a time\n"]
+    assert checks.said_last_word("[kvkit] x\nreport: r.json\n") and not checks.said_last_word("[kvkit] report: x\n")

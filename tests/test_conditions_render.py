@@ -12,12 +12,12 @@ import pytest
 from conftest import ROOT
 from test_render import Page
 
-from repro import display
 from repro.matrix import status
 from repro.matrix.page import render_matrix_page
 from repro.publish.issue_md import format_issue_md
 from repro.publish.site import render_index, render_report_page
 from repro.publish.site_model import build_index_row
+from repro.readmodel import Arm, as_report
 from repro.report import format_summary
 
 DATA = ROOT / "tests" / "data"
@@ -105,31 +105,41 @@ def _arm(report: dict, name: str) -> dict:
     return next(a for a in report["arms"] if a["name"] == name)
 
 
+def _read(arm: dict) -> Arm:
+    """The read model's record of an arm dict these tests build."""
+    return Arm.from_json(arm, None)
+
+
+def _read(arm: dict) -> Arm:
+    """The read model's record of an arm dict these tests build."""
+    return Arm.from_json(arm, None)
+
+
 def _page(report: dict) -> str:
     return render_report_page(report, stem="s", writeup=None, log_hrefs={})
 
 
-# --- repro.display: the facts every view shares ---
+# --- repro.readmodel: the facts every view shares ---
 
 
-def test_display_texts():
+def test_read_model_texts():
     planted, example = _arm(sample(), "PlantedFault"), _arm(sample(), "ExampleConnector")
-    assert display.copy_path_text(planted) == "engine compiled (wheel), MP server fallback"
-    assert display.gpu_text(planted) == "NVIDIA H200 (GPU 0, compute capability 9.0)"
-    assert display.sharing_text(planted) == "shared GPU 0 with 2 arms and the gpu-load (max overlap 55 s)"
-    assert display.sharing_text(example) == "alone on GPU 0"
-    assert "LMCache MP server of PlantedFault: 61 s (the arm's own)" in display.sharing_overlaps(planted)
-    assert display.trial_rate_text(planted).split("; ")[1] == "chat-511 FAIL 3/5 intermittent"
-    assert display.confirmation_text(planted) == "re-run alone: PASS → contention-dependent"
-    assert display.confirmation_text(example) == "re-run alone: not needed (no finding)"
-    assert display.trial_diffs_text(planted, "chat-511").startswith(
-        "#1 FAIL @6 (shared) · #2 FAIL @6 (shared) · #3 FAIL @7"
+    assert _read(planted).conditions.copy_path_text == "engine compiled (wheel), MP server fallback"
+    assert _read(planted).conditions.gpu_text == "NVIDIA H200 (GPU 0, compute capability 9.0)"
+    assert _read(planted).conditions.sharing_text == "shared GPU 0 with 2 arms and the gpu-load (max overlap 55 s)"
+    assert _read(example).conditions.sharing_text == "alone on GPU 0"
+    assert "LMCache MP server of PlantedFault: 61 s (the arm's own)" in _read(planted).conditions.sharing_overlaps
+    assert _read(planted).conditions.trial_rate_text.split("; ")[1] == "chat-511 FAIL 3/5 intermittent"
+    assert _read(planted).conditions.confirmation_text == "re-run alone: PASS → contention-dependent"
+    assert _read(example).conditions.confirmation_text == "re-run alone: not needed (no finding)"
+    assert (
+        _read(planted)
+        .conditions.trial_diffs_text("chat-511")
+        .startswith("#1 FAIL @6 (shared) · #2 FAIL @6 (shared) · #3 FAIL @7")
     )
-    marks = display.probe_condition_marks(planted, planted["probes"][1])
+    marks = _read(planted).marks(_read(planted).probes[1])
     assert [(m.text, m.qualifies) for m in marks] == [("intermittent 3/5", True), (CONTENTION, True)]
-    assert display.arm_verdict_text(planted).startswith(
-        "FAIL (decisive: 6) · findings in 5/5 trials · contention-dependent"
-    )
+    assert _read(planted).verdict_text.startswith("FAIL (decisive: 6) · findings in 5/5 trials · contention-dependent")
 
 
 def test_own_server_alone_the_cpu_and_a_deterministic_finding():
@@ -143,11 +153,9 @@ def test_own_server_alone_the_cpu_and_a_deterministic_finding():
     arm["gpu"] = None
     arm["confirmation"]["class"] = "deterministic"
     del arm["trials"]
-    assert display.sharing_text(arm) == "alone on CPU cores" and display.gpu_text(arm) == "CPU"
-    assert [(m.text, m.qualifies) for m in display.probe_condition_marks(arm, arm["probes"][0])] == [
-        ("deterministic", False)
-    ]
-    assert not display.qualified(arm)
+    assert _read(arm).conditions.sharing_text == "alone on CPU cores" and _read(arm).conditions.gpu_text == "CPU"
+    assert [(m.text, m.qualifies) for m in _read(arm).marks(_read(arm).probes[0])] == [("deterministic", False)]
+    assert not _read(arm).conditions.qualified
 
 
 def test_an_intermittent_kv_finding_qualifies_a_pass():
@@ -157,14 +165,14 @@ def test_an_intermittent_kv_finding_qualifies_a_pass():
     runs[1]["probes"][0]["kv"] = "CORRUPT"
     rate = {"probe": "fixture", "failed": 0, "kv_corrupt": 1, "of": 2, "class": "intermittent"}
     arm["trials"] = {"n": 2, "runs": runs, "rates": [rate], "class": "intermittent"}
-    assert display.probe_marks_text(arm, arm["probes"][0]) == "intermittent 1/2"
-    assert display.arm_verdict_text(arm) == "PASS · intermittent: findings in 1/2 trials" and display.qualified(arm)
+    assert _read(arm).marks_text(_read(arm).probes[0]) == "intermittent 1/2"
+    assert _read(arm).verdict_text == "PASS · intermittent: findings in 1/2 trials" and _read(arm).conditions.qualified
 
 
 def test_copy_paths_are_read_from_the_lmcache_signals_too():
     arm = _arm(sample(), "PlantedFault")
     arm["lmcache"] = {"copy_paths": arm.pop("copy_paths")}
-    assert display.copy_path_text(arm) == "engine compiled (wheel), MP server fallback"
+    assert _read(arm).conditions.copy_path_text == "engine compiled (wheel), MP server fallback"
 
 
 # --- the views ---
@@ -296,7 +304,8 @@ def test_matrix_rows_carry_the_copy_path_and_the_class():
         "cluster": {},
     }
     html = render_matrix_page(summary, cells_dir="m/site")
-    assert '<span class="muted setup">PlantedFault: copy path engine compiled (wheel), MP server fallback · ' in html
+    assert '<td class="note"><div>PlantedFault: engine compiled (wheel), MP server fallback</div></td>' in html
+    assert f'<span class="muted setup">PlantedFault: {planted["class"]}</span>' in html
     assert "FAIL</span> · decisive · <em>intermittent 3/5, contention-dependent</em></div>" in html
 
 
@@ -331,7 +340,7 @@ def test_a_gpu_load_that_died_and_loads_on_two_gpus():
     load["devices"].append(dict(load["devices"][0], gpu="1", iterations=None, tflops=None))
     load["failure"] = {"kind": "gpu-load-died", "detail": "exited while the arms ran (exit 1)"}
     assert not list(_validator().iter_errors(report))
-    assert display.gpu_load_text(report) == (
+    assert as_report(report).run_conditions.gpu_load_text == (
         "on GPU 0, 1: GPU 0: NVIDIA H200 float16 n 8192, 1234 iterations, 610 TFLOPS; "
         "GPU 1: NVIDIA H200 float16 n 8192, ? iterations; 3.1–180.2 s into the run; "
         "gpu-load-died: exited while the arms ran (exit 1)"

@@ -37,9 +37,9 @@ import pytest
 from conftest import ARTIFACTS, ROOT, have_vllm, run_cli
 
 from repro.cli import CPU_ENGINE_FLAGS
-from repro.display import arm_class_text, diff_class_cell, margin_class, probe_divergences
 from repro.publish.issue_md import format_issue_md
 from repro.publish.site import render_report_page
+from repro.readmodel import Arm, Probe, margin_class
 from repro.verdict import FAIL, NEAR_TIE, classify_divergence
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
@@ -134,13 +134,15 @@ def test_a_real_near_tie_divergence_is_shown_as_one(ladder):
     body, page = format_issue_md(report), render_report_page(report, stem="ladder")
     for arm, probe, req in near:
         assert req["cached_tokens"] > 0 and probe["verdict"] == FAIL and arm["verdict"] == FAIL  # stays FAIL
-        assert "near-tie" in arm_class_text(arm)
-        cell = diff_class_cell(probe)
+        assert "near-tie" in Arm.from_json(arm, None).class_text
+        cell = Probe.from_json(probe, None).diff_class_cell
         assert f"@{req['first_diff']} (near-tie" in cell
         line = next(
             line for line in proc.stdout.splitlines() if line.startswith(f"  {probe['name']} ") and cell in line
         )
         assert f"FAIL {cell}" in line
         assert cell in body
-        assert all(g.text in page for g in probe_divergences(probe))  # one span per first-diff index on the page
+        assert all(
+            g.text in page for g in Probe.from_json(probe, None).divergences
+        )  # one span per first-diff index on the page
     assert '<span class="dc dc-near-tie">' in page and "· **near-tie**" in body

@@ -16,13 +16,14 @@ from conftest import ROOT
 from test_issue_md import html_tables
 from test_render import Page
 
-from repro.display import kv_cell, spans
 from repro.errors import UsageError
 from repro.publish.heatmap import cell_fill
 from repro.publish.issue_md import format_issue_md
 from repro.publish.site import render_report_page, render_site
+from repro.readmodel import Probe, kv_blame_text
 from repro.report import ReportInvalid, check_acceptance, format_summary, load_report, validate_report
 from repro.verdict import CELL_CORRUPT, CELL_EXACT, CELL_NUMERIC, CORRUPT, EXACT, NUMERIC, UNAVAILABLE
+from repro.wording import spans
 
 DATA = ROOT / "tests" / "data"
 SELFTEST = DATA / "render-selftest.json"
@@ -208,7 +209,7 @@ def test_the_v2_example_is_a_complete_audited_report():
     assert data["schema_version"] == 2 and data["config"]["kv_audit"] is True
     SCHEMA.validate(data)
     validate_report(data)
-    verdicts = {(a["name"], p["name"]): kv_cell(p) for a in data["arms"] for p in a["probes"]}
+    verdicts = {(a["name"], p["name"]): Probe.from_json(p, None).kv_cell for a in data["arms"] for p in a["probes"]}
     assert verdicts[("PlantedFault", "fixture")] == f"CORRUPT: {BLAME_TEXT}"
     assert verdicts[("native", "chat-513")] == "NUMERIC" and verdicts[("baseline", "fixture")] == "—"
 
@@ -345,8 +346,6 @@ def test_summary_with_the_audit_off_says_so():
 
 
 def test_spans_and_blame_text_from_fields():
-    from repro.display import kv_blame_text
-
     assert spans([5, 0, 1, 2, 2, 7, 8]) == [(0, 2), (5, 5), (7, 8)]
     blame = dict(planted_blame(), text="")
     assert kv_blame_text(blame, 16) == BLAME_TEXT

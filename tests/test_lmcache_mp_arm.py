@@ -56,6 +56,12 @@ def test_a_server_that_does_not_start_is_a_named_error(setup):
     arm = next(a for a in data["arms"] if a["name"] == "LMCacheMPConnector")
     assert arm["verdict"] == "ERROR" and arm["error"]["kind"] == "lmcache-server-start"
     assert next(a for a in data["arms"] if a["name"] == "baseline")["verdict"] == "PASS"  # the others go on
+    # the arm never ran, so it has no log of its own: it cites the server's, which says why (the chaos run's
+    # fault 20, kill -9 of the server before it was ready, found it citing <arm>.log, never written)
+    assert arm["log"] == f"{setup['logs'].name}/LMCacheMPConnector.lmcache-server.log"
+    assert "stand-in MP server" in (setup["report"].parent / arm["log"]).read_text()
+    for a in data["arms"]:
+        assert (setup["report"].parent / a["log"]).is_file(), a["log"]
     _no_server_left(pid_dir)
 
 

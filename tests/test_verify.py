@@ -134,14 +134,14 @@ def test_arms_at_once_never_share_a_slot_whatever_order_they_start_in(fake_env, 
     other idled. An arm takes a free slot when it launches."""
     import time
 
-    from repro import plan
+    from repro import devices
     from repro.contract import ArmSpec
     from repro.plan import PlannedArm
     from repro.runner import ArmOutcome
 
-    monkeypatch.setattr(plan, "visible_gpus", lambda: ["0", "1"])
-    monkeypatch.setattr(plan.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(plan.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(devices, "visible_gpus", lambda: ["0", "1"])
+    monkeypatch.setattr(devices.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(devices.os, "sched_getaffinity", lambda pid: {0, 1})
     key = "CUDA_VISIBLE_DEVICES" if device == "cuda" else "VLLM_CPU_OMP_THREADS_BIND"
     planned = [PlannedArm(ArmSpec("baseline", "baseline")), PlannedArm(ArmSpec("A", "native")),
                PlannedArm(ArmSpec("B", "native"))]  # fmt: skip
@@ -199,3 +199,168 @@ def test_a_full_disk_is_one_line_and_exit_3_not_a_kit_bug(setup, monkeypatch, ca
     err = capsys.readouterr().err.strip()
     assert err == f"error: No space left on device: {setup['report']}; no report written"
     assert_untouched(setup)
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_disk_that_fills_as_native_matched_is_fed_is_one_line_and_exit_3(fake_env, monkeypatch, capsys):
+    """The chaos run (seed 2101, a full disk at 2.5 s) saw exit 3 with no one-line message: the disk filled as
+    native-matched was fed the probes its connector arm reused. The thread that writes them died with a
+    traceback on stderr, and the child went on waiting for probes that never came (until its time limit, had
+    nothing else failed). The write's error is the run's: one line, exit 3, the previous report kept."""
+    import errno
+    import time
+
+    from repro import atomic
+
+    real, full = atomic.write_bytes_atomic, threading.Event()
+
+    def write(path, data):  # the disk fills at the probes file: that write and every later one fail
+        if str(path).endswith("native-matched.probes.json"):
+            full.set()
+        if full.is_set():
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(path, data)
+
+    monkeypatch.setattr(atomic, "write_bytes_atomic", write)
+    monkeypatch.setattr(verify, "write_bytes_atomic", write)  # the report's own write: the disk is full
+    t0 = time.monotonic()
+    args = _args(fake_env, "--kv-connector", "ExampleConnector", "--compare-native", "--jobs", "1", "--timeout", "30")
+    code = verify.main(args)
+    err = capsys.readouterr().err
+    assert full.is_set() and code == EXIT_RUNTIME, err
+    assert "Traceback" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: No space left on device: ") and last.endswith("; no report written"), err
+    assert "native-matched.probes.json" in last
+    assert time.monotonic() - t0 < 20, "the native-matched child waited out its time limit"
+    assert_untouched(fake_env)
+
+
+def test_an_mp_arm_whose_server_never_started_cites_a_log_that_exists(tmp_path, monkeypatch):
+    """A server that could not even be started (no log of its own) and an arm that never ran: the entry
+    cited <arm>.log, which nothing wrote (the chaos run's "dangling log"). The kit writes that log itself,
+    one line saying why the arm never ran, and the entry cites it."""
+    import contextlib
+    import sys
+    from types import SimpleNamespace
+
+    from repro import lmcache_mp
+    from repro.contract import ArmSpec, ConnectorSpec, EngineConfig, ProbeJob, build_job
+    from repro.plan import PlannedArm
+    from repro.progress import Progress
+
+    @contextlib.contextmanager
+    def no_server(*args, **kwargs):
+        raise lmcache_mp.ServerError("lmcache-server-start", "the LMCache MP server could not be started: no python")
+        yield
+
+    monkeypatch.setattr(lmcache_mp, "mp_server", no_server)
+    spec = ArmSpec("mp", "connector", ConnectorSpec(lmcache_mp.CONNECTOR, None, {}))
+    engine = EngineConfig("m", None, "auto", 0, 0.5, 256, 16, "cpu")
+    job = build_job(spec, engine, [ProbeJob("p", {"token_ids": [1, 2]}, 1)], max_tokens=2, logprobs=2)
+    a = SimpleNamespace(python=sys.executable, lmcache_server_module=None)
+
+    def launch(job):
+        raise AssertionError("the arm ran without a server")
+
+    with Progress(["mp"], "quiet") as progress:
+        outcome = verify._run_with_mp_server(job, {}, tmp_path, a, progress, launch)
+    entry = verify.arm_entry(PlannedArm(spec), outcome, None, 16, "report.logs")
+    assert entry["error"]["kind"] == "lmcache-server-start"
+    cited = tmp_path / entry["log"].removeprefix("report.logs/")  # where publish_logs takes it from
+    assert cited.is_file(), entry["log"]
+    assert "mp never ran: lmcache-server-start: the LMCache MP server could not be started" in cited.read_text()
+
+
+class _FullDiskStream:
+    """A stderr on a full disk: every write fails (as under RLIMIT_FSIZE, or ENOSPC on a file)."""
+
+    def write(self, text):
+        raise OSError(28, "No space left on device")
+
+    def flush(self):
+        raise OSError(28, "No space left on device")
+
+
+def test_a_full_disk_under_stderr_too_still_exits_3_never_1(setup, monkeypatch):  # noqa: F811
+    """The line cannot be written when stderr itself is a file on the full disk: the failed write of the
+    error line used to escape, and the kit exited 1 ("acceptance not matched"), a result it never had."""
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device", str(setup["report"]))
+
+    monkeypatch.setattr(verify, "run", full)
+    monkeypatch.setattr("sys.stderr", _FullDiskStream())
+    assert verify.main(_args(setup)) == EXIT_RUNTIME
+    assert_untouched(setup)
+
+
+@pytest.mark.parametrize("stderr_to", ["pipe", "file"])
+def test_a_kit_under_rlimit_fsize_0_exits_3_with_its_line_where_stderr_can_take_one(setup, stderr_to):  # noqa: F811
+    """A full disk for every file the kit writes (RLIMIT_FSIZE 0, the chaos run's full disk where it
+    cannot mount one): exit 3, its one line on a stderr that is not a file (a terminal, a pipe), and
+    the previous report as it was. A stderr that is a file is on the full disk too: the line is lost
+    with it, the exit code is not."""
+    import resource
+    import subprocess
+    import sys
+
+    from kvkit_testutil import ROOT
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **_env(setup))
+    err_file = setup["tmp"] / "stderr.txt"
+    with open(err_file, "wb") as fh:
+        proc = subprocess.run(
+            [sys.executable, "-m", "repro.verify_kv_reuse", *_args(setup, "--kv-connector", "ExampleConnector")],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE if stderr_to == "pipe" else fh,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0)),
+            timeout=120,
+            check=False,
+        )
+    err = proc.stderr.decode() if stderr_to == "pipe" else err_file.read_text()
+    assert proc.returncode == EXIT_RUNTIME, (proc.returncode, err)
+    if stderr_to == "pipe":
+        last = err.strip().splitlines()[-1]
+        assert "Traceback" not in err and last.startswith("error: ") and last.endswith("no report written"), err
+    else:
+        assert err == ""  # nothing could be written there
+    assert_untouched(setup)
+
+
+def test_a_report_that_cannot_be_written_leaves_the_previous_logs_beside_the_previous_report(fake_env, monkeypatch):
+    """The chaos run's full disk as RLIMIT_FSIZE (where it cannot mount one), late in the run: the new arm
+    logs were swapped in, then the report's write failed, and the previous report stood beside logs that
+    were not its own. The previous logs are put back."""
+
+    def full(path, data):
+        raise OSError(27, "File too large")
+
+    monkeypatch.setattr(verify, "write_bytes_atomic", full)
+    assert verify.main(_args(fake_env, "--kv-connector", "ExampleConnector")) == EXIT_RUNTIME
+    assert_untouched(fake_env)
+
+
+def test_a_second_signal_during_the_clean_up_never_leaves_a_work_folder_no_run_can_sweep(fake_env, monkeypatch):
+    """Faults 38 and 49 of seed 2101 (SIGTERM and kill -9 of a matrix cell's Ray worker): a cell's work folder
+    was left, and the cell's next run did not sweep it. A verifier whose Ray worker dies gets SIGTERM more than
+    once (its task's own stop, then its parent's death); one that cut the removal of its work folder in half
+    left it without its owner record, which no later run touches. The clean-up holds signals until done."""
+    from repro import workdir
+
+    real, cut = workdir.shutil.rmtree, []
+
+    def rmtree_with_a_signal(path, *args, **kwargs):
+        if workdir._WORK_MARK in str(path) and not cut:  # what rmtree removes first can be the owner record
+            cut.append(path)
+            (path / workdir.OWNER_FILE).unlink()
+            os.kill(os.getpid(), signal.SIGINT)
+        real(path, *args, **kwargs)
+
+    monkeypatch.setattr(workdir.shutil, "rmtree", rmtree_with_a_signal)
+    code = verify.main(_args(fake_env, "--kv-connector", "ExampleConnector"))
+    assert cut and code == EXIT_OK  # the signal came after the report was written: its exit code
+    leftovers = [p.name for p in fake_env["report"].parent.iterdir() if p.name.startswith(".")]
+    assert leftovers == []

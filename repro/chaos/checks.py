@@ -141,6 +141,12 @@ def error_line(stderr: str) -> str | None:
     return lines[-1]
 
 
+def said_last_word(stderr: str) -> bool:
+    """Whether the kit has said its last word: `report: <path>` once its report is written, or its one
+    `error:` line (repro.verify prints either as the last thing it does)."""
+    return any(line.startswith(("report: ", "error: ")) for line in stderr.splitlines())
+
+
 def named_arm_error(data: dict | None, stdout: str, arm: str, kinds: tuple[str, ...]) -> str | None:
     """The kind the report gives `arm`'s failure, when it is one of `kinds` and the summary printed it."""
     for err in (data or {}).get("errors", []):

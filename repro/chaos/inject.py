@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ HANG_S = 240.0  # a run still going this long after its fault is hung (the fake 
 SETTLE_S = {MATRIX: 40.0}  # Ray's own processes take a while to go after ray.shutdown
 DEFAULT_SETTLE_S = 15.0  # a lifeline's watcher: SIGTERM, then SIGKILL 3 s later
 SURVIVE_S = 3.0  # a signalled process still alive this long after the signal ignored it
+RELAY_S = 10.0  # a piped run's output: how long its copy may take once the kit has exited
 CORRUPTION = b"\x00\xff\x00garbage\x00\xfe\x00"  # NUL is not JSON anywhere, 0xFF not UTF-8
 # When each kind of target is up (the clean runs measure it): a cell's verifier stands for its Ray worker.
 _SPAN_TESTS = {
@@ -64,6 +66,7 @@ class Outcome:
     problems: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     settle_s: float = 0.0
+    stderr_path: Path | None = None  # the run's stderr, as it is written
 
 
 @dataclass
@@ -138,7 +141,10 @@ def run_fault(ctx: Context, fault: Fault) -> Outcome:
             report = copy_previous(ctx.layout.report(fault.scenario), disk.root / "reports")
             (disk.root / "tmp").mkdir()
             where = _where(ctx, fault.scenario, report, disk.root / "tmp")
-            _judged(ctx, fault, where, out, _at_moment(ctx, fault, out, lambda proc: disk.fill(proc.pid)))
+            # RLIMIT_FSIZE covers every file the kit writes, its stdout and stderr too when they are files:
+            # a user's terminal is not on the full disk, so the kit writes to pipes that this run keeps
+            fill = _at_moment(ctx, fault, out, lambda proc: disk.fill(proc.pid))
+            _judged(ctx, fault, where, out, fill, piped=ctx.disk == sandbox.FSIZE)
         if not disk.unmounted:
             out.problems.append("the full disk could not be unmounted")
         return out
@@ -163,12 +169,14 @@ def run_fault(ctx: Context, fault: Fault) -> Outcome:
     return out
 
 
-def _judged(ctx: Context, fault: Fault, where: Where, out: Outcome, inject, unlock=None, at_start=False) -> None:
+def _judged(
+    ctx: Context, fault: Fault, where: Where, out: Outcome, inject, unlock=None, at_start=False, piped=False
+) -> None:
     """Run the fault's scenario with its injection (at_start: the fault is in place before the run
     starts), then name the outcome and check the files."""
     if at_start:
         inject, out.at_s, out.landed = None, 0.0, True
-    result = _run(ctx, fault.scenario, where, out, inject=inject, unlock=unlock)
+    result = _run(ctx, fault.scenario, where, out, inject=inject, unlock=unlock, piped=piped)
     normal = ctx.normal_rc.get(fault.scenario, 1)
     run = checks.Run(out.rc, result.stdout, result.stderr, result.state_of_main, out.landed, out.target, out.survived)
     out.named, out.seen = checks.name_outcome(fault.category, fault.variant, run, normal)
@@ -199,19 +207,23 @@ class _Result:
         return self.state_of_main.state
 
 
-def _run(ctx: Context, scenario: str, where: Where, out: Outcome, inject, unlock=None) -> _Result:
+def _run(ctx: Context, scenario: str, where: Where, out: Outcome, inject, unlock=None, piped=False) -> _Result:
     """Run the scenario once (inject: function(proc, watch, t0) -> landed, which waits for its own moment),
-    wait for it and for its processes, and read what it left."""
+    wait for it and for its processes, and read what it left. piped: the kit's stdout and stderr are pipes
+    (copied into the run's files), not the files themselves."""
     before = {p: checks.take_snapshot(p) for p in [where.report, *where.extra]}
     work_before, tmp_before = checks.work_dirs(where.report.parent), checks.entries(where.tmpdir)
     argv, env = scenarios.command(ctx.layout, scenario, where.report, where.tmpdir, ctx.python, ctx.ray_python)
     logs = ctx.layout.root / "runs"
     logs.mkdir(exist_ok=True)
     tag = f"{out.fault.index:03d}" if out.fault else f"clean-{scenario}"
+    out.stderr_path = logs / f"{tag}.err"
     with open(logs / f"{tag}.out", "w+b") as so, open(logs / f"{tag}.err", "w+b") as se:
         t0 = time.monotonic()
-        proc = subprocess.Popen(argv, cwd=scenarios.KIT_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=so, stderr=se,
-                                start_new_session=True)  # fmt: skip
+        outs = (subprocess.PIPE, subprocess.PIPE) if piped else (so, se)
+        proc = subprocess.Popen(argv, cwd=scenarios.KIT_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=outs[0],
+                                stderr=outs[1], start_new_session=True)  # fmt: skip
+        relays = [_relay(proc.stdout, so), _relay(proc.stderr, se)] if piped else []
         with procs.Watch(proc.pid, spans=_SPAN_TESTS) as watch:
             try:
                 if inject is not None:
@@ -226,6 +238,10 @@ def _run(ctx: Context, scenario: str, where: Where, out: Outcome, inject, unlock
                 proc.wait()
                 raise
             out.wall_s = round(time.monotonic() - t0, 2)
+        for relay in relays:
+            relay.join(RELAY_S)
+        for pipe in (proc.stdout, proc.stderr) if piped else ():
+            pipe.close()
         if unlock is not None:
             sandbox.make_writable(*unlock)  # the checks below read and the clean-up removes
         left, out.settle_s = procs.settle(watch, ctx.reaper, SETTLE_S.get(scenario, DEFAULT_SETTLE_S))
@@ -250,6 +266,19 @@ def _run(ctx: Context, scenario: str, where: Where, out: Outcome, inject, unlock
                    {k: (a - t0, b - t0) for k, (a, b) in watch.spans.items()})  # fmt: skip
 
 
+def _relay(pipe, dest) -> threading.Thread:
+    """Copy a pipe into a file until its end (the kit's exit, and that of whatever inherited it)."""
+
+    def copy() -> None:
+        with contextlib.suppress(OSError, ValueError):
+            for chunk in iter(lambda: pipe.read1(65536), b""):
+                dest.write(chunk)
+
+    thread = threading.Thread(target=copy, name="kvkit-chaos-relay", daemon=True)
+    thread.start()
+    return thread
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
@@ -266,14 +295,24 @@ def _alive(proc: subprocess.Popen) -> bool:
 
 def _at_moment(ctx: Context, fault: Fault, out: Outcome, act):
     """An injection at fault.fraction of the scenario's clean wall time: act(proc) -> landed, if the run is
-    still going then (else the fault missed)."""
+    still going then (else the fault missed). A signal for the kit misses too once the kit has said its
+    last word on stderr: its run is over, only its interpreter's exit is left."""
 
     def inject(proc: subprocess.Popen, watch: procs.Watch, t0: float) -> bool:
         _sleep_until(t0 + fault.fraction * ctx.walls.get(fault.scenario, 10.0), proc)
         out.at_s = round(time.monotonic() - t0, 2)
+        if fault.category == KIT and out.stderr_path is not None and checks.said_last_word(_read(out.stderr_path)):
+            return False
         return _alive(proc) and bool(act(proc))
 
     return inject
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def _send(pid: int, signal_name: str) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from repro import kvaudit
 from repro.contract import ArmResult
-from repro.display import audit_source_probes
+from repro.readmodel import Request
 from repro.verdict import CELL_CORRUPT, CORRUPT, EXACT, FAIL, NUMERIC, UNAVAILABLE
 
 # exact: the blamed blocks are the planted blocks; over: a strict superset; under: a strict subset
@@ -65,7 +65,7 @@ def audit_probes(
             "blamed_blocks": [corrupt_blocks(r["kv_audit"]) for r in reuses],
             # the study's prompts load at most 28 blocks: layers 0 and 1 (112 cells) always fit in the matches
             # the report keeps (repro.kvaudit.MATCHES_KEPT), so no prompt's KV goes unnamed for want of room
-            "served_from": [audit_source_probes(r) for r in reuses],
+            "served_from": [list(Request.from_json(r).audit_source_probes) for r in reuses],
         }
     arm = {k: status.get(k) for k in ("status", "reason", "floor")}
     return arm, out

@@ -9,9 +9,9 @@ from pathlib import Path
 from repro.atomic import write_bytes_atomic
 from repro.detection.matrix import replay_tally, summarize
 from repro.detection.plan import KIND, READABLE_VERSIONS, SCHEMA_VERSION
-from repro.display import replay_text
 from repro.errors import UsageError
 from repro.publish.environment import make_environment
+from repro.readmodel import Replay
 from repro.replays import MIN_REPLAY_TOKENS
 
 TEMPLATE = "detection.html.j2"
@@ -130,7 +130,7 @@ def _replay_cell(f: dict) -> tuple[CellView, tuple[str, ...]]:
     text = f"{len(named)}/{tally['divergent_reuses']} reuses" + (
         f", {served} naming the served prompt" if named else ""
     )
-    notes = [f"{r['name']} reuse {r['reuse']}: {replay_text(r)}; {_served_text(r)}" for r in named]
+    notes = [f"{r['name']} reuse {r['reuse']}: {Replay.from_json(r).text}; {_served_text(r)}" for r in named]
     if tally["replaying_own_earlier"]:
         notes.append(f"{tally['replaying_own_earlier']} replay only an earlier request of their own prompt")
     return CellView("partial" if named else "none", text), tuple(notes)

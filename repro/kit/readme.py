@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from repro import __version__
-from repro.display import day
 from repro.kit import KIT_NAME
 from repro.kit.evidence import EVIDENCE, ChosenReport
 from repro.paths import RAW_DIR
 from repro.publish import issue_md
 from repro.publish.environment import make_environment
+from repro.readmodel import Report, as_report
 
 TEMPLATE = "kit-readme.md.j2"
 CPU_PROFILE = "cpu"
@@ -24,7 +24,7 @@ class Finding:
     raw_path: str  # the report's path in the archive
     hardware: str
     day: str
-    table: str  # issue_md's verdict table (arm titles, cached and diff cells from repro.display)
+    table: str  # issue_md's verdict table (arm titles, cached and diff cells from repro.readmodel)
     verdicts: str
     diffs: str
     stack: str
@@ -38,27 +38,27 @@ class Finding:
         return self.profile == CPU_PROFILE
 
 
-def profile_for(report: dict, files: set[str]) -> str:
+def profile_for(report: Report, files: set[str]) -> str:
     """The `make repro` profile that matches a report's stack, or "" when none is packed."""
-    if (report.get("config") or {}).get("device") == "cpu":
+    if report.config.get("device") == "cpu":
         return CPU_PROFILE
-    lmcache = str((report["provenance"].get("packages") or {}).get("lmcache", ""))
+    lmcache = str((report.provenance.get("packages") or {}).get("lmcache", ""))
     return f"gpu-lmcache-{lmcache}" if f"requirements/gpu-lmcache-{lmcache}.txt" in files else ""
 
 
 def build_finding(c: ChosenReport, files: set[str]) -> Finding:
-    r = c.report
+    r = as_report(c.report)
     return Finding(
         raw_path=f"{EVIDENCE}/{RAW_DIR}/{c.name}",
-        hardware=str(r.get("hardware_label", "?")),
-        day=day(r),
+        hardware=r.hardware_label,
+        day=r.day,
         table=issue_md.format_table(r),
         verdicts=issue_md.format_verdicts(r),
         diffs=issue_md.format_diffs(r, token_limit=DIFF_TOKEN_LIMIT),
         stack=issue_md.format_stack(r),
         profile=profile_for(r, files),
         command=issue_md.format_reproduce(r).split("\n\n")[0],
-        model_sha256=str((r["provenance"].get("model") or {}).get("sha256", "?")),
+        model_sha256=str((r.provenance.get("model") or {}).get("sha256", "?")),
         missing_logs=c.missing_logs,
     )
 

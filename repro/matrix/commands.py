@@ -8,6 +8,7 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from repro import __version__
@@ -86,7 +87,6 @@ def run_matrix(matrix: Matrix, reports: Path, resume: bool, one_at_a_time: bool)
     summary_path = reports / f"{matrix.name}.json"
     previous = load_summary(summary_path) if resume and summary_path.is_file() else None
     before = {c["name"]: c for c in (previous or {}).get("cells", [])}
-    check_environments(matrix)
     records: dict[str, dict] = {}
     jobs: list[tuple[Cell, CellJob]] = []
     for cell in matrix.cells:
@@ -99,6 +99,9 @@ def run_matrix(matrix: Matrix, reports: Path, resume: bool, one_at_a_time: bool)
         job = CellJob(cell.name, cell.python, tuple(cell.verifier_argv(arg)), str(path.resolve()), str(KIT_ROOT),
                       cell.timeout_s, socket.gethostname())  # fmt: skip
         jobs.append((cell, job))
+    # Only the cells that run need their environment: --resume adds a cell (a new stack) on a host that
+    # no longer has the kept cells' environments.
+    check_environments(replace(matrix, cells=tuple(cell for cell, _ in jobs)))
     if jobs:
         from repro.matrix.cluster import import_ray  # Ray only where a cell runs: missing is one line, exit 2
 
@@ -159,18 +162,45 @@ def _summary(matrix: Matrix, cells: list[dict], cluster: dict, started: str, wal
         "ended_utc": utc_now(),
         "cells": cells,
         "probes": status.probe_names(cells),
+        "axes": status.axes(cells),
         "exit_code": status.matrix_exit_code(cells),
         # Diagnostics, not a performance claim: the run's wall time against its cells' own.
         "diagnostics": {"wall_s": wall, "cells_wall_s_sum": round(sum(ran), 3), "one_at_a_time": serial},
     }
 
 
-def publish(summary: dict, reports: Path) -> None:
+def refresh_summary(summary: dict, reports: Path) -> dict:
+    """The summary with what this kit reads from each done cell's report (its versions, arm rows and their
+    LMCache copy paths) and the version axes; the run's own facts (status, errors, exit codes, timings,
+    nodes, cluster, the matrix file's digest) as they were recorded. A missing or unreadable cell report
+    is one line (exit 2)."""
+    cells = []
+    for cell in summary["cells"]:
+        if cell["status"] == status.DONE and cell.get("report"):
+            report = load_report(reports / cell["report"])
+            cell = {**cell, "versions": status.versions(report), "arms": status.arm_rows(report)}
+        cells.append(cell)
+    return {**summary, "cells": cells, "probes": status.probe_names(cells), "axes": status.axes(cells)}
+
+
+def refresh(matrix: Matrix, reports: Path) -> int:
+    """--refresh: the summary and the matrix page written again from the cells' reports, nothing run; the
+    cell pages are left as they are."""
+    path = reports / f"{matrix.name}.json"
+    if not path.is_file():
+        raise UsageError(f"matrix {matrix.name}: no summary {path} to refresh: run the matrix first")
+    summary = refresh_summary(load_summary(path), reports)
+    publish(summary, reports, cell_pages=False)
+    print(f"matrix: {path} · page: {reports / (matrix.name + '.html')} (refreshed from the cell reports)")
+    return EXIT_OK
+
+
+def publish(summary: dict, reports: Path, cell_pages: bool = True) -> None:
     """Cell pages (the report site's renderer), then the summary, then the matrix page."""
     from repro.publish.site import render_site
 
     folder = reports / summary["name"]
-    if folder.is_dir():
+    if cell_pages and folder.is_dir():
         render_site(folder, folder / SITE_DIR)
     write_json_atomic(reports / f"{summary['name']}.json", summary)
     md = reports / f"{summary['name']}.md"  # a writeup, when someone wrote one
@@ -192,12 +222,20 @@ def matrix(argv: list[str]) -> int:
     p.add_argument(
         "--print-profiles", action="store_true", help="print the profiles the cells use, one a line, and stop"
     )
+    p.add_argument(
+        "--refresh",
+        action="store_true",
+        help="run nothing: write the summary and the matrix page again from the cells' reports as this kit reads "
+        "them (versions, copy paths, axes), keeping what the run recorded",
+    )
     args = p.parse_args(argv)
     spec = load_matrix(args.file)
     if args.print_profiles:
         for profile in sorted({c.environment for c in spec.cells if "/" not in c.environment}):
             print(profile)
         return EXIT_OK
+    if args.refresh:
+        return refresh(spec, Path(args.reports))
     signal.signal(signal.SIGTERM, _on_term)
     try:
         return run_matrix(spec, Path(args.reports), args.resume, args.one_at_a_time)

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from repro import display
 from repro.errors import EXIT_INTERRUPTED, EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
 from repro.matrix.cell import CellOutcome
 from repro.matrix.spec import Cell
+from repro.readmodel import ArmConditions, Report, Request
 from repro.report import exit_code
+from repro.wording import NOT_RECORDED
 
 MATRIX_KIND = "kvkit-matrix"
 # 1: cells (status, error, exit code, report and page links, versions, per-arm per-probe verdicts with
 #    KV verdict and divergence class), probes, cluster, timings. Added without a bump (absent from older
-#    summaries, which render as before): per arm copy_path and class, per probe conditions (issue 18).
+#    summaries, which render as before): per arm copy_path and class, per probe conditions (issue 18);
+#    axes (issue 20: the vLLM and LMCache versions and LMCache copy paths the done cells ran, each with
+#    its cells; the page computes the same from the cells of a summary without it).
 MATRIX_SCHEMA_VERSION = 1
 DONE, ERROR = "done", "error"
 # Error kinds of a cell (the verifier's own ERROR arms are inside its report: kind "engine-error").
@@ -73,16 +76,10 @@ def needs_run(cell: Cell, report: dict | None, report_arg: str, previous: dict |
 
 
 def divergence(probe: dict) -> str | None:
-    """The probe's divergence class ("near-tie", "decisive", ...; several joined by "+") from
-    repro.display's classifier where the kit has one, else from the margins' near_tie flags; None when
-    no request diverged."""
-    requests = [r for r in probe.get("requests", []) if isinstance(r, dict)]
-    classify = getattr(display, "divergence_class", None)
-    if classify is not None:
-        classes = {classify(r) for r in requests} - {None}
-    else:
-        margins = [r.get("margin") for r in requests if r.get("first_diff") is not None]
-        classes = {"near-tie" if m.get("near_tie") else "decisive" for m in margins if isinstance(m, dict)}
+    """The probe's divergence class ("near-tie", "decisive", ...; several joined by "+") from the read
+    model's classifier (repro.readmodel.Request.divergence_class); None when no request diverged."""
+    requests = [Request.from_json(r) for r in probe.get("requests", []) if isinstance(r, dict)]
+    classes = {r.divergence_class for r in requests} - {None}
     return "+".join(sorted(classes)) or None
 
 
@@ -92,22 +89,76 @@ def arm_rows(report: dict) -> list[dict]:
     or re-run alone gave its finding ("class"), and per probe the marks beside a FAIL ("conditions");
     a report without them gives the rows it always gave."""
     rows = []
-    for arm in report["arms"]:
+    for arm, read in zip(report["arms"], Report.from_json(report).arms):
         probes = {}
-        for probe in arm["probes"]:
+        for probe, read_probe in zip(arm["probes"], read.probes):
             kv = probe.get("kv")
             probes[probe["name"]] = {
                 "verdict": probe.get("verdict"),
                 "kv": kv.get("verdict") if isinstance(kv, dict) else None,
                 "divergence": divergence(probe),
             }
-            marks = display.probe_marks_text(arm, probe)
+            marks = read.marks_text(read_probe)
             if marks:
                 probes[probe["name"]]["conditions"] = marks
         row = {"name": arm["name"], "mode": arm["mode"], "verdict": arm["verdict"], "probes": probes}
-        extra = {"copy_path": display.copy_path_text(arm), "class": display.finding_class_text(arm)}
+        extra = {"copy_path": copy_path_text(arm), "class": read.conditions.finding_class_text}
         rows.append(row | {k: v for k, v in extra.items() if v})
     return rows
+
+
+# Arms whose LMCache copies also run in a server process of their own (the kit starts it).
+SERVER_CONNECTORS = ("LMCacheMPConnector",)
+
+
+def copy_paths(arm: dict) -> list[dict]:
+    """Each LMCache process's copy path (repro.lmcache_signals.copy_paths). A report made before they were
+    recorded has the engine's in its older `lmcache.cuda_ops` signal (read from the same fallback warning
+    of LMCache in the arm's log): the engine's path from it, an MP arm's server as not recorded. [] for an
+    arm without LMCache."""
+    paths = [vars(p) | {k: getattr(p, k) or None for k in ("source", "detail")} for p in ArmConditions(arm).copy_paths]
+    lm = arm.get("lmcache")
+    old = lm.get("cuda_ops") if isinstance(lm, dict) else None
+    if paths or not isinstance(old, str):
+        return paths
+    path = "compiled" if old.startswith("loaded") else "fallback" if old.startswith("not loaded") else None
+    out = [{"process": "engine", "path": path or NOT_RECORDED, "source": None, "detail": f"cuda_ops: {old}"}]
+    conn = arm.get("connector")
+    if isinstance(conn, dict) and conn.get("name") in SERVER_CONNECTORS:
+        out.append({"process": "MP server", "path": NOT_RECORDED, "source": None, "detail": "not recorded"})
+    return out
+
+
+def copy_path_text(arm: dict) -> str:
+    """'engine compiled (wheel), MP server fallback'; '' for an arm without LMCache."""
+    return ArmConditions({"copy_paths": copy_paths(arm)}).copy_path_text
+
+
+def version(cell: dict, package: str) -> str | None:
+    """A package's version in the cell's stack; None when not there or its probe failed ("unavailable: ...")."""
+    found = (cell.get("versions") or {}).get(package)
+    return None if not found or str(found).startswith("unavailable") else str(found)
+
+
+def axes(cells: list[dict]) -> dict[str, dict[str, list[str]]]:
+    """The version axes of a matrix: per axis (vllm, lmcache, copy_path), each value the done cells ran
+    and those cells, in the order first seen. A cell without LMCache is under lmcache "none"; copy_path
+    lists each LMCache arm's path (an arm's row says which arm)."""
+    out: dict[str, dict[str, list[str]]] = {"vllm": {}, "lmcache": {}, "copy_path": {}}
+    for cell in cells:
+        if cell["status"] != DONE:
+            continue
+        found = {
+            "vllm": [version(cell, "vllm") or NOT_RECORDED],
+            "lmcache": [version(cell, "lmcache") or "none"],
+        }
+        found["copy_path"] = [a["copy_path"] for a in cell["arms"] if a.get("copy_path")]
+        for axis, values in found.items():
+            for value in values:
+                names = out[axis].setdefault(str(value), [])
+                if cell["name"] not in names:
+                    names.append(cell["name"])
+    return out
 
 
 def versions(report: dict | None) -> dict:

@@ -29,6 +29,7 @@ class PackagedModel:
     gguf_sha256: str  # the GGUF's own digest, checked before it is converted
     quantization: str  # the GGUF's weight type, as "dequantized from <it>" in provenance
     fixture: str  # the probes `make repro MODEL=<name>` runs on the CPU
+    gpu_fixture: str  # what `make repro PROFILE=gpu-... MODEL=<name>` runs: its probes and its connector arms
     summary: str
 
     def pin(self) -> tuple[str, str]:
@@ -53,6 +54,7 @@ SMOLLM2 = PackagedModel(
     gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     quantization="Q4_1",
     fixture="fixtures/smollm2-cpu.json",
+    gpu_fixture="fixtures/smollm2-gpu-lmcache.json",
     summary="a trained Llama-architecture chat model (30 layers, 9 heads, 3 KV heads of 64), quantization-degraded",
 )
 MODELS = {m.name: m for m in (SMOLLM2,)}

@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from repro.display import blocks_text, corrupt_blocks, floor_rel_text, number, planted_blocks, spans
+from repro.readmodel import Request, floor_rel_text
 from repro.verdict import CELL_CORRUPT, CELL_EXACT, CELL_NUMERIC
+from repro.wording import blocks_text, number, spans
 
 LOG_MIN, LOG_MAX = -8, 0  # 1e-8 .. 1: the float32 floor sits near the left, a zeroed block (rel 1) at the right
 EXACT_FILL = "#d5d9df"
@@ -148,15 +149,13 @@ def _row_rects(panel: _Panel, layer: int, row: str, rel: list, max_abs: list) ->
     return rects
 
 
-def build_heatmap(request: dict, *, label: str, anchor: str, floor: object, block_size: int | None) -> Heatmap:
+def build_heatmap(request: Request, *, label: str, anchor: str, floor: object, block_size: int | None) -> Heatmap:
     """The heatmap of one audited reuse request (its kv_audit has status "audited")."""
-    audit = request["kv_audit"]
-    first, num_blocks, layers = int(audit["first_block"]), int(audit["num_blocks"]), int(audit["layers"])
+    audit = request.kv_audit
+    first, num_blocks, layers = int(audit.get("first_block")), int(audit.get("num_blocks")), int(audit.get("layers"))
     cw, ch = _sizes(num_blocks, layers)
-    planted = frozenset(planted_blocks(request))
-    matches = {
-        (m.get("layer"), m.get("plane"), m.get("block")): str(m.get("source")) for m in audit.get("matches") or []
-    }
+    planted = frozenset(request.planted_blocks)
+    matches = {(m.get("layer"), m.get("plane"), m.get("block")): str(m.get("source")) for m in audit.matches}
     cells, bands, labels = [], [], []
     step = _tick_step(cw)
     labels += [
@@ -168,7 +167,7 @@ def build_heatmap(request: dict, *, label: str, anchor: str, floor: object, bloc
     label_every = 1 if layers <= 16 else 4
     for pi, plane in enumerate(("K", "V")):
         panel = _Panel(plane, TOP + pi * (panel_h + PANEL_GAP), first, cw, ch, block_size, matches, planted)
-        grid = audit["planes"][plane]
+        grid = audit.planes[plane]
         for layer in range(layers):
             cells += _row_rects(panel, layer, str(grid["class"][layer]), grid["rel"][layer], grid["max_abs"][layer])
             if layer % label_every == 0:
@@ -177,7 +176,7 @@ def build_heatmap(request: dict, *, label: str, anchor: str, floor: object, bloc
             title = f"planted fault: {blocks_text(list(range(first + a, first + z + 1)), block_size)}"
             x, w = LABEL_W + a * cw - 1.5, (z - a + 1) * cw + 3
             bands.append(Rect(x, panel.top - 2.5, w, panel_h + 5, "none", "planted", title))
-    counts = audit.get("counts") or {}
+    counts = audit.counts
     total = sum(v for v in counts.values() if isinstance(v, int))
     return Heatmap(
         anchor=anchor,
@@ -189,12 +188,12 @@ def build_heatmap(request: dict, *, label: str, anchor: str, floor: object, bloc
         labels=tuple(labels),
         caption=(
             f"planted: {blocks_text(sorted(planted), block_size)}; "
-            f"blamed: {blocks_text(corrupt_blocks(audit), block_size)}; {floor_rel_text(floor)}"
+            f"blamed: {blocks_text(audit.corrupt_blocks, block_size)}; {floor_rel_text(floor)}"
         ),
         counts=(
             f"{counts.get('exact', 0)} exact · {counts.get('numeric', 0)} numeric · {counts.get('corrupt', 0)} corrupt "
             f"of {total} cells (block × layer × plane)"
-            + (f"; KV {audit['origin']}ly loaded" if audit.get("origin") in ("external", "local") else "")
+            + (f"; KV {audit.get('origin')}ly loaded" if audit.get("origin") in ("external", "local") else "")
         ),
     )
 

@@ -8,46 +8,21 @@ import sys
 
 from repro.atomic import write_bytes_atomic
 from repro.commands import ArgumentParser
-from repro.display import (
+from repro.errors import EXIT_OK
+from repro.readmodel import (
     DIVERGENCE_LEGEND,
     REPLAY_LEGEND,
-    acceptance_label,
-    arm_copy_paths,
-    arm_kv_text,
-    arm_title,
-    arm_verdict_text,
-    baseline_token_ids,
-    blamed_chunks,
-    blocks_text,
-    cached_cell,
-    commit_label,
-    conditions_pairs,
-    conditions_warning,
-    confirmation_reason,
-    confirmation_text,
-    copy_path_text,
-    day,
-    diff_class_cell,
-    gpu_text,
-    has_arm_conditions,
-    kv_audit_state,
-    kv_cell,
+    Arm,
+    BlamedChunk,
+    Probe,
+    Report,
+    as_report,
     margin_class,
-    number,
-    probe_marks_text,
-    rate_cell,
-    replay_texts,
-    run_probe_text,
-    sharing_overlaps,
-    sharing_text,
-    sharing_window,
-    span_text,
-    trial_rate_text,
-    trial_rates,
+    read_report,
 )
-from repro.errors import EXIT_OK
-from repro.report import CLAIM_LINE, load_report
+from repro.report import CLAIM_LINE
 from repro.verdict import ERROR, NEAR_TIE, PASS
+from repro.wording import NOT_RECORDED, blocks_text, number, span_text
 
 GITHUB_BODY_LIMIT = 65_536  # characters GitHub accepts in an issue or comment body
 # Token lists are shortened step by step until the body fits; None shows them whole.
@@ -70,49 +45,43 @@ TRIALS_HEADER = ("trials",)  # columns the verdict table gains when a report rec
 ALONE_HEADER = ("re-run alone",)
 
 
-def _has(report: dict, key: str) -> bool:
-    return any(isinstance(a.get(key), dict) for a in report["arms"])
+def _has_trials(report: Report) -> bool:
+    return any(a.conditions.trials_found is not None for a in report.arms)
 
 
-def _verdict_cell(arm: dict, probe: dict) -> str:
+def _has_confirmation(report: Report) -> bool:
+    return any(a.conditions.has_confirmation for a in report.arms)
+
+
+def _verdict_cell(arm: Arm, probe: Probe) -> str:
     """'FAIL', or 'FAIL (intermittent 3/5, contention-dependent)' where its conditions qualify it."""
-    marks = probe_marks_text(arm, probe)
-    return f"{probe['verdict']} ({marks})" if marks else str(probe["verdict"])
+    marks = arm.marks_text(probe)
+    return f"{probe.verdict} ({marks})" if marks else str(probe.verdict)
 
 
-def _trials_cell(arm: dict, probe: dict) -> str:
-    rate = next((r for r in trial_rates(arm) if r.get("probe") == probe["name"]), None)
-    return f"{rate_cell(rate)} ({rate.get('class')})" if rate else "—"
+def _trials_cell(arm: Arm, probe: Probe) -> str:
+    rate = arm.conditions.rate(probe.name)
+    return f"{rate.cell} ({rate.cls})" if rate else "—"
 
 
-def _alone_cell(arm: dict, probe: dict) -> str:
-    conf = arm.get("confirmation")
-    if not isinstance(conf, dict):
-        return "—"
-    run = conf.get("run") if isinstance(conf.get("run"), dict) else {}
-    alone = next((p for p in run.get("probes") or [] if p.get("name") == probe["name"]), None)
-    return run_probe_text(alone) if alone else str(conf.get("status"))
-
-
-def table_rows(report: dict) -> list[tuple[str, ...]]:
+def table_rows(report: Report | dict) -> list[tuple[str, ...]]:
     """One row per probe of every arm but a passing baseline (it is what the others are compared to);
     with the KV audit on, each row ends with the probe's KV verdict; then, where the report records
     them, the probe's trial rate and its verdict when re-run alone."""
-    kv = bool(kv_audit_state(report))
-    trials, alone = _has(report, "trials"), _has(report, "confirmation")
-    block_size = (report.get("config") or {}).get("block_size")
+    report = as_report(report)
+    kv = bool(report.kv_audit_state)
+    trials, alone = _has_trials(report), _has_confirmation(report)
     rows = []
-    for arm in report["arms"]:
-        if arm["mode"] == "baseline" and arm["verdict"] == PASS:
+    for arm in report.arms:
+        if arm.is_baseline and arm.verdict == PASS:
             continue
-        for p in arm.get("probes", []):
-            tokens = "" if p.get("prompt_tokens") is None else str(p["prompt_tokens"])
-            row = (arm_title(arm), p["name"], tokens, cached_cell(p), _verdict_cell(arm, p), diff_class_cell(p))
-            row += ((kv_cell(p, block_size),) if kv else ()) + ((_trials_cell(arm, p),) if trials else ())
-            rows.append(row + ((_alone_cell(arm, p),) if alone else ()))
-        if not arm.get("probes"):
+        for p in arm.probes:
+            row = (arm.title, p.name, p.tokens_text, p.cached_cell, _verdict_cell(arm, p), p.diff_class_cell)
+            row += ((p.kv_cell,) if kv else ()) + ((_trials_cell(arm, p),) if trials else ())
+            rows.append(row + ((arm.conditions.alone_cell(p.name),) if alone else ()))
+        if not arm.probes:
             empty = ("—",) * (kv + trials + alone)
-            rows.append((arm_title(arm), "—", "", "—", arm["verdict"], "") + empty)
+            rows.append((arm.title, "—", "", "—", arm.verdict, "") + empty)
     return rows
 
 
@@ -122,51 +91,48 @@ def markdown_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     return "\n".join(lines)
 
 
-def format_table(report: dict) -> str:
-    header = TABLE_HEADER + (KV_HEADER if kv_audit_state(report) else ())
-    header += (TRIALS_HEADER if _has(report, "trials") else ()) + (ALONE_HEADER if _has(report, "confirmation") else ())
+def format_table(report: Report | dict) -> str:
+    report = as_report(report)
+    header = TABLE_HEADER + (KV_HEADER if report.kv_audit_state else ())
+    header += (TRIALS_HEADER if _has_trials(report) else ()) + (ALONE_HEADER if _has_confirmation(report) else ())
     return markdown_table(header, table_rows(report))
 
 
-def chunk_rows(report: dict) -> list[tuple[str, ...]]:
+def chunk_rows(report: Report | dict) -> list[tuple[str, ...]]:
     """One row per blamed chunk (a run of adjacent blocks with corrupt cells) of every audited reuse."""
-    block_size = (report.get("config") or {}).get("block_size")
+    report = as_report(report)
     rows = []
-    for arm in report["arms"]:
-        if arm["mode"] == "baseline":
-            continue
-        for p in arm.get("probes", []):
-            reuse_no = 0
-            for r in p.get("requests") or []:
-                reuse_no += r.get("role") == "reuse"
-                for c in blamed_chunks(r.get("kv_audit")):
+    for arm in report.reuse_arms:
+        for p in arm.probes:
+            for reuse_no, r in p.numbered_requests():
+                for c in r.kv_audit.blamed_chunks if r.kv_audit is not None else ():
                     rows.append(
                         (
-                            arm_title(arm),
-                            p["name"],
+                            arm.title,
+                            p.name,
                             str(reuse_no),
-                            blocks_text(c["blocks"], block_size),
-                            span_text(c["layers"]),
-                            "+".join(c["planes"]),
-                            "not finite" if c["max_rel"] is None else number(c["max_rel"]),
+                            blocks_text(c.blocks, report.block_size),
+                            span_text(c.layers),
+                            "+".join(c.planes),
+                            "not finite" if c.max_rel is None else number(c.max_rel),
                             _sources(c),
                         )
                     )
     return rows
 
 
-def _sources(chunk: dict) -> str:
+def _sources(chunk: BlamedChunk) -> str:
     """'zeros (3 of 128 cells)': what the chunk's corrupt cells' bytes equal, where the audit found it."""
     counts: dict[str, int] = {}
-    for source in chunk["sources"]:
+    for source in chunk.sources:
         counts[source] = counts.get(source, 0) + 1
-    shown = [f"{s} ({n} of {chunk['cells']} cells)" for s, n in list(counts.items())[:3]]
+    shown = [f"{s} ({n} of {chunk.cells} cells)" for s, n in list(counts.items())[:3]]
     return ", ".join(shown) + (" …" if len(counts) > 3 else "") or "—"
 
 
-def format_kv_audit(report: dict) -> str:
+def format_kv_audit(report: Report) -> str:
     """Each reuse arm's audit and floor, then every blamed chunk in one table."""
-    if not kv_audit_state(report):
+    if not report.kv_audit_state:
         return "KV audit: off for this run (token verdicts only)."
     lines = [
         (
@@ -176,7 +142,7 @@ def format_kv_audit(report: dict) -> str:
         ),
         "",
     ]
-    lines += [f"- **{arm_title(a)}**: {arm_kv_text(a)}" for a in report["arms"]]
+    lines += [f"- **{a.title}**: {a.kv_text}" for a in report.arms]
     rows = chunk_rows(report)
     if not rows:
         return "\n".join([*lines, "", "No block was blamed."])
@@ -189,47 +155,44 @@ def format_kv_audit(report: dict) -> str:
     return "\n".join([*lines, "", "Blamed chunks (runs of adjacent blocks with a corrupt cell):", "", table]) + more
 
 
-def format_verdicts(report: dict) -> str:
+def format_verdicts(report: Report | dict) -> str:
     """Each arm's verdict with its first reasons, and the acceptance result."""
-    lines = [f"- acceptance.matched = {acceptance_label(report)} · {report.get('generations', '?')} generations"]
-    for arm in report["arms"]:
-        reasons = "; ".join(arm.get("reasons") or [])
+    report = as_report(report)
+    lines = [f"- acceptance.matched = {report.acceptance_label()} · {report.generations} generations"]
+    for arm in report.arms:
+        reasons = "; ".join(arm.reasons)
         reasons = reasons if len(reasons) <= 400 else reasons[:399] + "…"
-        lines.append(f"- **{arm_title(arm)}**: {arm_verdict_text(arm)}" + (f" — {reasons}" if reasons else ""))
-        if arm.get("error"):
-            lines.append(f"  - {ERROR} {arm['error'].get('kind')}: {str(arm['error'].get('detail'))[:300]}")
-    for err in report.get("errors") or []:
+        lines.append(f"- **{arm.title}**: {arm.verdict_text}" + (f" — {reasons}" if reasons else ""))
+        if arm.error:
+            lines.append(f"  - {ERROR} {arm.error.get('kind')}: {str(arm.error.get('detail'))[:300]}")
+    for err in report.errors:
         lines.append(f"- {ERROR} {err.get('arm')}: {err.get('kind')}: {str(err.get('detail'))[:300]}")
     return "\n".join(lines)
 
 
-def has_conditions(report: dict) -> bool:
-    """The report records what its verdicts were measured under (issue 18); older ones do not."""
-    return bool(conditions_pairs(report)) or any(has_arm_conditions(a) for a in report["arms"])
-
-
-def _arm_conditions(arm: dict) -> list[str]:
+def _arm_conditions(arm: Arm) -> list[str]:
     """One arm's conditions: its device and who shared it, LMCache's copy path, its trials, its re-run alone."""
-    device = " · ".join(t for t in (gpu_text(arm), sharing_text(arm), sharing_window(arm)) if t) or NOT_RECORDED
-    overlaps = "; ".join(sharing_overlaps(arm))
-    lines = [f"- **{arm_title(arm)}**: {device}" + (f" ({overlaps})" if overlaps else "")]
-    for path in arm_copy_paths(arm):
-        detail = f": {path['detail']}" if path.get("detail") else ""
-        lines.append(f"  - copy path, {copy_path_text({'copy_paths': [path]})}{detail}")
-    if trial_rate_text(arm):
-        lines.append(f"  - trials: {trial_rate_text(arm)}")
-    if confirmation_text(arm):
-        reason = confirmation_reason(arm)
-        lines.append(f"  - {confirmation_text(arm)}" + (f" ({reason})" if reason else ""))
+    c = arm.conditions
+    device = " · ".join(t for t in (c.gpu_text, c.sharing_text, c.sharing_window) if t) or NOT_RECORDED
+    overlaps = "; ".join(c.sharing_overlaps)
+    lines = [f"- **{arm.title}**: {device}" + (f" ({overlaps})" if overlaps else "")]
+    for path in c.copy_paths:
+        detail = f": {path.detail}" if path.detail else ""
+        lines.append(f"  - copy path, {path.text}{detail}")
+    if c.trial_rate_text:
+        lines.append(f"  - trials: {c.trial_rate_text}")
+    if c.confirmation_text:
+        reason = c.confirmation_reason
+        lines.append(f"  - {c.confirmation_text}" + (f" ({reason})" if reason else ""))
     return lines
 
 
-def format_conditions(report: dict) -> str:
+def format_conditions(report: Report) -> str:
     """What the verdicts were measured under: the run's trials, re-run alone, LMCache copy path and
     gpu-load, then each arm's GPU, sharing (with the overlaps), copy path per process, trials and re-run alone."""
-    lines = [f"- **{name}**: {text}" for name, text in conditions_pairs(report)]
-    for arm in report["arms"]:
-        if has_arm_conditions(arm):
+    lines = [f"- **{name}**: {text}" for name, text in report.run_conditions.pairs]
+    for arm in report.arms:
+        if arm.conditions.recorded:
             lines += _arm_conditions(arm)
     return "\n".join(lines)
 
@@ -237,7 +200,6 @@ def format_conditions(report: dict) -> str:
 # --- What maintainers ask for (upstream-landscape.md §1d): each line says "not recorded" where the
 # report lacks it, so that reports written before these facts were recorded still render.
 
-NOT_RECORDED = "not recorded"
 MP_CONNECTOR = "LMCacheMPConnector"
 # LMCache settings a maintainer asks about first; the whole logged configuration is in the report JSON.
 LMCACHE_KEYS = (
@@ -255,15 +217,15 @@ LMCACHE_KEYS = (
 MAX_FACT_CHARS = 600
 
 
-def _workers(arm: dict) -> list[dict] | None:
-    workers = (arm.get("effective_config") or {}).get("workers")
+def _workers(arm: Arm) -> list[dict] | None:
+    workers = (arm.effective_config or {}).get("workers")
     return [w for w in workers if isinstance(w, dict)] if isinstance(workers, list) else None
 
 
-def _per_arm(report: dict, fact) -> str:
+def _per_arm(report: Report, fact) -> str:
     """One fact of every arm that ran: 'X (every arm)' when they agree, else 'arm: X; …', 'not recorded'
     for an arm that lacks it (fact returns None)."""
-    shown = [(arm_title(a), fact(a)) for a in report["arms"] if a.get("effective_config") is not None]
+    shown = [(a.title, fact(a)) for a in report.arms if a.effective_config is not None]
     values = {v for _, v in shown}
     if not shown or values == {None}:
         return NOT_RECORDED
@@ -272,12 +234,12 @@ def _per_arm(report: dict, fact) -> str:
     return "; ".join(f"{title}: {NOT_RECORDED if v is None else v}" for title, v in shown)
 
 
-def _worker_values(arm: dict, key: str) -> str | None:
+def _worker_values(arm: Arm, key: str) -> str | None:
     values = sorted({str(w[key]) for w in _workers(arm) or [] if w.get(key) is not None})
     return ", ".join(values) or None
 
 
-def _attention_backend(arm: dict) -> str | None:
+def _attention_backend(arm: Arm) -> str | None:
     names = sorted(
         {
             str(b.get("name"))
@@ -289,15 +251,15 @@ def _attention_backend(arm: dict) -> str | None:
     return " + ".join(names) or None
 
 
-def _capability(arm: dict) -> str | None:
+def _capability(arm: Arm) -> str | None:
     """The GPU's compute capability as the workers saw it; 'none (cpu)' where they ran on no GPU."""
     found = _worker_values(arm, "compute_capability")
     platforms = _worker_values(arm, "platform")
     return found or (f"none ({platforms})" if platforms and "cuda" not in platforms.split(", ") else None)
 
 
-def _hashseeds(arm: dict) -> str | None:
-    child = (arm.get("effective_config") or {}).get("pythonhashseed")
+def _hashseeds(arm: Arm) -> str | None:
+    child = (arm.effective_config or {}).get("pythonhashseed")
     workers = _worker_values(arm, "pythonhashseed")
     if child is None and workers is None:
         return None
@@ -306,8 +268,8 @@ def _hashseeds(arm: dict) -> str | None:
     return f"engine child {NOT_RECORDED if child is None else child}, workers {workers or NOT_RECORDED}"
 
 
-def _batch_invariant(arm: dict) -> str | None:
-    state = (arm.get("effective_config") or {}).get("batch_invariant")
+def _batch_invariant(arm: Arm) -> str | None:
+    state = (arm.effective_config or {}).get("batch_invariant")
     if not isinstance(state, dict):
         return None
     why = "; ".join(state.get("reasons") or [])
@@ -316,17 +278,17 @@ def _batch_invariant(arm: dict) -> str | None:
     return text + (f" ({why})" if why and active is not True else "")
 
 
-def _lmcache_arms(report: dict) -> list[dict]:
-    return [a for a in report["arms"] if "lmcache" in str((a.get("connector") or {}).get("name", "")).lower()]
+def _lmcache_arms(report: Report) -> list[Arm]:
+    return [a for a in report.arms if "lmcache" in str(a.connector_name or "").lower()]
 
 
-def _lmcache_wheel(report: dict) -> str:
+def _lmcache_wheel(report: Report) -> str:
     arms = _lmcache_arms(report)
     if not arms:
         return "no LMCache arm in this report"
-    build = next((a["versions"]["lmcache_build"] for a in arms if (a.get("versions") or {}).get("lmcache_build")), None)
-    engine_torch = (report["provenance"].get("engine_versions") or {}).get("torch")
-    logged = sorted({str(a["lmcache"]["cuda_ops"]) for a in arms if (a.get("lmcache") or {}).get("cuda_ops")})
+    build = next((a.versions["lmcache_build"] for a in arms if a.versions.get("lmcache_build")), None)
+    engine_torch = (report.provenance.get("engine_versions") or {}).get("torch")
+    logged = sorted({str(a.lmcache["cuda_ops"]) for a in arms if a.lmcache.get("cuda_ops")})
     log_text = f"LMCache's log: {', '.join(logged)}" if logged else f"LMCache's log: {NOT_RECORDED}"
     if not isinstance(build, dict):
         return f"build {NOT_RECORDED} · {log_text}"
@@ -353,8 +315,8 @@ def _lmcache_settings(text: object) -> str:
     return ", ".join(picked) + " (the whole line is in the report JSON)"
 
 
-def _lmcache_config(report: dict) -> list[str]:
-    given = report["provenance"].get("lmcache_config")
+def _lmcache_config(report: Report) -> list[str]:
+    given = report.provenance.get("lmcache_config")
     if isinstance(given, dict):
         head = f"`{given.get('path')}` (sha256 {str(given.get('sha256'))[:12]}…)"
         contents = given.get("contents")
@@ -365,24 +327,24 @@ def _lmcache_config(report: dict) -> list[str]:
     if isinstance(given, dict) and given.get("contents"):
         lines.append("  ```yaml\n" + "\n".join("  " + ln for ln in str(given["contents"]).splitlines()) + "\n  ```")
     for arm in _lmcache_arms(report):
-        logged = (arm.get("lmcache") or {}).get("effective_config")
+        logged = arm.lmcache.get("effective_config")
         if logged:
             shown = _lmcache_settings(logged).replace("`", "'")
-            lines.append(f"  - as LMCache logged it ({arm_title(arm)}): `{shown}`")
+            lines.append(f"  - as LMCache logged it ({arm.title}): `{shown}`")
     return lines
 
 
-def _arm_line(arm: dict) -> str:
-    return f"**{arm_title(arm)}**: {arm_verdict_text(arm)} · {arm_kv_text(arm)}"
+def _arm_line(arm: Arm) -> str:
+    return f"**{arm.title}**: {arm.verdict_text} · {arm.kv_text}"
 
 
-def _is_mp(arm: dict) -> bool:
-    target = str((arm.get("effective_config") or {}).get("kv_audit_target") or "")
-    return (arm.get("connector") or {}).get("name") == MP_CONNECTOR or target.rpartition(":")[2] == MP_CONNECTOR
+def _is_mp(arm: Arm) -> bool:
+    target = str((arm.effective_config or {}).get("kv_audit_target") or "")
+    return arm.connector_name == MP_CONNECTOR or target.rpartition(":")[2] == MP_CONNECTOR
 
 
-def _batch_invariant_lines(report: dict) -> list[str]:
-    requested = (report.get("config") or {}).get("batch_invariant")
+def _batch_invariant_lines(report: Report) -> list[str]:
+    requested = report.config.get("batch_invariant")
     if requested is None:
         return [f"- **Batch-invariant kernels**: {NOT_RECORDED} (the report predates `--batch-invariant`)"]
     if not requested:
@@ -395,16 +357,16 @@ def _batch_invariant_lines(report: dict) -> list[str]:
     return [f"- **Batch-invariant kernels** (`--batch-invariant`): {_per_arm(report, _batch_invariant)}"]
 
 
-def format_maintainer_facts(report: dict) -> str:
+def format_maintainer_facts(report: Report) -> str:
     """What maintainers ask for before they look at a KV-reuse report: the attention backend, the GPU's
     compute capability, the LMCache wheel's build and whether its compiled ops loaded, PYTHONHASHSEED
     of every process, the LMCache config, and the controls (shape-matched native, batch-invariant
     kernels, LMCache's multi-process connector)."""
-    prov = report["provenance"]
+    prov = report.provenance
     gpus = ", ".join((prov.get("engine_versions") or {}).get("gpus") or [])
     seed = prov.get("pythonhashseed")
-    matched = [a for a in report["arms"] if a.get("matched_to")]
-    mp = [a for a in report["arms"] if _is_mp(a)]
+    matched = [a for a in report.arms if a.matched_to]
+    mp = [a for a in report.arms if _is_mp(a)]
     lines = [
         f"- **Attention backend**: {_per_arm(report, _attention_backend)}",
         f"- **GPU compute capability**: {_per_arm(report, _capability)}" + (f" ({gpus})" if gpus else ""),
@@ -456,25 +418,26 @@ def _margin_text(m: dict | None) -> str:
     )
 
 
-def format_diffs(report: dict, token_limit: int | None) -> str:
+def format_diffs(report: Report | dict, token_limit: int | None) -> str:
     """Every reuse that differed: where, the logprob margins on both sides, both token lists, and
     whose answer it replays (repro.replays) where the report says."""
+    report = as_report(report)
     lines, replayed = [], False
-    for arm in report["arms"]:
-        for p in arm.get("probes", []):
-            for i, r in enumerate(p.get("requests") or []):
-                if r.get("first_diff") is None:
+    for arm in report.arms:
+        for p in arm.probes:
+            for i, r in enumerate(p.requests):
+                if r.first_diff is None:
                     continue
                 lines.append(
-                    f"- **{arm_title(arm)}** / `{p['name']}` / {r.get('role', 'request')} {i}: "
-                    f"{r.get('cached_tokens')} cached tokens, first diff @{r['first_diff']}; {_margin_text(r.get('margin'))}"
+                    f"- **{arm.title}** / `{p.name}` / {'request' if r.role is None else r.role} {i}: "
+                    f"{r.cached_tokens} cached tokens, first diff @{r.first_diff}; {_margin_text(r.margin)}"
                 )
-                replays = [f"  - **{text}**" for text in replay_texts(r)]
+                replays = [f"  - **{text}**" for text in r.replay_texts]
                 replayed = replayed or bool(replays)
                 lines += replays
                 if token_limit != 0:
-                    lines.append(f"  - baseline: {format_tokens(baseline_token_ids(report, p['name']), token_limit)}")
-                    lines.append(f"  - reuse: {format_tokens(r.get('token_ids'), token_limit)}")
+                    lines.append(f"  - baseline: {format_tokens(report.baseline_token_ids(p.name), token_limit)}")
+                    lines.append(f"  - reuse: {format_tokens(r.token_ids, token_limit)}")
     if not lines:
         return "No reuse differed from the baseline."
     if replayed:
@@ -484,21 +447,21 @@ def format_diffs(report: dict, token_limit: int | None) -> str:
     return "\n".join(lines)
 
 
-def lmcache_signals(arm: dict) -> list[str]:
+def lmcache_signals(arm: Arm) -> list[str]:
     """LMCache's own counters on an arm (double unpins first), as 'name: value' lines."""
-    signals = arm.get("lmcache") or {}
+    signals = arm.lmcache
     keys = sorted(signals, key=lambda k: ("unpin" not in k, k))
     return [f"{k}: {signals[k]}" for k in keys if isinstance(signals[k], (int, float, str, bool))]
 
 
-def format_warnings(report: dict) -> str:
+def format_warnings(report: Report) -> str:
     """LMCache signals and findings per arm, then log warnings grouped by message across arms."""
     lines = []
-    for arm in report["arms"]:
-        lines += [f"- {arm_title(arm)} · LMCache {signal}" for signal in lmcache_signals(arm)]
-        lines += [f"- {arm_title(arm)} · {note}" for note in arm.get("findings") or []]
+    for arm in report.arms:
+        lines += [f"- {arm.title} · LMCache {signal}" for signal in lmcache_signals(arm)]
+        lines += [f"- {arm.title} · {note}" for note in arm.findings]
     by_message: dict[str, list[str]] = {}
-    for w in report.get("warnings") or []:
+    for w in report.warnings:
         msg = " ".join(str(w.get("message", "")).split())[:300].replace("`", "'")
         by_message.setdefault(msg, []).append(f"{w.get('arm')} ×{w.get('count')}")
     for msg, where in list(by_message.items())[:MAX_WARNINGS]:
@@ -508,8 +471,9 @@ def format_warnings(report: dict) -> str:
     return "\n".join(lines) if lines else "None recorded."
 
 
-def format_stack(report: dict) -> str:
-    prov = report["provenance"]
+def format_stack(report: Report | dict) -> str:
+    report = as_report(report)
+    prov = report.provenance
     kit = prov.get("kit") or {}
     hw = prov.get("hardware") or {}
     pkgs = ", ".join(f"{k} {v}" for k, v in sorted((prov.get("packages") or {}).items()))
@@ -522,32 +486,31 @@ def format_stack(report: dict) -> str:
             f"- packages (parent process): {pkgs or 'not recorded'}",
             f"- engine process: {engine or 'not recorded'}",
             f"- Python {prov.get('python', '?')} on {prov.get('platform', '?')}",
-            f"- hardware: **{report.get('hardware_label', '?')}** ({hw_txt or 'not recorded'})",
-            f"- kvkit {report.get('tool_version', '?')}, commit {kit.get('commit', '?')}"
+            f"- hardware: **{report.hardware_label}** ({hw_txt or 'not recorded'})",
+            f"- kvkit {report.tool_version}, commit {kit.get('commit', '?')}"
             + (" (dirty)" if kit.get("dirty") else ""),
         ]
     )
 
 
-def format_reproduce(report: dict) -> str:
-    argv = report["provenance"].get("argv") or []
+def format_reproduce(report: Report | dict) -> str:
+    report = as_report(report)
     return (
-        "```sh\npython -m repro.verify_kv_reuse " + shlex.join(map(str, argv)) + "\n```\n\n"
+        "```sh\npython -m repro.verify_kv_reuse " + shlex.join(report.argv) + "\n```\n\n"
         "With the attached kvkit archive, `make repro` sets up the pinned environment and runs the reference "
         "command for this machine (`PROFILE=cpu` for the CPU self-test); `README.md` in it says more."
     )
 
 
-def format_conditions_warning(report: dict) -> list[str]:
+def format_conditions_warning(report: Report) -> list[str]:
     """Above the table, where a failure it shows was intermittent or needed the shared device; else nothing."""
-    warning = conditions_warning(report)
+    warning = report.conditions_warning
     return [f"**Read the verdicts with their conditions:** {warning}."] if warning else []
 
 
-def render_body(report: dict, token_limit: int | None) -> str:
-    commit = commit_label(report["provenance"])
+def render_body(report: Report, token_limit: int | None) -> str:
     parts = [
-        f"### KV-cache reuse verification: {report.get('hardware_label', '?')} · kvkit {commit} · {day(report)}",
+        f"### KV-cache reuse verification: {report.hardware_label} · kvkit {report.commit} · {report.day}",
         (
             "Generated token IDs of each reuse are compared exactly with a no-reuse baseline run in a separate "
             "process (greedy decoding, `ignore_eos`). `0→1280×3`: the cold request reported 0 cached tokens, each "
@@ -556,8 +519,8 @@ def render_body(report: dict, token_limit: int | None) -> str:
         *format_conditions_warning(report),
         format_table(report),
         format_verdicts(report),
-        *(["#### Conditions\n\n" + format_conditions(report)] if has_conditions(report) else []),
-        *(["#### KV audit\n\n" + format_kv_audit(report)] if kv_audit_state(report) is not None else []),
+        *(["#### Conditions\n\n" + format_conditions(report)] if report.has_conditions else []),
+        *(["#### KV audit\n\n" + format_kv_audit(report)] if report.kv_audit_state is not None else []),
         "#### What maintainers ask for\n\n" + format_maintainer_facts(report),
         "#### First diffs and margins\n\n" + format_diffs(report, token_limit),
         "#### Stack\n\n" + format_stack(report),
@@ -578,8 +541,9 @@ def hard_truncate(body: str, limit: int) -> str:
     return kept + tail
 
 
-def format_issue_md(report: dict, limit: int = GITHUB_BODY_LIMIT) -> str:
+def format_issue_md(report: Report | dict, limit: int = GITHUB_BODY_LIMIT) -> str:
     """The issue body; token lists shrink first, then the body is cut, so it always fits in limit."""
+    report = as_report(report)
     for token_limit in TOKEN_LIMITS:
         body = render_body(report, token_limit)
         if len(body) <= limit:
@@ -593,7 +557,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("report", help="a kvkit report JSON")
     parser.add_argument("--out", help="write the Markdown to this file instead of stdout")
     args = parser.parse_args(argv)
-    body = format_issue_md(load_report(args.report))
+    body = format_issue_md(read_report(args.report))
     if args.out:
         write_bytes_atomic(args.out, body.encode("utf-8"))
         print(f"wrote {args.out} ({len(body)} characters)", file=sys.stderr)

@@ -7,48 +7,25 @@ unchanged inputs; report pages are written first and `index.html` last. Pages ar
 
 from __future__ import annotations
 
+import json
 from pathlib import Path, PurePosixPath
-from urllib.parse import quote, urlsplit
-from xml.etree.ElementTree import Element
+from urllib.parse import quote
 
 import jinja2
-import markdown
-from markdown.treeprocessors import Treeprocessor
 from markupsafe import Markup
 
 from repro.atomic import write_bytes_atomic
 from repro.commands import ArgumentParser
 from repro.errors import EXIT_OK, UsageError
 from repro.paths import RAW_DIR
+from repro.publish.catalog import Entry, render_catalog
 from repro.publish.environment import make_environment
 from repro.publish.site_model import build_index_row, build_report_page
-from repro.report import load_report
+from repro.publish.writeup import render_writeup
+from repro.readmodel import Report, read_report
+from repro.report import REPORT_KIND
 
 GENERATOR = "kvkit-site"  # marks pages this module wrote; only those are ever pruned
-_SAFE_SCHEMES = ("", "http", "https", "mailto")
-
-
-class _OfflineLinks(Treeprocessor):
-    """Writeups may not load anything (an image from elsewhere is a network request) or link to script URLs."""
-
-    def run(self, root: Element) -> None:
-        for el in root.iter():
-            if el.tag == "a" and urlsplit(el.get("href", "")).scheme.lower() not in _SAFE_SCHEMES:
-                del el.attrib["href"]
-            if el.tag == "img":
-                src = urlsplit(el.get("src", ""))
-                if src.scheme or src.netloc:
-                    el.tag, el.text = "span", f"[image not embedded: {el.get('alt', '')}]"
-                    el.attrib.clear()
-
-
-def render_writeup(text: str) -> Markup:
-    """A Markdown writeup as HTML. Writeups are ours, yet raw HTML in them is shown as text, not passed through."""
-    md = markdown.Markdown(extensions=["tables", "fenced_code"], output_format="html")
-    md.preprocessors.deregister("html_block")
-    md.inlinePatterns.deregister("html")
-    md.treeprocessors.register(_OfflineLinks(md), "kvkit-offline-links", 0)
-    return Markup(md.convert(text))
 
 
 def _relative_log(log: object) -> PurePosixPath | None:
@@ -60,7 +37,7 @@ def _relative_log(log: object) -> PurePosixPath | None:
 
 
 def render_report_page(
-    report: dict,
+    report: Report | dict,
     *,
     stem: str,
     writeup: Markup | None = None,
@@ -76,13 +53,40 @@ def render_report_page(
     return env.get_template("report.html.j2").render(page=page, writeup=writeup, generator=GENERATOR)
 
 
-def render_index(rows: list, env: jinja2.Environment | None = None) -> str:
+def render_index(rows: list, env: jinja2.Environment | None = None, entries: list[Entry] | None = None) -> str:
+    """The site's one entrance: the report pages' table, then every matrix, the detection study and the
+    reports of each folder (repro.publish.catalog), each with a one-line summary."""
     env = env or make_environment()
     kv_column = any(row.kv is not None for row in rows)  # a KV column once any report has the KV audit
     conditions = any(v.condition for row in rows for v in row.verdicts)
-    return env.get_template("index.html.j2").render(
-        rows=rows, kv_column=kv_column, conditions=conditions, generator=GENERATOR
+    sections = tuple(
+        (title, tuple(e for e in entries or () if e.section == key))
+        for key, title in (("matrix", "Matrices"), ("detection", "Detection study"), ("reports", "More reports"))
     )
+    return env.get_template("index.html.j2").render(
+        rows=rows,
+        kv_column=kv_column,
+        conditions=conditions,
+        sections=tuple((t, es) for t, es in sections if es),
+        generator=GENERATOR,
+    )
+
+
+def index_entry(row) -> Entry:
+    """A report page as one line: 'NVIDIA H200 · 2026-12-01 · LMCacheConnectorV1 FAIL (decisive: 6), …'."""
+    verdicts = ", ".join(
+        f"{v.arm} {v.verdict}" + (f" ({v.divergences})" if v.divergences else "") for v in row.verdicts
+    )
+    return Entry("reports", row.href, row.stem, f"{row.hardware} · {row.date} · {verdicts}")
+
+
+def _kind_of(path: Path) -> str | None:
+    """The file's kind; None when it is not a JSON object (the strict loader then says what is wrong)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data.get("kind") if isinstance(data, dict) else None
 
 
 def _write(path: Path, data: bytes, written: list[Path]) -> None:
@@ -92,16 +96,16 @@ def _write(path: Path, data: bytes, written: list[Path]) -> None:
     written.append(path)
 
 
-def _copy_logs(report: dict, reports_dir: Path, out_dir: Path, written: list[Path]) -> dict[str, str | None]:
+def _copy_logs(report: Report, reports_dir: Path, out_dir: Path, written: list[Path]) -> dict[str, str | None]:
     hrefs: dict[str, str | None] = {}
-    for arm in report["arms"]:
-        rel = _relative_log(arm.get("log"))
+    for arm in report.arms:
+        rel = _relative_log(arm.log)
         src = reports_dir / rel if rel else None
         if src is None or not src.is_file():
-            hrefs[arm["name"]] = None
+            hrefs[arm.name] = None
             continue
         _write(out_dir / RAW_DIR / rel, src.read_bytes(), written)
-        hrefs[arm["name"]] = f"{RAW_DIR}/{quote(rel.as_posix())}"
+        hrefs[arm.name] = f"{RAW_DIR}/{quote(rel.as_posix())}"
     return hrefs
 
 
@@ -123,8 +127,10 @@ def _prune(out_dir: Path, keep: set[Path]) -> None:
             raw.rmdir()
 
 
-def render_site(reports_dir: Path, out_dir: Path) -> list[Path]:
-    """Render every `reports_dir/*.json` into `out_dir`; returns the files written, index.html last."""
+def render_site(reports_dir: Path, out_dir: Path, catalog: bool = True) -> list[Path]:
+    """Render every `reports_dir/*.json` report into `out_dir` and, with catalog, every matrix, detection
+    study and folder of reports one level down (repro.publish.catalog); returns the files written,
+    index.html last."""
     reports_dir, out_dir = Path(reports_dir), Path(out_dir)
     if not reports_dir.is_dir():
         raise UsageError(f"reports directory {reports_dir} does not exist")
@@ -133,7 +139,7 @@ def render_site(reports_dir: Path, out_dir: Path) -> list[Path]:
     written: list[Path] = []
     rows = []
     for src in sources:
-        report, raw = load_report(src), src.read_bytes()
+        report, raw = read_report(src), src.read_bytes()
         stem = src.stem
         _write(out_dir / RAW_DIR / src.name, raw, written)
         hrefs = _copy_logs(report, reports_dir, out_dir, written)
@@ -142,7 +148,16 @@ def render_site(reports_dir: Path, out_dir: Path) -> list[Path]:
         html = render_report_page(report, stem=stem, writeup=writeup, log_hrefs=hrefs, env=env)
         _write(out_dir / f"{stem}.html", html.encode("utf-8"), written)
         rows.append(build_index_row(report, stem=stem, href=quote(f"{stem}.html")))
-    _write(out_dir / "index.html", render_index(rows, env).encode("utf-8"), written)
+    entries = []
+    if catalog:
+
+        def render_folder(src: Path, dest: Path) -> list[Entry]:
+            written.extend(render_site(src, dest, catalog=False))
+            return [index_entry(build_index_row(read_report(p), stem=p.stem, href=quote(f"{p.stem}.html")))
+                    for p in sorted(src.glob("*.json")) if _kind_of(p) == REPORT_KIND]  # fmt: skip
+
+        entries = render_catalog(reports_dir, out_dir, lambda path, data: _write(path, data, written), render_folder)
+    _write(out_dir / "index.html", render_index(rows, env, entries).encode("utf-8"), written)
     _prune(out_dir, set(written))
     return written
 
@@ -154,6 +169,6 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", default="site", help="output directory (default: site)")
     args = parser.parse_args(argv)
     written = render_site(Path(args.reports), Path(args.out))
-    pages = sum(1 for p in written if p.suffix == ".html") - 1
-    print(f"{Path(args.out) / 'index.html'}: {pages} report page(s), {len(written)} file(s)")
+    pages = sum(1 for p in written if p.suffix == ".html" and p.name != "index.html")
+    print(f"{Path(args.out) / 'index.html'}: {pages} page(s), {len(written)} file(s)")
     return EXIT_OK

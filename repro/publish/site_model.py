@@ -1,4 +1,5 @@
-"""The report site's view models: small frozen objects built from a report dict, so templates only loop and print.
+"""The report site's view models: small frozen objects built from the read model (repro.readmodel), so
+templates only loop and print.
 
 Pure: no file, clock or environment access. Every date shown comes from the report itself.
 """
@@ -6,57 +7,21 @@ Pure: no file, clock or environment access. Every date shown comes from the repo
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass
 
-from repro.display import (
+from repro.publish.heatmap import Heatmap, Legend, build_heatmap, build_legend
+from repro.readmodel import (
     DIVERGENCE_LEGEND,
     REPLAY_LEGEND,
-    acceptance_label,
-    arm_class_text,
-    arm_copy_paths,
-    arm_divergences,
-    arm_kv_text,
-    arm_title,
-    baseline_arm,
-    baseline_probes,
-    cached_cell,
-    classed_divergences,
-    commit_label,
-    conditions_pairs,
-    conditions_warning,
-    confirmation_reason,
-    confirmation_text,
-    day,
-    diff_cell,
-    divergence_class,
-    finding_class_text,
-    flatten,
-    gpu_text,
-    has_arm_conditions,
-    headline,
-    is_commit_hash,
-    kv_audit_state,
-    kv_cell,
-    kv_tally,
-    kv_verdict,
+    Arm,
+    Probe,
+    Report,
+    Request,
+    RequestAudit,
+    as_report,
     margin_class,
-    number,
-    probe_condition_marks,
-    probe_replay_lines,
-    qualified,
-    rate_cell,
-    replay_indices,
-    run_probe_text,
-    sharing_overlaps,
-    sharing_text,
-    sharing_window,
-    show,
-    trial_diffs_text,
-    trial_rate_text,
-    trial_rates,
 )
-from repro.publish.heatmap import Heatmap, Legend, build_heatmap, build_legend
+from repro.wording import flatten, machine_path_name, number, show
 
 TOKENS_PER_ROW = 16  # token-ID grid width: wide enough for the usual 16-token window, narrow enough for a phone
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -94,7 +59,9 @@ class ArmBlock:
     kv_status: str = ""  # "KV audit: ok · floor rel …" (schema 2 with the audit on)
     divergences: str = ""  # a FAIL arm's divergences by class: "decisive: 6", "near-ties only: 2"
     near_ties_only: bool = False  # every divergence of this FAIL arm is a near-tie: its own badge
-    condition: str = ""  # "contention-dependent: clean when re-run alone, …" (repro.display.finding_class_text)
+    condition: str = (
+        ""  # "contention-dependent: clean when re-run alone, …" (repro.readmodel.ArmConditions.finding_class_text)
+    )
     qualified: bool = False  # the finding was intermittent or needed the shared device: shown as a warning
 
 
@@ -133,7 +100,7 @@ class ProbeDetail:
     requests: tuple[RequestLine, ...]
     chunks: tuple[TokenChunk, ...]
     kv: KVDetail | None = None  # schema 2 with the audit on, for an audited probe
-    replays: tuple[str, ...] = ()  # a line per reuse that replays another answer (repro.display.probe_replay_lines)
+    replays: tuple[str, ...] = ()  # a line per reuse that replays another answer (repro.readmodel.Probe.replay_lines)
 
 
 @dataclass(frozen=True)
@@ -246,12 +213,6 @@ def visible_text(text: object) -> str:
     return _CONTROL.sub(lambda m: _ESCAPES.get(m.group(), f"\\x{ord(m.group()):02x}"), text)
 
 
-def package_version(report: dict, name: str) -> str:
-    prov = report["provenance"]
-    value = (prov.get("packages") or {}).get(name) or (prov.get("engine_versions") or {}).get(name)
-    return "—" if value is None else str(value)
-
-
 def format_margin(margin: object) -> str:
     """The logprob margin at the divergence on both sides, e.g. '@9: baseline 152 (margin 0.682) · reuse 228 …',
     ending with the divergence's class, which the top-2 gap decides ('· near-tie')."""
@@ -275,78 +236,78 @@ def _cell_text(value: object) -> str:
     return "?" if value is None else str(value)
 
 
-def _table_row(arm: dict, probe: dict, anchor: str, kv: bool, block_size: int | None) -> TableRow:
-    tokens = "" if probe.get("prompt_tokens") is None else str(probe["prompt_tokens"])
-    note = str(probe.get("skipped") or "")
+def _table_row(arm: Arm, probe: Probe, anchor: str, kv: bool) -> TableRow:
     return TableRow(
-        probe=str(probe["name"]),
-        tokens=tokens,
-        cached=cached_cell(probe),
-        verdict=str(probe["verdict"]),
-        diff=diff_cell(probe),
-        note=note,
+        probe=probe.name,
+        tokens=probe.tokens_text,
+        cached=probe.cached_cell,
+        verdict=str(probe.verdict),
+        diff=probe.diff_cell,
+        note=probe.skipped,
         anchor=anchor,
-        kv=kv_cell(probe, block_size) if kv else "",
-        kv_verdict=(kv_verdict(probe) or "") if kv else "",
-        classes=tuple((g.text, g.cls) for g in classed_divergences(probe)),
-        marks=tuple((m.text, m.qualifies) for m in probe_condition_marks(arm, probe)),
-        replays="; ".join(probe_replay_lines(probe)),
+        kv=probe.kv_cell if kv else "",
+        kv_verdict=(probe.kv_verdict or "") if kv else "",
+        classes=tuple((g.text, g.cls) for g in probe.classed_divergences),
+        marks=tuple((m.text, m.qualifies) for m in arm.marks(probe)),
+        replays="; ".join(probe.replay_lines()),
     )
 
 
-def _arm_block(arm: dict, arm_index: int, kv: bool, block_size: int | None) -> ArmBlock:
-    err = arm.get("error")
-    error = (str(err.get("kind", "?")), str(err.get("detail", "")), str(err.get("log_tail") or "")) if err else None
-    rows = tuple(_table_row(arm, p, f"d{arm_index}-{i}", kv, block_size) for i, p in enumerate(arm.get("probes") or []))
+def _arm_block(arm: Arm, arm_index: int, kv: bool) -> ArmBlock:
+    err = arm.error
+    error = (
+        tuple(
+            machine_path_name(str(x)) for x in (err.get("kind", "?"), err.get("detail", ""), err.get("log_tail") or "")
+        )
+        if err
+        else None
+    )
+    rows = tuple(_table_row(arm, p, f"d{arm_index}-{i}", kv) for i, p in enumerate(arm.probes))
     return ArmBlock(
-        title=arm_title(arm),
-        verdict=str(arm["verdict"]),
+        title=arm.title,
+        verdict=str(arm.verdict),
         rows=rows,
         error=error,
-        findings=tuple(str(f) for f in arm.get("findings") or []),
-        kv_status=arm_kv_text(arm) if kv else "",
-        divergences=arm_class_text(arm),
-        near_ties_only=bool(arm_class_text(arm)) and arm_divergences(arm).near_ties_only,
-        condition=finding_class_text(arm),
-        qualified=qualified(arm),
+        findings=tuple(machine_path_name(f) for f in arm.findings),
+        kv_status=arm.kv_text if kv else "",
+        divergences=arm.class_text,
+        near_ties_only=arm.near_ties_only,
+        condition=arm.conditions.finding_class_text,
+        qualified=arm.conditions.qualified,
     )
 
 
-def _arm_conditions(arm: dict) -> ArmConditions:
-    conf = arm.get("confirmation") if isinstance(arm.get("confirmation"), dict) else {}
-    alone = conf.get("run") if isinstance(conf.get("run"), dict) else {}
+def _arm_conditions(arm: Arm) -> ArmConditions:
+    c = arm.conditions
     return ArmConditions(
-        arm=arm_title(arm),
-        gpu=gpu_text(arm),
-        sharing=sharing_text(arm),
-        window=sharing_window(arm),
-        overlaps=tuple(sharing_overlaps(arm)),
+        arm=arm.title,
+        gpu=c.gpu_text,
+        sharing=c.sharing_text,
+        window=c.sharing_window,
+        overlaps=c.sharing_overlaps,
         copy_paths=tuple(
-            tuple(str(p.get(k) or "") for k in ("process", "path", "source", "detail")) for p in arm_copy_paths(arm)
+            tuple(machine_path_name(x) for x in (p.process, p.path, p.source, p.detail)) for p in c.copy_paths
         ),
-        trials=trial_rate_text(arm),
-        rates=tuple(
-            RateRow(str(r.get("probe")), rate_cell(r), str(r.get("class")), trial_diffs_text(arm, str(r.get("probe"))))
-            for r in trial_rates(arm)
-        ),
-        confirmation=confirmation_text(arm),
-        confirmation_reason=confirmation_reason(arm),
-        confirmation_run=tuple((str(p.get("name")), run_probe_text(p)) for p in alone.get("probes") or []),
+        trials=c.trial_rate_text,
+        rates=tuple(RateRow(str(r.probe), r.cell, str(r.cls), c.trial_diffs_text(str(r.probe))) for r in c.rates),
+        confirmation=c.confirmation_text,
+        confirmation_reason=machine_path_name(c.confirmation_reason),
+        confirmation_run=c.alone_probes,
     )
 
 
-def _conditions(report: dict) -> Conditions | None:
+def _conditions(report: Report) -> Conditions | None:
     """The page's Conditions section; None for a report that records none of them (its page is as it was)."""
-    run = tuple(conditions_pairs(report))
-    arms = tuple(_arm_conditions(a) for a in report["arms"] if has_arm_conditions(a))
+    run = tuple((k, machine_path_name(v)) for k, v in report.run_conditions.pairs)
+    arms = tuple(_arm_conditions(a) for a in report.arms if a.conditions.recorded)
     return Conditions(run=run, arms=arms) if run or arms else None
 
 
-def _kv_request_line(label: str, audit: object) -> str | None:
+def _kv_request_line(label: str, audit: RequestAudit | None) -> str | None:
     """A request the heatmap does not show, in words; None for an audited reuse (it gets a heatmap)."""
-    if not isinstance(audit, dict):
+    if audit is None:
         return f"{label}: not audited"
-    status = audit.get("status")
+    status = audit.status
     if status == "floor":
         same = "bit-identical to the baseline's" if audit.get("identical") else "not bit-identical to the baseline's"
         return (
@@ -355,47 +316,41 @@ def _kv_request_line(label: str, audit: object) -> str | None:
         )
     if status == "audited":
         return None
-    return f"{label}: KV audit {status}" + (f": {audit['reason']}" if audit.get("reason") else "")
+    return f"{label}: KV audit {status}" + (f": {audit.get('reason')}" if audit.get("reason") else "")
 
 
-def _kv_detail(arm: dict, probe: dict, anchor: str, block_size: int | None) -> KVDetail | None:
-    if not isinstance(probe.get("kv"), dict):
+def _kv_detail(arm: Arm, probe: Probe, anchor: str, block_size: int | None) -> KVDetail | None:
+    if probe.kv is None:
         return None
-    floor = (arm.get("kv_audit") or {}).get("floor")
-    lines, heatmaps, reuse_no = [], [], 0
-    for req in probe.get("requests") or []:
-        reuse_no += req.get("role") == "reuse"
-        label = _request_label(req, reuse_no)
-        line = _kv_request_line(label, req.get("kv_audit"))
+    lines, heatmaps = [], []
+    for reuse_no, req in probe.numbered_requests():
+        label = probe.request_label(reuse_no, req)
+        line = _kv_request_line(label, req.kv_audit)
         if line is None:
             heatmaps.append(
-                build_heatmap(req, label=label, anchor=f"{anchor}-kv{reuse_no}", floor=floor, block_size=block_size)
+                build_heatmap(
+                    req, label=label, anchor=f"{anchor}-kv{reuse_no}", floor=arm.kv_floor, block_size=block_size
+                )
             )
         else:
             lines.append(line)
     return KVDetail(
-        verdict=kv_verdict(probe) or "",
-        cell=kv_cell(probe, block_size),
-        reasons=tuple(str(r) for r in probe["kv"].get("reasons") or []),
+        verdict=probe.kv_verdict or "",
+        cell=probe.kv_cell,
+        reasons=probe.kv.reasons,
         lines=tuple(lines),
         heatmaps=tuple(heatmaps),
     )
 
 
-def _request_label(req: dict, reuse_no: int) -> str:
-    return f"reuse {reuse_no}" if req.get("role") == "reuse" else str(req.get("role", "?"))
-
-
-def _token_chunks(baseline: list | None, requests: list[dict]) -> tuple[TokenChunk, ...]:
+def _token_chunks(baseline: list | None, probe: Probe) -> tuple[TokenChunk, ...]:
     """Baseline and every request's token IDs aligned by index, TOKENS_PER_ROW to a row."""
     lines: list[tuple[str, list, int | None, set[int]]] = []
     if baseline is not None:
         lines.append(("baseline", baseline, None, set()))
-    reuse_no = 0
-    for req in requests:
-        reuse_no += req.get("role") == "reuse"
-        ids = list(req.get("token_ids") or [])
-        lines.append((_request_label(req, reuse_no), ids, req.get("first_diff"), replay_indices(req)))
+    for reuse_no, req in probe.numbered_requests():
+        ids = list(req.token_ids or [])
+        lines.append((probe.request_label(reuse_no, req), ids, req.first_diff, req.replay_indices))
     width = max((len(ids) for _, ids, _, _ in lines), default=0)
     chunks = []
     for start in range(0, width, TOKENS_PER_ROW):
@@ -418,160 +373,158 @@ def _token_chunks(baseline: list | None, requests: list[dict]) -> tuple[TokenChu
     return tuple(chunks)
 
 
-def _probe_detail(
-    arm: dict, probe: dict, baseline_probe: dict | None, anchor: str, kv: bool = False, block_size: int | None = None
-) -> ProbeDetail:
-    requests = list(probe.get("requests") or [])
-    base_reqs = (baseline_probe or {}).get("requests") or []
-    base_ids = list(base_reqs[0].get("token_ids") or []) if base_reqs else None
-    lines = []
-    if base_reqs:
-        b = base_reqs[0]
-        lines.append(
-            RequestLine(
-                "baseline",
-                _cell_text(b.get("cached_tokens")),
-                "",
-                str(b.get("finish_reason") or ""),
-                "—",
-                visible_text(b.get("text")),
-            )
-        )
-    reuse_no = 0
-    for req in requests:
-        reuse_no += req.get("role") == "reuse"
-        first = req.get("first_diff")
-        lines.append(
-            RequestLine(
-                _request_label(req, reuse_no),
-                _cell_text(req.get("cached_tokens")),
-                "" if first is None else f"@{first}",
-                str(req.get("finish_reason") or ""),
-                format_margin(req.get("margin")),
-                visible_text(req.get("text")),
-                divergence_class(req) or "",
-            )
-        )
-    return ProbeDetail(
-        anchor=anchor,
-        arm=arm_title(arm),
-        probe=str(probe["name"]),
-        verdict=str(probe["verdict"]),
-        reasons=tuple(str(r) for r in probe.get("reasons") or []),
-        skipped=str(probe.get("skipped") or ""),
-        requests=tuple(lines),
-        chunks=_token_chunks(base_ids, requests) if requests else (),
-        kv=_kv_detail(arm, probe, anchor, block_size) if kv else None,
-        replays=tuple(probe_replay_lines(probe, whole=True)),
+def _request_line(label: str, req: Request) -> RequestLine:
+    first = req.first_diff
+    return RequestLine(
+        label,
+        _cell_text(req.cached_tokens),
+        "" if first is None else f"@{first}",
+        str(req.finish_reason or ""),
+        format_margin(req.margin),
+        visible_text(req.text),
+        req.divergence_class or "",
     )
 
 
-def reproduce_command(provenance: dict) -> str:
-    """The exact command that made the report, preceded by the checkout of its commit when known."""
-    cmd = "python -m repro.verify_kv_reuse " + shlex.join(str(a) for a in provenance.get("argv") or [])
-    commit = str((provenance.get("kit") or {}).get("commit", ""))
-    return (f"git checkout {commit}\n" if is_commit_hash(commit) else "") + cmd.rstrip()
+def _probe_detail(
+    arm: Arm, probe: Probe, baseline_probe: Probe | None, anchor: str, kv: bool = False, block_size: int | None = None
+) -> ProbeDetail:
+    base = baseline_probe.requests[0] if baseline_probe is not None and baseline_probe.requests else None
+    lines = []
+    if base is not None:
+        b = base
+        lines.append(
+            RequestLine(
+                "baseline", _cell_text(b.cached_tokens), "", str(b.finish_reason or ""), "—", visible_text(b.text)
+            )
+        )
+    lines += [_request_line(probe.request_label(no, req), req) for no, req in probe.numbered_requests()]
+    base_ids = list(base.token_ids or []) if base is not None else None
+    return ProbeDetail(
+        anchor=anchor,
+        arm=arm.title,
+        probe=probe.name,
+        verdict=str(probe.verdict),
+        reasons=tuple(machine_path_name(r) for r in probe.reasons),
+        skipped=probe.skipped,
+        requests=tuple(lines),
+        chunks=_token_chunks(base_ids, probe) if probe.requests else (),
+        kv=_kv_detail(arm, probe, anchor, block_size) if kv else None,
+        replays=probe.replay_lines(whole=True),
+    )
 
 
-def _baseline_line(report: dict) -> str:
-    base = baseline_arm(report)
+def _baseline_line(report: Report) -> str:
+    base = report.baseline
     if base is None:
         return "baseline: absent"
-    reasons = "; ".join(str(r) for r in base.get("reasons") or [])
-    return f"baseline (prefix caching off, no connector): {base['verdict']}" + (f" — {reasons}" if reasons else "")
+    reasons = machine_path_name("; ".join(str(r) for r in base.reasons))
+    return f"baseline (prefix caching off, no connector): {base.verdict}" + (f" — {reasons}" if reasons else "")
 
 
-def _kv_note(report: dict, audit: bool | None) -> str:
+def _kv_note(report: Report, audit: bool | None) -> str:
     """The KV audit's state for the whole report, near the table ("" for a report made before the audit)."""
     if audit is None:
         return ""
     if not audit:
         return "KV audit: off for this run (token verdicts only)."
-    base = baseline_arm(report)
-    keep = (report.get("config") or {}).get("keep_kv")
-    text = f"baseline {arm_kv_text(base)}" if base else "baseline: absent, no reference KV"
-    return text + (f"; KV tensors kept in {keep}" if keep else "") + "."
+    base = report.baseline
+    keep = report.config.get("keep_kv")
+    text = f"baseline {base.kv_text}" if base else "baseline: absent, no reference KV"
+    return text + (f"; KV tensors kept in {machine_path_name(str(keep))}" if keep else "") + "."
 
 
-def build_report_page(report: dict, *, stem: str, raw_href: str, log_hrefs: dict[str, str | None]) -> ReportPage:
+def _provenance(report: Report) -> tuple[tuple[str, str], ...]:
+    """The provenance as (dotted key, value): a path of the machine that made the report shown by its
+    name (the full value is in the raw JSON)."""
+    prov = report.provenance
+    pairs = [("kit.commit", report.commit), ("hardware_label", report.hardware_label)]
+    pairs += [kv for kv in flatten({k: v for k, v in prov.items() if k not in ("argv", "kit")}) if kv[0]]
+    pairs += [(f"kit.{k}", v) for k, v in flatten(prov.get("kit") or {}) if k not in ("commit", "dirty")]
+    return tuple((k, machine_path_name(v)) for k, v in pairs)
+
+
+def build_report_page(
+    report: Report | dict, *, stem: str, raw_href: str, log_hrefs: dict[str, str | None]
+) -> ReportPage:
     """The report page's view model; log_hrefs maps an arm's name to its copied log (None: not available)."""
-    arms = report["arms"]
-    base_probes = baseline_probes(report)
-    audit = kv_audit_state(report)
-    block_size = (report.get("config") or {}).get("block_size")
+    report = as_report(report)
+    audit = report.kv_audit_state
     blocks, details = [], []
-    for ai, arm in enumerate(arms):
-        if arm["mode"] == "baseline":
+    for ai, arm in enumerate(report.arms):
+        if arm.is_baseline:
             continue
-        blocks.append(_arm_block(arm, ai, bool(audit), block_size))
-        for pi, probe in enumerate(arm.get("probes") or []):
-            base = base_probes.get(probe["name"])
-            details.append(_probe_detail(arm, probe, base, f"d{ai}-{pi}", bool(audit), block_size))
+        blocks.append(_arm_block(arm, ai, bool(audit)))
+        for pi, probe in enumerate(arm.probes):
+            base = report.baseline_probe(probe.name)
+            details.append(_probe_detail(arm, probe, base, f"d{ai}-{pi}", bool(audit), report.block_size))
     warnings = tuple(
-        (str(w.get("arm", "")), int(w.get("count", 0)), str(w.get("message", ""))) for w in report.get("warnings") or []
+        (str(w.get("arm", "")), int(w.get("count", 0)), machine_path_name(str(w.get("message", ""))))
+        for w in report.warnings
     )
-    prov = report["provenance"]
-    provenance = [("kit.commit", commit_label(prov)), ("hardware_label", str(report.get("hardware_label", "?")))]
-    provenance += [kv for kv in flatten({k: v for k, v in prov.items() if k not in ("argv", "kit")}) if kv[0]]
-    provenance += [(f"kit.{k}", v) for k, v in flatten(prov.get("kit") or {}) if k not in ("commit", "dirty")]
-    configs = tuple((arm_title(a), tuple(flatten(a.get("effective_config") or {}))) for a in arms)
+    configs = tuple((a.title, _config_pairs(a)) for a in report.arms)
     return ReportPage(
         stem=stem,
-        title=f"{report.get('hardware_label', '?')} · {day(report)}",
-        claim=show(report.get("claim_eligible", False)),
-        headline=headline(report),
-        subline=f"{report.get('generations', '?')} generations · acceptance.matched = {acceptance_label(report)}",
+        title=f"{report.hardware_label} · {report.day}",
+        claim=show(report.claim_eligible),
+        headline=report.headline,
+        subline=f"{report.generations} generations · acceptance.matched = {report.acceptance_label()}",
         baseline=_baseline_line(report),
         blocks=tuple(blocks),
         details=tuple(details),
         warnings=warnings,
         warning_total=sum(w[1] for w in warnings),
-        provenance=tuple(provenance),
+        provenance=_provenance(report),
         configs=configs,
-        reproduce=reproduce_command(prov),
+        reproduce=machine_path_name(report.reproduce_command),
         raw_href=raw_href,
         logs=tuple(
-            ArmLog(arm=str(a["name"]), path=str(a.get("log") or "—"), href=log_hrefs.get(a["name"])) for a in arms
+            ArmLog(arm=a.name, path=machine_path_name(str(a.log or "—")), href=log_hrefs.get(a.name))
+            for a in report.arms
         ),
         kv=bool(audit),
         kv_note=_kv_note(report, audit),
         kv_legend=build_legend() if audit else None,
         conditions=_conditions(report),
-        conditions_warning=conditions_warning(report),
+        conditions_warning=report.conditions_warning,
         replay_legend=REPLAY_LEGEND if any(d.replays for d in details) else "",
     )
 
 
-def build_index_row(report: dict, *, stem: str, href: str) -> IndexRow:
+def _config_pairs(arm: Arm) -> tuple[tuple[str, str], ...]:
+    return tuple((k, machine_path_name(v)) for k, v in flatten(arm.effective_config or {}))
+
+
+def build_index_row(report: Report | dict, *, stem: str, href: str) -> IndexRow:
+    report = as_report(report)
     return IndexRow(
         href=href,
         stem=stem,
-        hardware=str(report.get("hardware_label", "?")),
-        date=day(report),
-        commit=commit_label(report["provenance"]),
-        vllm=package_version(report, "vllm"),
-        lmcache=package_version(report, "lmcache"),
-        verdicts=tuple(_index_verdict(a) for a in report["arms"]),
-        acceptance=acceptance_label(report, short=True),
+        hardware=report.hardware_label,
+        date=report.day,
+        commit=report.commit,
+        vllm=report.package_version("vllm"),
+        lmcache=report.package_version("lmcache"),
+        verdicts=tuple(_index_verdict(a) for a in report.arms),
+        acceptance=report.acceptance_label(short=True),
         kv=_index_kv(report),
     )
 
 
-def _index_verdict(arm: dict) -> IndexVerdict:
-    note = arm_class_text(arm)
+def _index_verdict(arm: Arm) -> IndexVerdict:
     return IndexVerdict(
-        arm=arm_title(arm),
-        verdict=str(arm["verdict"]),
-        divergences=note,
-        near_ties_only=bool(note) and arm_divergences(arm).near_ties_only,
-        condition=finding_class_text(arm) if qualified(arm) else "",
+        arm=arm.title,
+        verdict=str(arm.verdict),
+        divergences=arm.class_text,
+        near_ties_only=arm.near_ties_only,
+        condition=arm.conditions.finding_class_text if arm.conditions.qualified else "",
     )
 
 
-def _index_kv(report: dict) -> tuple[tuple[str, str], ...] | None:
-    audit = kv_audit_state(report)
+def _index_kv(report: Report) -> tuple[tuple[str, str], ...] | None:
+    audit = report.kv_audit_state
     if audit is None:
         return None
     if not audit:
         return (("KV audit", "off"),)
-    return tuple((arm_title(a), kv_tally(a)) for a in report["arms"] if a["mode"] != "baseline")
+    return tuple((a.title, a.kv_tally) for a in report.reuse_arms)

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from kvkit_testutil import ROOT  # noqa: F401 (puts the kit on sys.path)
 
+from repro.devices import visible_gpus
 from repro.engine.gpu_load import MAX_BYTES
 from repro.gpu_load import load_log_path, neighbour
-from repro.plan import visible_gpus
 from repro.runner import child_env
 
 

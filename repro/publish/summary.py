@@ -1,0 +1,75 @@
+"""The text summary the verifier prints at the end of a run: one line per arm and probe, read from the
+read model (repro.readmodel)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from repro.readmodel import Arm, Probe, Report, as_report
+from repro.report import CLAIM_LINE
+from repro.verdict import PASS
+
+VERDICT_COLUMN = 20  # the summary's token-verdict column before the KV column, at least
+
+
+def _probe_line(probe: Probe, kv: str | None, width: int = VERDICT_COLUMN) -> str:
+    head = f"  {probe.name:<10} {probe.tokens_text:>5}  {probe.cached_cell:<12} "
+    if kv is None:  # a report without the KV audit keeps the line it always had
+        return f"{head}{probe.tokens_verdict}"
+    return f"{head}{probe.tokens_verdict:<{width}} KV {kv}"
+
+
+def _condition_lines(arm: Arm) -> list[str]:
+    """What the arm's verdict was measured under, one fact a line; none for a report that records none."""
+    c = arm.conditions
+    device = " · ".join(t for t in (c.gpu_text, c.sharing_text) if t)
+    reason = c.confirmation_reason
+    lines = [
+        f"copy path: {c.copy_path_text}" if c.copy_path_text else "",
+        device,
+        f"trials: {c.trial_rate_text}" if c.trial_rate_text else "",
+        c.confirmation_text + (f" — {reason}" if reason else ""),
+    ]
+    return [f"  {line}"[:400] for line in lines if line]
+
+
+def format_summary(report: Report | Mapping[str, Any]) -> str:
+    report = as_report(report)
+    audit = report.kv_audit_state
+    lines = [
+        report.headline,
+        f"# {report.data['generations']} generations · acceptance.matched = {report.acceptance_label()}",
+    ]
+    if report.run_conditions.line:
+        lines.append(report.run_conditions.line[:400])
+    # the KV column starts after the widest token verdict (a classed FAIL is wider than the usual 20)
+    width = max([VERDICT_COLUMN] + [len(p.tokens_verdict) for a in report.arms for p in a.probes])
+    for arm in report.arms:
+        if arm.is_baseline:
+            if arm.verdict != PASS:
+                lines.append(f"baseline: {arm.verdict} — " + "; ".join(arm.reasons)[:300])
+            continue
+        lines.append(f"{arm.title}: {arm.verdict_text}")
+        if arm.error:
+            lines.append(f"  ERROR {arm.error['kind']}: {arm.error['detail']}"[:400])
+        lines += _condition_lines(arm)
+        if audit:
+            lines.append(f"  {arm.kv_text}"[:400])
+        for p in arm.probes:
+            lines.append(_probe_line(p, p.kv_cell if audit else None, width))
+            lines += [f"    {line}"[:400] for line in p.replay_lines()]
+        for note in arm.findings:
+            lines.append(f"  note: {note}")
+    for err in report.errors:
+        lines.append(f"ERROR {err['arm']}: {err['kind']}: {err['detail']}"[:400])
+    if audit is False:
+        lines.append("KV audit: off")
+    elif audit:
+        unexpected = {(a.name, p.name) for a, p in report.unexpected_kv_findings}
+        lines.append("KV findings:" + ("" if report.kv_findings else " none"))
+        for a, p in report.kv_findings:
+            expected = "" if (a.name, p.name) in unexpected else " (expected by the fixture)"
+            lines.append(f"  {a.title} / {p.name}: {p.kv.blame_text}{expected}")
+    lines.append(CLAIM_LINE)
+    return "\n".join(lines)

@@ -1,0 +1,232 @@
+"""One arm of a report as the read model holds it: its title, verdict with its divergence classes and
+conditions, its probes, and its KV audit (status and measured floor)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from repro.readmodel.conditions import ArmConditions, ConditionMark
+from repro.readmodel.probes import Probe
+from repro.verdict import (
+    CORRUPT,
+    DECISIVE,
+    EXACT,
+    FAIL,
+    NEAR_TIE,
+    NUMERIC,
+    UNAVAILABLE,
+    UNCLASSED,
+    DivergenceTally,
+    tally_divergences,
+)
+from repro.wording import number
+
+# The order a tally lists KV verdicts in: findings first.
+KV_TALLY_ORDER = (CORRUPT, UNAVAILABLE, NUMERIC, EXACT)
+
+
+def floor_text(floor: object) -> str:
+    """How far the arm's own cold prefill KV differed from the baseline's: the bound for the numeric class."""
+    if not isinstance(floor, Mapping) or not floor.get("cells"):
+        return "floor not measured (no cold prefill was compared)"
+    over = f" over {floor['cells']} cells"
+    if floor.get("identical"):
+        return f"floor 0: the cold prefill's KV is bit-identical to the baseline's{over}"
+    if floor.get("rel") is None:
+        return f"floor not measured: the cold prefill's relative error is not a finite number{over}"
+    return f"floor rel {number(floor.get('rel'))} (max abs {number(floor.get('max_abs'))}){over}"
+
+
+def floor_rel_text(floor: object) -> str:
+    """'floor rel 3.1e-07', 'floor rel 0 (bit-identical)' or 'floor not measured': for a caption."""
+    if not isinstance(floor, Mapping) or not floor.get("cells"):
+        return "floor not measured"
+    if floor.get("identical"):
+        return "floor rel 0 (bit-identical)"
+    rel = floor.get("rel")
+    return "floor not measured" if rel is None else f"floor rel {number(rel)}"
+
+
+@dataclass(frozen=True)
+class ArmAudit:
+    """The arm's KV audit: reference (the baseline), ok with its measured floor, or why it did not run."""
+
+    data: Mapping[str, Any] = field(repr=False)
+
+    @property
+    def floor(self) -> object:
+        return self.data.get("floor")
+
+    @property
+    def text(self) -> str:
+        """'KV audit: ok · floor rel …', 'KV audit: reference KV recorded (…)', 'KV audit: unavailable (why)'."""
+        audit = self.data
+        status = str(audit.get("status"))
+        reason = f" ({audit['reason']})" if audit.get("reason") else ""
+        if status == "reference":
+            shape = audit.get("kv_shape")
+            layout = ", ".join(
+                part
+                for part in (
+                    f"{audit.get('layers')} layers" if audit.get("layers") is not None else "",
+                    f"layout {audit['layout']}" if audit.get("layout") else "",
+                    f"dtype {audit['dtype']}" if audit.get("dtype") else "",
+                    f"shape {'×'.join(map(str, shape))}" if isinstance(shape, list) and shape else "",
+                )
+                if part
+            )
+            return f"KV audit: reference KV recorded{reason}" + (f" ({layout})" if layout else "")
+        if status == "ok":
+            return f"KV audit: ok{reason} · {floor_text(self.floor)}"
+        return f"KV audit: {status}{reason}"
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm: baseline, native prefix caching or a connector; its verdict, probes and conditions."""
+
+    data: Mapping[str, Any] = field(repr=False)
+    probes: tuple[Probe, ...]
+    kv_audit: ArmAudit | None
+    conditions: ArmConditions
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], block_size: int | None) -> Arm:
+        probes = tuple(Probe.from_json(p, block_size) for p in data.get("probes") or [])
+        audit = data.get("kv_audit")
+        return cls(data, probes, ArmAudit(audit) if isinstance(audit, dict) else None, ArmConditions(data))
+
+    @property
+    def name(self) -> str:
+        return self.data["name"]
+
+    @property
+    def mode(self) -> str:
+        return self.data["mode"]
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.mode == "baseline"
+
+    @property
+    def verdict(self) -> str:
+        return self.data["verdict"]
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        return tuple(self.data.get("reasons") or [])
+
+    @property
+    def findings(self) -> tuple[str, ...]:
+        return tuple(str(f) for f in self.data.get("findings") or [])
+
+    @property
+    def error(self) -> Mapping[str, Any] | None:
+        return self.data.get("error") or None
+
+    @property
+    def connector_name(self) -> object:
+        return (self.data.get("connector") or {}).get("name")
+
+    @property
+    def matched_to(self) -> object:
+        return self.data.get("matched_to")
+
+    @property
+    def log(self) -> object:
+        return self.data.get("log")
+
+    @property
+    def effective_config(self) -> Mapping[str, Any] | None:
+        """The engine's configuration as the child recorded it (free-form: shown flattened)."""
+        return self.data.get("effective_config")
+
+    @property
+    def lmcache(self) -> Mapping[str, Any]:
+        """LMCache's own signals and logged configuration on this arm ({} without LMCache)."""
+        return self.data.get("lmcache") or {}
+
+    @property
+    def versions(self) -> Mapping[str, Any]:
+        return self.data.get("versions") or {}
+
+    @property
+    def timing(self) -> Mapping[str, Any]:
+        return self.data.get("timing") or {}
+
+    @property
+    def title(self) -> str:
+        """'baseline', 'native prefix caching', the connector's name, or 'ARM (CONNECTOR)'."""
+        if self.mode == "baseline":
+            return "baseline"
+        if self.mode == "native":
+            if self.matched_to:
+                return f"native prefix caching, matched to {self.matched_to}"
+            return "native prefix caching"
+        connector = self.connector_name
+        return self.name if self.name == connector else f"{self.name} ({connector})"
+
+    def probe(self, name: str) -> Probe | None:
+        return next((p for p in self.probes if p.name == name), None)
+
+    @cached_property
+    def divergences(self) -> DivergenceTally:
+        """The divergences counted by class: every reuse that differed in a FAIL probe, one each."""
+        return tally_divergences(g.cls for p in self.probes for g in p.classed_divergences for _ in range(g.count))
+
+    @property
+    def class_text(self) -> str:
+        """'near-ties only: 2', 'decisive: 6', 'decisive: 1, near-tie: 1' for a FAIL arm; '' for any other."""
+        if self.verdict != FAIL:
+            return ""
+        tally = self.divergences
+        if not tally.total:
+            return ""
+        if tally.near_ties_only:
+            return f"near-ties only: {tally.near_tie}"
+        counts = ((DECISIVE, tally.decisive), (NEAR_TIE, tally.near_tie), (UNCLASSED, tally.unclassed))
+        return ", ".join(f"{cls}: {n}" for cls, n in counts if n)
+
+    @property
+    def near_ties_only(self) -> bool:
+        """A FAIL whose every divergence is a near-tie (its own badge)."""
+        return bool(self.class_text) and self.divergences.near_ties_only
+
+    @property
+    def verdict_text(self) -> str:
+        """'FAIL (near-ties only: 2)', 'FAIL (decisive: 6) · contention-dependent: clean when re-run alone';
+        other verdicts as they are; a report without trials or a confirmation keeps the bare verdict."""
+        note = self.class_text
+        text = f"{self.verdict} ({note})" if note else str(self.verdict)
+        qualifier = self.conditions.finding_class_text
+        return f"{text} · {qualifier}" if qualifier else text
+
+    @property
+    def kv_text(self) -> str:
+        """'KV audit: ok · floor rel …', …, or 'KV audit: not run'."""
+        return self.kv_audit.text if self.kv_audit is not None else "KV audit: not run"
+
+    @property
+    def kv_floor(self) -> object:
+        return self.kv_audit.floor if self.kv_audit is not None else None
+
+    @property
+    def kv_tally(self) -> str:
+        """'CORRUPT×2 · EXACT×2': the probes counted by KV verdict, findings first; '—' when none was audited."""
+        counts: dict[str, int] = {}
+        for probe in self.probes:
+            if probe.kv_verdict is not None:
+                counts[probe.kv_verdict] = counts.get(probe.kv_verdict, 0) + 1
+        order = [v for v in KV_TALLY_ORDER if v in counts] + sorted(v for v in counts if v not in KV_TALLY_ORDER)
+        return " · ".join(f"{v}×{counts[v]}" for v in order) or "—"
+
+    def marks(self, probe: Probe) -> tuple[ConditionMark, ...]:
+        """The marks beside a probe's FAIL (or KV CORRUPT): 'intermittent 3/5', '5/5 trials', 'contention-dependent'."""
+        return self.conditions.marks(probe.name) if probe.is_finding else ()
+
+    def marks_text(self, probe: Probe) -> str:
+        """'intermittent 3/5, contention-dependent'; '' when nothing qualifies the probe's verdict."""
+        return ", ".join(m.text for m in self.marks(probe))

@@ -1,0 +1,176 @@
+"""A whole report as the read model holds it: its arms, the baseline, the KV audit's state, the run's
+conditions and the facts every view heads with (hardware, kit commit, date, acceptance)."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from repro.readmodel.arms import Arm
+from repro.readmodel.conditions import RunConditions
+from repro.readmodel.probes import Probe
+from repro.report import excused_kv_findings
+from repro.verdict import CORRUPT
+from repro.wording import is_commit_hash
+
+NO_SUITE = "n/a (no acceptance suite)"
+
+
+def commit_label(provenance: Mapping[str, Any]) -> str:
+    """'1a2b3c4d5e6f', '…+dirty' or '… (dirty: unknown)'; a non-hash (e.g. 'unavailable: …') whole."""
+    kit = provenance.get("kit") or {}
+    commit = str(kit.get("commit") or "?")  # an empty or null commit says nothing: shown as unknown
+    short = commit[:12] if is_commit_hash(commit) else commit
+    return short + {True: "+dirty", False: "", None: " (dirty: unknown)"}.get(kit.get("dirty"), "")
+
+
+@dataclass(frozen=True)
+class Report:
+    """One kvkit report of any version this kit reads. Version 1 has no KV audit fields and reads as a
+    report made before the audit; fields added later without a bump read as absent."""
+
+    data: Mapping[str, Any] = field(repr=False)
+    arms: tuple[Arm, ...]
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Report:
+        block_size = (data.get("config") or {}).get("block_size")
+        return cls(data, tuple(Arm.from_json(a, block_size) for a in data["arms"]))
+
+    @property
+    def schema_version(self) -> object:
+        return self.data.get("schema_version")
+
+    @property
+    def tool_version(self) -> object:
+        return self.data.get("tool_version", "?")
+
+    @property
+    def hardware_label(self) -> str:
+        return str(self.data.get("hardware_label", "?"))
+
+    @property
+    def generations(self) -> object:
+        return self.data.get("generations", "?")
+
+    @property
+    def claim_eligible(self) -> object:
+        return self.data.get("claim_eligible", False)
+
+    @property
+    def provenance(self) -> Mapping[str, Any]:
+        """Where, when and with what the report was made (free-form beyond its documented keys)."""
+        return self.data["provenance"]
+
+    @property
+    def config(self) -> Mapping[str, Any]:
+        return self.data.get("config") or {}
+
+    @property
+    def acceptance(self) -> Mapping[str, Any]:
+        return self.data["acceptance"]
+
+    @property
+    def errors(self) -> tuple[Mapping[str, Any], ...]:
+        return tuple(self.data.get("errors") or [])
+
+    @property
+    def warnings(self) -> tuple[Mapping[str, Any], ...]:
+        return tuple(self.data.get("warnings") or [])
+
+    @property
+    def diagnostics(self) -> Mapping[str, Any]:
+        return self.data.get("diagnostics") or {}
+
+    @property
+    def block_size(self) -> int | None:
+        return self.config.get("block_size")
+
+    @property
+    def commit(self) -> str:
+        return commit_label(self.provenance)
+
+    @property
+    def day(self) -> str:
+        """The report's start date, YYYY-MM-DD."""
+        return str(self.provenance.get("started_utc", "?"))[:10]
+
+    @property
+    def headline(self) -> str:
+        """'NVIDIA L4 · 1a2b3c4d5e6f · 2026-11-29': hardware, kit commit, date."""
+        return f"{self.hardware_label} · {self.commit} · {self.day}"
+
+    def acceptance_label(self, short: bool = False) -> str:
+        """'true', 'false', or 'n/a (no acceptance suite)' ('n/a' when short)."""
+        matched = self.acceptance.get("matched")
+        if matched is None:
+            return "n/a" if short else NO_SUITE
+        return str(matched).lower()
+
+    def package_version(self, name: str) -> str:
+        """A package's version as the parent recorded it, else the engine's; '—' when neither did."""
+        prov = self.provenance
+        value = (prov.get("packages") or {}).get(name) or (prov.get("engine_versions") or {}).get(name)
+        return "—" if value is None else str(value)
+
+    @property
+    def argv(self) -> list[str]:
+        return [str(a) for a in self.provenance.get("argv") or []]
+
+    @property
+    def reproduce_command(self) -> str:
+        """The exact command that made the report, preceded by the checkout of its commit when known."""
+        cmd = "python -m repro.verify_kv_reuse " + shlex.join(self.argv)
+        commit = str((self.provenance.get("kit") or {}).get("commit", ""))
+        return (f"git checkout {commit}\n" if is_commit_hash(commit) else "") + cmd.rstrip()
+
+    @cached_property
+    def baseline(self) -> Arm | None:
+        return next((a for a in self.arms if a.is_baseline), None)
+
+    @property
+    def reuse_arms(self) -> tuple[Arm, ...]:
+        return tuple(a for a in self.arms if not a.is_baseline)
+
+    def baseline_probe(self, name: str) -> Probe | None:
+        return self.baseline.probe(name) if self.baseline is not None else None
+
+    def baseline_token_ids(self, probe_name: str) -> list[int] | None:
+        """The baseline's generated token IDs for a probe, or None when it has none."""
+        probe = self.baseline_probe(probe_name)
+        return probe.requests[0].token_ids if probe is not None and probe.requests else None
+
+    @property
+    def kv_audit_state(self) -> bool | None:
+        """None: the report predates the KV audit (schema 1); otherwise whether the run audited KV."""
+        return bool(self.config["kv_audit"]) if "kv_audit" in self.config else None
+
+    @property
+    def kv_findings(self) -> tuple[tuple[Arm, Probe], ...]:
+        """(arm, probe) of every probe whose KV verdict is CORRUPT, in report order."""
+        return tuple((a, p) for a in self.reuse_arms for p in a.probes if p.kv_verdict == CORRUPT)
+
+    @property
+    def unexpected_kv_findings(self) -> tuple[tuple[Arm, Probe], ...]:
+        """The KV findings the acceptance did not expect (as repro.report.unexpected_kv_findings decides)."""
+        excused = excused_kv_findings(self.acceptance)
+        return tuple((a, p) for a, p in self.kv_findings if (a.name, p.name) not in excused)
+
+    @property
+    def run_conditions(self) -> RunConditions:
+        conditions = self.data.get("conditions")
+        return RunConditions(conditions if isinstance(conditions, dict) else None, self.provenance.get("lmcache_ops"))
+
+    @property
+    def has_conditions(self) -> bool:
+        """The report records what its verdicts were measured under; older ones do not."""
+        return bool(self.run_conditions.pairs) or any(a.conditions.recorded for a in self.arms)
+
+    @property
+    def conditions_warning(self) -> str:
+        """What a headline must say when a finding was intermittent or needed a shared device:
+        'LMCacheConnectorV1: FAIL (decisive: 6) · contention-dependent: …'; '' otherwise."""
+        return "; ".join(f"{a.title}: {a.verdict_text}" for a in self.arms if a.conditions.qualified)

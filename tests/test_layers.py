@@ -1,0 +1,189 @@
+"""The package's floors: a module imports only from its own floor or below, and no two modules import
+each other, however indirectly. Imports inside functions count (a deferred import is still a dependency).
+
+The floors, lowest first. A module's floor is that of the longest name in FLOORS that is the module or a
+package above it; a module on no floor fails the test: give it one.
+
+  base       leaves every other floor uses: the version, errors and exit codes, paths, the one file
+             writer, the parent<->child contract, token comparison, log scanning, the lifeline, the
+             progress display, prompts, replays, device sharing, the devices a run may use, the
+             command registry (it loads commands by name, never by import)
+  core       pure decisions and the inputs they read: verdicts and their wording, trials, fixtures,
+             suites, judging an arm, the report file (schema, loading, exit codes), models and
+             provenance, a matrix file and its cells
+  engine     the child side (repro.engine): the only floor that imports vLLM, torch or LMCache
+             (tests/test_imports.py), above what it shares with the parent
+  options    the verifier's command line: its flags checked into Options
+  machinery  the parent side of a run: planning the arms, scheduling them, running children and MP
+             servers, their work directory, the load neighbour, the KV audit; the detection study's plan
+  read       reports read back: the read model (repro.readmodel), a matrix's cell states, the detection
+             study's blame and matrix
+  publish    what reports become: the text summary, pages, issue Markdown (repro.publish), and the
+             matrix and detection pages
+  commands   whole commands: the verifier's orchestration and entry point, bench, margins, the matrix on
+             Ray, the detection study's runs, the kit, the chaos run, model conversion and checks
+
+`from repro.pkg import module` is an import of that module, not of the package's __init__ (a docstring).
+"""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+from test_imports import package_modules
+
+# Each floor and the names on it, lowest first; a line that starts with spaces goes on with the floor above.
+FLOOR_TABLE = """
+base       repro repro.errors repro.paths repro.atomic repro.contract repro.compare repro.logscan repro.lifeline
+           repro.progress repro.prompts repro.replays repro.sharing repro.devices repro.commands
+core       repro.verdict repro.wording repro.trials repro.fixtures repro.suite repro.evaluate repro.report
+           repro.models repro.tinymodel repro.provenance repro.matrix.spec repro.matrix.cell
+engine     repro.engine
+options    repro.cli
+machinery  repro.plan repro.scheduler repro.runner repro.workdir repro.lmcache_ops repro.lmcache_mp
+           repro.lmcache_signals repro.gpu_load repro.kvaudit repro.detection.plan
+read       repro.readmodel repro.matrix.status repro.detection.blame repro.detection.matrix
+publish    repro.publish repro.matrix.page repro.detection.page
+commands   repro.verify repro.verify_kv_reuse repro.__main__ repro.bench repro.margins repro.matrix
+           repro.detection repro.kit repro.chaos repro.models.convert repro.models.check
+"""
+
+
+def parse_floors(table: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    floors: list[tuple[str, list[str]]] = []
+    for line in table.strip("\n").splitlines():
+        if line.startswith(" "):
+            floors[-1][1].extend(line.split())
+        else:
+            floor, *names = line.split()
+            floors.append((floor, names))
+    return tuple((floor, tuple(names)) for floor, names in floors)
+
+
+FLOORS = parse_floors(FLOOR_TABLE)
+# Known imports from a lower floor to a higher one, each with why it is still there and what removes it.
+# An entry that no longer matches an import fails the test: take it out.
+KNOWN_UPWARD = {
+    ("repro.report", "repro.publish.summary"): "report.format_summary, kept for its callers while the read model "
+    "lands (issue 22 item 1): they move to repro.publish.summary, then it goes",
+}
+NAMES = {name: floor for floor, (_, names) in enumerate(FLOORS) for name in names}
+
+
+def floor_of(module: str) -> int | None:
+    """The floor of the longest name in FLOORS that is the module or a package above it."""
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        if (name := ".".join(parts[:n])) in NAMES:
+            return NAMES[name]
+    return None
+
+
+def _resolve(name: str, modules) -> str:
+    """The package's module a dotted name is, or is an attribute of ('' for none)."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def imports_of(tree: ast.Module, module: str, modules) -> set[str]:
+    """The package's modules that the import statements anywhere in the tree name (relative ones resolved)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {_resolve(a.name, modules) for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # as tests/test_imports.py resolves them (the package has none today)
+                base = ".".join(module.split(".")[: -node.level] + ([base] if base else []))
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                names.add(sub if sub in modules else _resolve(base, modules))
+    return {n for n in names if n.startswith("repro") and n != module}
+
+
+def graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports."""
+    modules = package_modules()
+    return {module: imports_of(tree, module, modules) for module, tree in modules.items()}
+
+
+def _cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(g.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_every_module_of_the_package_is_on_a_floor():
+    names = [name for _, on_floor in FLOORS for name in on_floor]
+    assert len(names) == len(set(names)), "a name on two floors"
+    assert sorted(m for m in package_modules() if floor_of(m) is None) == []
+    assert floor_of("repro.models.gguf") == NAMES["repro.models"]  # the longest name decides
+    assert floor_of("repro.models.check") == NAMES["repro.verify"]
+    assert floor_of("repro.publish.site") == NAMES["repro.publish"]
+
+
+def test_no_module_imports_from_a_floor_above_its_own():
+    g = graph()
+    upward = sorted(
+        (m, d) for m, deps in g.items() for d in deps if (floor_of(d) or 0) > (floor_of(m) or 0)
+    )  # fmt: skip
+    named = [f"{m} ({FLOORS[floor_of(m)][0]}) imports {d} ({FLOORS[floor_of(d)][0]})" for m, d in upward]
+    assert [x for x, (m, d) in zip(named, upward) if (m, d) not in KNOWN_UPWARD] == []
+    stale = sorted(set(KNOWN_UPWARD) - set(upward))
+    assert stale == [], "these known upward imports are gone: take them out of KNOWN_UPWARD"
+
+
+def test_no_import_cycle():
+    """Issue 22 (2): repro.cli and repro.plan imported each other (Options and DEFAULT_ENGINE_MODULE one
+    way, uses_cuda the other, deferred into a function); the devices now sit below both."""
+    g = graph()
+    for m, d in KNOWN_UPWARD:  # a known upward import closes a cycle of its own: it goes with it
+        g[m].discard(d)
+    assert _cycles(g) == []
+
+
+@pytest.mark.parametrize(
+    "edges, cycles",
+    [
+        ({"a": {"b"}, "b": {"a"}}, [["a", "b"]]),
+        ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, [["a", "b", "c"]]),
+        ({"a": {"b"}, "b": {"c"}, "c": set()}, []),
+    ],
+)
+def test_the_cycle_finder_finds_cycles_through_any_number_of_modules(edges, cycles):
+    assert _cycles(edges) == cycles
+
+
+def test_the_graph_sees_an_import_inside_a_function_and_a_name_taken_from_a_module():
+    g = graph()
+    assert "repro.scheduler" in g["repro.verify"]  # `from repro import ..., scheduler, ...`
+    assert "repro.devices" in g["repro.cli"] and "repro.cli" in g["repro.plan"]
+    assert "repro.publish.summary" in g["repro.report"]  # deferred, inside format_summary
