@@ -32,6 +32,7 @@ from repro.cli import CPU_ENGINE_FLAGS, SELFTEST_CPU_FIXTURE, selftest_cpu_argv
 from repro.commands import ArgumentParser
 from repro.errors import UsageError
 from repro.paths import KIT_ROOT
+from repro.readmodel import Report, as_report
 
 TARGET_RATIO = 0.65  # issue 13: arms at the same time on 2 cores (it was 1.25 one at a time)
 TARGET_AUDIT_OVERHEAD = 0.25  # issue 19: the audit's cost against an arm's wall time
@@ -215,21 +216,20 @@ TARGET_GPU_SLOWEST_ARM = 1.3  # issue 13: a run's wall against its slowest arm, 
 TARGET_MATRIX_RATIO = 0.6  # issue 13: a matrix on two GPUs against the same cells one after another
 
 
-def report_figures(data: dict) -> list[str]:
+def report_figures(report: Report | dict) -> list[str]:
     """A verifier report's concurrency figures: its wall against its slowest arm and against the
     arms' summed engine starts (the kit's own time, never the engine's)."""
-    arms = data["arms"]
-    wall = data["diagnostics"]["wall_s"]
-    walls = {a["name"]: a["timing"].get("wall_s") or 0.0 for a in arms}
-    starts = sum(a["timing"].get("engine_start_s") or 0.0 for a in arms)
+    r = as_report(report)
+    diag = r.diagnostics
+    wall = diag["wall_s"]
+    walls = {a.name: a.timing.get("wall_s") or 0.0 for a in r.arms}
+    starts = sum(a.timing.get("engine_start_s") or 0.0 for a in r.arms)
     slowest = max(walls, key=walls.get)
-    jobs = data["config"].get("jobs")
     ratio = wall / walls[slowest] if walls[slowest] else float("inf")
     met = "met" if ratio <= TARGET_GPU_SLOWEST_ARM else "NOT met"
-    lines = [f"{len(arms)} arms, {jobs} at a time on {data.get('hardware_label', '?')}: wall {wall:.1f} s"]
+    lines = [f"{len(r.arms)} arms, {r.config.get('jobs')} at a time on {r.hardware_label}: wall {wall:.1f} s"]
     lines += [f"  {n:<20} child wall {w:6.1f} s" for n, w in walls.items()]
     lines.append(f"wall / slowest arm ({slowest}): {ratio:.2f}x  (target on a GPU <= {TARGET_GPU_SLOWEST_ARM}: {met})")
-    diag = data["diagnostics"]
     if diag.get("arms_wall_s") is not None:  # the arms alone, before trials, audit and confirmations
         arms_ratio = diag["arms_wall_s"] / walls[slowest] if walls[slowest] else float("inf")
         met = "met" if arms_ratio <= TARGET_GPU_SLOWEST_ARM else "NOT met"
