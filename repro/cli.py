@@ -38,6 +38,10 @@ def selftest_cpu_argv(model: str, report: str, fixture: str = SELFTEST_CPU_FIXTU
 
 
 MAX_TRIALS = 50
+# The engine's front end (repro.engine.frontend holds the same names, which the child reads; a test pins
+# them equal, as the child never imports this side): vLLM's LLM, or a bare AsyncLLM as `vllm serve` drives.
+FRONTENDS = ("sync", "async")
+FRONTEND_ENV = "KVKIT_FRONTEND"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -96,6 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="do not re-run alone an arm whose FAIL or CORRUPT came while it shared its GPU (or the CPU's cores) "
         "with other arms; the report says the finding was not confirmed",
+    )
+    p.add_argument(
+        "--frontend",
+        choices=FRONTENDS,
+        default="sync",
+        help="how each arm's child drives its engine: sync (vLLM's LLM, the default) or async (a bare AsyncLLM, "
+        "the front end of `vllm serve`); the same engine, requests and sampling either way",
     )
     p.add_argument("--quiet", action="store_true", help="print only the summary (no progress display)")
     p.add_argument(

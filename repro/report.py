@@ -19,7 +19,8 @@ Report schema (kind "kvkit-report"; JSON Schema in schemas/report.schema.json):
     matched the baseline, else the runs of its tokens that are another probe's answer or an earlier
     request's, repro.replays); a file without them shows no replays. provenance.model.source: where a
     model folder the kit converted from a packaged GGUF came from (repro.models: package and version,
-    the GGUF's SHA-256, dequantized_from); absent for other models.
+    the GGUF's SHA-256, dequantized_from); absent for other models. config.frontend (--frontend: sync
+    or async; absent: sync) and per arm effective_config.frontend (the front end that drove its engine).
 The schema is authoritative: validate_report checks every report before it is written (and the
 cross-field shape of the KV audit, which JSON Schema cannot say).
 A newer file is refused ("upgrade the kit"). A version 1 file loads as it is: version 2 only added

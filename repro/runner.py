@@ -24,6 +24,7 @@ from pathlib import Path
 
 from repro import logscan
 from repro.atomic import write_bytes_atomic, write_json_atomic
+from repro.cli import FRONTEND_ENV
 from repro.contract import (
     CRASH,
     EXIT_RAISED,
@@ -94,6 +95,9 @@ def child_env(base: dict[str, str], *, hashseed: str, extra: dict[str, str]) -> 
     # the baseline: different reduction orders, different bits. One reserved core for every arm
     # keeps the kernels the same (a user's own setting wins; it is recorded with the environment).
     env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
+    # the engine's front end is what the kit's flag says (the verifier passes it in extra), never what the
+    # caller's shell holds: the detection study, the margins and the model checks run vLLM's LLM
+    env.pop(FRONTEND_ENV, None)
     env.update(extra)
     return env
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from repro import __version__, atomic, gpu_load, kvaudit, lmcache_mp, lmcache_ops, logscan, scheduler, trials, workdir
 from repro.atomic import dumps_json, write_bytes_atomic
-from repro.cli import Options, parse_args
+from repro.cli import FRONTEND_ENV, Options, parse_args
 from repro.commands import run_command, say_error
 from repro.contract import ArmResult, Failure, Job
 from repro.devices import uses_cuda, visible_gpus
@@ -159,6 +159,7 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
         "LMCACHE_LOG_LEVEL": os.environ.get("LMCACHE_LOG_LEVEL", "INFO"),  # its hit lines are INFO
         # the flag decides, not whatever the caller's environment holds; every worker reports what it ran
         "VLLM_BATCH_INVARIANT": "1" if a.batch_invariant else "0",
+        FRONTEND_ENV: a.frontend,  # the engine child's front end (repro.engine.frontend); the flag decides
     }
     if a.lmcache_config:
         extra_env["LMCACHE_CONFIG_FILE"] = str(Path(a.lmcache_config).resolve())
@@ -722,6 +723,7 @@ def assemble(
             "kv_audit": a.kv_audit,
             "keep_kv": a.keep_kv,
             "batch_invariant": a.batch_invariant,
+            "frontend": a.frontend,
             "jobs": n_jobs,
             "decoding": "greedy, ignore_eos, enforce_eager",
         },

@@ -1,6 +1,7 @@
 """Child side: run one arm (one engine, every probe) and write one JSON result.
 
-This is the only kit module, with repro/connectors/, that imports vllm, torch or lmcache. The
+This is the only kit module, with repro/connectors/ and its front ends (repro.engine.frontend: vLLM's
+LLM, or a bare AsyncLLM under --frontend async), that imports vllm, torch or lmcache. The
 parent (repro.runner) starts it as `python -m repro.engine JOB.json` with a repro.contract.Job;
 the child writes one repro.contract.ArmResult to the job's output path and exits. Everything it prints goes to the arm log the parent captured at
 the file-descriptor level.
@@ -33,6 +34,7 @@ from repro.contract import (
     RequestResult,
     progress_path,
 )
+from repro.engine.frontend import build_frontend, frontend_from_env, frontend_name, vllm_config_of
 from repro.engine.preflight import batch_invariant_requested
 from repro.provenance import package_version
 from repro.verdict import batch_invariance_state
@@ -138,9 +140,10 @@ def _top_logprobs(step) -> list[list]:
 
 
 def _effective_config(llm) -> dict:
-    cfg = llm.llm_engine.vllm_config
+    cfg = vllm_config_of(llm)
     ktc = cfg.kv_transfer_config
     return {
+        "frontend": frontend_name(llm),  # the front end that drove the engine (repro.engine.frontend)
         "model": cfg.model_config.model,
         "revision": cfg.model_config.revision,
         "tokenizer": cfg.model_config.tokenizer,
@@ -399,15 +402,16 @@ def _request(out, role: str, kv_audit_record: dict | None = None) -> RequestResu
 def run_job(job: Job, keep: list) -> ArmResult:
     """Run every probe of the arm in one engine; the engine is parked in `keep` so that it is not
     torn down before the result is written (the parent reaps its processes)."""
-    from vllm import LLM, SamplingParams, TokensPrompt
+    from vllm import SamplingParams, TokensPrompt
 
+    frontend = frontend_from_env(os.environ)  # before any engine: a bad value fails the arm at once
     versions = _collect_versions()
     waited = wait_for_preflight(job)
     report_stage(job, "building the engine", preflight_ok=True)
     _audit_env(job)
     audit = _AuditRecords(job.kv_audit_dir)
     t0 = time.monotonic()
-    llm = LLM(**_engine_kwargs(job))
+    llm = build_frontend(frontend, _engine_kwargs(job))  # LLM, or a bare AsyncLLM behind the same calls
     keep.append(llm)
     ready = time.monotonic()
     if job.probes_file:
