@@ -24,12 +24,23 @@
 #   tests/gpu/h200_conditions.sh two OUT        `rest` on two GPUs (each run alone on its GPU; the other GPU
 #                                              busy with other runs meanwhile), and both LMCache connectors
 #                                              with native and native-matched on the trained model
+#   tests/gpu/h200_conditions.sh unpack028      check and unpack the vLLM 0.28.0 + torch 2.13.0 + LMCache 0.5.4
+#                                              bundle (pack-vllm028.sh; its parts v028.* staged like any
+#                                              other) into $SITE028, link the image's CUDA libraries beside
+#                                              the bundled ones, print the versions and whether
+#                                              lmcache.cuda_ops imports, make the tiny model if missing
+#   tests/gpu/h200_conditions.sh reference028 OUT
+#                                              on that stack, LMCache's ops as its wheel ships them: both
+#                                              connectors, native and native-matched, KV audit on, on the
+#                                              trained model ($SMOLLM2: `SITE=$SITE028 ... smollm2` makes it)
+#                                              and on the tiny one; both at once on GPU 0 and 1 when GPUS=2
 # Then: python tests/gpu/import_conditions.py RAW_DIR NAME (into reports/conditions/ as h200-conditions-NAME).
 #   tests/gpu/h200_conditions.sh collect OUT DEST   pack what OUT holds so far into DEST/results.tar.xz
 # Every report goes to OUT with its logs as OUT/NAME.logs.tar.xz.
 set -euo pipefail
 STAGE=${STAGE:-/tmp/kvkit-stage}
 SITE=${SITE:-/tmp/site}
+SITE028=${SITE028:-/tmp/site028}
 MODEL=${MODEL:-/tmp/models/kvkit-tiny-qwen3-seed6}
 SMOLLM2=${SMOLLM2:-/tmp/models/smollm2-f16}
 PY=${PY:-python3}
@@ -165,5 +176,45 @@ case ${1:?step} in
     OUT=${2:?OUT}; DEST=${3:?DEST}
     cat "$OUT/progress.txt" 2>/dev/null || true
     tar -C "$(dirname "$OUT")" -cJf "$DEST/results.tar.xz" "$(basename "$OUT")" && ls -l "$DEST" ;;
+  unpack028)
+    (cd "$STAGE" && sha256sum -c --quiet v028.sha256)
+    rm -rf "$SITE028" && mkdir -p "$SITE028" && cat "$STAGE"/v028.[0-9][0-9] | xz -d -T0 | tar -x -C "$SITE028"
+    # torch 2.13 finds CUDA's libraries by RPATH in $SITE028/nvidia/*/lib, and the bundle holds only those
+    # whose version changed: link the image's others in beside them (a bundled file is never replaced)
+    env -u PYTHONPATH "$PY" -c 'import sys; print("\n".join(p for p in sys.path if p))' | while read -r dir; do
+      for lib in "$dir"/nvidia/*/lib; do
+        [ -d "$lib" ] || continue
+        dest=$SITE028/nvidia/$(basename "$(dirname "$lib")")/lib; mkdir -p "$dest"
+        for f in "$lib"/*; do if [ -e "$f" ] && [ ! -e "$dest/${f##*/}" ]; then ln -s "$f" "$dest/"; fi; done
+      done
+    done
+    # the image's CUDA wheels: pack-vllm028.sh took their versions from torch 2.11.0's pins
+    env -u PYTHONPATH "$PY" -c 'import importlib.metadata as m; print("image:", *sorted({f"{d.name}=={d.version}"
+      for d in m.distributions() if d.name.lower().startswith(("nvidia-", "cuda-", "triton", "huggingface"))}))'
+    # PYTHONPATH comes before the image's site-packages in sys.path, so torch 2.13 shadows its torch 2.11
+    PYTHONPATH=$SITE028 "$PY" - <<'PY'
+import importlib.metadata as md
+import torch, vllm
+print("vllm", vllm.__version__, "torch", torch.__version__, "from", torch.__file__, "lmcache", md.version("lmcache"))
+try:
+    import lmcache.cuda_ops as ops
+    print("lmcache.cuda_ops imports:", ops.__file__)
+except Exception as exc:  # the kit's auto mode would fall back to LMCache's torch ops
+    print("lmcache.cuda_ops does not import:", type(exc).__name__, exc)
+PY
+    [ -d "$MODEL" ] || PYTHONPATH=$SITE028 "$PY" -m repro make-model "$MODEL" --seed 6 ;;
+  reference028)  # OUT; each child is started with SITE=$SITE028, so its PYTHONPATH is the 0.28 tree alone
+    OUT=${2:?OUT}; mkdir -p "$OUT"
+    smollm2=(--model "$SMOLLM2" --fixture fixtures/smollm2-gpu-lmcache.json --compare-native)
+    tiny=(--fixture fixtures/selftest-gpu-lmcache-mp.json --compare-native)
+    if [ "${GPUS:-1}" -ge 2 ]; then
+      SITE=$SITE028 GPU=0 "$0" step "$OUT" smollm2-five-v028 "${smollm2[@]}" &
+      SITE=$SITE028 GPU=1 "$0" step "$OUT" tiny-five-v028 "${tiny[@]}" &
+      wait
+    else
+      SITE=$SITE028 "$0" step "$OUT" smollm2-five-v028 "${smollm2[@]}"
+      SITE=$SITE028 "$0" step "$OUT" tiny-five-v028 "${tiny[@]}"
+    fi
+    echo "all done" >>"$OUT/progress.txt" ;;
   *) echo "unknown step $1" >&2; exit 2 ;;
 esac
