@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from kvkit_testutil import ROOT
 from test_cli_failures import _args, _env, assert_untouched
 from test_cli_failures import setup as setup  # noqa: PLC0414 - the fixture, re-exported for this test
@@ -30,19 +31,24 @@ class HoldAtVerify(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, HoldAtVerify())
-runpy.run_module("repro.verify_kv_reuse", run_name="__main__", alter_sys=True)
+runpy.run_module(sys.argv.pop(1), run_name="__main__", alter_sys=True)
 """
 
 
-def test_sigterm_before_the_verifier_is_imported_is_one_line_and_exit_130(setup):
+@pytest.mark.parametrize(
+    "entry", [["repro.verify_kv_reuse"], ["repro", "verify"]], ids=["verify_kv_reuse", "repro-verify"]
+)
+def test_sigterm_before_the_verifier_is_imported_is_one_line_and_exit_130(setup, entry):
     """The chaos run's fault 43 (SIGTERM at 0.1 s) killed the kit silently, exit -15: the verifier's
-    handler comes with repro.verify. The entry point installs one first."""
+    handler comes with repro.verify. Both entry points (`python -m repro.verify_kv_reuse` and
+    `python -m repro verify`) install one first."""
     import os
 
     marker = setup["tmp"] / "held"
     env = dict(os.environ, PYTHONPATH=str(ROOT), **_env(setup))
+    args = [*entry[1:], *_args(setup, "--kv-connector", "ExampleConnector")]
     proc = subprocess.Popen(
-        [sys.executable, "-c", HELD_AT_IMPORT, str(marker), *_args(setup, "--kv-connector", "ExampleConnector")],
+        [sys.executable, "-c", HELD_AT_IMPORT, str(marker), entry[0], *args],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
