@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from repro.publish.heatmap import Label  # an SVG text label, as the KV heatmap draws them
 from repro.verdict import CORRUPT, ERROR, EXACT, FAIL, INCONCLUSIVE, NUMERIC, PASS, SKIPPED, UNAVAILABLE
 
 SQUARE, GAP, GROUP_GAP, ROW_GAP = 16, 3, 16, 4
@@ -40,14 +41,6 @@ class Square:
 
 
 @dataclass(frozen=True)
-class Text:
-    x: float
-    y: float
-    text: str
-    anchor: str  # start, middle, end
-
-
-@dataclass(frozen=True)
 class Swatch:
     fill: str
     stroke: str
@@ -61,7 +54,7 @@ class Picture:
     width: int
     height: int
     squares: tuple[Square, ...]
-    labels: tuple[Text, ...]
+    labels: tuple[Label, ...]
     arms: tuple[str, ...]  # the order of the squares inside a probe's group
     fills: tuple[Swatch, ...]
     outlines: tuple[Swatch, ...]
@@ -93,10 +86,10 @@ def build_picture(page) -> Picture:
     left = round(max((len(r.name) for r in page.rows), default=4) * CHAR_W) + 10
     squares, labels = [], []
     for pi, probe in enumerate(page.probes):
-        labels.append(Text(left + pi * (group + GROUP_GAP) + group / 2, TOP - 8, probe, "middle"))
+        labels.append(Label(left + pi * (group + GROUP_GAP) + group / 2, TOP - 8, probe, "middle"))
     for ri, row in enumerate(page.rows):
         y = TOP + ri * (SQUARE + ROW_GAP)
-        labels.append(Text(left - 8, y + SQUARE - 3, row.name, "end"))
+        labels.append(Label(left - 8, y + SQUARE - 3, row.name, "end"))
         if row.error:
             width = len(page.probes) * (group + GROUP_GAP) - GROUP_GAP
             squares.append(Square(left, y, width, SQUARE, FILLS[ERROR], NO_KV[0], 1.0, "", f"{row.name}: {row.error}"))
