@@ -29,6 +29,15 @@
 #                                              other) into $SITE028, link the image's CUDA libraries beside
 #                                              the bundled ones, print the versions and whether
 #                                              lmcache.cuda_ops imports, make the tiny model if missing
+#   tests/gpu/h200_conditions.sh stream028 N  in the background: unpack the N parts v028.00 ... into $SITE028 as
+#                                              they arrive (each staged part checked against v028.sha256 by
+#                                              `stage028 DIR`), so unpacking overlaps the staging calls
+#   tests/gpu/h200_conditions.sh stage028 DIR  stage one bundle part: copy, check its sum, mark it arrived
+#   tests/gpu/h200_conditions.sh finish028     after stream028: what unpack028 does after unpacking
+#   tests/gpu/h200_conditions.sh scenarios028 OUT
+#                                              on that stack, the tiny model: fixtures/scenarios-gpu-lmcache.json
+#                                              with --scenarios all (both LMCache connectors, native,
+#                                              native-matched; a-b-a, eviction, preemption, in-flight)
 #   tests/gpu/h200_conditions.sh reference028 OUT
 #                                              on that stack, LMCache's ops as its wheel ships them: both
 #                                              connectors, native and native-matched, KV audit on, on the
@@ -176,9 +185,29 @@ case ${1:?step} in
     OUT=${2:?OUT}; DEST=${3:?DEST}
     cat "$OUT/progress.txt" 2>/dev/null || true
     tar -C "$(dirname "$OUT")" -cJf "$DEST/results.tar.xz" "$(basename "$OUT")" && ls -l "$DEST" ;;
-  unpack028)
-    (cd "$STAGE" && sha256sum -c --quiet v028.sha256)
-    rm -rf "$SITE028" && mkdir -p "$SITE028" && cat "$STAGE"/v028.[0-9][0-9] | xz -d -T0 | tar -x -C "$SITE028"
+  stage028)  # DIR: one part (c00 also brings v028.sha256), checked on arrival
+    d=${2:?DIR}; mkdir -p "$STAGE" && cp "$d"/* "$STAGE"/
+    for f in "$d"/v028.[0-9][0-9]; do
+      n=${f##*/}; (cd "$STAGE" && grep " $n\$" v028.sha256 | sha256sum -c --quiet) && touch "$STAGE/$n.ok"
+    done
+    ls "$STAGE" | grep -c '\.ok$' ;;
+  stream028)  # N: unpack parts 00 .. N-1 in order as each one's .ok appears (started with setsid, in the background)
+    n=${2:?N}; rm -rf "$SITE028" && mkdir -p "$SITE028"
+    rc=0
+    for i in $(seq 0 $((n - 1))); do
+      part=$(printf '%s/v028.%02d' "$STAGE" "$i")
+      while [ ! -e "$part.ok" ]; do sleep 0.5; done
+      cat "$part"
+    done | xz -d -T0 | tar -x -C "$SITE028" || rc=$?
+    echo "exit $rc" >"$STAGE/stream028.done" ;;
+  unpack028 | finish028)
+    if [ "$1" = unpack028 ]; then
+      (cd "$STAGE" && sha256sum -c --quiet v028.sha256)
+      rm -rf "$SITE028" && mkdir -p "$SITE028" && cat "$STAGE"/v028.[0-9][0-9] | xz -d -T0 | tar -x -C "$SITE028"
+    else
+      for _ in $(seq 600); do [ -e "$STAGE/stream028.done" ] && break; sleep 1; done
+      grep -qx "exit 0" "$STAGE/stream028.done" || { echo "stream028 did not finish cleanly" >&2; exit 3; }
+    fi
     # torch 2.13 finds CUDA's libraries by RPATH in $SITE028/nvidia/*/lib, and the bundle holds only those
     # whose version changed: link the image's others in beside them (a bundled file is never replaced)
     env -u PYTHONPATH "$PY" -c 'import sys; print("\n".join(p for p in sys.path if p))' | while read -r dir; do
@@ -216,5 +245,10 @@ PY
       SITE=$SITE028 "$0" step "$OUT" tiny-five-v028 "${tiny[@]}"
     fi
     echo "all done" >>"$OUT/progress.txt" ;;
+  scenarios028)  # OUT: the tiny model's scenarios on the 0.28 stack, after reference028
+    OUT=${2:?OUT}; mkdir -p "$OUT"
+    SITE=$SITE028 "$0" step "$OUT" tiny-scenarios-v028 --fixture fixtures/scenarios-gpu-lmcache.json --compare-native \
+      --scenarios all
+    echo "scenarios done" >>"$OUT/progress.txt" ;;
   *) echo "unknown step $1" >&2; exit 2 ;;
 esac
