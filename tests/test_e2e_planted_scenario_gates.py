@@ -8,6 +8,8 @@ tests/test_planted_gates_scenarios.py).
 - The same connector driven directly (a vLLM LLM built as the kit's child builds it, this file run as a
   script in a fresh process): three prompts in one generate call with max_num_seqs 3 fault on their
   reuse, and A, B, A with a local tier smaller than A and B together faults A's reload, and only that.
+- Preemption (a small KV cache, three requests decoding together): a request resumed after preemption
+  loads its prompt's stored blocks again, so the faithful connector keeps every answer its cold one.
 """
 
 from __future__ import annotations
@@ -99,15 +101,17 @@ def test_plain_probes_never_open_the_scenario_gates(tiny_model, tmp_path):
 
 
 # ---- the connector driven directly
-def _drive(tiny_model: str, tmp_path: Path, extra: dict, steps: list[list[str]], max_num_seqs: int) -> dict:
+def _drive(tiny_model: str, tmp_path: Path, extra: dict, steps: list[list[str]], max_num_seqs: int, **engine) -> dict:
     """Run this file as a script: one engine with the planted connector, each step one generate call
-    over the named acceptance probes. Returns the requests per step and the connector's audit lines."""
+    over the named acceptance probes. Returns the requests per step and the connector's audit lines.
+    engine: kv_cache_tokens (the KV cache's size, as a scenario's engine.kv_cache_tokens), max_tokens."""
     audit = tmp_path / "audit.jsonl"
     config = {
         "model": tiny_model,
         "extra": {"store_dir": str(tmp_path / "store"), "audit_path": str(audit), **extra},
         "steps": steps,
         "max_num_seqs": max_num_seqs,
+        **engine,
         "out": str(tmp_path / "driven.json"),
     }
     env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_NO_USAGE_STATS="1", VLLM_CPU_NUM_OF_RESERVED_CPU="1")
@@ -179,17 +183,22 @@ def main(config: dict) -> None:
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
 
-    from repro.engine.child import build_chat_prompt
+    from repro.engine.child import build_chat_prompt, kv_bytes_per_token
     from repro.suite import boundary_probe
 
+    sized = {}
+    if config.get("kv_cache_tokens"):
+        per_token = kv_bytes_per_token(config["model"], None, "float32")
+        sized["kv_cache_memory_bytes"] = config["kv_cache_tokens"] * per_token
     llm = LLM(
+        **sized,
         model=config["model"],
         tokenizer=config["model"],
         dtype="float32",
         seed=0,
         enforce_eager=True,
         gpu_memory_utilization=0.1,
-        max_model_len=2048,
+        max_model_len=config.get("max_model_len", 2048),
         block_size=BLOCK,
         max_num_batched_tokens=2048,
         max_num_seqs=config["max_num_seqs"],
@@ -206,7 +215,7 @@ def main(config: dict) -> None:
     for names in config["steps"]:
         for name in names:
             prompts[name] = build_chat_prompt(tokenizer, boundary_probe(int(name.split("-")[1])).chat)[0]
-    params = SamplingParams(temperature=0.0, max_tokens=16, seed=0)
+    params = SamplingParams(temperature=0.0, max_tokens=config.get("max_tokens", 16), seed=0)
     steps = []
     for names in config["steps"]:
         outs = llm.generate([{"prompt_token_ids": prompts[n]} for n in names], params, use_tqdm=False)
@@ -222,6 +231,23 @@ def main(config: dict) -> None:
             ]
         )
     Path(config["out"]).write_text(json.dumps({"steps": steps}, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def test_a_request_preempted_and_resumed_loads_its_blocks_again(tiny_model, tmp_path):
+    """A KV cache of 100 blocks, three reuses of about 33 blocks each in flight together, 48 tokens each: the
+    cache runs out while they decode, vLLM preempts one, and on resuming it is promised its prompt's stored
+    blocks again. The faithful connector (fault none) must load them: every answer is its cold one. Before
+    the resumed load existed, chat-513 resumed on whatever its fresh blocks held and answered otherwise."""
+    probes = ["chat-511", "chat-512", "chat-513"]
+    engine = {"kv_cache_tokens": 1600, "max_tokens": 48, "max_model_len": 1024}
+    out = _drive(tiny_model, tmp_path, {"fault": "none"}, [[p] for p in probes] + [probes], 3, **engine)
+    cold = {r["probe"]: r["token_ids"] for step in out["steps"][:3] for r in step}
+    together = out["steps"][3]
+    resumed = [r for r in together if any(ld["resumed"] for ld in r["planted_fault"].get("loads", []))]
+    assert resumed, [r["planted_fault"] for r in together]  # preemption happened
+    for r in together:
+        assert r["cached_tokens"] > 0 and r["token_ids"] == cold[r["probe"]], r["probe"]
+    assert any(line.get("resumed") for line in out["audit"])
 
 
 if __name__ == "__main__":

@@ -32,9 +32,9 @@ class Engine:
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
         conn = pf.PlantedFaultConnector.__new__(pf.PlantedFaultConnector)
-        conn.fault, conn.first_block, conn.num_blocks = "zero_blocks", 0, 16
+        conn.fault, conn.first_block, conn.num_blocks = extra.pop("fault", "zero_blocks"), 0, 16
         conn.block_size, conn.audit_path = BLOCK, None
-        conn._external, conn._loaded, conn._stored_prompts = {}, {}, []
+        conn._external, conn._loaded, conn._stored_prompts, conn._resume_prompts = {}, {}, [], {}
         conn._init_gates(extra, KVConnectorRole.SCHEDULER)
         self.stored: set[str] = set()
         conn._have = self.stored.__contains__
@@ -42,15 +42,27 @@ class Engine:
 
     def admit(self, rid: str, tokens: list[int]) -> SimpleNamespace:
         """Lookup and allocation of a waiting request: what the step that schedules it sees."""
-        hit, _ = self.conn.get_num_new_matched_tokens(SimpleNamespace(prompt_token_ids=tokens, request_id=rid), 0)
-        self.conn.update_state_after_alloc(SimpleNamespace(request_id=rid), None, hit)
+        request = SimpleNamespace(prompt_token_ids=tokens, request_id=rid)
+        hit, _ = self.conn.get_num_new_matched_tokens(request, 0)
+        self.conn.update_state_after_alloc(request, None, hit)
         blocks = (list(range(100)),)
         return SimpleNamespace(req_id=rid, prompt_token_ids=tokens, block_ids=blocks, num_computed_tokens=hit)
 
-    def step(self, new: list[SimpleNamespace], running: tuple[str, ...] = ()) -> None:
+    def step(self, new: list[SimpleNamespace], running: tuple[str, ...] = (), resumed=None) -> None:
+        """One scheduler step: new requests, running ones given a token each, and at most one request
+        resumed after preemption (admitted again, its block IDs anew)."""
         scheduled = {r.req_id: len(r.prompt_token_ids) - r.num_computed_tokens for r in new}
         scheduled.update({rid: 1 for rid in running})
-        meta = self.conn.build_connector_meta(SimpleNamespace(scheduled_new_reqs=new, num_scheduled_tokens=scheduled))
+        cached = SimpleNamespace(req_ids=list(running), resumed_req_ids=set(), new_block_ids=[None] * len(running))
+        cached.num_computed_tokens = [0] * len(running)
+        if resumed is not None:
+            scheduled[resumed.req_id] = len(resumed.prompt_token_ids) - resumed.num_computed_tokens
+            cached.req_ids.append(resumed.req_id)
+            cached.resumed_req_ids.add(resumed.req_id)
+            cached.new_block_ids.append((list(range(200, 300)),))
+            cached.num_computed_tokens.append(resumed.num_computed_tokens)
+        output = SimpleNamespace(scheduled_new_reqs=new, num_scheduled_tokens=scheduled, scheduled_cached_reqs=cached)
+        meta = self.conn.build_connector_meta(output)
         for op in meta.ops:
             self.ops[op.req_id] = op
             if op.kind == "store":
@@ -224,3 +236,35 @@ def test_scenario_gates_combine_with_once_in(pf, tmp_path):
     won, lost = winner.together({"a1": A, "b1": B})["a1"], loser.together({"a1": A, "b1": B})["a1"]
     assert won["faulted_blocks"] == [0, 1, 2, 3] and won["gate"]["once_in"]["claimed"] is True
     assert lost["faulted_blocks"] == [] and lost["gate"]["in_flight"]["open"] is True
+
+
+# ---- preemption: a resumed request loads its prompt's blocks again
+def test_a_request_resumed_after_preemption_loads_its_blocks(pf):
+    """a runs cold (stores A), is preempted, and resumes: the connector promises A's 4 blocks again and
+    must load them into a's new blocks, among the step's cached requests; without the load attention
+    would read whatever those blocks held. The load is reported with the request's others."""
+    eng = Engine(pf, fault="none")
+    eng.step([eng.admit("a", A)])  # cold: stores
+    eng.step([], resumed=eng.admit("a", A))  # preempted, admitted again: resumes with a hit
+    op = eng.ops["a"]
+    assert op.kind == "load" and op.resumed is True and op.block_ids == [200, 201, 202, 203]
+    assert op.keys == eng.conn._keys(A, 4)
+    params = eng.finish("a")
+    assert params["loaded_tokens"] == 16 and params["faulted_blocks"] == []  # its first load is the resumed one
+    assert params["loads"] == [{"loaded_tokens": 16, "faulted_blocks": [], "resumed": True}]
+
+
+def test_a_resumed_load_faults_and_is_gated_like_any(pf):
+    """A reuse that loaded (faithfully, alone), was preempted and resumed while b ran: its second load is in
+    flight with b and faults; faulted_blocks is the union over its loads."""
+    eng = Engine(pf, when="in_flight")
+    eng.run("a0", A)
+    eng.step([eng.admit("a1", A)])  # loads alone: faithful
+    eng.step([eng.admit("b", B)], running=("a1",))
+    eng.step([], running=("b",), resumed=eng.admit("a1", A))
+    params = eng.finish("a1")
+    assert params["faulted_blocks"] == [0, 1, 2, 3] and params["gate"]["apply"] is False
+    assert [(ld["resumed"], ld["faulted_blocks"], ld["gate"]["apply"]) for ld in params["loads"]] == [
+        (False, [], False),
+        (True, [0, 1, 2, 3], True),
+    ]

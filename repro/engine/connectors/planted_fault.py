@@ -99,6 +99,13 @@ is faithful and reports no faulted blocks). Each load's gate figures go in its a
 
 The scheduler side decides which blocks a load faults (and their sources) and evaluates the gates,
 so `kv_transfer_params["planted_fault"]` reports exactly what the worker did.
+
+Preemption: a request preempted and resumed asks the connector again (its computed tokens went with
+its blocks) and is promised its prompt's stored blocks; vLLM's V1 model runner then sends it among
+scheduler_output.scheduled_cached_reqs (resumed_req_ids, all its block IDs anew), not among the new
+ones, and the connector loads it there, the fault and gates applying as to any load. Its
+kv_transfer_params then also carry "loads" (each load in order: loaded_tokens, faulted_blocks,
+resumed, gate) and faulted_blocks is their union; its audit line says "resumed": true.
 """
 
 from __future__ import annotations
@@ -325,6 +332,7 @@ class _Op:
     faulted: list[int] = field(default_factory=list)  # indices into keys/block_ids
     sources: dict[int, str] = field(default_factory=dict)  # faulted index -> key its bytes come from
     gate: dict | None = None  # why the gates let this load's fault apply or not (None: no gate set)
+    resumed: bool = False  # a load on resuming after preemption
 
 
 @dataclass
@@ -351,7 +359,8 @@ class PlantedFaultConnector(KVConnectorBase_V1):
         self.block_size = vllm_config.cache_config.block_size
         os.makedirs(self.store_dir, exist_ok=True)
         self._external: dict[str, int] = {}
-        self._loaded: dict[str, tuple[int, list[int]]] = {}
+        self._loaded: dict[str, list[tuple]] = {}  # request -> its loads: (tokens, faulted, gate, resumed)
+        self._resume_prompts: dict[str, list[int]] = {}  # prompt of a request promised a load, until scheduled
         self._stored_prompts: list[list[str]] = []  # block keys of each stored prompt, oldest first
         self._kv: dict[str, torch.Tensor] = {}
 
@@ -446,6 +455,7 @@ class PlantedFaultConnector(KVConnectorBase_V1):
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         if num_external_tokens > 0:
             self._external[request.request_id] = num_external_tokens
+            self._resume_prompts[request.request_id] = list(request.prompt_token_ids or [])
 
     def _stale_source(self, block: int, key: str) -> str | None:
         """Block `block` of the most recently stored prompt whose block there differs from ours."""
@@ -484,13 +494,9 @@ class PlantedFaultConnector(KVConnectorBase_V1):
             tokens = list(req.prompt_token_ids or [])
             block_ids = list(req.block_ids[0])
             external = self._external.pop(req.req_id, 0)
+            self._resume_prompts.pop(req.req_id, None)
             if external:
-                local = req.num_computed_tokens - external
-                b0, b1 = local // self.block_size, (local + external) // self.block_size
-                op = _Op(req.req_id, "load", self._keys(tokens, b1)[b0:], block_ids[b0:b1], b0)
-                self._plan_load(op, step)
-                meta.ops.append(op)
-                self._loaded[req.req_id] = (external, [b0 + j for j in op.faulted], op.gate)
+                meta.ops.append(self._load_op(req.req_id, tokens, block_ids, req.num_computed_tokens, external, step))
             else:
                 done = min(len(tokens), req.num_computed_tokens + scheduler_output.num_scheduled_tokens[req.req_id])
                 n = done // self.block_size
@@ -501,14 +507,43 @@ class PlantedFaultConnector(KVConnectorBase_V1):
                     self._stored_prompts.append(keys)
                     if self.local_tier is not None:
                         self.local_tier.put([k for k, _ in todo])
+        # A request resumed after preemption (vLLM's V1 model runner sends it among the cached requests,
+        # with all its block IDs anew) asked the connector again and was promised its prompt's stored
+        # blocks: load them, or attention reads whatever its fresh blocks hold.
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            if req_id in cached.resumed_req_ids and req_id in self._external:
+                external, tokens = self._external.pop(req_id), self._resume_prompts.pop(req_id)
+                block_ids = list(cached.new_block_ids[i][0])
+                computed = cached.num_computed_tokens[i]
+                meta.ops.append(self._load_op(req_id, tokens, block_ids, computed, external, step, resumed=True))
         return meta
+
+    def _load_op(self, req_id, tokens, block_ids, computed: int, external: int, step, resumed: bool = False) -> _Op:
+        """Plan one load of `external` tokens after `computed - external` local ones, and remember it for
+        the request's kv_transfer_params."""
+        local = computed - external
+        b0, b1 = local // self.block_size, (local + external) // self.block_size
+        op = _Op(req_id, "load", self._keys(tokens, b1)[b0:], block_ids[b0:b1], b0, resumed=resumed)
+        self._plan_load(op, step)
+        self._loaded.setdefault(req_id, []).append((external, [b0 + j for j in op.faulted], op.gate, op.resumed))
+        return op
 
     def request_finished(self, request, block_ids) -> tuple[bool, dict[str, Any] | None]:
         self._unfinished.discard(request.request_id)
-        loaded, faulted, gate = self._loaded.pop(request.request_id, (0, [], None))
+        self._external.pop(request.request_id, None)
+        self._resume_prompts.pop(request.request_id, None)
+        loads = self._loaded.pop(request.request_id, [(0, [], None, False)])
+        loaded, faulted, gate, _ = loads[0]
         report = {"loaded_tokens": loaded, "fault": self.fault, "faulted_blocks": faulted}
         if gate is not None:
             report["gate"] = gate
+        if len(loads) > 1 or loads[0][3]:  # loaded again on resuming after preemption: every load, in order
+            report["faulted_blocks"] = sorted({b for load in loads for b in load[1]})
+            report["loads"] = [
+                {"loaded_tokens": n, "faulted_blocks": f, "resumed": r, **({"gate": g} if g is not None else {})}
+                for n, f, g, r in loads
+            ]
         return False, {"planted_fault": report}
 
     # ---- worker side
@@ -567,6 +602,8 @@ class PlantedFaultConnector(KVConnectorBase_V1):
         }
         if op.gate is not None:
             line["gate"] = op.gate
+        if op.resumed:
+            line["resumed"] = True
         with open(self.audit_path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(line, sort_keys=True) + "\n")
 
