@@ -43,8 +43,9 @@ The faults, each a bug class seen in KV offloading code:
 Gates: optional conditions under which a load's fault applies at all (a load a gate holds back
 is faithful and reports no faulted blocks). Each load's gate figures go in its audit line and in
 `kv_transfer_params["planted_fault"]["gate"]`, so a report shows why a load faulted or not.
-  when         "always" (default) or "contended": a race with another process for the CPU. At each
-               load the scheduler does a fixed amount of CPU work standing for an asynchronous copy
+  when         "always" (default), "contended", "in_flight" or "after_eviction", one of them.
+  when "contended": a race with another process for the CPU. At each load the scheduler
+               does a fixed amount of CPU work standing for an asynchronous copy
                (contended_cpu_ms of this thread's CPU time, default 40) and reads how long the thread
                waited on a run queue meanwhile (/proc/thread-self/schedstat, 2nd field). If the wait
                reaches contended_ratio (default 0.25) of the copy's CPU time, the copy "missed its
@@ -63,14 +64,48 @@ is faithful and reports no faulted blocks). Each load's gate figures go in its a
                during the copy) say where it came from.
                Where schedstat is unreadable (no CONFIG_SCHEDSTATS / SCHED_INFO, not Linux) the
                connector refuses to start and says so, rather than never or always fault.
+  when "in_flight": a load faults only when another request is in flight with it. Decided in
+               build_connector_meta from what the scheduler hands the connector: the requests of
+               that step's scheduler_output.num_scheduled_tokens (new, resumed and running ones
+               scheduled in the step, the load's own included), together with the requests the
+               connector saw scheduled and has not yet seen finish (request_finished), which covers
+               a running request the step left out (token budget) or one preempted and waiting to
+               resume. A request still waiting, never scheduled, does not count: it shares no batch
+               with the load. The load faults when that union holds at least 2 requests. Recorded:
+               scheduled (the step's count), unfinished (the connector's count), in_flight (the
+               union) and min (2). Plain probes run one request at a time (max_num_seqs 1, each
+               generate call finished before the next): in_flight is 1 and the gate stays shut;
+               several prompts of one generate call with max_num_seqs >= 2 open it.
+  when "after_eviction" with local_capacity_blocks N (a positive integer, required then and
+               refused with any other `when`): the scheduler side keeps a local tier of N block keys,
+               least recently used first, in front of the store (store_dir stands for the next
+               tier, which keeps every block). A stored block enters the local tier, pushing out the
+               least recently used beyond N; a loaded block is served from the local tier if it is
+               there, else from the next tier, and either way becomes the most recently used (a
+               reload is promoted). A load faults when at least one of its blocks was evicted from
+               this engine's local tier (so it came from the next tier); a block the next tier holds
+               that this engine never held (another engine stored it) is counted apart and does not
+               open the gate. The fault then touches the blocks its first_block / num_blocks name, as
+               always, not only the reloaded ones. Recorded: capacity_blocks, local_blocks,
+               next_tier_blocks, evicted_blocks (their prompt block indices), never_local_blocks and
+               evictions (the engine's total so far). Plain probes (a probe's cold request, then its
+               reuses; N at least the blocks of the longest probe) never open it; A, B, A with more
+               blocks in A and B together than N does.
   once_in      an absolute directory shared by the engines of one arm's trials: at construction
                the scheduler side claims DIR/claim (O_CREAT | O_EXCL, atomic); only the engine
                that wins applies the fault, every other engine loads faithfully. So of N fresh
                engines exactly one faults: an intermittent fault. Delete the claim to re-arm.
-Both gates may be set; a load then faults only when both let it.
+`when` takes one value; once_in combines with any of them: a load then faults only when both let it.
 
 The scheduler side decides which blocks a load faults (and their sources) and evaluates the gates,
 so `kv_transfer_params["planted_fault"]` reports exactly what the worker did.
+
+Preemption: a request preempted and resumed asks the connector again (its computed tokens went with
+its blocks) and is promised its prompt's stored blocks; vLLM's V1 model runner then sends it among
+scheduler_output.scheduled_cached_reqs (resumed_req_ids, all its block IDs anew), not among the new
+ones, and the connector loads it there, the fault and gates applying as to any load. Its
+kv_transfer_params then also carry "loads" (each load in order: loaded_tokens, faulted_blocks,
+resumed, gate) and faulted_blocks is their union; its audit line says "resumed": true.
 """
 
 from __future__ import annotations
@@ -81,6 +116,7 @@ import os
 import re
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,11 +139,12 @@ FAULTS = (
     "other_prompt",
 )
 TAIL_FAULTS = ("overwrite_tail", "drop_tail")
-WHEN = ("always", "contended")
+WHEN = ("always", "contended", "in_flight", "after_eviction")
 SCHEDSTAT_PATH = "/proc/thread-self/schedstat"
 CONTENDED_CPU_MS = 40.0  # the stand-in copy: long enough for many scheduler slices (a few ms each)
 CONTENDED_RATIO = 0.25  # see the module docstring for why
 CLAIM_NAME = "claim"
+IN_FLIGHT_MIN = 2  # the load's own request and at least one other
 
 
 class SchedstatUnavailable(RuntimeError):
@@ -211,6 +248,63 @@ def claim_once(directory: str) -> bool:
     return True
 
 
+def in_flight_figures(scheduled: set[str], unfinished: set[str]) -> dict:
+    """The in_flight gate's figures for one scheduler step: the requests it schedules, those the
+    connector saw scheduled and not finished, their union, and whether that is enough to fault."""
+    union = len(scheduled | unfinished)
+    return {
+        "scheduled": len(scheduled),
+        "unfinished": len(unfinished),
+        "in_flight": union,
+        "min": IN_FLIGHT_MIN,
+        "open": union >= IN_FLIGHT_MIN,
+    }
+
+
+class LocalTier:
+    """The after_eviction gate's local tier: `capacity` block keys, least recently used first, in
+    front of a next tier that keeps every block. Only keys: the bytes stay in the store."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._keys: OrderedDict[str, None] = OrderedDict()
+        self._evicted: set[str] = set()  # held here once, pushed out, not back since
+        self.evictions = 0
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._keys
+
+    def put(self, keys: list[str]) -> None:
+        """Make keys the most recently used, in order, then evict the least recently used beyond
+        capacity (so one put never evicts its own keys to make room for each other, unless there are
+        more of them than the tier holds)."""
+        for key in keys:
+            self._keys[key] = None
+            self._keys.move_to_end(key)
+            self._evicted.discard(key)
+        while len(self._keys) > self.capacity:
+            old, _ = self._keys.popitem(last=False)
+            self._evicted.add(old)
+            self.evictions += 1
+
+    def load(self, keys: list[str], first_block: int = 0) -> dict:
+        """Serve one load's blocks (keys[j] is prompt block first_block + j): the gate's figures,
+        then every key promoted to most recently used, in order."""
+        local = [k in self._keys for k in keys]
+        evicted = [first_block + j for j, k in enumerate(keys) if not local[j] and k in self._evicted]
+        figures = {
+            "capacity_blocks": self.capacity,
+            "local_blocks": sum(local),
+            "next_tier_blocks": len(keys) - sum(local),
+            "evicted_blocks": evicted,
+            "never_local_blocks": len(keys) - sum(local) - len(evicted),
+        }
+        self.put(keys)
+        figures["evictions"] = self.evictions
+        figures["open"] = bool(evicted)
+        return figures
+
+
 def faulted_indices(fault: str, first_block: int | None, num_blocks: int, n_loaded: int) -> list[int]:
     """Indices among the n_loaded blocks of one load that the fault touches."""
     if fault == "none" or n_loaded <= 0 or num_blocks <= 0:
@@ -238,6 +332,7 @@ class _Op:
     faulted: list[int] = field(default_factory=list)  # indices into keys/block_ids
     sources: dict[int, str] = field(default_factory=dict)  # faulted index -> key its bytes come from
     gate: dict | None = None  # why the gates let this load's fault apply or not (None: no gate set)
+    resumed: bool = False  # a load on resuming after preemption
 
 
 @dataclass
@@ -264,7 +359,8 @@ class PlantedFaultConnector(KVConnectorBase_V1):
         self.block_size = vllm_config.cache_config.block_size
         os.makedirs(self.store_dir, exist_ok=True)
         self._external: dict[str, int] = {}
-        self._loaded: dict[str, tuple[int, list[int]]] = {}
+        self._loaded: dict[str, list[tuple]] = {}  # request -> its loads: (tokens, faulted, gate, resumed)
+        self._resume_prompts: dict[str, list[int]] = {}  # prompt of a request promised a load, until scheduled
         self._stored_prompts: list[list[str]] = []  # block keys of each stored prompt, oldest first
         self._kv: dict[str, torch.Tensor] = {}
 
@@ -279,6 +375,21 @@ class PlantedFaultConnector(KVConnectorBase_V1):
                 read_runqueue_wait_ns()
             except SchedstatUnavailable as exc:
                 raise ValueError(f"planted fault when=contended cannot measure run-queue wait: {exc}") from None
+        capacity = extra.get("local_capacity_blocks")
+        self.local_tier: LocalTier | None = None
+        if self.when == "after_eviction":
+            if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
+                raise ValueError(
+                    f"planted fault when=after_eviction needs local_capacity_blocks, a positive integer "
+                    f"(the local tier's size in blocks); got {capacity!r}"
+                )
+            self.local_tier = LocalTier(capacity)
+        elif capacity is not None:
+            raise ValueError(
+                f"planted fault option local_capacity_blocks={capacity!r} applies only to when=after_eviction "
+                f"(when={self.when!r})"
+            )
+        self._unfinished: set[str] = set()  # requests seen scheduled, not yet finished (in_flight)
         self.once_in = extra.get("once_in")
         self.claimed: bool | None = None
         if self.once_in is not None:
@@ -287,8 +398,9 @@ class PlantedFaultConnector(KVConnectorBase_V1):
             if role == KVConnectorRole.SCHEDULER:  # the side that decides faults claims, once per engine
                 self.claimed = claim_once(str(self.once_in))
 
-    def _gate_load(self) -> dict | None:
-        """Evaluate the gates for one load: None when none is set, else the figures and "apply"."""
+    def _gate_load(self, op: _Op | None = None, step: dict | None = None) -> dict | None:
+        """Evaluate the gates for one load: None when none is set, else the figures and "apply".
+        step: the in_flight figures of the scheduler step that schedules the load."""
         if self.when == "always" and self.once_in is None:
             return None
         gate: dict[str, Any] = {"apply": True}
@@ -306,6 +418,13 @@ class PlantedFaultConnector(KVConnectorBase_V1):
             ratio = copy["wait_ns"] / copy["cpu_ns"] if copy["cpu_ns"] else None
             gate["contended"] = {**copy, "wait_ratio": ratio, "threshold": self.contended_ratio, "missed": missed}
             gate["apply"] = gate["apply"] and missed
+        elif self.when == "in_flight":
+            gate["in_flight"] = step if step is not None else {"unavailable": "no scheduler step for this load"}
+            gate["apply"] = gate["apply"] and bool(step and step["open"])
+        elif self.when == "after_eviction":
+            tier = self.local_tier.load(op.keys, op.first_loaded_block) if op is not None else None
+            gate["after_eviction"] = tier if tier is not None else {"unavailable": "no load to serve"}
+            gate["apply"] = gate["apply"] and bool(tier and tier["open"])
         return gate
 
     # ---- shared helpers
@@ -336,6 +455,7 @@ class PlantedFaultConnector(KVConnectorBase_V1):
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         if num_external_tokens > 0:
             self._external[request.request_id] = num_external_tokens
+            self._resume_prompts[request.request_id] = list(request.prompt_token_ids or [])
 
     def _stale_source(self, block: int, key: str) -> str | None:
         """Block `block` of the most recently stored prompt whose block there differs from ours."""
@@ -344,10 +464,10 @@ class PlantedFaultConnector(KVConnectorBase_V1):
                 return keys[block]
         return None
 
-    def _plan_load(self, op: _Op) -> None:
+    def _plan_load(self, op: _Op, step: dict | None = None) -> None:
         """Fill op.faulted and op.sources; a sourced fault without a source does not apply, nor does
-        one a gate holds back."""
-        op.gate = self._gate_load()
+        one a gate holds back. step: see _gate_load."""
+        op.gate = self._gate_load(op, step)
         if op.gate is not None and not op.gate["apply"]:
             return
         n = len(op.keys)
@@ -366,17 +486,17 @@ class PlantedFaultConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
         meta = PlantedFaultMetadata()
+        step = None
+        if self.when == "in_flight":
+            self._unfinished.update(req.req_id for req in scheduler_output.scheduled_new_reqs)
+            step = in_flight_figures(set(scheduler_output.num_scheduled_tokens), self._unfinished)
         for req in scheduler_output.scheduled_new_reqs:
             tokens = list(req.prompt_token_ids or [])
             block_ids = list(req.block_ids[0])
             external = self._external.pop(req.req_id, 0)
+            self._resume_prompts.pop(req.req_id, None)
             if external:
-                local = req.num_computed_tokens - external
-                b0, b1 = local // self.block_size, (local + external) // self.block_size
-                op = _Op(req.req_id, "load", self._keys(tokens, b1)[b0:], block_ids[b0:b1], b0)
-                self._plan_load(op)
-                meta.ops.append(op)
-                self._loaded[req.req_id] = (external, [b0 + j for j in op.faulted], op.gate)
+                meta.ops.append(self._load_op(req.req_id, tokens, block_ids, req.num_computed_tokens, external, step))
             else:
                 done = min(len(tokens), req.num_computed_tokens + scheduler_output.num_scheduled_tokens[req.req_id])
                 n = done // self.block_size
@@ -385,13 +505,45 @@ class PlantedFaultConnector(KVConnectorBase_V1):
                 if todo:
                     meta.ops.append(_Op(req.req_id, "store", [k for k, _ in todo], [b for _, b in todo]))
                     self._stored_prompts.append(keys)
+                    if self.local_tier is not None:
+                        self.local_tier.put([k for k, _ in todo])
+        # A request resumed after preemption (vLLM's V1 model runner sends it among the cached requests,
+        # with all its block IDs anew) asked the connector again and was promised its prompt's stored
+        # blocks: load them, or attention reads whatever its fresh blocks hold.
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            if req_id in cached.resumed_req_ids and req_id in self._external:
+                external, tokens = self._external.pop(req_id), self._resume_prompts.pop(req_id)
+                block_ids = list(cached.new_block_ids[i][0])
+                computed = cached.num_computed_tokens[i]
+                meta.ops.append(self._load_op(req_id, tokens, block_ids, computed, external, step, resumed=True))
         return meta
 
+    def _load_op(self, req_id, tokens, block_ids, computed: int, external: int, step, resumed: bool = False) -> _Op:
+        """Plan one load of `external` tokens after `computed - external` local ones, and remember it for
+        the request's kv_transfer_params."""
+        local = computed - external
+        b0, b1 = local // self.block_size, (local + external) // self.block_size
+        op = _Op(req_id, "load", self._keys(tokens, b1)[b0:], block_ids[b0:b1], b0, resumed=resumed)
+        self._plan_load(op, step)
+        self._loaded.setdefault(req_id, []).append((external, [b0 + j for j in op.faulted], op.gate, op.resumed))
+        return op
+
     def request_finished(self, request, block_ids) -> tuple[bool, dict[str, Any] | None]:
-        loaded, faulted, gate = self._loaded.pop(request.request_id, (0, [], None))
+        self._unfinished.discard(request.request_id)
+        self._external.pop(request.request_id, None)
+        self._resume_prompts.pop(request.request_id, None)
+        loads = self._loaded.pop(request.request_id, [(0, [], None, False)])
+        loaded, faulted, gate, _ = loads[0]
         report = {"loaded_tokens": loaded, "fault": self.fault, "faulted_blocks": faulted}
         if gate is not None:
             report["gate"] = gate
+        if len(loads) > 1 or loads[0][3]:  # loaded again on resuming after preemption: every load, in order
+            report["faulted_blocks"] = sorted({b for load in loads for b in load[1]})
+            report["loads"] = [
+                {"loaded_tokens": n, "faulted_blocks": f, "resumed": r, **({"gate": g} if g is not None else {})}
+                for n, f, g, r in loads
+            ]
         return False, {"planted_fault": report}
 
     # ---- worker side
@@ -450,6 +602,8 @@ class PlantedFaultConnector(KVConnectorBase_V1):
         }
         if op.gate is not None:
             line["gate"] = op.gate
+        if op.resumed:
+            line["resumed"] = True
         with open(self.audit_path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(line, sort_keys=True) + "\n")
 
