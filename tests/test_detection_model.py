@@ -15,7 +15,8 @@ from repro.commands import run_command
 from repro.contract import CRASH, Failure
 from repro.detection import plan, run
 from repro.detection.commands import detection
-from repro.detection.page import render_page
+from repro.detection.matrix import summarize
+from repro.detection.page import load_matrix, render_page
 from repro.models.registry import SMOLLM2, SOURCE_FILE
 from repro.runner import ArmOutcome
 
@@ -146,3 +147,48 @@ def test_make_detection_with_a_model_it_does_not_know_stops_in_one_line():
     )  # fmt: skip
     out = (proc.stdout + proc.stderr).strip()
     assert proc.returncode == 2 and len(out.splitlines()) == 1 and "unknown MODEL=qwen9" in out, out
+
+
+# ---- the committed trained-model matrix ------------------------------------------------------------
+
+TRAINED = ROOT / plan.default_paths("smollm2")[0]
+TRAINED_PAGE = ROOT / plan.default_paths("smollm2")[1]
+needs_trained = pytest.mark.skipif(
+    not TRAINED.exists() and not (ROOT / ".git").exists(),
+    reason="reports/detection/ is not in this tree (the kit does not pack it)",
+)
+CELLS = [(k, p) for k in plan.FAULT_PARAMS for p in plan.positions_of(k)]
+
+
+@needs_trained
+def test_committed_trained_matrix_names_the_packaged_model_it_ran():
+    report = load_matrix(TRAINED)
+    source = report["provenance"]["model"]["source"]
+    assert source["package"]["name"] == SMOLLM2.package and source["package"]["version"] == SMOLLM2.pin()[0]
+    assert source["gguf"]["sha256"] == SMOLLM2.gguf_sha256 and source["dequantized_from"] == SMOLLM2.quantization
+    assert report["config"]["model"] == "smollm2" and report["config"]["dtype"] == "float32"
+    assert report["config"]["models"]["smollm2"]["sha256"] == report["provenance"]["model"]["sha256"]
+    assert "dequantized from Q4_1" in report["method"] and report["provenance"]["kit"]["dirty"] is False
+
+
+@needs_trained
+def test_committed_trained_matrix_ran_the_whole_plan_with_no_false_positive_or_false_blame():
+    """What the run measured (the plan was not cut: every fault at every position, the three controls)."""
+    report = load_matrix(TRAINED)
+    config = report["config"]
+    assert config["fault_params"] == plan.FAULT_PARAMS and config["prompts"] == [list(p) for p in plan.PROMPTS]
+    assert {(f["fault"], f["position"]) for f in report["faults"]} == set(CELLS)
+    assert {c["arm"] for c in report["controls"]} == {"ExampleConnector", "native", "PlantedFault-none"}
+    s = summarize(report["faults"], report["controls"], report["prefix_check"]["ok"])
+    assert s["ok"] and s["every_fault_detected"] and not s["arm_errors"] and s["prefix_check_ok"]
+    assert s["false_positives_by_window"] == {w: 0 for w in ("8", "16", "32")}
+    assert s["control_reuses_exercised"] == len(plan.PROMPTS) * plan.CONTROL_REUSES * 3
+    kv = s["kv_audit"]
+    assert kv["blamed_exactly"] == kv["fault_probes"] == len(CELLS) * len(plan.PROMPTS)
+    assert kv["false_blames"] == kv["control_unavailable"] == 0 and kv["tokens_unchanged_blamed_exactly"] > 0
+    assert report["summary"] == s
+
+
+@needs_trained
+def test_committed_trained_page_is_the_rendering_of_the_committed_matrix():
+    assert TRAINED_PAGE.read_text(encoding="utf-8") == render_page(load_matrix(TRAINED))
