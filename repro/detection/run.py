@@ -157,7 +157,9 @@ def audit_seed(runner: Runner, seed: int | str, baseline: dict | None, arms: lis
         problem = "the baseline recorded no reference KV"
     elif ok:
         print(
-            f"[kvkit] detection KV audit, model {plan.model_tag(seed)}: {len(ok)} arms ...", file=sys.stderr, flush=True
+            f"[kvkit] detection KV audit, model {'seed ' if isinstance(seed, int) else ''}{seed}: {len(ok)} arms ...",
+            file=sys.stderr,
+            flush=True,
         )
         job = kvaudit.compare_job(ref, {a.arm: ArmResult.from_json(a.result) for a in ok})
         job = drop_unreferenced(job, {p.name for p in ref.probes})
