@@ -52,8 +52,8 @@ chaos: $(INV) ## Run the kit with one fault each, drawn from SEED (FAULTS=50; fa
 	@$(INV) chaos --faults "$(FAULTS)" --seed "$(SEED)"
 
 .PHONY: detection
-detection: $(INV) ## Run every planted fault x position x window and the no-fault controls on the CPU engine (~15 min); writes reports/detection/ (matrix JSON and page)
-	@$(INV) detection
+detection: $(INV) ## Run every planted fault x position x window and the no-fault controls on the CPU engine (~15 min); writes reports/detection/ (matrix JSON and page); MODEL=smollm2: the trained model, its own files
+	@$(INV) detection --model "$(MODEL)"
 
 .PHONY: kit kit-check
 kit: $(INV) ## Build dist/kvkit-<version>-<commit>.tar.gz to attach to an upstream issue (REPORT=extra report.json)

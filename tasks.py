@@ -321,10 +321,16 @@ def chaos(c, faults="50", seed=""):
         raise Exit(code=result.exited)
 
 
-@task
-def detection(c):
+@task(
+    help={"model": "a packaged trained model (smollm2), converted first; its report and page beside the tiny model's"}
+)
+def detection(c, model=""):
     """Run the detection-power study (faults x positions x windows, no-fault controls) and render its page."""
-    result = run_py(c, venv_python("cpu"), "-m repro detection", warn=True)
+    if model:
+        make_trained_model(c, model)  # an unknown name: one line, exit 2
+    result = run_py(
+        c, venv_python("cpu"), "-m repro detection" + (f" --model {shlex.quote(model)}" if model else ""), warn=True
+    )
     if result.exited != 0:
         raise Exit(code=result.exited)
 

@@ -11,7 +11,7 @@ from repro.detection import plan
 from repro.detection.matrix import summarize
 from repro.detection.page import load_matrix, write_page
 from repro.detection.run import run_detection
-from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME
+from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME, UsageError
 
 
 def _fault_kinds(text: str) -> tuple[str, ...]:
@@ -33,9 +33,30 @@ def _seeds(text: str) -> tuple[int, ...]:
 
 def _parser(command: str) -> ArgumentParser:
     p = ArgumentParser(prog=f"python -m repro {command}")
-    p.add_argument("--report", default=plan.DEFAULT_REPORT, help=f"the matrix report (default {plan.DEFAULT_REPORT})")
-    p.add_argument("--site", default=plan.DEFAULT_SITE, help=f"the page (default {plan.DEFAULT_SITE})")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="a packaged trained model (smollm2; `make model MODEL=smollm2` converts it): the study of that model, "
+        "its report and page beside the tiny model's (default: the tiny models)",
+    )
+    report, site = plan.default_paths(None)
+    p.add_argument(
+        "--report",
+        default=None,
+        help=f"the matrix report (default {report}; with --model NAME {plan.default_paths('NAME')[0]})",
+    )
+    p.add_argument(
+        "--site", default=None, help=f"the page (default {site}; with --model NAME {plan.default_paths('NAME')[1]})"
+    )
     return p
+
+
+def _parse(p: ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The flags, with --report and --site defaulting to --model's pair."""
+    a = p.parse_args(argv)
+    report, site = plan.default_paths(a.model)
+    a.report, a.site = a.report or report, a.site or site
+    return a
 
 
 def _publish(report: dict, report_path: str, site_path: str) -> int:
@@ -82,21 +103,36 @@ def _publish(report: dict, report_path: str, site_path: str) -> int:
 def detection(argv: list[str]) -> int:
     """Run every fault arm and control on the CPU engine, write the matrix report and its page."""
     p = _parser("detection")
-    p.add_argument("--models-dir", default=".cache/models", help="where the tiny models are generated")
+    p.add_argument(
+        "--models-dir",
+        default=".cache/models",
+        help="where the tiny models are generated and a packaged model was converted",
+    )
     p.add_argument(
         "--seeds",
         type=_seeds,
-        default=plan.CONTROL_MODEL_SEEDS,
-        help="control model seeds, comma separated (default %(default)s)",
+        default=None,
+        help=f"control model seeds of the tiny models, comma separated (default {plan.CONTROL_MODEL_SEEDS}; "
+        "not with --model)",
     )
     p.add_argument("--faults", type=_fault_kinds, default=tuple(plan.FAULT_PARAMS), help="fault kinds, comma separated")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per arm")
-    a = p.parse_args(argv)
-    report = run_detection(Path(a.report), Path(a.models_dir), a.seeds, a.faults, a.timeout, ["detection", *argv])
+    a = _parse(p, argv)
+    if a.model is not None and a.seeds is not None:
+        raise UsageError("--seeds picks tiny models; --model runs one packaged model (give one of them)")
+    report = run_detection(
+        Path(a.report),
+        Path(a.models_dir),
+        plan.CONTROL_MODEL_SEEDS if a.seeds is None else a.seeds,
+        a.faults,
+        a.timeout,
+        ["detection", *argv],
+        a.model,
+    )
     return _publish(report, a.report, a.site)
 
 
 def detection_site(argv: list[str]) -> int:
     """Render the page from an existing matrix report."""
-    a = _parser("detection-site").parse_args(argv)
+    a = _parse(_parser("detection-site"), argv)
     return _publish(load_matrix(Path(a.report)), a.report, a.site)

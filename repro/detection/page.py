@@ -42,7 +42,7 @@ class FaultRow:
 @dataclass(frozen=True)
 class ControlRow:
     arm: str
-    seed: int
+    seed: int | str  # a packaged model's name (it has no seed)
     compared: int
     exercised: int
     false_positives: tuple[tuple[int, str], ...]  # (count, cell class): none is good news, any is bad
@@ -221,7 +221,7 @@ def _control_row(c: dict, windows: tuple[str, ...]) -> ControlRow:
             unavailable = f"{kv['reason']} ({unavailable})"
     return ControlRow(
         arm=c["arm"],
-        seed=c["model_seed"],
+        seed=c["model_seed"] if c.get("model_seed") is not None else c.get("model", "–"),
         compared=c["reuses_compared"],
         exercised=c["reuses_exercised"],
         false_positives=tuple(

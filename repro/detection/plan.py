@@ -33,6 +33,15 @@ DEFAULT_REPORT = "reports/detection/detection-matrix.json"
 # Beside the report, committed with it (site/ is the report site's generated, ignored output).
 DEFAULT_SITE = "reports/detection/detection.html"
 
+
+def default_paths(model: str | None) -> tuple[str, str]:
+    """(report, page) of a study: the tiny model's committed pair, or a packaged model's own pair beside it
+    (`--model smollm2` never overwrites the tiny model's files)."""
+    if model is None:
+        return DEFAULT_REPORT, DEFAULT_SITE
+    return f"reports/detection/detection-matrix-{model}.json", f"reports/detection/detection-{model}.html"
+
+
 # Greedy decoding is deterministic and causal, so one 32-token run per arm gives every window.
 WINDOWS = (8, 16, 32)
 MAX_TOKENS = max(WINDOWS)
@@ -77,6 +86,23 @@ METHOD = (
     "reused or computed; after the arms of one model ran, each reuse's blocks are compared with the KV its "
     "model's baseline computed for the same tokens (repro.kvaudit)."
 )
+
+
+def model_tag(key: int | str) -> str:
+    """What names a model's baseline and control arms: `seed1234` for a tiny model, the name of a packaged one."""
+    return f"seed{key}" if isinstance(key, int) else key
+
+
+def trained_method(source: dict) -> str:
+    """METHOD, followed by what model a packaged-model study ran (its page shows the method)."""
+    gguf = source.get("gguf") or {}
+    package = source.get("package") or {}
+    return (
+        f"{METHOD} Model: {source.get('title', source.get('name'))}, a trained model from the registry package "
+        f"{package.get('name')} {package.get('version')} (GGUF sha256 {gguf.get('sha256')}), "
+        f"{source.get('dtype')} weights dequantized from {source.get('dequantized_from')}, run in float32 on the "
+        "CPU; one model, so every control runs on it (no second model seed)."
+    )
 
 
 def positions_of(fault: str) -> dict[str, int | None]:
@@ -148,14 +174,14 @@ def planted_connector(scratch: Path, name: str, fault: str, params: dict) -> Con
     )
 
 
-def baseline_job(scratch: Path, seed: int, model: str) -> Job:
+def baseline_job(scratch: Path, seed: int | str, model: str) -> Job:
     """The cache-off reference; its KV audit records the reference KV of its model's arms. It runs the
     decoy too: a fault that serves the decoy's KV then has the decoy's answer and blocks to be named by."""
     probes = [(DECOY[0], DECOY[1], 1)] + probe_plan(1)
-    return arm_job(f"baseline-seed{seed}", "baseline", None, model, probes, scratch=scratch)
+    return arm_job(f"baseline-{model_tag(seed)}", "baseline", None, model, probes, scratch=scratch)
 
 
-def control_jobs(scratch: Path, seed: int, model: str) -> list[tuple[str, Job]]:
+def control_jobs(scratch: Path, seed: int | str, model: str) -> list[tuple[str, Job]]:
     """(control name, job): ExampleConnector, native prefix caching and the planted connector with fault none."""
     arms = [
         (
@@ -167,7 +193,7 @@ def control_jobs(scratch: Path, seed: int, model: str) -> list[tuple[str, Job]]:
         ("PlantedFault-none", "connector", planted_connector(scratch, f"none-{seed}", "none", {})),
     ]
     return [
-        (name, arm_job(f"{name}-seed{seed}", mode, conn, model, probe_plan(1 + CONTROL_REUSES), scratch=scratch))
+        (name, arm_job(f"{name}-{model_tag(seed)}", mode, conn, model, probe_plan(1 + CONTROL_REUSES), scratch=scratch))
         for name, mode, conn in arms
     ]
 

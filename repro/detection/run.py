@@ -17,7 +17,9 @@ from repro.contract import ArmResult, Job
 from repro.detection import plan
 from repro.detection.blame import control_blame, drop_unreferenced, fault_blame
 from repro.detection.matrix import compare_error, control_entry, fault_entry, prefix_check, summarize
-from repro.provenance import allowed_env, hardware, kit_commit, package_version, utc_now
+from repro.errors import UsageError
+from repro.models.registry import SOURCE_FILE, packaged_model
+from repro.provenance import allowed_env, hardware, kit_commit, model_record, model_source, package_version, utc_now
 from repro.runner import child_env, run_arm
 from repro.tinymodel import MODEL_NAME, MODEL_SEED, make_tiny_model
 
@@ -72,11 +74,26 @@ def prepare_models(models_dir: Path, seeds: tuple[int, ...]) -> dict[int, tuple[
     return out
 
 
+def prepare_trained(models_dir: Path, name: str) -> tuple[dict[str, tuple[str, str]], dict]:
+    """({name: (converted folder, SHA-256)}, its provenance record with `source`, as the verifier's reports
+    record it) of a packaged model `make model MODEL=name` converted; an unknown name, or a folder not
+    converted yet, is one line (exit 2)."""
+    folder = models_dir / packaged_model(name).folder().name
+    source = model_source(str(folder))
+    if not isinstance(source, dict):
+        raise UsageError(
+            f"{folder}: no converted model ({SOURCE_FILE} "
+            f"{'missing' if source is None else source.removeprefix('unavailable: ')}); run `make model MODEL={name}`"
+        )
+    record = model_record(str(folder.resolve()))
+    return {name: (record["name"], record["sha256"])}, record
+
+
 def run_controls(runner: Runner, models: dict, seeds: tuple[int, ...]) -> tuple[dict, list[dict]]:
-    """Per model seed: the baseline, then the no-fault control arms. Returns every seed's baseline
-    result too (the fault arms compare with MODEL_SEED's)."""
+    """Per model (its seed, or a packaged model's name): the baseline, then the no-fault control arms.
+    Returns every model's baseline result too (the fault arms compare with their model's)."""
     baselines, entries = {}, []
-    for seed in sorted(set(seeds) | {MODEL_SEED}):
+    for seed in sorted(models):
         model = models[seed][0]
         base, failure = runner.run(plan.baseline_job(runner.work, seed, model))
         baselines[seed] = None if failure else base
@@ -84,7 +101,10 @@ def run_controls(runner: Runner, models: dict, seeds: tuple[int, ...]) -> tuple[
             continue
         for name, job in plan.control_jobs(runner.work, seed, model):
             result, failure = runner.run(job)
-            entry = control_entry(name, seed, result, compare_error(baselines[seed], result, failure), baselines[seed])
+            error = compare_error(baselines[seed], result, failure)
+            entry = control_entry(name, seed if isinstance(seed, int) else None, result, error, baselines[seed])
+            if not isinstance(seed, int):
+                entry["model"] = seed  # a packaged model has no seed
             runner.audited.setdefault(seed, []).append(Audited(job.arm.name, job.arm.mode, entry, result, False))
             if job.arm.connector and job.arm.connector.name == "PlantedFaultConnector":
                 audit = read_audit(job)
@@ -97,8 +117,11 @@ def run_controls(runner: Runner, models: dict, seeds: tuple[int, ...]) -> tuple[
     return baselines, entries
 
 
-def run_faults(runner: Runner, model: str, baseline: dict | None, faults: tuple[str, ...]) -> tuple[list[dict], dict]:
-    """Every fault at every position, then the prefix check (a short re-run of one of them)."""
+def run_faults(
+    runner: Runner, model: str, baseline: dict | None, faults: tuple[str, ...], key: int | str = MODEL_SEED
+) -> tuple[list[dict], dict]:
+    """Every fault at every position, then the prefix check (a short re-run of one of them); `key` is the
+    fault model's (its seed, or a packaged model's name)."""
     entries, results = [], {}
     for fault in faults:
         for position in plan.positions_of(fault):
@@ -108,9 +131,7 @@ def run_faults(runner: Runner, model: str, baseline: dict | None, faults: tuple[
             params = {k: v for k, v in job.arm.connector.extra_config.items() if k not in ("store_dir", "audit_path")}
             error = compare_error(baseline, result, failure)
             entries.append(fault_entry(fault, position, params, result, error, baseline, read_audit(job)))
-            runner.audited.setdefault(MODEL_SEED, []).append(
-                Audited(job.arm.name, job.arm.mode, entries[-1], result, True)
-            )
+            runner.audited.setdefault(key, []).append(Audited(job.arm.name, job.arm.mode, entries[-1], result, True))
     check = {"window": plan.PREFIX_CHECK_WINDOW, "ok": False, "requests_compared": 0, "detail": "not run"}
     if plan.PREFIX_CHECK_FAULT in results:
         job = plan.fault_job(runner.work, *plan.PREFIX_CHECK_FAULT, model, plan.PREFIX_CHECK_WINDOW)
@@ -123,7 +144,7 @@ def run_faults(runner: Runner, model: str, baseline: dict | None, faults: tuple[
     return entries, check
 
 
-def audit_seed(runner: Runner, seed: int, baseline: dict | None, arms: list[Audited]) -> dict:
+def audit_seed(runner: Runner, seed: int | str, baseline: dict | None, arms: list[Audited]) -> dict:
     """Compare every audited arm of one model with that model's baseline (one comparison child) and
     fill each arm's audit column; returns what the reference and the comparison were."""
     t0 = time.monotonic()
@@ -135,10 +156,14 @@ def audit_seed(runner: Runner, seed: int, baseline: dict | None, arms: list[Audi
     elif ref.kv_audit is None:
         problem = "the baseline recorded no reference KV"
     elif ok:
-        print(f"[kvkit] detection KV audit, model seed {seed}: {len(ok)} arms ...", file=sys.stderr, flush=True)
+        print(
+            f"[kvkit] detection KV audit, model {'seed ' if isinstance(seed, int) else ''}{seed}: {len(ok)} arms ...",
+            file=sys.stderr,
+            flush=True,
+        )
         job = kvaudit.compare_job(ref, {a.arm: ArmResult.from_json(a.result) for a in ok})
         job = drop_unreferenced(job, {p.name for p in ref.probes})
-        work = runner.work / f"kv-compare-seed{seed}"
+        work = runner.work / f"kv-compare-{plan.model_tag(seed)}"
         work.mkdir(parents=True, exist_ok=True)
         raw, problem = kvaudit.run_compare(job, work, runner.env, sys.executable, runner.timeout_s)
     for a in arms:
@@ -178,8 +203,11 @@ def build_report(
     env: dict,
     started: str,
     wall_s: float,
+    trained: dict | None = None,
 ) -> dict:
-    return {
+    """The matrix report. `trained`: a packaged model's provenance record (repro.provenance.model_record,
+    its `source` from repro.models.convert), for a study of that model; None for the tiny models."""
+    report = {
         "kind": plan.KIND,
         "schema_version": plan.SCHEMA_VERSION,
         "tool_version": __version__,
@@ -221,6 +249,11 @@ def build_report(
             "env": allowed_env(env),
         },
     }
+    if trained is not None:  # additive: the tiny-model study's report stays as it was
+        report["method"] = plan.trained_method(trained["source"])
+        report["config"].update(model=next(iter(models)), fault_model_seed=None, control_model_seeds=[])
+        report["provenance"]["model"] = trained
+    return report
 
 
 def run_detection(
@@ -230,20 +263,28 @@ def run_detection(
     faults: tuple[str, ...],
     timeout_s: float,
     argv: list[str],
+    model: str | None = None,
 ) -> dict:
-    """Run every arm, write the matrix report (atomically) and return it."""
+    """Run every arm, write the matrix report (atomically) and return it. `model`: a packaged model's name
+    (repro.models.registry), whose converted folder under models_dir runs the faults and the controls
+    instead of the tiny models (`seeds` is then unused)."""
     started, t0 = utc_now(), time.monotonic()
+    trained = None
+    if model is None:
+        models, key = prepare_models(models_dir, seeds), MODEL_SEED
+    else:
+        (models, trained), key = prepare_trained(models_dir, model), model
+        seeds = (model,)
     report_path.parent.mkdir(parents=True, exist_ok=True)
     env = child_env(dict(os.environ), hashseed="0", extra={})
-    models = prepare_models(models_dir, seeds)
     work = Path(tempfile.mkdtemp(prefix=".detection.work-", dir=report_path.parent))
     try:
         runner = Runner(work=work, env=env, timeout_s=timeout_s)
         baselines, controls = run_controls(runner, models, seeds)
-        faults_out, check = run_faults(runner, models[MODEL_SEED][0], baselines[MODEL_SEED], faults)
+        faults_out, check = run_faults(runner, models[key][0], baselines[key], faults, key)
         kv = {str(s): audit_seed(runner, s, baselines[s], arms) for s, arms in sorted(runner.audited.items())}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    report = build_report(faults_out, controls, check, kv, models, argv, env, started, time.monotonic() - t0)
+    report = build_report(faults_out, controls, check, kv, models, argv, env, started, time.monotonic() - t0, trained)
     write_json_atomic(report_path, report)
     return report
