@@ -18,9 +18,13 @@ from repro.readmodel import (
     Report,
     Request,
     RequestAudit,
+    Scenario,
+    ScenarioArm,
+    StepRequest,
     as_report,
     margin_class,
 )
+from repro.verdict import PASS
 from repro.wording import flatten, machine_path_name, number, show
 
 TOKENS_PER_ROW = 16  # token-ID grid width: wide enough for the usual 16-token window, narrow enough for a phone
@@ -149,6 +153,48 @@ class Conditions:
 
 
 @dataclass(frozen=True)
+class ScenarioRow:
+    """One request of a scenario arm: step · probe · expectation · hit · verdict · first diff · KV · control."""
+
+    step: str
+    probe: str
+    expect: str
+    cached: str
+    role: str
+    verdict: str
+    diff: str
+    diff_class: str  # the divergence's class (decisive, near-tie, unclassed); "" when it did not diverge
+    kv: str
+    kv_verdict: str  # EXACT, NUMERIC, CORRUPT, UNAVAILABLE; "" when not audited
+    control: str
+
+
+@dataclass(frozen=True)
+class ScenarioArmBlock:
+    title: str
+    verdict: str
+    cls: str  # the class of its divergences ("schedule-numerics"); "" when none
+    facts: str  # "preemptions 0 (llm.get_metrics(): …) · 12.4 s"
+    reasons: tuple[str, ...]  # shown for any verdict but a plain PASS
+    error: tuple[str, str] | None  # "kind: message", log tail
+    rows: tuple[ScenarioRow, ...]
+
+
+@dataclass(frozen=True)
+class ScenarioBlock:
+    """One scenario on the report page: what ran (steps, settings), the schedule control, each arm's rows."""
+
+    anchor: str
+    name: str
+    description: str
+    settings: str
+    steps: tuple[str, ...]
+    control: str
+    control_differs: bool  # the schedule alone changed some request's tokens: the line is shown loud
+    arms: tuple[ScenarioArmBlock, ...]
+
+
+@dataclass(frozen=True)
 class ArmLog:
     arm: str
     path: str
@@ -179,6 +225,8 @@ class ReportPage:
     conditions: Conditions | None = None  # None: the report records none of the conditions (issue 18)
     conditions_warning: str = ""  # a finding that was intermittent or needed the shared device, by arm
     replay_legend: str = ""  # what a replay is, on a page that shows one; "" otherwise
+    scenarios: tuple[ScenarioBlock, ...] = ()  # () for a report without scenarios (its page is as it was)
+    scenarios_note: str = ""  # scenarios asked for (config.scenarios) but none in the report; "" otherwise
 
 
 @dataclass(frozen=True)
@@ -414,6 +462,57 @@ def _probe_detail(
     )
 
 
+def _scenario_row(req: StepRequest) -> ScenarioRow:
+    return ScenarioRow(
+        step="?" if req.step is None else str(req.step),
+        probe=req.probe,
+        expect=req.expect_text,
+        cached=req.hit_cell,
+        role=str(req.role or "?"),
+        verdict=req.verdict,
+        diff=req.diff_cell,
+        diff_class=req.divergence_class or "",
+        kv=machine_path_name(req.kv_cell),
+        kv_verdict=req.kv_verdict or "",
+        control=req.control_cell,
+    )
+
+
+def _scenario_arm(arm: ScenarioArm) -> ScenarioArmBlock:
+    plain_pass = arm.verdict == PASS and not arm.cls
+    error = (machine_path_name(arm.error_text), machine_path_name(arm.log_tail)) if arm.error else None
+    return ScenarioArmBlock(
+        title=arm.title,
+        verdict=arm.verdict,
+        cls=arm.cls,
+        facts=machine_path_name(f"{arm.preemptions_text} · {arm.wall_text}"),
+        reasons=() if plain_pass else tuple(machine_path_name(r) for r in arm.reasons),
+        error=error,
+        rows=tuple(_scenario_row(r) for r in arm.requests),
+    )
+
+
+def _scenario_block(scenario: Scenario, index: int) -> ScenarioBlock:
+    control = scenario.control
+    return ScenarioBlock(
+        anchor=f"s{index}",
+        name=scenario.name,
+        description=scenario.description,
+        settings=scenario.settings_text,
+        steps=tuple(f"step {'?' if s.index is None else s.index}: {s.text}" for s in scenario.steps),
+        control=machine_path_name(scenario.control_text),
+        control_differs=control is not None and (bool(control.differing) or not control.ran),
+        arms=tuple(_scenario_arm(a) for a in scenario.arms),
+    )
+
+
+def _scenarios_note(report: Report) -> str:
+    """Scenarios asked for that are not in the report: said, never silently dropped."""
+    ran = {s.name for s in report.scenarios}
+    missing = [name for name in report.requested_scenarios if name not in ran]
+    return f"Asked for but not in this report: {', '.join(missing)}." if missing else ""
+
+
 def _baseline_line(report: Report) -> str:
     base = report.baseline
     if base is None:
@@ -488,6 +587,8 @@ def build_report_page(
         conditions=_conditions(report),
         conditions_warning=report.conditions_warning,
         replay_legend=REPLAY_LEGEND if any(d.replays for d in details) else "",
+        scenarios=tuple(_scenario_block(sc, i) for i, sc in enumerate(report.scenarios)),
+        scenarios_note=_scenarios_note(report),
     )
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from repro.readmodel import Arm, Probe, Report, as_report
+from repro.readmodel import Arm, Probe, Report, Scenario, as_report
 from repro.report import CLAIM_LINE
-from repro.verdict import PASS
+from repro.verdict import FAIL, PASS
 
 VERDICT_COLUMN = 20  # the summary's token-verdict column before the KV column, at least
 
@@ -32,6 +32,20 @@ def _condition_lines(arm: Arm) -> list[str]:
         c.confirmation_text + (f" — {reason}" if reason else ""),
     ]
     return [f"  {line}"[:400] for line in lines if line]
+
+
+def _scenario_lines(scenario: Scenario) -> list[str]:
+    """A line per arm of the scenario (its verdict, class and, unless a FAIL, why), then one per request
+    that is not a PASS; the control's own line only where it did not run."""
+    lines = []
+    if scenario.control is not None and not scenario.control.ran:
+        lines.append(f"  {scenario.name} · {scenario.control_text}"[:400])
+    for arm in scenario.arms:
+        explained = arm.verdict not in (PASS, FAIL) or arm.cls  # a FAIL's requests say why; a PASS needs nothing
+        why = (arm.error_text or "; ".join(arm.reasons)) if explained else ""
+        lines.append((f"  {scenario.name} · {arm.title}: {arm.verdict_text}" + (f" — {why}" if why else ""))[:400])
+        lines += [f"    {r.line}"[:400] for r in arm.failing]
+    return lines
 
 
 def format_summary(report: Report | Mapping[str, Any]) -> str:
@@ -71,5 +85,9 @@ def format_summary(report: Report | Mapping[str, Any]) -> str:
         for a, p in report.kv_findings:
             expected = "" if (a.name, p.name) in unexpected else " (expected by the fixture)"
             lines.append(f"  {a.title} / {p.name}: {p.kv.blame_text}{expected}")
+    if report.scenarios:
+        lines.append("Scenarios:")
+        for scenario in report.scenarios:
+            lines += _scenario_lines(scenario)
     lines.append(CLAIM_LINE)
     return "\n".join(lines)

@@ -1,0 +1,302 @@
+"""Scenario results everywhere: the read model's scenario records (repro.readmodel.scenarios), the text
+summary's Scenarios block, the report page's Scenarios section, the issue Markdown's scenario findings and
+the matrix rows' scenario verdicts; and a report without scenarios shows none of it."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+
+import pytest
+from conftest import ARTIFACTS, ROOT
+from test_browser import CHROMIUM, browser, render_reports  # noqa: F401 - browser is a fixture
+from test_render import XSS, Page
+
+from repro.publish.site import render_report_page
+from repro.publish.summary import format_summary
+from repro.readmodel import as_report, read_report
+from repro.report import load_report, validate_report
+
+DATA = ROOT / "tests" / "data"
+INPUT = DATA / "scenarios-test-input.json"  # hand-made in the producer's shape (.notes spec), schema-true
+
+
+def scenario_report() -> dict:
+    return json.loads(INPUT.read_text(encoding="utf-8"))
+
+
+def without_scenarios(report: dict) -> dict:
+    plain = copy.deepcopy(report)
+    del plain["scenarios"]
+    del plain["config"]["scenarios"]
+    return plain
+
+
+def cell_rows(html: str, table: str) -> list[list[str]]:
+    return Page(html).rows[table]
+
+
+# --- the read model ---------------------------------------------------------------------------------
+
+
+def test_the_test_input_is_a_report_the_kit_loads_and_its_schema_accepts():
+    data = load_report(INPUT)
+    validate_report(data)
+    assert [s["name"] for s in data["scenarios"]] == ["a-b-a", "in-flight", "preemption"]
+
+
+def test_a_scenario_reads_as_steps_settings_control_and_arms():
+    report = read_report(INPUT)
+    assert report.requested_scenarios == ("a-b-a", "in-flight", "preemption")
+    aba, inflight, preemption = report.scenarios
+    assert [s.text for s in aba.steps] == ["chat-511 · must miss", "chat-512 · hit or miss", "chat-511 · must reuse"]
+    assert inflight.steps[0].text == "chat-511, chat-512, chat-513 in flight together · must miss"
+    assert aba.settings_text == "engine kv_cache_tokens 1200, max_num_seqs 1"
+    assert preemption.settings_text == (
+        "engine kv_cache_tokens 800, max_num_seqs 3, preemption true · LMCache max_local_cpu_size 0.002"
+        " · MP server cpu_pool_gb 0.002"
+    )
+    assert aba.control_text.endswith("every request gave the plain baseline's tokens")
+    assert inflight.control_text.endswith(
+        "step 0 chat-513 differs from the plain baseline @5; step 1 chat-513 differs from the plain baseline @5"
+        " (the schedule alone changes the numerics there)"
+    )
+    planted = aba.arm("PlantedFault")
+    assert planted.title == "PlantedFault (PlantedFaultConnector)"  # the report's arm title, not just its name
+    assert planted.verdict_text == "FAIL" and planted.is_finding
+    assert [r.place for r in planted.failing] == ["step 2 chat-511"]
+    bad = planted.failing[0]
+    assert (bad.hit_cell, bad.role, bad.expect_text) == ("496", "reuse", "must reuse")
+    assert bad.diff_cell == "@2 (decisive, gap 8.376 nats)"
+    assert bad.kv_cell == "CORRUPT: blocks 0–15, 20 (tokens 0–335), K+V, layers 0–3"
+    assert (
+        bad.control_cell == "differs" and bad.control_text == "the cache-off control gave the plain baseline's tokens"
+    )
+    assert bad.replay_texts == ("replays chat-512's answer from @4, 5 tokens",)  # a Request's replays, as probes'
+    native = inflight.arm("native")
+    assert native.verdict_text == "PASS (schedule-numerics)" and not native.is_finding
+    shared = [r for r in native.requests if r.probe == "chat-513"]
+    assert [r.control_cell for r in shared] == ["same (control @5)"] * 2
+    assert shared[0].control_text == "as the cache-off control, which differs @5 too (the schedule's numerics)"
+    assert report.scenario_findings == ((aba, planted), (inflight, inflight.arm("PlantedFault")))
+
+
+def test_an_error_arm_and_missing_figures_read_as_absent_never_as_zero():
+    crashed = read_report(INPUT).scenarios[2].arm("PlantedFault")
+    assert crashed.error_text == "crash: the engine child exited 1 before writing its result"
+    assert crashed.log_tail == "RuntimeError: out of KV cache blocks" and crashed.requests == ()
+    assert crashed.preemptions_text == "preemptions not recorded (unavailable: the child wrote no result)"
+    data = scenario_report()
+    req = data["scenarios"][0]["arms"][0]["requests"][2]
+    for key in ("cached_tokens", "control_matches", "kv", "expect", "first_diff"):
+        req[key] = None
+    read = as_report(data).scenarios[0].arm("PlantedFault").requests[2]
+    assert (read.hit_cell, read.control_cell, read.kv_cell, read.expect_text, read.diff_cell) == (
+        "?",
+        "—",
+        "—",
+        "hit or miss",
+        "",
+    )
+    assert read.control_text == "control not recorded"
+
+
+def test_the_nth_request_of_a_probe_in_a_step_meets_the_controls_nth():
+    data = scenario_report()
+    scenario = data["scenarios"][1]
+    scenario["steps"][0]["submit"] = ["chat-511", "chat-511"]
+    ctrl = [dict(r, step=0, probe="chat-511") for r in scenario["control"]["requests"][:2]]
+    ctrl[0].update(matches_plain=True, first_diff=None)
+    ctrl[1].update(matches_plain=False, first_diff=9)
+    scenario["control"]["requests"] = ctrl
+    arm = scenario["arms"][1]
+    arm["requests"] = [dict(r, step=0, probe="chat-511") for r in arm["requests"][:2]]
+    read = as_report(data).scenarios[1].arm("native")
+    assert [r.control_cell for r in read.requests] == ["same", "same (control @9)"]
+
+
+def test_a_report_without_scenarios_reads_none():
+    report = read_report(DATA / "render-selftest.json")
+    assert report.scenarios == () and report.requested_scenarios == () and report.scenario_findings == ()
+
+
+# --- the text summary -------------------------------------------------------------------------------
+
+
+def test_the_summary_has_a_line_per_scenario_arm_then_one_per_failing_request():
+    text = format_summary(scenario_report())
+    block = text[text.index("\nScenarios:\n") + 1 :].splitlines()
+    assert block == [
+        "Scenarios:",
+        "  a-b-a · PlantedFault (PlantedFaultConnector): FAIL",
+        (
+            "    step 2 chat-511 (reuse, 496 cached, must reuse): FAIL @2 (decisive, gap 8.376 nats) · KV CORRUPT: "
+            "blocks 0–15, 20 (tokens 0–335), K+V, layers 0–3 · the cache-off control gave the plain baseline's tokens"
+        ),
+        "  a-b-a · native prefix caching: PASS",
+        "  in-flight · PlantedFault (PlantedFaultConnector): FAIL",
+        (
+            "    step 1 chat-512 (reuse, 496 cached, must reuse): FAIL @2 (decisive, gap 9.219 nats) · KV CORRUPT: "
+            "blocks 0–15 (tokens 0–255), K+V, layers 0–3 · the cache-off control gave the plain baseline's tokens"
+        ),
+        (
+            "  in-flight · native prefix caching: PASS (schedule-numerics) — step 0 chat-513, step 1 chat-513: differ @5 "
+            "as the cache-off control does: the schedule changed the numerics"
+        ),
+        (
+            "  preemption · PlantedFault (PlantedFaultConnector): ERROR — crash: the engine child exited 1 before "
+            "writing its result"
+        ),
+        (
+            "  preemption · native prefix caching: INCONCLUSIVE — the scenario needs preemption, but vLLM's "
+            "preemption counter stayed 0"
+        ),
+        "claim_eligible=false; no performance claim",
+    ]
+
+
+def test_the_summary_without_scenarios_is_the_summary_before_them():
+    report = scenario_report()
+    with_block = format_summary(report)
+    head, _, tail = with_block.partition("\nScenarios:\n")
+    assert format_summary(without_scenarios(report)) == head + "\n" + tail.splitlines()[-1]
+
+
+def test_a_control_that_did_not_run_gets_its_own_summary_line():
+    report = scenario_report()
+    report["scenarios"][0]["control"] = {"arm": "baseline", "status": "error", "error": "timeout", "requests": []}
+    assert (
+        "  a-b-a · schedule control (baseline, cache off, the same steps): error: timeout"
+        in format_summary(report).splitlines()
+    )
+
+
+# --- the report page ----------------------------------------------------------------------------------
+
+
+def test_the_page_has_a_scenarios_section_between_the_table_and_the_details():
+    html = render_report_page(scenario_report(), stem="scn")
+    positions = [html.index(m) for m in ('id="table"', 'id="scenarios"', 'id="s0"', 'id="s2"', 'id="details"')]
+    assert positions == sorted(positions)
+    text = " ".join(Page(html).all_text().split())
+    assert "step 0: chat-511, chat-512, chat-513 in flight together · must miss" in text
+    assert "engine kv_cache_tokens 1200, max_num_seqs 1" in text
+    assert 'class="control-loud">schedule control (baseline, cache off, the same steps): step 0 chat-513' in html
+    assert '<p class="muted">schedule control (baseline, cache off, the same steps): every request' in html
+
+
+def test_a_row_per_request_with_verdict_diff_hit_kv_expect_and_control():
+    rows = cell_rows(render_report_page(scenario_report(), stem="scn"), "scn-s0")
+    assert rows[0] == ["step", "probe", "expect", "cached", "verdict", "first diff", "KV", "control"]
+    assert rows[1:] == [
+        ["PlantedFault (PlantedFaultConnector): FAIL"],
+        ["preemptions 0 (llm.get_metrics(): vllm:num_preemptions) · 12.4 s"],
+        ["step 2 chat-511: 496 cached tokens, differs from baseline @2"],
+        ["0", "chat-511", "must miss", "0 miss", "PASS", "", "—", "same"],
+        ["1", "chat-512", "hit or miss", "16 reuse", "PASS", "", "EXACT", "same"],
+        [
+            "2",
+            "chat-511",
+            "must reuse",
+            "496 reuse",
+            "FAIL",
+            "@2 (decisive, gap 8.376 nats)",
+            "CORRUPT: blocks 0–15, 20 (tokens 0–335), K+V, layers 0–3",
+            "differs",
+        ],
+        ["native prefix caching: PASS"],
+        ["preemptions 0 (llm.get_metrics(): vllm:num_preemptions) · 10.9 s"],
+        ["0", "chat-511", "must miss", "0 miss", "PASS", "", "—", "same"],
+        ["1", "chat-512", "hit or miss", "16 reuse", "PASS", "", "EXACT", "same"],
+        ["2", "chat-511", "must reuse", "496 reuse", "PASS", "", "EXACT", "same"],
+    ]
+
+
+def test_the_class_the_error_and_the_inconclusive_reason_are_shown():
+    html = render_report_page(scenario_report(), stem="scn")
+    inflight = cell_rows(html, "scn-s1")
+    native = inflight.index(["native prefix caching: PASS schedule-numerics"])
+    assert inflight[native + 2] == [
+        "step 0 chat-513, step 1 chat-513: differ @5 as the cache-off control does: the schedule changed the numerics"
+    ]
+    assert ["1", "chat-513", "must reuse", "512 reuse", "PASS", "@5 (near-tie, gap 0.021 nats)", "EXACT",
+            "same (control @5)"] in inflight  # fmt: skip
+    assert '<span class="cond cond-q">schedule-numerics</span>' in html
+    preemption = cell_rows(html, "scn-s2")
+    crashed = preemption.index(["PlantedFault (PlantedFaultConnector): ERROR"])
+    assert preemption[crashed + 1 : crashed + 4] == [
+        ["preemptions not recorded (unavailable: the child wrote no result) · 3.1 s"],
+        ["ERROR crash: the engine child exited 1 before writing its resultRuntimeError: out of KV cache blocks"],
+        ["the engine child exited 1 before writing its result"],
+    ]
+    assert "<pre>RuntimeError: out of KV cache blocks</pre>" in html
+    assert ["the scenario needs preemption, but vLLM's preemption counter stayed 0"] in preemption
+
+
+def _scrub_scenarios(html: str) -> str:
+    html = re.sub(r"<style>.*?</style>", "", html, flags=re.DOTALL)
+    return re.sub(r'\n<h2 id="scenarios">.*?(?=\n<h2 id="details">)', "", html, flags=re.DOTALL)
+
+
+def test_the_page_without_scenarios_is_the_page_before_them():
+    report = scenario_report()
+    plain = render_report_page(without_scenarios(report), stem="scn")
+    assert 'id="scenarios"' not in plain and "schedule-numerics" not in plain
+    assert _scrub_scenarios(render_report_page(report, stem="scn")) == _scrub_scenarios(plain)
+    assert _scrub_scenarios(plain) == re.sub(r"<style>.*?</style>", "", plain, flags=re.DOTALL)
+
+
+def test_scenarios_asked_for_but_absent_are_said():
+    report = without_scenarios(scenario_report())
+    report["config"]["scenarios"] = ["a-b-a", "eviction"]
+    html = render_report_page(report, stem="scn")
+    assert '<p id="scenarios-note">Asked for but not in this report: a-b-a, eviction.</p>' in html
+    report["scenarios"] = scenario_report()["scenarios"][:1]
+    html = render_report_page(report, stem="scn")
+    assert "Asked for but not in this report: eviction." in html and 'id="s0"' in html
+
+
+def test_scenario_text_from_the_report_is_escaped():
+    report = scenario_report()
+    scenario = report["scenarios"][0]
+    scenario["name"], scenario["description"] = XSS[1], XSS[0]
+    scenario["arms"][0]["reasons"] = [XSS[0]]
+    scenario["arms"][0]["requests"][0]["probe"] = XSS[1]
+    scenario["engine"] = {XSS[0]: XSS[1]}
+    page = Page(render_report_page(report, stem="scn"))
+    assert not {t for t, _ in page.tags} & {"script", "img"}
+    assert not any(k.startswith("on") for _, attrs in page.tags for k in attrs)
+    assert page.all_text().count(XSS[0]) >= 3 and page.all_text().count(XSS[1]) >= 3
+
+
+# --- in a real browser: every column shows at 1280 px, and a phone scrolls the table, not the page -------
+
+SCENARIO_JS = """(() => ({
+  tables: [...document.querySelectorAll('table.scn')].map(t => {
+    const box = t.closest('.scroll');
+    return {id: t.id, width: Math.round(t.getBoundingClientRect().width), box: box.clientWidth};
+  }),
+  rows: [...document.querySelectorAll('#scn-s1 tr')].map(tr => [...tr.children].map(c => c.innerText.trim())),
+  loud: getComputedStyle(document.querySelector('#s1 .control-loud')).backgroundColor,
+  badge: getComputedStyle(document.querySelector('#scn-s1 .cond-q')).backgroundColor,
+  scrollWidth: document.documentElement.scrollWidth, clientWidth: document.documentElement.clientWidth,
+}))()"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (CI installs Debian's package)")
+@pytest.mark.parametrize("width, mobile", [(1280, False), (390, True)])
+def test_the_scenarios_section_in_chromium(browser, tmp_path_factory, width, mobile):  # noqa: F811 - the fixture
+    site = render_reports(tmp_path_factory, "scn", {"scn": scenario_report()})
+    url = (site / "scn.html").as_uri()
+    assert browser.load(url, width, 844, mobile=mobile) == [url]  # nothing else is fetched
+    got = browser.evaluate(SCENARIO_JS)
+    browser.call("Runtime.evaluate", {"expression": "document.getElementById('scenarios').scrollIntoView()"})
+    browser.screenshot(ARTIFACTS / f"site-scenarios-{width}.png", full_page=False)
+    assert [t["id"] for t in got["tables"]] == ["scn-s0", "scn-s1", "scn-s2"]
+    if width == 1280:
+        assert [t for t in got["tables"] if t["width"] > t["box"] + 1] == []  # every column shows
+    assert got["scrollWidth"] <= got["clientWidth"] + 1  # the page itself never scrolls sideways
+    assert ["1", "chat-512", "must reuse", "496 reuse", "FAIL", "@2 (decisive, gap 9.219 nats)",
+            "CORRUPT: blocks 0–15 (tokens 0–255), K+V, layers 0–3", "differs"] in got["rows"]  # fmt: skip
+    assert got["loud"] not in ("rgba(0, 0, 0, 0)", "") and got["badge"] not in ("rgba(0, 0, 0, 0)", "")
