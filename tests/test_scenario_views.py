@@ -11,8 +11,11 @@ import re
 import pytest
 from conftest import ARTIFACTS, ROOT
 from test_browser import CHROMIUM, browser, render_reports  # noqa: F401 - browser is a fixture
+from test_issue_md import html_tables
 from test_render import XSS, Page
 
+from repro.publish.issue_md import format_issue_md, render_body
+from repro.publish.scenario_md import format_scenarios
 from repro.publish.site import render_report_page
 from repro.publish.summary import format_summary
 from repro.readmodel import as_report, read_report
@@ -268,6 +271,103 @@ def test_scenario_text_from_the_report_is_escaped():
     assert not {t for t, _ in page.tags} & {"script", "img"}
     assert not any(k.startswith("on") for _, attrs in page.tags for k in attrs)
     assert page.all_text().count(XSS[0]) >= 3 and page.all_text().count(XSS[1]) >= 3
+
+
+# --- the issue Markdown ----------------------------------------------------------------------------------
+
+
+def _section(body: str, heading: str) -> str:
+    start = body.index(heading)
+    return body[start : body.index("\n#### ", start + 1)]
+
+
+def test_the_issue_has_a_scenario_table_after_the_verdicts():
+    body = format_issue_md(scenario_report())
+    assert body.index("- acceptance.matched") < body.index("#### Scenarios") < body.index("#### KV audit")
+    tables = html_tables(_section(body, "#### Scenarios"))
+    assert tables == [
+        [
+            ["scenario", "arm", "verdict", "preemptions", "requests not PASS"],
+            ["a-b-a", "PlantedFault (PlantedFaultConnector)", "FAIL", "0", "step 2 chat-511 FAIL"],
+            ["a-b-a", "native prefix caching", "PASS", "0", "—"],
+            ["in-flight", "PlantedFault (PlantedFaultConnector)", "FAIL", "0", "step 1 chat-512 FAIL"],
+            ["in-flight", "native prefix caching", "PASS (schedule-numerics)", "0", "—"],
+            ["preemption", "PlantedFault (PlantedFaultConnector)", "ERROR", "not recorded",
+             "crash: the engine child exited 1 before writing its result"],
+            ["preemption", "native prefix caching", "INCONCLUSIVE", "0", "—"],
+        ]
+    ]  # fmt: skip
+
+
+def test_a_scenario_fail_is_a_finding_with_what_ran_the_step_the_diff_the_kv_and_the_control():
+    section = _section(format_issue_md(scenario_report()), "#### Scenarios")
+    finding = section[section.index("**a-b-a · PlantedFault (PlantedFaultConnector): FAIL**") :]
+    finding = finding[: finding.index("\n\n**in-flight")]
+    assert finding.splitlines()[2:] == [
+        (
+            "- what ran: A cold, then B, whose blocks take A's, then A again, which must reload (engine "
+            "kv_cache_tokens 1200, max_num_seqs 1)"
+        ),
+        "- steps: 0: chat-511 · must miss; 1: chat-512 · hit or miss; 2: chat-511 · must reuse",
+        "- schedule control (baseline, cache off, the same steps): every request gave the plain baseline's tokens",
+        "- preemptions 0 (llm.get_metrics(): vllm:num_preemptions)",
+        (
+            "- **step 2 chat-511** (reuse, 496 cached tokens, must reuse): FAIL, first diff @2; baseline token 220 vs "
+            "reuse token 104; baseline margin 8.376 nats, reuse margin 13.931 nats, baseline top-1/top-2 gap 8.376 "
+            "· decisive"
+        ),
+        "  - KV: CORRUPT: blocks 0–15, 20 (tokens 0–335), K+V, layers 0–3",
+        "  - control: the cache-off control gave the plain baseline's tokens",
+        "  - **replays chat-512's answer from @4, 5 tokens**",
+        "  - baseline: `272 17 220 279 210 192 179 249 250 286 9 43 73 285 250 286`",
+        "  - this request: `272 17 104 200 132 20 279 111 43 73 285 189 86 151 9 43`",
+    ]
+    assert "- **in-flight · native prefix caching**: PASS (schedule-numerics) — step 0 chat-513" in section
+    assert (
+        "- **preemption · PlantedFault (PlantedFaultConnector)**: ERROR — crash: the engine child exited 1" in section
+    )
+    assert "- **preemption · native prefix caching**: INCONCLUSIVE — the scenario needs preemption" in section
+    assert "**a-b-a · native" not in section  # a PASS is in the table, not a finding
+
+
+def test_a_divergence_the_control_shares_shows_the_controls_tokens_too():
+    report = scenario_report()
+    request = report["scenarios"][1]["arms"][1]["requests"][5]  # native, step 1 chat-513: as the control
+    request["verdict"] = "FAIL"
+    report["scenarios"][1]["arms"][1]["verdict"] = "FAIL"
+    section = _section(format_issue_md(report), "#### Scenarios")
+    finding = section[section.index("**in-flight · native prefix caching: FAIL (schedule-numerics)**") :]
+    assert "  - control: as the cache-off control, which differs @5 too (the schedule's numerics)" in finding
+    control = report["scenarios"][1]["control"]["requests"][5]["token_ids"]
+    assert f"  - control: `{' '.join(map(str, control))}`" in finding
+
+
+def test_the_issue_without_scenarios_is_the_issue_before_them():
+    report = scenario_report()
+    body = format_issue_md(report)
+    section = _section(body, "#### Scenarios")
+    assert format_issue_md(without_scenarios(report)) == body.replace(section + "\n", "")
+    assert "#### Scenarios" not in format_issue_md(json.loads((DATA / "render-selftest.json").read_text()))
+
+
+def test_asked_for_scenarios_that_did_not_run_are_said_in_the_issue():
+    report = without_scenarios(scenario_report())
+    report["config"]["scenarios"] = ["eviction"]
+    section = _section(format_issue_md(report), "#### Scenarios")
+    assert section.rstrip().endswith("Asked for but not in this report: eviction.") and "| scenario |" not in section
+
+
+def test_scenario_token_lists_shrink_with_the_rest_to_fit():
+    report = as_report(scenario_report())
+    assert "  - this request: `272 17 104 200` … (12 more" in format_scenarios(report, 4)
+    bare = render_body(report, 0)  # no token list at all
+    assert len(bare) < len(render_body(report, None))
+    small = format_issue_md(report, limit=len(bare))
+    assert small == bare
+    section = _section(small, "#### Scenarios")
+    assert "this request:" not in section and section.rstrip().endswith(
+        "_Generated token lists left out to fit GitHub's size limit; they are in the report JSON._"
+    )
 
 
 # --- in a real browser: every column shows at 1280 px, and a phone scrolls the table, not the page -------
