@@ -10,10 +10,12 @@ import re
 
 import pytest
 from conftest import ARTIFACTS, ROOT
-from test_browser import CHROMIUM, browser, render_reports  # noqa: F401 - browser is a fixture
+from test_browser import CHROMIUM, FIT_JS, browser, render_reports  # noqa: F401 - browser is a fixture
 from test_issue_md import html_tables
 from test_render import XSS, Page
 
+from repro.matrix import status
+from repro.matrix.page import render_matrix_page
 from repro.publish.issue_md import format_issue_md, render_body
 from repro.publish.scenario_md import format_scenarios
 from repro.publish.site import render_report_page
@@ -370,6 +372,69 @@ def test_scenario_token_lists_shrink_with_the_rest_to_fit():
     )
 
 
+# --- the matrix rows ----------------------------------------------------------------------------------
+
+
+def _cell(name: str, report: dict | None) -> dict:
+    return {"name": name, "environment": "cpu", "connector": None, "model": None, "fixture": None, "seed": 0,
+            "flags": [], "status": "done" if report else "error", "page": f"{name}.html" if report else None,
+            "versions": {"vllm": "0.26.0"}, "hardware": "CPU",
+            "error": None if report else {"kind": "timeout", "detail": "no report in 600 s"},
+            "arms": status.arm_rows(report) if report else []}  # fmt: skip
+
+
+def _matrix(*cells: dict) -> dict:
+    return {"name": "m", "cells": list(cells), "probes": status.probe_names(list(cells)),
+            "started_utc": "2026-01-02T00:00:00Z", "cluster": {}}  # fmt: skip
+
+
+def test_a_cells_arms_carry_their_scenario_verdicts():
+    rows = {r["name"]: r for r in status.arm_rows(scenario_report())}
+    assert rows["PlantedFault"]["scenarios"] == {
+        "a-b-a": {"verdict": "FAIL", "requests": ["step 2 chat-511 FAIL"]},
+        "in-flight": {"verdict": "FAIL", "requests": ["step 1 chat-512 FAIL"]},
+        "preemption": {"verdict": "ERROR"},
+    }
+    assert rows["native"]["scenarios"] == {
+        "a-b-a": {"verdict": "PASS"},
+        "in-flight": {"verdict": "PASS", "class": "schedule-numerics"},
+        "preemption": {"verdict": "INCONCLUSIVE"},
+    }
+    assert "scenarios" not in rows["baseline"]  # the baseline ran the control, not a scenario arm
+    plain = {r["name"]: r for r in status.arm_rows(without_scenarios(scenario_report()))}
+    assert all("scenarios" not in r for r in plain.values())
+    assert {k: v for k, v in rows["native"].items() if k != "scenarios"} == plain["native"]
+
+
+def test_the_matrix_page_shows_scenario_verdicts_beside_the_probes():
+    summary = _matrix(_cell("scn", scenario_report()), _cell("plain", without_scenarios(scenario_report())),
+                      _cell("lost", None))  # fmt: skip
+    html = render_matrix_page(summary, cells_dir="m/site")
+    rows = Page(html).rows["matrix"]
+    assert rows[0][6:] == ["chat-511", "chat-512", "chat-513", "scenario a-b-a", "scenario in-flight",
+                           "scenario preemption"]  # fmt: skip
+    scn = next(r for r in rows if r[0].startswith("scn"))
+    assert scn[9:] == [  # the parser joins the blocks (an arm's <div>, a request's <span>) without a space
+        "PlantedFault FAILstep 2 chat-511 FAILnative PASS",
+        "PlantedFault FAILstep 1 chat-512 FAILnative PASS · schedule-numerics",
+        "PlantedFault ERRORnative INCONCLUSIVE",
+    ]
+    assert (
+        '<div>PlantedFault <span class="verdict v-FAIL">FAIL</span><span class="muted setup">step 2 chat-511 FAIL'
+        "</span></div>" in html
+    )
+    plain = next(r for r in rows if r[0].startswith("plain"))
+    assert plain[9:] == ["—", "—", "—"]  # a cell that ran no scenario says so in each column
+    assert '<td class="note" colspan="11"><span class="verdict v-ERROR">ERROR</span> timeout: no report' in html
+    assert "A column per scenario follows the probes" in html
+
+
+def test_a_matrix_without_scenarios_renders_as_before():
+    plain = _matrix(_cell("plain", without_scenarios(scenario_report())), _cell("lost", None))
+    html = render_matrix_page(plain, cells_dir="m/site")
+    assert "scenario" not in html and '<td class="note" colspan="8">' in html
+
+
 # --- in a real browser: every column shows at 1280 px, and a phone scrolls the table, not the page -------
 
 SCENARIO_JS = """(() => ({
@@ -400,3 +465,17 @@ def test_the_scenarios_section_in_chromium(browser, tmp_path_factory, width, mob
     assert ["1", "chat-512", "must reuse", "496 reuse", "FAIL", "@2 (decisive, gap 9.219 nats)",
             "CORRUPT: blocks 0–15 (tokens 0–255), K+V, layers 0–3", "differs"] in got["rows"]  # fmt: skip
     assert got["loud"] not in ("rgba(0, 0, 0, 0)", "") and got["badge"] not in ("rgba(0, 0, 0, 0)", "")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (CI installs Debian's package)")
+def test_the_matrix_page_with_scenario_columns_in_chromium(browser, tmp_path):  # noqa: F811 - the fixture
+    summary = _matrix(_cell("scn", scenario_report()), _cell("plain", without_scenarios(scenario_report())),
+                      _cell("lost", None))  # fmt: skip
+    page = tmp_path / "m.html"
+    page.write_text(render_matrix_page(summary, cells_dir="m/site"), encoding="utf-8")
+    assert browser.load(page.as_uri(), 1280) == [page.as_uri()]
+    got = browser.evaluate(FIT_JS)
+    browser.screenshot(ARTIFACTS / "matrix-scenarios-1280.png")
+    assert [t for t in got["tables"] if t["width"] > t["box"] + 1] == []  # every column shows at 1280 px
+    assert got["scrollWidth"] <= got["clientWidth"]
+    assert "scenario in-flight" in got["text"] and "schedule-numerics" in got["text"]
