@@ -25,6 +25,12 @@ from repro.report import load_report, validate_report
 
 DATA = ROOT / "tests" / "data"
 INPUT = DATA / "scenarios-test-input.json"  # hand-made in the producer's shape (.notes spec), schema-true
+# The producer's real example: the verifier's report of fixtures/scenarios-cpu.json, --scenarios a-b-a (its own
+# branch keeps it as tests/data/report-scenarios-example.json); this is the copy it handed over.
+REAL = DATA / "scenarios-real-example.json"
+SOURCE = "vllm:num_preemptions (vLLM's Prometheus counter, as LLM.get_metrics() reads it)"
+CORRUPT_511 = "CORRUPT: blocks 0–15, 20 (tokens 0–335), K+V, layers 0–3"
+CORRUPT_512 = "CORRUPT: blocks 0–15 (tokens 0–255), K+V, layers 0–3"
 
 
 def scenario_report() -> dict:
@@ -32,9 +38,11 @@ def scenario_report() -> dict:
 
 
 def without_scenarios(report: dict) -> dict:
+    """The same run without its scenarios: what a run without --scenarios writes."""
     plain = copy.deepcopy(report)
-    del plain["scenarios"]
-    del plain["config"]["scenarios"]
+    del plain["scenarios"], plain["config"]["scenarios"], plain["acceptance"]["scenarios"]
+    del plain["diagnostics"]["scenarios_wall_s"]
+    plain["errors"] = [e for e in plain["errors"] if "(scenario " not in e["arm"]]
     return plain
 
 
@@ -131,50 +139,72 @@ def test_a_report_without_scenarios_reads_none():
 
 def test_the_summary_has_a_line_per_scenario_arm_then_one_per_failing_request():
     text = format_summary(scenario_report())
-    block = text[text.index("\nScenarios:\n") + 1 :].splitlines()
+    block = text[text.index("\n\nScenarios\n") + 2 :].splitlines()
     assert block == [
-        "Scenarios:",
-        "  a-b-a · PlantedFault (PlantedFaultConnector): FAIL",
+        "Scenarios",
+        "  a-b-a · PlantedFault: FAIL · KV CORRUPT · preemptions 0 · hits 0 16 496",
         (
-            "    step 2 chat-511 (reuse, 496 cached, must reuse): FAIL @2 (decisive, gap 8.376 nats) · KV CORRUPT: "
+            "      step 2 chat-511 (reuse, 496 cached, must reuse): FAIL @2 (decisive, gap 8.376 nats) · KV CORRUPT: "
             "blocks 0–15, 20 (tokens 0–335), K+V, layers 0–3 · the cache-off control gave the plain baseline's tokens"
+            " — 496 cached tokens, differs from baseline @2"
         ),
-        "  a-b-a · native prefix caching: PASS",
-        "  in-flight · PlantedFault (PlantedFaultConnector): FAIL",
+        "  a-b-a · native: PASS · KV EXACT · preemptions 0 · hits 0 16 496",
         (
-            "    step 1 chat-512 (reuse, 496 cached, must reuse): FAIL @2 (decisive, gap 9.219 nats) · KV CORRUPT: "
+            "  in-flight · control (baseline, cache off) differs from the plain baseline: step 0 chat-513 @5, step 1 "
+            "chat-513 @5"
+        ),
+        "  in-flight · PlantedFault: FAIL · KV CORRUPT · preemptions 0 · hits 0 0 0 496 496 512",
+        (
+            "      step 1 chat-512 (reuse, 496 cached, must reuse): FAIL @2 (decisive, gap 9.219 nats) · KV CORRUPT: "
             "blocks 0–15 (tokens 0–255), K+V, layers 0–3 · the cache-off control gave the plain baseline's tokens"
+            " — 496 cached tokens, differs from baseline @2 (the control gave the plain baseline's tokens)"
         ),
+        "  in-flight · native: PASS · schedule-numerics · KV EXACT · preemptions 0 · hits 0 0 0 496 496 512",
+        "  preemption · PlantedFault: ERROR",
+        "      crash: the engine child exited 1 before writing its result",  # its reason says the same: once
+        "  preemption · native: INCONCLUSIVE · KV EXACT · preemptions 0 · hits 0 0 0 496 496 496",
+        "      the scenario needs preemption, but vLLM's preemption counter stayed 0",
         (
-            "  in-flight · native prefix caching: PASS (schedule-numerics) — step 0 chat-513, step 1 chat-513: differ @5 "
-            "as the cache-off control does: the schedule changed the numerics"
+            "  acceptance.matched = false (failed: PlantedFault preemption tokens expected FAIL, got ERROR; native "
+            "preemption tokens expected PASS, got INCONCLUSIVE)"
         ),
-        (
-            "  preemption · PlantedFault (PlantedFaultConnector): ERROR — crash: the engine child exited 1 before "
-            "writing its result"
-        ),
-        (
-            "  preemption · native prefix caching: INCONCLUSIVE — the scenario needs preemption, but vLLM's "
-            "preemption counter stayed 0"
-        ),
+        "",
         "claim_eligible=false; no performance claim",
     ]
 
 
+def test_the_summary_reads_the_producers_real_example():
+    """The verifier's own report of fixtures/scenarios-cpu.json's a-b-a: the lines its producer specified."""
+    text = format_summary(read_report(REAL))
+    assert (
+        text.splitlines()[-6:]
+        == [
+            "",
+            "Scenarios",
+            "  a-b-a · ExampleConnector: PASS · KV EXACT · preemptions 0 · hits 0 0 0 1488",
+            "  a-b-a · native: PASS · KV EXACT · preemptions 0 · hits 0 0 0 992",
+            "  acceptance.matched = false (unchecked: ExampleConnector a-b-a PASS; native a-b-a PASS)",
+            "",
+            "claim_eligible=false; no performance claim",
+        ][1:]
+    )
+    assert text.count("\nScenarios\n") == 1  # one block, however many places could add one
+
+
 def test_the_summary_without_scenarios_is_the_summary_before_them():
     report = scenario_report()
-    with_block = format_summary(report)
-    head, _, tail = with_block.partition("\nScenarios:\n")
-    assert format_summary(without_scenarios(report)) == head + "\n" + tail.splitlines()[-1]
+    head, _, tail = format_summary(report).partition("\n\nScenarios\n")
+    scenario_error = (
+        "ERROR PlantedFault (scenario preemption): crash: the engine child exited 1 before writing its result\n"
+    )
+    assert scenario_error in head  # a scenario child's failure is in the report's errors, shown as any error
+    assert format_summary(without_scenarios(report)) == head.replace(scenario_error, "") + "\n" + tail.splitlines()[-1]
 
 
 def test_a_control_that_did_not_run_gets_its_own_summary_line():
     report = scenario_report()
     report["scenarios"][0]["control"] = {"arm": "baseline", "status": "error", "error": "timeout", "requests": []}
-    assert (
-        "  a-b-a · schedule control (baseline, cache off, the same steps): error: timeout"
-        in format_summary(report).splitlines()
-    )
+    assert "  a-b-a · control (baseline, cache off): ERROR timeout" in format_summary(report).splitlines()
 
 
 # --- the report page ----------------------------------------------------------------------------------
@@ -196,25 +226,27 @@ def test_a_row_per_request_with_verdict_diff_hit_kv_expect_and_control():
     assert rows[0] == ["step", "probe", "expect", "cached", "verdict", "first diff", "KV", "control"]
     assert rows[1:] == [
         ["PlantedFault (PlantedFaultConnector): FAIL"],
-        ["preemptions 0 (llm.get_metrics(): vllm:num_preemptions) · 12.4 s"],
+        [
+            f"KV CORRUPT: blocks 0–15, 20 (tokens 0–335), K+V, layers 0–3 · floor rel 2.4e-07 · preemptions 0 ({SOURCE}) · 12.4 s"
+        ],
         ["step 2 chat-511: 496 cached tokens, differs from baseline @2"],
         ["0", "chat-511", "must miss", "0 miss", "PASS", "", "—", "same"],
-        ["1", "chat-512", "hit or miss", "16 reuse", "PASS", "", "EXACT", "same"],
+        ["1", "chat-512", "hit or miss", "16 reuse, external", "PASS", "", "EXACT", "same"],
         [
             "2",
             "chat-511",
             "must reuse",
-            "496 reuse",
+            "496 reuse, external",
             "FAIL",
             "@2 (decisive, gap 8.376 nats)",
             "CORRUPT: blocks 0–15, 20 (tokens 0–335), K+V, layers 0–3",
             "differs",
         ],
         ["native prefix caching: PASS"],
-        ["preemptions 0 (llm.get_metrics(): vllm:num_preemptions) · 10.9 s"],
+        [f"KV EXACT · floor rel 2.4e-07 · preemptions 0 ({SOURCE}) · 10.9 s"],
         ["0", "chat-511", "must miss", "0 miss", "PASS", "", "—", "same"],
-        ["1", "chat-512", "hit or miss", "16 reuse", "PASS", "", "EXACT", "same"],
-        ["2", "chat-511", "must reuse", "496 reuse", "PASS", "", "EXACT", "same"],
+        ["1", "chat-512", "hit or miss", "16 reuse, local", "PASS", "", "EXACT", "same"],
+        ["2", "chat-511", "must reuse", "496 reuse, local", "PASS", "", "EXACT", "same"],
     ]
 
 
@@ -223,9 +255,9 @@ def test_the_class_the_error_and_the_inconclusive_reason_are_shown():
     inflight = cell_rows(html, "scn-s1")
     native = inflight.index(["native prefix caching: PASS schedule-numerics"])
     assert inflight[native + 2] == [
-        "step 0 chat-513, step 1 chat-513: differ @5 as the cache-off control does: the schedule changed the numerics"
+        "step 0 chat-513, step 1 chat-513: differs @5 as the cache-off control does: the schedule changed the numerics"
     ]
-    assert ["1", "chat-513", "must reuse", "512 reuse", "PASS", "@5 (near-tie, gap 0.021 nats)", "EXACT",
+    assert ["1", "chat-513", "must reuse", "512 reuse, local", "PASS schedule-numerics", "@5 (near-tie, gap 0.021 nats)", "EXACT",
             "same (control @5)"] in inflight  # fmt: skip
     assert '<span class="cond cond-q">schedule-numerics</span>' in html
     preemption = cell_rows(html, "scn-s2")
@@ -289,14 +321,14 @@ def test_the_issue_has_a_scenario_table_after_the_verdicts():
     tables = html_tables(_section(body, "#### Scenarios"))
     assert tables == [
         [
-            ["scenario", "arm", "verdict", "preemptions", "requests not PASS"],
-            ["a-b-a", "PlantedFault (PlantedFaultConnector)", "FAIL", "0", "step 2 chat-511 FAIL"],
-            ["a-b-a", "native prefix caching", "PASS", "0", "—"],
-            ["in-flight", "PlantedFault (PlantedFaultConnector)", "FAIL", "0", "step 1 chat-512 FAIL"],
-            ["in-flight", "native prefix caching", "PASS (schedule-numerics)", "0", "—"],
-            ["preemption", "PlantedFault (PlantedFaultConnector)", "ERROR", "not recorded",
+            ["scenario", "arm", "verdict", "KV", "preemptions", "requests not PASS"],
+            ["a-b-a", "PlantedFault (PlantedFaultConnector)", "FAIL", CORRUPT_511, "0", "step 2 chat-511 FAIL"],
+            ["a-b-a", "native prefix caching", "PASS", "EXACT", "0", "—"],
+            ["in-flight", "PlantedFault (PlantedFaultConnector)", "FAIL", CORRUPT_512, "0", "step 1 chat-512 FAIL"],
+            ["in-flight", "native prefix caching", "PASS (schedule-numerics)", "EXACT", "0", "—"],
+            ["preemption", "PlantedFault (PlantedFaultConnector)", "ERROR", "—", "not recorded",
              "crash: the engine child exited 1 before writing its result"],
-            ["preemption", "native prefix caching", "INCONCLUSIVE", "0", "—"],
+            ["preemption", "native prefix caching", "INCONCLUSIVE", "EXACT", "0", "—"],
         ]
     ]  # fmt: skip
 
@@ -312,12 +344,14 @@ def test_a_scenario_fail_is_a_finding_with_what_ran_the_step_the_diff_the_kv_and
         ),
         "- steps: 0: chat-511 · must miss; 1: chat-512 · hit or miss; 2: chat-511 · must reuse",
         "- schedule control (baseline, cache off, the same steps): every request gave the plain baseline's tokens",
-        "- preemptions 0 (llm.get_metrics(): vllm:num_preemptions)",
+        f"- preemptions 0 ({SOURCE})",
+        f"- KV {CORRUPT_511} · floor rel 2.4e-07",
         (
             "- **step 2 chat-511** (reuse, 496 cached tokens, must reuse): FAIL, first diff @2; baseline token 220 vs "
             "reuse token 104; baseline margin 8.376 nats, reuse margin 13.931 nats, baseline top-1/top-2 gap 8.376 "
             "· decisive"
         ),
+        "  - 496 cached tokens, differs from baseline @2",
         "  - KV: CORRUPT: blocks 0–15, 20 (tokens 0–335), K+V, layers 0–3",
         "  - control: the cache-off control gave the plain baseline's tokens",
         "  - **replays chat-512's answer from @4, 5 tokens**",
@@ -348,7 +382,8 @@ def test_the_issue_without_scenarios_is_the_issue_before_them():
     report = scenario_report()
     body = format_issue_md(report)
     section = _section(body, "#### Scenarios")
-    assert format_issue_md(without_scenarios(report)) == body.replace(section + "\n", "")
+    error = "- ERROR PlantedFault (scenario preemption): crash: the engine child exited 1 before writing its result\n"
+    assert format_issue_md(without_scenarios(report)) == body.replace(section + "\n", "").replace(error, "")
     assert "#### Scenarios" not in format_issue_md(json.loads((DATA / "render-selftest.json").read_text()))
 
 
@@ -391,14 +426,14 @@ def _matrix(*cells: dict) -> dict:
 def test_a_cells_arms_carry_their_scenario_verdicts():
     rows = {r["name"]: r for r in status.arm_rows(scenario_report())}
     assert rows["PlantedFault"]["scenarios"] == {
-        "a-b-a": {"verdict": "FAIL", "requests": ["step 2 chat-511 FAIL"]},
-        "in-flight": {"verdict": "FAIL", "requests": ["step 1 chat-512 FAIL"]},
+        "a-b-a": {"verdict": "FAIL", "kv": "CORRUPT", "requests": ["step 2 chat-511 FAIL"]},
+        "in-flight": {"verdict": "FAIL", "kv": "CORRUPT", "requests": ["step 1 chat-512 FAIL"]},
         "preemption": {"verdict": "ERROR"},
     }
     assert rows["native"]["scenarios"] == {
-        "a-b-a": {"verdict": "PASS"},
-        "in-flight": {"verdict": "PASS", "class": "schedule-numerics"},
-        "preemption": {"verdict": "INCONCLUSIVE"},
+        "a-b-a": {"verdict": "PASS", "kv": "EXACT"},
+        "in-flight": {"verdict": "PASS", "kv": "EXACT", "class": "schedule-numerics"},
+        "preemption": {"verdict": "INCONCLUSIVE", "kv": "EXACT"},
     }
     assert "scenarios" not in rows["baseline"]  # the baseline ran the control, not a scenario arm
     plain = {r["name"]: r for r in status.arm_rows(without_scenarios(scenario_report()))}
@@ -415,12 +450,12 @@ def test_the_matrix_page_shows_scenario_verdicts_beside_the_probes():
                            "scenario preemption"]  # fmt: skip
     scn = next(r for r in rows if r[0].startswith("scn"))
     assert scn[9:] == [  # the parser joins the blocks (an arm's <div>, a request's <span>) without a space
-        "PlantedFault FAILstep 2 chat-511 FAILnative PASS",
-        "PlantedFault FAILstep 1 chat-512 FAILnative PASS · schedule-numerics",
-        "PlantedFault ERRORnative INCONCLUSIVE",
+        "PlantedFault FAIL KV CORRUPTstep 2 chat-511 FAILnative PASS KV EXACT",
+        "PlantedFault FAIL KV CORRUPTstep 1 chat-512 FAILnative PASS KV EXACT · schedule-numerics",
+        "PlantedFault ERRORnative INCONCLUSIVE KV EXACT",
     ]
     assert (
-        '<div>PlantedFault <span class="verdict v-FAIL">FAIL</span><span class="muted setup">step 2 chat-511 FAIL'
+        '<div>PlantedFault <span class="verdict v-FAIL">FAIL</span> KV CORRUPT<span class="muted setup">step 2 chat-511 FAIL'
         "</span></div>" in html
     )
     plain = next(r for r in rows if r[0].startswith("plain"))
@@ -433,6 +468,36 @@ def test_a_matrix_without_scenarios_renders_as_before():
     plain = _matrix(_cell("plain", without_scenarios(scenario_report())), _cell("lost", None))
     html = render_matrix_page(plain, cells_dir="m/site")
     assert "scenario" not in html and '<td class="note" colspan="8">' in html
+
+
+# --- the producer's real report ---------------------------------------------------------------------------
+
+
+def test_the_real_example_on_the_page_in_the_issue_and_in_a_matrix_row():
+    data = json.loads(REAL.read_text(encoding="utf-8"))
+    html = render_report_page(data, stem="real")
+    rows = cell_rows(html, "scn-s0")
+    assert rows[1:4] == [
+        ["ExampleConnector: PASS"],
+        [f"KV EXACT · floor rel 0 · preemptions 0 ({SOURCE}) · 60.3 s"],
+        ["0", "fixture", "must miss", "0 miss", "PASS", "", "—", "same"],
+    ]
+    assert ["3", "fixture", "hit or miss", "1488 reuse, external", "PASS", "", "EXACT", "same"] in rows
+    assert ["3", "fixture", "hit or miss", "992 reuse, local", "PASS", "", "EXACT", "same"] in rows
+    assert "every request gave the plain baseline&#39;s tokens · preemptions 0 · 66.3 s</p>" in html
+    assert (
+        '<p id="scenarios-note">Scenarios&#39; acceptance.matched = false (unchecked: ExampleConnector a-b-a PASS; '
+        "native a-b-a PASS).</p>" in html
+    )
+    section = _section(format_issue_md(data), "#### Scenarios")
+    assert html_tables(section)[0][1:] == [
+        ["a-b-a", "ExampleConnector", "PASS", "EXACT", "0", "—"],
+        ["a-b-a", "native prefix caching", "PASS", "EXACT", "0", "—"],
+    ]
+    assert "**a-b-a ·" not in section  # no finding in a clean run
+    marks = {r["name"]: r.get("scenarios") for r in status.arm_rows(data)}
+    assert marks == {"baseline": None, "ExampleConnector": {"a-b-a": {"verdict": "PASS", "kv": "EXACT"}},
+                     "native": {"a-b-a": {"verdict": "PASS", "kv": "EXACT"}}}  # fmt: skip
 
 
 # --- in a real browser: every column shows at 1280 px, and a phone scrolls the table, not the page -------
@@ -462,7 +527,7 @@ def test_the_scenarios_section_in_chromium(browser, tmp_path_factory, width, mob
     if width == 1280:
         assert [t for t in got["tables"] if t["width"] > t["box"] + 1] == []  # every column shows
     assert got["scrollWidth"] <= got["clientWidth"] + 1  # the page itself never scrolls sideways
-    assert ["1", "chat-512", "must reuse", "496 reuse", "FAIL", "@2 (decisive, gap 9.219 nats)",
+    assert ["1", "chat-512", "must reuse", "496 reuse, external", "FAIL", "@2 (decisive, gap 9.219 nats)",
             "CORRUPT: blocks 0–15 (tokens 0–255), K+V, layers 0–3", "differs"] in got["rows"]  # fmt: skip
     assert got["loud"] not in ("rgba(0, 0, 0, 0)", "") and got["badge"] not in ("rgba(0, 0, 0, 0)", "")
 

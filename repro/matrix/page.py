@@ -39,6 +39,7 @@ class ScenarioMark:
     verdict: str
     cls: str | None = None  # "schedule-numerics"
     requests: tuple[str, ...] = ()  # the requests that are not a PASS: "step 2 chat-511 FAIL"
+    kv: str | None = None  # the arm's KV verdict over the scenario's reuses; None when not audited
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,9 @@ def _scenario_marks(reuse_arms: list[dict], scenarios: list[str]) -> tuple[tuple
     found = [(a["name"], a.get("scenarios") or {}) for a in reuse_arms]
     return tuple(
         tuple(
-            ScenarioMark(name, runs[s]["verdict"], runs[s].get("class"), tuple(runs[s].get("requests") or ()))
+            ScenarioMark(
+                name, runs[s]["verdict"], runs[s].get("class"), tuple(runs[s].get("requests") or ()), runs[s].get("kv")
+            )
             for name, runs in found
             if s in runs
         )

@@ -116,14 +116,17 @@ def arm_rows(report: dict) -> list[dict]:
 
 
 def scenario_marks(report: Report, arm: str) -> dict[str, dict]:
-    """The arm's run of each scenario: its verdict, and where there are any, its class and the requests
-    that are not a PASS ('step 2 chat-511 FAIL'); {} for an arm that ran none (a report without scenarios)."""
+    """The arm's run of each scenario: its verdict, and where there are any, its KV verdict, its class and the
+    requests that are not a PASS ('step 2 chat-511 FAIL'); {} for an arm that ran none (a report without
+    scenarios)."""
     marks = {}
     for scenario in report.scenarios:
         found = scenario.arm(arm)
         if found is None:
             continue
         mark: dict = {"verdict": found.verdict}
+        if found.kv_verdict is not None:
+            mark["kv"] = found.kv_verdict
         if found.cls:
             mark["class"] = found.cls
         if found.failing:

@@ -9,7 +9,7 @@ from repro.readmodel import Report, Scenario, ScenarioArm, StepRequest
 from repro.verdict import PASS
 from repro.wording import NOT_RECORDED
 
-SCENARIO_HEADER = ("scenario", "arm", "verdict", "preemptions", "requests not PASS")
+SCENARIO_HEADER = ("scenario", "arm", "verdict", "KV", "preemptions", "requests not PASS")
 SCENARIO_LEGEND = (
     "Each scenario runs its steps in a fresh engine per arm, with its own engine settings; a step's prompts go "
     "one after another, or at once when they are in flight together. Every request, hit or miss, is compared "
@@ -27,7 +27,8 @@ def scenario_rows(report: Report) -> list[tuple[str, ...]]:
         for arm in scenario.arms:
             failing = ", ".join(f"{r.place} {r.verdict}" for r in arm.failing)
             count = NOT_RECORDED if arm.preemptions is None else str(arm.preemptions)
-            rows.append((scenario.name, arm.title, arm.verdict_text, count, failing or arm.error_text or "—"))
+            kv = arm.kv.cell if arm.kv is not None else "—"
+            rows.append((scenario.name, arm.title, arm.verdict_text, kv, count, failing or arm.error_text or "—"))
     return rows
 
 
@@ -39,12 +40,14 @@ def _request_lines(report: Report, request: StepRequest, token_limit: int | None
     diff = (
         f", first diff @{request.first_diff}; {margin_text(request.margin)}" if request.first_diff is not None else ""
     )
+    cls = f" ({request.cls})" if request.cls else ""
     lines = [
         (
             f"- **{request.place}** ({request.role or '?'}, {request.hit_cell} cached tokens, {request.expect_text}): "
-            f"{request.verdict}{diff}"
+            f"{request.verdict}{cls}{diff}"
         )
     ]
+    lines += [f"  - {text}" for text in (*request.reasons, request.note) if text]
     if request.kv is not None:
         lines.append(f"  - KV: {request.kv_cell}")
     lines.append(f"  - control: {request.control_text}")
@@ -69,6 +72,7 @@ def format_finding(report: Report, scenario: Scenario, arm: ScenarioArm, token_l
         f"- steps: {_steps_text(scenario)}",
         f"- {scenario.control_text}",
         f"- {arm.preemptions_text}",
+        *([f"- {arm.kv_text}"] if arm.kv is not None else []),
         *(line for r in arm.failing for line in _request_lines(report, r, token_limit)),
     ]
 
@@ -79,6 +83,8 @@ def format_scenarios(report: Report, token_limit: int | None) -> str:
     ran = {s.name for s in report.scenarios}
     missing = [name for name in report.requested_scenarios if name not in ran]
     parts = [SCENARIO_LEGEND]
+    if report.scenario_acceptance_text:
+        parts.append(f"- scenarios' {report.scenario_acceptance_text}")
     if report.scenarios:
         parts.append(markdown_table(SCENARIO_HEADER, scenario_rows(report)))
     parts += ["\n".join(format_finding(report, s, a, token_limit)) for s, a in report.scenario_findings]

@@ -167,6 +167,8 @@ class ScenarioRow:
     kv: str
     kv_verdict: str  # EXACT, NUMERIC, CORRUPT, UNAVAILABLE; "" when not audited
     control: str
+    cls: str = ""  # the request's class ("schedule-numerics"); "" when none
+    note: str = ""  # what qualifies its check, e.g. an expected reuse not enforced
 
 
 @dataclass(frozen=True)
@@ -468,13 +470,15 @@ def _scenario_row(req: StepRequest) -> ScenarioRow:
         probe=req.probe,
         expect=req.expect_text,
         cached=req.hit_cell,
-        role=str(req.role or "?"),
+        role=str(req.role or "?") + (f", {req.origin}" if req.origin else ""),
         verdict=req.verdict,
         diff=req.diff_cell,
         diff_class=req.divergence_class or "",
         kv=machine_path_name(req.kv_cell),
         kv_verdict=req.kv_verdict or "",
         control=req.control_cell,
+        cls=req.cls,
+        note=machine_path_name(req.note),
     )
 
 
@@ -485,7 +489,7 @@ def _scenario_arm(arm: ScenarioArm) -> ScenarioArmBlock:
         title=arm.title,
         verdict=arm.verdict,
         cls=arm.cls,
-        facts=machine_path_name(f"{arm.preemptions_text} · {arm.wall_text}"),
+        facts=machine_path_name(" · ".join(f for f in (arm.kv_text, arm.preemptions_text, arm.wall_text) if f)),
         reasons=() if plain_pass else tuple(machine_path_name(r) for r in arm.reasons),
         error=error,
         rows=tuple(_scenario_row(r) for r in arm.requests),
@@ -500,17 +504,29 @@ def _scenario_block(scenario: Scenario, index: int) -> ScenarioBlock:
         description=scenario.description,
         settings=scenario.settings_text,
         steps=tuple(f"step {'?' if s.index is None else s.index}: {s.text}" for s in scenario.steps),
-        control=machine_path_name(scenario.control_text),
+        control=machine_path_name(scenario.control_text + _control_facts(scenario)),
         control_differs=control is not None and (bool(control.differing) or not control.ran),
         arms=tuple(_scenario_arm(a) for a in scenario.arms),
     )
+
+
+def _control_facts(scenario: Scenario) -> str:
+    """' · preemptions 2 · 9.5 s' after the control's line; '' when it recorded neither."""
+    control = scenario.control
+    if control is None:
+        return ""
+    facts = [f"preemptions {control.preemptions}" if control.preemptions is not None else ""]
+    facts += [control.wall_text if control.data.get("wall_s") is not None else ""]
+    return "".join(f" · {f}" for f in facts if f)
 
 
 def _scenarios_note(report: Report) -> str:
     """Scenarios asked for that are not in the report: said, never silently dropped."""
     ran = {s.name for s in report.scenarios}
     missing = [name for name in report.requested_scenarios if name not in ran]
-    return f"Asked for but not in this report: {', '.join(missing)}." if missing else ""
+    notes = [f"Scenarios' {report.scenario_acceptance_text}." if report.scenario_acceptance_text else ""]
+    notes += [f"Asked for but not in this report: {', '.join(missing)}." if missing else ""]
+    return " ".join(n for n in notes if n)
 
 
 def _baseline_line(report: Report) -> str:

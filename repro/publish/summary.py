@@ -8,7 +8,7 @@ from typing import Any
 
 from repro.readmodel import Arm, Probe, Report, Scenario, as_report
 from repro.report import CLAIM_LINE
-from repro.verdict import FAIL, PASS
+from repro.verdict import ERROR, PASS, SKIPPED
 
 VERDICT_COLUMN = 20  # the summary's token-verdict column before the KV column, at least
 
@@ -35,17 +35,28 @@ def _condition_lines(arm: Arm) -> list[str]:
 
 
 def _scenario_lines(scenario: Scenario) -> list[str]:
-    """A line per arm of the scenario (its verdict, class and, unless a FAIL, why), then one per request
-    that is not a PASS; the control's own line only where it did not run."""
-    lines = []
-    if scenario.control is not None and not scenario.control.ran:
-        lines.append(f"  {scenario.name} · {scenario.control_text}"[:400])
+    """The control's line where it failed or differs from the plain baseline, then per arm a line (verdict,
+    class, KV, preemptions, hits), why where it has no requests, and a line per request that is not a PASS."""
+    control = scenario.control.summary_line if scenario.control is not None else ""
+    lines = [f"  {scenario.name} · {control}"] if control else []
     for arm in scenario.arms:
-        explained = arm.verdict not in (PASS, FAIL) or arm.cls  # a FAIL's requests say why; a PASS needs nothing
-        why = (arm.error_text or "; ".join(arm.reasons)) if explained else ""
-        lines.append((f"  {scenario.name} · {arm.title}: {arm.verdict_text}" + (f" — {why}" if why else ""))[:400])
-        lines += [f"    {r.line}"[:400] for r in arm.failing]
-    return lines
+        lines.append(f"  {scenario.name} · {arm.name}: {arm.summary_line}")
+        if arm.verdict in (ERROR, SKIPPED) or not arm.requests:
+            why = [arm.error_text] if arm.error_text else []
+            lines += [f"      {r}" for r in why + [r for r in arm.reasons[:3] if r not in arm.error_text]]
+            continue
+        lines += [f"      {r.line}" for r in arm.failing]
+        lines += [f"      {r}" for r in arm.reasons if not r.startswith("step ")]  # a request's reason is on its line
+    return [line[:400] for line in lines]
+
+
+def scenario_block(report: Report) -> list[str]:
+    """The summary's Scenarios block, set apart by blank lines; [] for a report without scenarios."""
+    if not report.scenarios:
+        return []
+    lines = ["", "Scenarios"] + [line for s in report.scenarios for line in _scenario_lines(s)]
+    acceptance = report.scenario_acceptance_text
+    return lines + ([f"  {acceptance}"[:400]] if acceptance else []) + [""]
 
 
 def format_summary(report: Report | Mapping[str, Any]) -> str:
@@ -85,9 +96,6 @@ def format_summary(report: Report | Mapping[str, Any]) -> str:
         for a, p in report.kv_findings:
             expected = "" if (a.name, p.name) in unexpected else " (expected by the fixture)"
             lines.append(f"  {a.title} / {p.name}: {p.kv.blame_text}{expected}")
-    if report.scenarios:
-        lines.append("Scenarios:")
-        for scenario in report.scenarios:
-            lines += _scenario_lines(scenario)
+    lines += scenario_block(report)
     lines.append(CLAIM_LINE)
     return "\n".join(lines)

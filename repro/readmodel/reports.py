@@ -177,8 +177,34 @@ class Report:
 
     @property
     def scenario_findings(self) -> tuple[tuple[Scenario, ScenarioArm], ...]:
-        """(scenario, arm) of every scenario FAIL, in report order."""
+        """(scenario, arm) of every scenario FAIL (or KV CORRUPT), in report order."""
         return tuple((s, a) for s in self.scenarios for a in s.findings)
+
+    @property
+    def scenario_acceptance(self) -> Mapping[str, Any]:
+        """The scenarios' acceptance (matched, checked, unchecked); {} when the report has none."""
+        found = self.acceptance.get("scenarios")
+        return found if isinstance(found, Mapping) else {}
+
+    @property
+    def scenario_acceptance_text(self) -> str:
+        """'acceptance.matched = true', '… = false (unchecked: native a-b-a; failed: …)', 'n/a (no acceptance
+        suite)'; '' when the report records no scenario acceptance."""
+        acc = self.scenario_acceptance
+        if not acc:
+            return ""
+        matched = acc.get("matched")
+        if matched is None:
+            return f"acceptance.matched = {NO_SUITE}"
+        failed = [c for c in acc.get("checked") or [] if isinstance(c, Mapping) and not c.get("ok")]
+        unchecked = [u for u in acc.get("unchecked") or [] if isinstance(u, Mapping)]
+        notes = [
+            "failed: " + "; ".join(f"{c.get('arm')} {c.get('scenario')} {c.get('check')} expected "
+                                   f"{c.get('expected')}, got {c.get('observed')}" for c in failed),
+            "unchecked: " + "; ".join(f"{u.get('arm')} {u.get('scenario')} {u.get('observed')}" for u in unchecked),
+        ]  # fmt: skip
+        shown = " · ".join(n for n, items in zip(notes, (failed, unchecked)) if items)
+        return f"acceptance.matched = {str(matched).lower()}" + (f" ({shown})" if shown else "")
 
     @property
     def run_conditions(self) -> RunConditions:

@@ -10,9 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from repro.readmodel.arms import floor_rel_text
 from repro.readmodel.probes import KVCells, ProbeKV
 from repro.readmodel.requests import Divergence, Request
-from repro.verdict import FAIL, PASS
+from repro.verdict import CORRUPT, FAIL, PASS
 from repro.wording import NOT_RECORDED, seconds
 
 # What a step's expect means, as a reader needs it (the producer's words are "miss", "reuse" or null).
@@ -88,6 +89,32 @@ class _Placed:
         return f"step {'?' if self.step is None else self.step} {self.probe}"
 
 
+class _RunFacts:
+    """What one child's run of a scenario recorded besides its requests: preemptions, wall time, log."""
+
+    data: Mapping[str, Any]
+
+    @property
+    def preemptions(self) -> int | None:
+        return _int(self.data.get("preemptions"))
+
+    @property
+    def preemptions_text(self) -> str:
+        """'preemptions 3 (vllm:num_preemptions …)', 'preemptions not recorded (unavailable: …)'."""
+        source = str(self.data.get("preemptions_source") or "")
+        count = self.preemptions
+        text = f"preemptions {NOT_RECORDED if count is None else count}"
+        return text + (f" ({source})" if source else "")
+
+    @property
+    def log(self) -> object:
+        return self.data.get("log")
+
+    @property
+    def wall_text(self) -> str:
+        return seconds(self.data.get("wall_s"))
+
+
 @dataclass(frozen=True)
 class ControlRequest(_Placed):
     """One request of the schedule control: the baseline's cache-off run of the scenario's steps, against
@@ -99,6 +126,10 @@ class ControlRequest(_Placed):
     def token_ids(self) -> list[int] | None:
         found = self.data.get("token_ids")
         return found if isinstance(found, list) else None
+
+    @property
+    def cached_tokens(self) -> int | None:
+        return _int(self.data.get("cached_tokens"))
 
     @property
     def matches_plain(self) -> bool | None:
@@ -130,7 +161,7 @@ class ControlRequest(_Placed):
 
 
 @dataclass(frozen=True)
-class ScenarioControl:
+class ScenarioControl(_RunFacts):
     """The schedule control of a scenario: which arm ran it (the baseline), whether it ran, its requests."""
 
     data: Mapping[str, Any] = field(repr=False)
@@ -161,6 +192,18 @@ class ScenarioControl:
     @property
     def differing(self) -> tuple[ControlRequest, ...]:
         return tuple(r for r in self.requests if r.differs)
+
+    @property
+    def summary_line(self) -> str:
+        """'control (baseline, cache off): ERROR …' or 'control (baseline, cache off) differs from the plain
+        baseline: step 0 chat-513 @5, …'; '' when it ran and every request matched (nothing to say)."""
+        head = f"control ({self.arm}, cache off)"
+        if not self.ran:
+            return f"{head}: ERROR {self.error or self.status}"
+        if not self.differing:
+            return ""
+        where = ", ".join(f"{r.place} @{'?' if r.first_diff is None else r.first_diff}" for r in self.differing)
+        return f"{head} differs from the plain baseline: {where}"
 
     @property
     def text(self) -> str:
@@ -209,8 +252,28 @@ class StepRequest(KVCells, _Placed, Request):
         return str(self.data.get("verdict") or "?")
 
     @property
+    def reasons(self) -> tuple[str, ...]:
+        return tuple(str(r) for r in self.data.get("reasons") or [])
+
+    @property
+    def note(self) -> str:
+        """What qualifies the request's check (e.g. an expected reuse not enforced); '' when nothing does."""
+        return str(self.data.get("note") or "")
+
+    @property
+    def cls(self) -> str:
+        """The class of the request's divergence when the schedule explains it ('schedule-numerics'); ''."""
+        return str(self.data.get("class") or "")
+
+    @property
     def preemptions(self) -> int | None:
         return _int(self.data.get("preemptions"))
+
+    @property
+    def origin(self) -> str:
+        """Where the audit found the reused KV came from: 'local' (the engine's prefix cache), 'external'
+        (the connector); '' when not recorded."""
+        return str((self.kv.data.get("origin") if self.kv is not None else None) or "")
 
     @property
     def hit_cell(self) -> str:
@@ -275,18 +338,20 @@ class StepRequest(KVCells, _Placed, Request):
         """'step 2 chat-511 (reuse, 496 cached, must reuse): FAIL @2 (decisive, gap 8.376 nats) · KV CORRUPT: …
         · the cache-off control gave the plain baseline's tokens'."""
         head = f"{self.place} ({self.role or '?'}, {self.hit_cell} cached, {self.expect_text})"
-        verdict = f"{self.verdict} {self.diff_cell}".rstrip()
+        verdict = f"{self.verdict} {self.diff_cell}".rstrip() + (f" ({self.cls})" if self.cls else "")
         kv = f" · KV {self.kv_cell}" if self.kv is not None else ""
-        return f"{head}: {verdict}{kv} · {self.control_text}"
+        why = f" — {'; '.join(self.reasons)}" if self.reasons else ""
+        return f"{head}: {verdict}{kv} · {self.control_text}{why}"
 
 
 @dataclass(frozen=True)
-class ScenarioArm:
+class ScenarioArm(_RunFacts):
     """One arm's run of a scenario: its verdict, the class of its divergences, preemptions and requests."""
 
     data: Mapping[str, Any] = field(repr=False)
     title: str
     requests: tuple[StepRequest, ...]
+    kv: ProbeKV | None = None  # the arm's KV verdict over the scenario's reuses; None: not audited
 
     @classmethod
     def from_json(
@@ -300,7 +365,9 @@ class ScenarioArm:
             key = (r.get("step"), r.get("probe"))
             nth = seen[key] = seen.get(key, -1) + 1
             requests.append(StepRequest.from_scenario(r, block_size, _control_at(control, key, nth)))
-        return cls(data, title or str(data.get("arm", "?")), tuple(requests))
+        kv = data.get("kv")
+        kv_verdict = ProbeKV(kv, block_size) if isinstance(kv, dict) else None
+        return cls(data, title or str(data.get("arm", "?")), tuple(requests), kv_verdict)
 
     @property
     def name(self) -> str:
@@ -325,16 +392,33 @@ class ScenarioArm:
         return f"{self.verdict} ({self.cls})" if self.cls else self.verdict
 
     @property
-    def preemptions(self) -> int | None:
-        return _int(self.data.get("preemptions"))
+    def mode(self) -> str:
+        return str(self.data.get("mode") or "")
 
     @property
-    def preemptions_text(self) -> str:
-        """'preemptions 3 (llm.get_metrics(): …)', 'preemptions not recorded (unavailable: …)'."""
-        source = str(self.data.get("preemptions_source") or "")
-        count = self.preemptions
-        text = f"preemptions {NOT_RECORDED if count is None else count}"
-        return text + (f" ({source})" if source else "")
+    def kv_verdict(self) -> str | None:
+        return self.kv.verdict if self.kv is not None else None
+
+    @property
+    def kv_text(self) -> str:
+        """'KV EXACT · floor rel 0 over 1248 cells', 'KV CORRUPT: blocks …'; '' when not audited."""
+        if self.kv is None:
+            return ""
+        floor = self.kv.data.get("floor")
+        return f"KV {self.kv.cell}" + (f" · {floor_rel_text(floor)}" if isinstance(floor, Mapping) else "")
+
+    @property
+    def hits_text(self) -> str:
+        """'0 0 0 992': each request's hit counter in the order they ran ('?': not reported)."""
+        return " ".join(r.hit_cell for r in self.requests)
+
+    @property
+    def summary_line(self) -> str:
+        """'PASS · KV EXACT · preemptions 0 · hits 0 0 0 992': the verdict and the facts a summary line shows."""
+        facts = [self.verdict, self.cls, f"KV {self.kv_verdict}" if self.kv is not None else ""]
+        facts += [f"preemptions {self.preemptions}" if self.preemptions is not None else ""]
+        facts += [f"hits {self.hits_text}" if self.requests else ""]
+        return " · ".join(f for f in facts if f)
 
     @property
     def error(self) -> Mapping[str, Any] | None:
@@ -354,16 +438,9 @@ class ScenarioArm:
         return str((self.error or {}).get("log_tail") or "")
 
     @property
-    def log(self) -> object:
-        return self.data.get("log")
-
-    @property
-    def wall_text(self) -> str:
-        return seconds(self.data.get("wall_s"))
-
-    @property
     def is_finding(self) -> bool:
-        return self.verdict == FAIL
+        """A FAIL, or a CORRUPT KV verdict (as for a probe)."""
+        return self.verdict == FAIL or self.kv_verdict == CORRUPT
 
     @property
     def failing(self) -> tuple[StepRequest, ...]:
