@@ -25,9 +25,9 @@ from repro.report import load_report, validate_report
 
 DATA = ROOT / "tests" / "data"
 INPUT = DATA / "scenarios-test-input.json"  # hand-made in the producer's shape (.notes spec), schema-true
-# The producer's real example: the verifier's report of fixtures/scenarios-cpu.json, --scenarios a-b-a (its own
-# branch keeps it as tests/data/report-scenarios-example.json); this is the copy it handed over.
-REAL = DATA / "scenarios-real-example.json"
+# The producer's real example: the verifier's report of fixtures/scenarios-cpu.json, --scenarios a-b-a (the same
+# file, byte for byte, as the producer's branch commits at this path).
+REAL = DATA / "report-scenarios-example.json"
 SOURCE = "vllm:num_preemptions (vLLM's Prometheus counter, as LLM.get_metrics() reads it)"
 CORRUPT_511 = "CORRUPT: blocks 0–15, 20 (tokens 0–335), K+V, layers 0–3"
 CORRUPT_512 = "CORRUPT: blocks 0–15 (tokens 0–255), K+V, layers 0–3"
