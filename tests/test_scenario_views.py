@@ -21,6 +21,7 @@ from repro.publish.scenario_md import format_scenarios
 from repro.publish.site import render_report_page
 from repro.publish.summary import format_summary
 from repro.readmodel import as_report, read_report
+from repro.report import format_summary as report_summary
 from repro.report import load_report, validate_report
 
 DATA = ROOT / "tests" / "data"
@@ -188,7 +189,8 @@ def test_the_summary_reads_the_producers_real_example():
             "claim_eligible=false; no performance claim",
         ][1:]
     )
-    assert text.count("\nScenarios\n") == 1  # one block, however many places could add one
+    printed = report_summary(json.loads(REAL.read_text(encoding="utf-8")))  # what the verifier prints
+    assert printed == text and printed.count("\nScenarios\n") == 1  # one block, however many places add one
 
 
 def test_the_summary_without_scenarios_is_the_summary_before_them():
