@@ -18,7 +18,7 @@ from repro.matrix import status
 from repro.matrix.page import render_matrix_page
 from repro.publish.issue_md import format_issue_md, render_body
 from repro.publish.scenario_md import format_scenarios
-from repro.publish.site import render_report_page
+from repro.publish.site import render_report_page, render_site
 from repro.publish.summary import format_summary
 from repro.readmodel import as_report, read_report
 from repro.report import format_summary as report_summary
@@ -307,6 +307,22 @@ def test_scenario_text_from_the_report_is_escaped():
     assert not {t for t, _ in page.tags} & {"script", "img"}
     assert not any(k.startswith("on") for _, attrs in page.tags for k in attrs)
     assert page.all_text().count(XSS[0]) >= 3 and page.all_text().count(XSS[1]) >= 3
+
+
+def test_the_index_row_names_every_scenario_run_that_is_not_a_plain_pass(tmp_path):
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "scn.json").write_text(json.dumps(scenario_report()), encoding="utf-8")
+    (reports / "plain.json").write_text(json.dumps(without_scenarios(scenario_report())), encoding="utf-8")
+    render_site(reports, tmp_path / "site")
+    rows = {r[0]: r for r in cell_rows((tmp_path / "site" / "index.html").read_text(encoding="utf-8"), "reports")}
+    assert rows["scn"][6].endswith(
+        "scenarios: a-b-a · PlantedFault (PlantedFaultConnector) FAIL; in-flight · PlantedFault "
+        "(PlantedFaultConnector) FAIL; in-flight · native prefix caching PASS (schedule-numerics); preemption · "
+        "PlantedFault (PlantedFaultConnector) ERROR; preemption · native prefix caching INCONCLUSIVE; 1 PASS"
+    )
+    assert "scenarios:" not in rows["plain"][6]
+    assert rows["scn"][6].startswith(rows["plain"][6])  # the arms' verdicts first, as without scenarios
 
 
 # --- the issue Markdown ----------------------------------------------------------------------------------

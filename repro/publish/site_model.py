@@ -254,6 +254,8 @@ class IndexRow:
     verdicts: tuple[IndexVerdict, ...]
     acceptance: str
     kv: tuple[tuple[str, str], ...] | None = None  # each reuse arm's KV verdicts tallied; None before the audit
+    scenarios: tuple[tuple[str, str], ...] = ()  # ("a-b-a · PlantedFault", "FAIL") per scenario run not a plain PASS
+    scenario_passes: int = 0  # the scenario runs that are a plain PASS (counted, not listed)
 
 
 def visible_text(text: object) -> str:
@@ -625,7 +627,16 @@ def build_index_row(report: Report | dict, *, stem: str, href: str) -> IndexRow:
         verdicts=tuple(_index_verdict(a) for a in report.arms),
         acceptance=report.acceptance_label(short=True),
         kv=_index_kv(report),
+        scenarios=tuple(
+            (f"{s.name} · {a.title}", a.verdict_text) for s in report.scenarios for a in s.arms if not _plain_pass(a)
+        ),
+        scenario_passes=sum(_plain_pass(a) for s in report.scenarios for a in s.arms),
     )
+
+
+def _plain_pass(arm: ScenarioArm) -> bool:
+    """A scenario run with nothing to say: PASS, no class, no CORRUPT KV."""
+    return arm.verdict == PASS and not arm.cls and not arm.is_finding
 
 
 def _index_verdict(arm: Arm) -> IndexVerdict:
