@@ -89,6 +89,25 @@ class _Placed:
         return f"step {'?' if self.step is None else self.step} {self.probe}"
 
 
+class _Judged:
+    """A scenario record's verdict, its reasons and the class of its divergences (a mixin over its data)."""
+
+    data: Mapping[str, Any]
+
+    @property
+    def verdict(self) -> str:
+        return str(self.data.get("verdict") or "?")
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        return tuple(str(r) for r in self.data.get("reasons") or [])
+
+    @property
+    def cls(self) -> str:
+        """The class of the divergences when the schedule explains them ('schedule-numerics'); '' when none."""
+        return str(self.data.get("class") or "")
+
+
 class _RunFacts:
     """What one child's run of a scenario recorded besides its requests: preemptions, wall time, log."""
 
@@ -221,7 +240,7 @@ class ScenarioControl(_RunFacts):
 
 
 @dataclass(frozen=True)
-class StepRequest(KVCells, _Placed, Request):
+class StepRequest(KVCells, _Placed, _Judged, Request):
     """One request of a scenario arm: a Request (tokens, first diff, margin, replays) with its step, the
     expectation, its own verdict, its KV verdict and the control's request at the same place."""
 
@@ -248,22 +267,9 @@ class StepRequest(KVCells, _Placed, Request):
         return EXPECT_TEXT.get(self.expect, f"expect {self.expect}")
 
     @property
-    def verdict(self) -> str:
-        return str(self.data.get("verdict") or "?")
-
-    @property
-    def reasons(self) -> tuple[str, ...]:
-        return tuple(str(r) for r in self.data.get("reasons") or [])
-
-    @property
     def note(self) -> str:
         """What qualifies the request's check (e.g. an expected reuse not enforced); '' when nothing does."""
         return str(self.data.get("note") or "")
-
-    @property
-    def cls(self) -> str:
-        """The class of the request's divergence when the schedule explains it ('schedule-numerics'); ''."""
-        return str(self.data.get("class") or "")
 
     @property
     def preemptions(self) -> int | None:
@@ -345,7 +351,7 @@ class StepRequest(KVCells, _Placed, Request):
 
 
 @dataclass(frozen=True)
-class ScenarioArm(_RunFacts):
+class ScenarioArm(_Judged, _RunFacts):
     """One arm's run of a scenario: its verdict, the class of its divergences, preemptions and requests."""
 
     data: Mapping[str, Any] = field(repr=False)
@@ -372,19 +378,6 @@ class ScenarioArm(_RunFacts):
     @property
     def name(self) -> str:
         return str(self.data.get("arm", "?"))
-
-    @property
-    def verdict(self) -> str:
-        return str(self.data.get("verdict") or "?")
-
-    @property
-    def reasons(self) -> tuple[str, ...]:
-        return tuple(str(r) for r in self.data.get("reasons") or [])
-
-    @property
-    def cls(self) -> str:
-        """The class of the arm's divergences ('schedule-numerics'); '' when none."""
-        return str(self.data.get("class") or "")
 
     @property
     def verdict_text(self) -> str:
