@@ -1,6 +1,7 @@
 """The matrix page: rows are cells (stacks: vLLM, LMCache and its copy path, torch, hardware), columns are
-probes, each arm's verdict with its KV verdict and divergence class; above them the version axes the cells
-ran; each row links its cell's report page (rendered by repro.publish.site)."""
+probes, each arm's verdict with its KV verdict and divergence class, then the scenarios any cell ran, each
+arm's scenario verdict; above them the version axes the cells ran; each row links its cell's report page
+(rendered by repro.publish.site)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,17 @@ class ArmMark:
 
 
 @dataclass(frozen=True)
+class ScenarioMark:
+    """One reuse arm's run of one scenario in a cell: 'PlantedFault FAIL · step 2 chat-511 FAIL'."""
+
+    arm: str
+    verdict: str
+    cls: str | None = None  # "schedule-numerics"
+    requests: tuple[str, ...] = ()  # the requests that are not a PASS: "step 2 chat-511 FAIL"
+    kv: str | None = None  # the arm's KV verdict over the scenario's reuses; None when not audited
+
+
+@dataclass(frozen=True)
 class MatrixRow:
     name: str
     href: str | None
@@ -44,6 +56,7 @@ class MatrixRow:
     vllm: str = ""
     lmcache: str = ""  # "none" for a cell without LMCache
     copy_paths: tuple[str, ...] = ()  # per LMCache arm: "LMCacheConnectorV1: engine compiled (wheel)"
+    scenarios: tuple[tuple[ScenarioMark, ...], ...] = ()  # per scenario column: the reuse arms' verdicts
 
 
 @dataclass(frozen=True)
@@ -53,6 +66,7 @@ class MatrixPage:
     probes: tuple[str, ...]
     rows: tuple[MatrixRow, ...]
     axes: tuple[str, ...] = ()  # one line per axis: the versions and copy paths the cells ran
+    scenarios: tuple[str, ...] = ()  # the scenario columns after the probes; () when no cell ran one
 
 
 def _stack(cell: dict) -> str:
@@ -113,7 +127,23 @@ def _distinct_flags(cells: list[dict]) -> dict[str, list[str]]:
     return {c["name"]: [f for f in flags if f not in common] for c, flags in zip(cells, lists)}
 
 
-def _row(cell: dict, probes: list[str], cells_dir: str, distinct: list[str] = ()) -> MatrixRow:
+def _scenario_marks(reuse_arms: list[dict], scenarios: list[str]) -> tuple[tuple[ScenarioMark, ...], ...]:
+    found = [(a["name"], a.get("scenarios") or {}) for a in reuse_arms]
+    return tuple(
+        tuple(
+            ScenarioMark(
+                name, runs[s]["verdict"], runs[s].get("class"), tuple(runs[s].get("requests") or ()), runs[s].get("kv")
+            )
+            for name, runs in found
+            if s in runs
+        )
+        for s in scenarios
+    )
+
+
+def _row(
+    cell: dict, probes: list[str], cells_dir: str, distinct: list[str] = (), scenarios: list[str] = ()
+) -> MatrixRow:
     reuse_arms = [a for a in cell["arms"] if a["mode"] != "baseline"]
     base = next((a for a in cell["arms"] if a["mode"] == "baseline"), None)
     marks = tuple(
@@ -148,6 +178,7 @@ def _row(cell: dict, probes: list[str], cells_dir: str, distinct: list[str] = ()
         vllm=status.version(cell, "vllm") or "?",
         lmcache=status.version(cell, "lmcache") or "none",
         copy_paths=tuple(f"{a['name']}: {a['copy_path']}" for a in reuse_arms if a.get("copy_path")),
+        scenarios=_scenario_marks(reuse_arms, scenarios),
     )
 
 
@@ -161,9 +192,15 @@ def build_matrix_page(summary: dict, cells_dir: str) -> MatrixPage:
     )
     distinct = _distinct_flags(summary["cells"])
     cells = order_cells(summary["cells"], distinct)
-    rows = tuple(_row(c, probes, cells_dir, distinct[c["name"]]) for c in cells)
+    scenarios = status.scenario_names(summary["cells"])
+    rows = tuple(_row(c, probes, cells_dir, distinct[c["name"]], scenarios) for c in cells)
     return MatrixPage(
-        name=summary["name"], headline=headline, probes=tuple(probes), rows=rows, axes=axis_lines(summary["cells"])
+        name=summary["name"],
+        headline=headline,
+        probes=tuple(probes),
+        rows=rows,
+        axes=axis_lines(summary["cells"]),
+        scenarios=tuple(scenarios),
     )
 
 

@@ -17,7 +17,9 @@ MATRIX_KIND = "kvkit-matrix"
 #    KV verdict and divergence class), probes, cluster, timings. Added without a bump (absent from older
 #    summaries, which render as before): per arm copy_path and class, per probe conditions (issue 18);
 #    axes (issue 20: the vLLM and LMCache versions and LMCache copy paths the done cells ran, each with
-#    its cells; the page computes the same from the cells of a summary without it).
+#    its cells; the page computes the same from the cells of a summary without it); per arm scenarios
+#    (issue 23: each scenario's verdict, class and the requests that are not a PASS, where the cell's
+#    report ran scenarios; the page shows them beside the probes).
 MATRIX_SCHEMA_VERSION = 1
 DONE, ERROR = "done", "error"
 # Error kinds of a cell (the verifier's own ERROR arms are inside its report: kind "engine-error").
@@ -87,9 +89,11 @@ def arm_rows(report: dict) -> list[dict]:
     """Each arm's verdict and, per probe, its verdict, KV verdict and near-tie flag (when present). Where
     the report records them (issue 18): the arm's LMCache copy path ("copy_path"), the class its trials
     or re-run alone gave its finding ("class"), and per probe the marks beside a FAIL ("conditions");
+    where it ran scenarios (issue 23), the arm's verdict per scenario ("scenarios", scenario_marks);
     a report without them gives the rows it always gave."""
     rows = []
-    for arm, read in zip(report["arms"], Report.from_json(report).arms):
+    report_read = Report.from_json(report)
+    for arm, read in zip(report["arms"], report_read.arms):
         probes = {}
         for probe, read_probe in zip(arm["probes"], read.probes):
             kv = probe.get("kv")
@@ -102,9 +106,42 @@ def arm_rows(report: dict) -> list[dict]:
             if marks:
                 probes[probe["name"]]["conditions"] = marks
         row = {"name": arm["name"], "mode": arm["mode"], "verdict": arm["verdict"], "probes": probes}
-        extra = {"copy_path": copy_path_text(arm), "class": read.conditions.finding_class_text}
+        extra = {
+            "copy_path": copy_path_text(arm),
+            "class": read.conditions.finding_class_text,
+            "scenarios": scenario_marks(report_read, arm["name"]),
+        }
         rows.append(row | {k: v for k, v in extra.items() if v})
     return rows
+
+
+def scenario_marks(report: Report, arm: str) -> dict[str, dict]:
+    """The arm's run of each scenario: its verdict, and where there are any, its KV verdict, its class and the
+    requests that are not a PASS ('step 2 chat-511 FAIL'); {} for an arm that ran none (a report without
+    scenarios)."""
+    marks = {}
+    for scenario in report.scenarios:
+        found = scenario.arm(arm)
+        if found is None:
+            continue
+        mark: dict = {"verdict": found.verdict}
+        if found.kv_verdict is not None:
+            mark["kv"] = found.kv_verdict
+        if found.cls:
+            mark["class"] = found.cls
+        if found.failing:
+            mark["requests"] = [f"{r.place} {r.verdict}" for r in found.failing]
+        marks[scenario.name] = mark
+    return marks
+
+
+def scenario_names(cells: list[dict]) -> list[str]:
+    """Every scenario any cell's arms ran, in the order first seen (none for a matrix without scenarios)."""
+    names: list[str] = []
+    for cell in cells:
+        for arm in cell["arms"]:
+            names += [s for s in arm.get("scenarios") or {} if s not in names]
+    return names
 
 
 # Arms whose LMCache copies also run in a server process of their own (the kit starts it).

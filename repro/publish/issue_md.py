@@ -9,6 +9,8 @@ import sys
 from repro.atomic import write_bytes_atomic
 from repro.commands import ArgumentParser
 from repro.errors import EXIT_OK
+from repro.publish.markdown import format_tokens, margin_text, markdown_table
+from repro.publish.scenario_md import format_scenarios
 from repro.readmodel import (
     DIVERGENCE_LEGEND,
     REPLAY_LEGEND,
@@ -17,30 +19,20 @@ from repro.readmodel import (
     Probe,
     Report,
     as_report,
-    margin_class,
     read_report,
 )
 from repro.report import CLAIM_LINE
-from repro.verdict import ERROR, NEAR_TIE, PASS
+from repro.verdict import ERROR, PASS
 from repro.wording import NOT_RECORDED, blocks_text, number, span_text
 
 GITHUB_BODY_LIMIT = 65_536  # characters GitHub accepts in an issue or comment body
 # Token lists are shortened step by step until the body fits; None shows them whole.
 TOKEN_LIMITS = (None, 64, 16, 4, 0)
 MAX_WARNINGS = 40
-MAX_CELL = 200
 TABLE_HEADER = ("arm", "probe", "tokens", "cached", "verdict", "first diffs")
 KV_HEADER = ("KV",)  # the verdict table's extra column when the run audited KV
 CHUNK_HEADER = ("arm", "probe", "reuse", "blocks (tokens)", "layers", "planes", "max rel error", "bytes equal")
 MAX_CHUNK_ROWS = 60
-
-
-def escape_cell(text: str) -> str:
-    """A table cell on one line, with pipes escaped so they cannot open a new column."""
-    text = " ".join(str(text).split()).replace("\\", "\\\\").replace("|", "\\|")
-    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
-
-
 TRIALS_HEADER = ("trials",)  # columns the verdict table gains when a report records trials / a re-run alone
 ALONE_HEADER = ("re-run alone",)
 
@@ -83,12 +75,6 @@ def table_rows(report: Report | dict) -> list[tuple[str, ...]]:
             empty = ("—",) * (kv + trials + alone)
             rows.append((arm.title, "—", "", "—", arm.verdict, "") + empty)
     return rows
-
-
-def markdown_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    lines += ["| " + " | ".join(escape_cell(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def format_table(report: Report | dict) -> str:
@@ -393,31 +379,6 @@ def format_maintainer_facts(report: Report) -> str:
     return "\n".join(lines)
 
 
-def format_tokens(ids: list[int] | None, limit: int | None) -> str:
-    if ids is None:
-        return "(not recorded)"
-    if limit is not None and len(ids) > limit:
-        return f"`{' '.join(map(str, ids[:limit]))}` … ({len(ids) - limit} more, truncated to fit; full list in the report JSON)"
-    return f"`{' '.join(map(str, ids))}`"
-
-
-def _margin_text(m: dict | None) -> str:
-    if not m:
-        return "margin: not recorded"
-    fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
-    base = (
-        f"baseline margin {fmt(m.get('baseline_margin'))}"
-        if m.get("baseline_margin") is not None
-        else f"baseline gap ≥ {fmt(m.get('baseline_gap_lower_bound'))} (reuse token outside its top-k)"
-    )
-    cls = margin_class(m)
-    tie = f" · **{cls}**" if cls == NEAR_TIE else f" · {cls}"
-    return (
-        f"baseline token {m.get('baseline_token')} vs reuse token {m.get('reuse_token')}; {base} nats, "
-        f"reuse margin {fmt(m.get('reuse_margin'))} nats, baseline top-1/top-2 gap {fmt(m.get('baseline_top_gap'))}{tie}"
-    )
-
-
 def format_diffs(report: Report | dict, token_limit: int | None) -> str:
     """Every reuse that differed: where, the logprob margins on both sides, both token lists, and
     whose answer it replays (repro.replays) where the report says."""
@@ -430,7 +391,7 @@ def format_diffs(report: Report | dict, token_limit: int | None) -> str:
                     continue
                 lines.append(
                     f"- **{arm.title}** / `{p.name}` / {'request' if r.role is None else r.role} {i}: "
-                    f"{r.cached_tokens} cached tokens, first diff @{r.first_diff}; {_margin_text(r.margin)}"
+                    f"{r.cached_tokens} cached tokens, first diff @{r.first_diff}; {margin_text(r.margin)}"
                 )
                 replays = [f"  - **{text}**" for text in r.replay_texts]
                 replayed = replayed or bool(replays)
@@ -508,6 +469,11 @@ def format_conditions_warning(report: Report) -> list[str]:
     return [f"**Read the verdicts with their conditions:** {warning}."] if warning else []
 
 
+def _has_scenarios(report: Report) -> bool:
+    """The report ran scenarios, or was asked to (then the section says which are missing)."""
+    return bool(report.scenarios or report.requested_scenarios)
+
+
 def render_body(report: Report, token_limit: int | None) -> str:
     parts = [
         f"### KV-cache reuse verification: {report.hardware_label} · kvkit {report.commit} · {report.day}",
@@ -520,6 +486,7 @@ def render_body(report: Report, token_limit: int | None) -> str:
         format_table(report),
         format_verdicts(report),
         *(["#### Conditions\n\n" + format_conditions(report)] if report.has_conditions else []),
+        *(["#### Scenarios\n\n" + format_scenarios(report, token_limit)] if _has_scenarios(report) else []),
         *(["#### KV audit\n\n" + format_kv_audit(report)] if report.kv_audit_state is not None else []),
         "#### What maintainers ask for\n\n" + format_maintainer_facts(report),
         "#### First diffs and margins\n\n" + format_diffs(report, token_limit),

@@ -18,9 +18,13 @@ from repro.readmodel import (
     Report,
     Request,
     RequestAudit,
+    Scenario,
+    ScenarioArm,
+    StepRequest,
     as_report,
     margin_class,
 )
+from repro.verdict import PASS
 from repro.wording import flatten, machine_path_name, number, show
 
 TOKENS_PER_ROW = 16  # token-ID grid width: wide enough for the usual 16-token window, narrow enough for a phone
@@ -149,6 +153,50 @@ class Conditions:
 
 
 @dataclass(frozen=True)
+class ScenarioRow:
+    """One request of a scenario arm: step · probe · expectation · hit · verdict · first diff · KV · control."""
+
+    step: str
+    probe: str
+    expect: str
+    cached: str
+    role: str
+    verdict: str
+    diff: str
+    diff_class: str  # the divergence's class (decisive, near-tie, unclassed); "" when it did not diverge
+    kv: str
+    kv_verdict: str  # EXACT, NUMERIC, CORRUPT, UNAVAILABLE; "" when not audited
+    control: str
+    cls: str = ""  # the request's class ("schedule-numerics"); "" when none
+    note: str = ""  # what qualifies its check, e.g. an expected reuse not enforced
+
+
+@dataclass(frozen=True)
+class ScenarioArmBlock:
+    title: str
+    verdict: str
+    cls: str  # the class of its divergences ("schedule-numerics"); "" when none
+    facts: str  # "preemptions 0 (llm.get_metrics(): …) · 12.4 s"
+    reasons: tuple[str, ...]  # shown for any verdict but a plain PASS
+    error: tuple[str, str] | None  # "kind: message", log tail
+    rows: tuple[ScenarioRow, ...]
+
+
+@dataclass(frozen=True)
+class ScenarioBlock:
+    """One scenario on the report page: what ran (steps, settings), the schedule control, each arm's rows."""
+
+    anchor: str
+    name: str
+    description: str
+    settings: str
+    steps: tuple[str, ...]
+    control: str
+    control_differs: bool  # the schedule alone changed some request's tokens: the line is shown loud
+    arms: tuple[ScenarioArmBlock, ...]
+
+
+@dataclass(frozen=True)
 class ArmLog:
     arm: str
     path: str
@@ -179,6 +227,8 @@ class ReportPage:
     conditions: Conditions | None = None  # None: the report records none of the conditions (issue 18)
     conditions_warning: str = ""  # a finding that was intermittent or needed the shared device, by arm
     replay_legend: str = ""  # what a replay is, on a page that shows one; "" otherwise
+    scenarios: tuple[ScenarioBlock, ...] = ()  # () for a report without scenarios (its page is as it was)
+    scenarios_note: str = ""  # scenarios asked for (config.scenarios) but none in the report; "" otherwise
 
 
 @dataclass(frozen=True)
@@ -204,6 +254,8 @@ class IndexRow:
     verdicts: tuple[IndexVerdict, ...]
     acceptance: str
     kv: tuple[tuple[str, str], ...] | None = None  # each reuse arm's KV verdicts tallied; None before the audit
+    scenarios: tuple[tuple[str, str], ...] = ()  # ("a-b-a · PlantedFault", "FAIL") per scenario run not a plain PASS
+    scenario_passes: int = 0  # the scenario runs that are a plain PASS (counted, not listed)
 
 
 def visible_text(text: object) -> str:
@@ -414,6 +466,71 @@ def _probe_detail(
     )
 
 
+def _scenario_row(req: StepRequest) -> ScenarioRow:
+    return ScenarioRow(
+        step="?" if req.step is None else str(req.step),
+        probe=req.probe,
+        expect=req.expect_text,
+        cached=req.hit_cell,
+        role=str(req.role or "?") + (f", {req.origin}" if req.origin else ""),
+        verdict=req.verdict,
+        diff=req.diff_cell,
+        diff_class=req.divergence_class or "",
+        kv=machine_path_name(req.kv_cell),
+        kv_verdict=req.kv_verdict or "",
+        control=req.control_cell,
+        cls=req.cls,
+        note=machine_path_name(req.note),
+    )
+
+
+def _scenario_arm(arm: ScenarioArm) -> ScenarioArmBlock:
+    plain_pass = arm.verdict == PASS and not arm.cls
+    error = (machine_path_name(arm.error_text), machine_path_name(arm.log_tail)) if arm.error else None
+    return ScenarioArmBlock(
+        title=arm.title,
+        verdict=arm.verdict,
+        cls=arm.cls,
+        facts=machine_path_name(" · ".join(f for f in (arm.kv_text, arm.preemptions_text, arm.wall_text) if f)),
+        reasons=() if plain_pass else tuple(machine_path_name(r) for r in arm.reasons),
+        error=error,
+        rows=tuple(_scenario_row(r) for r in arm.requests),
+    )
+
+
+def _scenario_block(scenario: Scenario, index: int) -> ScenarioBlock:
+    control = scenario.control
+    return ScenarioBlock(
+        anchor=f"s{index}",
+        name=scenario.name,
+        description=scenario.description,
+        settings=scenario.settings_text,
+        steps=tuple(f"step {'?' if s.index is None else s.index}: {s.text}" for s in scenario.steps),
+        control=machine_path_name(scenario.control_text + _control_facts(scenario)),
+        control_differs=control is not None and (bool(control.differing) or not control.ran),
+        arms=tuple(_scenario_arm(a) for a in scenario.arms),
+    )
+
+
+def _control_facts(scenario: Scenario) -> str:
+    """' · preemptions 2 · 9.5 s' after the control's line; '' when it recorded neither."""
+    control = scenario.control
+    if control is None:
+        return ""
+    facts = [f"preemptions {control.preemptions}" if control.preemptions is not None else ""]
+    facts += [control.wall_text if control.data.get("wall_s") is not None else ""]
+    return "".join(f" · {f}" for f in facts if f)
+
+
+def _scenarios_note(report: Report) -> str:
+    """Scenarios asked for that are not in the report: said, never silently dropped."""
+    ran = {s.name for s in report.scenarios}
+    missing = [name for name in report.requested_scenarios if name not in ran]
+    notes = [f"Scenarios' {report.scenario_acceptance_text}." if report.scenario_acceptance_text else ""]
+    notes += [f"Asked for but not in this report: {', '.join(missing)}." if missing else ""]
+    return " ".join(n for n in notes if n)
+
+
 def _baseline_line(report: Report) -> str:
     base = report.baseline
     if base is None:
@@ -488,6 +605,8 @@ def build_report_page(
         conditions=_conditions(report),
         conditions_warning=report.conditions_warning,
         replay_legend=REPLAY_LEGEND if any(d.replays for d in details) else "",
+        scenarios=tuple(_scenario_block(sc, i) for i, sc in enumerate(report.scenarios)),
+        scenarios_note=_scenarios_note(report),
     )
 
 
@@ -508,7 +627,16 @@ def build_index_row(report: Report | dict, *, stem: str, href: str) -> IndexRow:
         verdicts=tuple(_index_verdict(a) for a in report.arms),
         acceptance=report.acceptance_label(short=True),
         kv=_index_kv(report),
+        scenarios=tuple(
+            (f"{s.name} · {a.title}", a.verdict_text) for s in report.scenarios for a in s.arms if not _plain_pass(a)
+        ),
+        scenario_passes=sum(_plain_pass(a) for s in report.scenarios for a in s.arms),
     )
+
+
+def _plain_pass(arm: ScenarioArm) -> bool:
+    """A scenario run with nothing to say: PASS, no class, no CORRUPT KV."""
+    return arm.verdict == PASS and not arm.cls and not arm.is_finding
 
 
 def _index_verdict(arm: Arm) -> IndexVerdict:

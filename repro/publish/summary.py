@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from repro.readmodel import Arm, Probe, Report, as_report
+from repro.readmodel import Arm, Probe, Report, Scenario, as_report
 from repro.report import CLAIM_LINE
-from repro.verdict import PASS
+from repro.verdict import ERROR, PASS, SKIPPED
 
 VERDICT_COLUMN = 20  # the summary's token-verdict column before the KV column, at least
 
@@ -32,6 +32,31 @@ def _condition_lines(arm: Arm) -> list[str]:
         c.confirmation_text + (f" — {reason}" if reason else ""),
     ]
     return [f"  {line}"[:400] for line in lines if line]
+
+
+def _scenario_lines(scenario: Scenario) -> list[str]:
+    """The control's line where it failed or differs from the plain baseline, then per arm a line (verdict,
+    class, KV, preemptions, hits), why where it has no requests, and a line per request that is not a PASS."""
+    control = scenario.control.summary_line if scenario.control is not None else ""
+    lines = [f"  {scenario.name} · {control}"] if control else []
+    for arm in scenario.arms:
+        lines.append(f"  {scenario.name} · {arm.name}: {arm.summary_line}")
+        if arm.verdict in (ERROR, SKIPPED) or not arm.requests:
+            why = [arm.error_text] if arm.error_text else []
+            lines += [f"      {r}" for r in why + [r for r in arm.reasons[:3] if r not in arm.error_text]]
+            continue
+        lines += [f"      {r.line}" for r in arm.failing]
+        lines += [f"      {r}" for r in arm.reasons if not r.startswith("step ")]  # a request's reason is on its line
+    return [line[:400] for line in lines]
+
+
+def scenario_block(report: Report) -> list[str]:
+    """The summary's Scenarios block, set apart by blank lines; [] for a report without scenarios."""
+    if not report.scenarios:
+        return []
+    lines = ["", "Scenarios"] + [line for s in report.scenarios for line in _scenario_lines(s)]
+    acceptance = report.scenario_acceptance_text
+    return lines + ([f"  {acceptance}"[:400]] if acceptance else []) + [""]
 
 
 def format_summary(report: Report | Mapping[str, Any]) -> str:
@@ -71,5 +96,6 @@ def format_summary(report: Report | Mapping[str, Any]) -> str:
         for a, p in report.kv_findings:
             expected = "" if (a.name, p.name) in unexpected else " (expected by the fixture)"
             lines.append(f"  {a.title} / {p.name}: {p.kv.blame_text}{expected}")
+    lines += scenario_block(report)
     lines.append(CLAIM_LINE)
     return "\n".join(lines)

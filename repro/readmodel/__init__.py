@@ -1,5 +1,5 @@
 """The read model: a report of any version this kit reads, loaded once into frozen records (report,
-arm, probe, request, KV audit, divergence, replay, conditions) whose derived facts are properties.
+arm, probe, request, KV audit, divergence, replay, conditions, scenario) whose derived facts are properties.
 The text summary, the site, the issue Markdown, the matrix page and bench-figures read only these;
 the report JSON on disk stays the contract (repro.report writes and strictly loads it)."""
 
@@ -23,6 +23,7 @@ from repro.readmodel.requests import (
     RequestAudit,
     margin_class,
 )
+from repro.readmodel.scenarios import ControlRequest, Scenario, ScenarioArm, ScenarioControl, Step, StepRequest
 
 __all__ = [
     "DIVERGENCE_LEGEND",
@@ -32,6 +33,7 @@ __all__ = [
     "ArmConditions",
     "BlamedChunk",
     "ConditionMark",
+    "ControlRequest",
     "CopyPath",
     "Divergence",
     "Probe",
@@ -41,6 +43,11 @@ __all__ = [
     "Request",
     "RequestAudit",
     "RunConditions",
+    "Scenario",
+    "ScenarioArm",
+    "ScenarioControl",
+    "Step",
+    "StepRequest",
     "TrialRate",
     "as_report",
     "commit_label",

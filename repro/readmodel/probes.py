@@ -55,8 +55,23 @@ class ProbeKV:
         return self.verdict
 
 
+class KVCells:
+    """A record's KV verdict for a table cell (a mixin over its ProbeKV, None when it was not audited)."""
+
+    kv: ProbeKV | None
+
+    @property
+    def kv_verdict(self) -> str | None:
+        return self.kv.verdict if self.kv is not None else None
+
+    @property
+    def kv_cell(self) -> str:
+        """The KV verdict on one line ('EXACT', 'CORRUPT: blocks 0–15 (…), K+V, layers 0–3'); '—' when not audited."""
+        return self.kv.cell if self.kv is not None else "—"
+
+
 @dataclass(frozen=True)
-class Probe:
+class Probe(KVCells):
     """One probe of an arm: its verdict and the requests it sent (cold first, then the reuses)."""
 
     data: Mapping[str, Any] = field(repr=False)
@@ -96,15 +111,6 @@ class Probe:
     @property
     def reuses(self) -> tuple[Request, ...]:
         return self.requests[1:]
-
-    @property
-    def kv_verdict(self) -> str | None:
-        return self.kv.verdict if self.kv is not None else None
-
-    @property
-    def kv_cell(self) -> str:
-        """The KV verdict on one line; '—' when the probe was not audited."""
-        return self.kv.cell if self.kv is not None else "—"
 
     @property
     def is_finding(self) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 from repro.readmodel.arms import Arm
 from repro.readmodel.conditions import RunConditions
 from repro.readmodel.probes import Probe
+from repro.readmodel.scenarios import Scenario, ScenarioArm
 from repro.report import excused_kv_findings
 from repro.verdict import CORRUPT
 from repro.wording import is_commit_hash
@@ -158,6 +159,52 @@ class Report:
         """The KV findings the acceptance did not expect (as repro.report.unexpected_kv_findings decides)."""
         excused = excused_kv_findings(self.acceptance)
         return tuple((a, p) for a, p in self.kv_findings if (a.name, p.name) not in excused)
+
+    @property
+    def requested_scenarios(self) -> tuple[str, ...]:
+        """The scenarios the run was asked for (config.scenarios); () for a run without them."""
+        found = self.config.get("scenarios")
+        return tuple(str(s) for s in found) if isinstance(found, list) else ()
+
+    @cached_property
+    def scenarios(self) -> tuple[Scenario, ...]:
+        """The scenarios that ran, in report order; () for a report without them (every view is then as before)."""
+        found = self.data.get("scenarios")
+        if not isinstance(found, list):
+            return ()
+        titles = {a.name: a.title for a in self.arms}
+        return tuple(Scenario.from_json(s, self.block_size, titles) for s in found if isinstance(s, dict))
+
+    @property
+    def scenario_findings(self) -> tuple[tuple[Scenario, ScenarioArm], ...]:
+        """(scenario, arm) of every scenario FAIL (or KV CORRUPT), in report order."""
+        return tuple((s, a) for s in self.scenarios for a in s.findings)
+
+    @property
+    def scenario_acceptance(self) -> Mapping[str, Any]:
+        """The scenarios' acceptance (matched, checked, unchecked); {} when the report has none."""
+        found = self.acceptance.get("scenarios")
+        return found if isinstance(found, Mapping) else {}
+
+    @property
+    def scenario_acceptance_text(self) -> str:
+        """'acceptance.matched = true', '… = false (unchecked: native a-b-a; failed: …)', 'n/a (no acceptance
+        suite)'; '' when the report records no scenario acceptance."""
+        acc = self.scenario_acceptance
+        if not acc:
+            return ""
+        matched = acc.get("matched")
+        if matched is None:
+            return f"acceptance.matched = {NO_SUITE}"
+        failed = [c for c in acc.get("checked") or [] if isinstance(c, Mapping) and not c.get("ok")]
+        unchecked = [u for u in acc.get("unchecked") or [] if isinstance(u, Mapping)]
+        notes = [
+            "failed: " + "; ".join(f"{c.get('arm')} {c.get('scenario')} {c.get('check')} expected "
+                                   f"{c.get('expected')}, got {c.get('observed')}" for c in failed),
+            "unchecked: " + "; ".join(f"{u.get('arm')} {u.get('scenario')} {u.get('observed')}" for u in unchecked),
+        ]  # fmt: skip
+        shown = " · ".join(n for n, items in zip(notes, (failed, unchecked)) if items)
+        return f"acceptance.matched = {str(matched).lower()}" + (f" ({shown})" if shown else "")
 
     @property
     def run_conditions(self) -> RunConditions:

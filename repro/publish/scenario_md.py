@@ -1,0 +1,103 @@
+"""A report's scenarios as issue Markdown: a verdict table with a row per scenario and arm, then each
+scenario FAIL as a finding (what ran, the step, the first diff and its margins, the KV blame, the schedule
+control and both token lists), then why any other arm is not a PASS."""
+
+from __future__ import annotations
+
+from repro.publish.markdown import format_tokens, margin_text, markdown_table
+from repro.readmodel import Report, Scenario, ScenarioArm, StepRequest
+from repro.verdict import PASS
+from repro.wording import NOT_RECORDED
+
+SCENARIO_HEADER = ("scenario", "arm", "verdict", "KV", "preemptions", "requests not PASS")
+SCENARIO_LEGEND = (
+    "Each scenario runs its steps in a fresh engine per arm, with its own engine settings; a step's prompts go "
+    "one after another, or at once when they are in flight together. Every request, hit or miss, is compared "
+    "exactly with its probe's plain cold baseline. The schedule control is the baseline arm's cache-off run of "
+    "the same steps: where it differs from the plain baseline, the schedule alone changed the numerics, and a "
+    "divergence it shares is classed `schedule-numerics`, not blamed on reuse."
+)
+
+
+def scenario_rows(report: Report) -> list[tuple[str, ...]]:
+    """One row per scenario and arm: its verdict with its class, its preemptions, the requests that are not
+    a PASS (or its error)."""
+    rows = []
+    for scenario in report.scenarios:
+        for arm in scenario.arms:
+            failing = ", ".join(f"{r.place} {r.verdict}" for r in arm.failing)
+            count = NOT_RECORDED if arm.preemptions is None else str(arm.preemptions)
+            kv = arm.kv.cell if arm.kv is not None else "—"
+            rows.append((scenario.name, arm.title, arm.verdict_text, kv, count, failing or arm.error_text or "—"))
+    return rows
+
+
+def _steps_text(scenario: Scenario) -> str:
+    return "; ".join(f"{'?' if s.index is None else s.index}: {s.text}" for s in scenario.steps) or "none recorded"
+
+
+def _request_lines(report: Report, request: StepRequest, token_limit: int | None) -> list[str]:
+    diff = (
+        f", first diff @{request.first_diff}; {margin_text(request.margin)}" if request.first_diff is not None else ""
+    )
+    cls = f" ({request.cls})" if request.cls else ""
+    lines = [
+        (
+            f"- **{request.place}** ({request.role or '?'}, {request.hit_cell} cached tokens, {request.expect_text}): "
+            f"{request.verdict}{cls}{diff}"
+        )
+    ]
+    lines += [f"  - {text}" for text in (*request.reasons, request.note) if text]
+    if request.kv is not None:
+        lines.append(f"  - KV: {request.kv_cell}")
+    lines.append(f"  - control: {request.control_text}")
+    lines += [f"  - **{text}**" for text in request.replay_texts]
+    if token_limit != 0 and request.first_diff is not None:
+        lines.append(f"  - baseline: {format_tokens(report.baseline_token_ids(request.probe), token_limit)}")
+        control = request.control
+        if control is not None and control.differs:
+            lines.append(f"  - control: {format_tokens(control.token_ids, token_limit)}")
+        lines.append(f"  - this request: {format_tokens(request.token_ids, token_limit)}")
+    return lines
+
+
+def format_finding(report: Report, scenario: Scenario, arm: ScenarioArm, token_limit: int | None) -> list[str]:
+    """One scenario FAIL: what ran, then every request that is not a PASS with what a maintainer needs."""
+    settings = scenario.settings_text
+    what = scenario.description or scenario.name
+    return [
+        f"**{scenario.name} · {arm.title}: {arm.verdict_text}**",
+        "",
+        f"- what ran: {what}" + (f" ({settings})" if settings else ""),
+        f"- steps: {_steps_text(scenario)}",
+        f"- {scenario.control_text}",
+        f"- {arm.preemptions_text}",
+        *([f"- {arm.kv_text}"] if arm.kv is not None else []),
+        *(line for r in arm.failing for line in _request_lines(report, r, token_limit)),
+    ]
+
+
+def format_scenarios(report: Report, token_limit: int | None) -> str:
+    """The Scenarios section: the legend, the verdict table, each FAIL as a finding, then why any other arm
+    is not a PASS; scenarios asked for that are not in the report are said."""
+    ran = {s.name for s in report.scenarios}
+    missing = [name for name in report.requested_scenarios if name not in ran]
+    parts = [SCENARIO_LEGEND]
+    if report.scenario_acceptance_text:
+        parts.append(f"- scenarios' {report.scenario_acceptance_text}")
+    if report.scenarios:
+        parts.append(markdown_table(SCENARIO_HEADER, scenario_rows(report)))
+    parts += ["\n".join(format_finding(report, s, a, token_limit)) for s, a in report.scenario_findings]
+    others = [
+        f"- **{s.name} · {a.title}**: {a.verdict_text} — {a.error_text or '; '.join(a.reasons) or 'no reason recorded'}"
+        for s in report.scenarios
+        for a in s.arms
+        if not a.is_finding and (a.verdict != PASS or a.cls)
+    ]
+    if others:
+        parts.append("\n".join(others))
+    if missing:
+        parts.append(f"Asked for but not in this report: {', '.join(missing)}.")
+    if token_limit == 0 and report.scenario_findings:
+        parts.append("_Generated token lists left out to fit GitHub's size limit; they are in the report JSON._")
+    return "\n\n".join(parts)
