@@ -166,9 +166,10 @@ class ArmSlot:
     kv_cache_tokens: int | None = None
 
     def apply(self, job: Job) -> Job:
-        """The job with this slot's engine settings (its environment goes to the child's env)."""
-        engine = replace(job.engine, gpu_memory_utilization=self.gpu_memory_utilization,
-                         kv_cache_tokens=self.kv_cache_tokens)  # fmt: skip
+        """The job with this slot's engine settings (its environment goes to the child's env); a job that
+        sizes its own KV cache (a scenario's) keeps its size."""
+        tokens = job.engine.kv_cache_tokens or self.kv_cache_tokens
+        engine = replace(job.engine, gpu_memory_utilization=self.gpu_memory_utilization, kv_cache_tokens=tokens)
         return replace(job, engine=engine)
 
 
