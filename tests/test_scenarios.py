@@ -118,7 +118,9 @@ def test_the_run_checks_scenario_names_probes_and_cache_size():
     assert select(fixture, None, with_suite, 2048) == []
     assert [sc.name for sc in select(fixture, "all", with_suite, 2048)] == [sc.name for sc in fixture.scenarios]
     assert [sc.name for sc in select(fixture, "in-flight,a-b-a", with_suite, 2048)] == ["in-flight", "a-b-a"]
-    with pytest.raises(UsageError, match=r"--scenarios: no scenario .nope. in fixture .* \(it declares a-b-a, eviction"):
+    with pytest.raises(
+        UsageError, match=r"--scenarios: no scenario .nope. in fixture .* \(it declares a-b-a, eviction"
+    ):
         select(fixture, "a-b-a,nope", with_suite, 2048)
     with pytest.raises(UsageError, match="submits 'chat-511', not a probe of this run .*add --suite acceptance"):
         select(fixture, "a-b-a", build_probes(fixture.probes, None), 2048)
@@ -231,7 +233,9 @@ def test_a_scenario_job_and_result_round_trip():
               scenario=ScenarioJob("s", (StepJob(("a",)), StepJob(("a", "b"), True))))  # fmt: skip
     assert Job.from_json(json.loads(json.dumps(job.to_json()))) == job
     plain = Job(ArmSpec("native", "native"), EngineConfig("m", None, "float32", 0, 0.1, 2048, 16, "cpu"), 16, 2, ())
-    assert "scenario" not in plain.to_json() and "max_num_seqs" not in plain.to_json()["engine"]  # a plain job as before
+    assert (
+        "scenario" not in plain.to_json() and "max_num_seqs" not in plain.to_json()["engine"]
+    )  # a plain job as before
     req = RequestResult("reuse", 16, (1, 2), (), "length", None, "x")
     result = ArmResult("native~scenario.s", probes=(ProbeResult("a", (1, 2), None, ()),),
                        scenario=ScenarioResult("s", (StepRequest(1, "a", req, 2),), 2, "vllm:num_preemptions"))  # fmt: skip
