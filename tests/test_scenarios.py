@@ -328,3 +328,57 @@ def test_the_example_is_a_real_run(tmp_path: Path):
     report = _report()
     assert report["fixture"]["name"] == "scenarios-cpu"
     assert [sc["name"] for sc in report["scenarios"]] == ["a-b-a"]
+
+
+# ---- a run's jobs -----------------------------------------------------------------------------------------
+
+
+def _opts(tiny_model: str, *extra: str):
+    from repro.cli import CPU_ENGINE_FLAGS, parse_args
+
+    return parse_args(["--model", tiny_model, *CPU_ENGINE_FLAGS, "--compare-native", "--fixture", str(CPU_FIXTURE),
+                       "--report", "/tmp/unused.json", *extra])  # fmt: skip
+
+
+def test_a_scenario_job_carries_its_steps_and_engine(tiny_model):
+    from repro.plan import plan_arms
+    from repro.scenarios import job_for, runs_of
+
+    opts = _opts(tiny_model)
+    fixture = load_fixture(CPU_FIXTURE)
+    probes = build_probes(fixture.probes, "acceptance")
+    pre = next(sc for sc in fixture.scenarios if sc.name == "preemption")
+    runs, skipped = runs_of(pre, plan_arms(opts, fixture))
+    assert [run.name for _, run in runs] == [
+        "baseline~scenario.preemption",
+        "ExampleConnector~scenario.preemption",
+        "native~scenario.preemption",
+    ]
+    assert list(skipped) == ["native-matched"]
+    job = job_for(opts, runs[2][1], pre, probes, fixture.sha256, None)
+    assert (job.engine.kv_cache_tokens, job.engine.max_num_seqs, job.engine.max_num_batched_tokens) == (2048, 4, None)
+    assert [p.name for p in job.probes] == ["fixture", "chat-511", "chat-512", "chat-513"]
+    assert job.scenario.steps[0] == StepJob(("fixture", "chat-511", "chat-512", "chat-513"), True)
+    aba = fixture.scenarios[0]
+    assert job_for(opts, runs[0][1], aba, probes, fixture.sha256, None).engine.max_num_seqs == 1  # no together step
+
+
+def test_an_lmcache_arm_gets_a_derived_yaml_and_its_mp_server_settings(tmp_path):
+    import yaml
+
+    from repro.contract import ConnectorSpec
+    from repro.lmcache_mp import ServerSettings
+    from repro.plan import PlannedArm
+    from repro.scenarios import LMCACHE_CONFIG_ENV, mp_settings, prepare
+
+    fixture = load_fixture(ROOT / "fixtures" / "scenarios-gpu-lmcache.json")
+    eviction = next(sc for sc in fixture.scenarios if sc.name == "eviction")
+    v1 = PlannedArm(ArmSpec("LMCacheConnectorV1~scenario.eviction", "connector", ConnectorSpec("LMCacheConnectorV1")))
+    arm, record = prepare(v1, eviction, tmp_path, [], tmp_path, str(ROOT / "fixtures" / "lmcache-local-cpu.yaml"))
+    written = yaml.safe_load(Path(arm.env[LMCACHE_CONFIG_ENV]).read_text())
+    assert written["max_local_cpu_size"] == 0.003 and written["chunk_size"] == 256  # the base's other keys kept
+    assert record["overrides"] == {"max_local_cpu_size": 0.003}
+    native = PlannedArm(ArmSpec("native~scenario.eviction", "native"))
+    assert prepare(native, eviction, tmp_path, [], tmp_path, None) == (native, None)
+    assert ServerSettings(**mp_settings(eviction)).l1_size_gb == 0.003
+    assert mp_settings(fixture.scenarios[0]) == {}
