@@ -58,6 +58,7 @@ class ArmSpec:
     extra_config: dict = field(default_factory=dict)
     skip_probes: dict = field(default_factory=dict)  # probe name -> why this arm cannot run it
     lmcache_ops: str | None = None  # this arm's own --lmcache-ops (one connector twice, once per copy path)
+    skip_scenarios: dict = field(default_factory=dict)  # scenario name -> why this arm cannot run it
 
 
 # --lmcache-ops values (repro.lmcache_ops.MODES; that module imports heavier things, so spelled here too)
@@ -221,8 +222,17 @@ def _parse_arm(obj: object, where: str, path) -> ArmSpec:
     ops = obj.get("lmcache_ops")
     if ops is not None and ops not in LMCACHE_OPS_MODES:
         raise _fail(path, f"{where}.lmcache_ops: must be one of {', '.join(LMCACHE_OPS_MODES)}")
+    skip_sc = obj.get("skip_scenarios", {})
+    if not isinstance(skip_sc, dict) or not all(isinstance(v, str) for v in skip_sc.values()):
+        raise _fail(path, f"{where}.skip_scenarios: must be an object of scenario -> why (a string)")
     return ArmSpec(
-        name=name, connector=connector, module_path=module_path, extra_config=extra, skip_probes=skip, lmcache_ops=ops
+        name=name,
+        connector=connector,
+        module_path=module_path,
+        extra_config=extra,
+        skip_probes=skip,
+        lmcache_ops=ops,
+        skip_scenarios=skip_sc,
     )
 
 
@@ -261,6 +271,10 @@ def parse_fixture(data: object, path: str | Path, digest: str) -> Fixture:
     expected_scenarios = _parse_expected(data, "expected_scenarios", VERDICTS, path)
     expected_scenarios_kv = _parse_expected(data, "expected_scenarios_kv", KV_VERDICTS, path)
     names = {sc.name for sc in scenarios}
+    for i, arm in enumerate(arms):
+        unknown = sorted(set(arm.skip_scenarios) - names)
+        if unknown:
+            raise _fail(path, f"arms[{i}].skip_scenarios: no scenario named {_name(unknown[0])}")
     for key, table_of in (("expected_scenarios", expected_scenarios), ("expected_scenarios_kv", expected_scenarios_kv)):
         for arm, table in table_of.items():
             unknown = sorted(set(table) - names)

@@ -16,9 +16,10 @@ from pathlib import Path
 
 from repro import kvaudit
 from repro.cli import Options
-from repro.contract import ArmResult, Job, ProbeJob, RequestResult, ScenarioJob, StepJob, build_job
+from repro.compare import first_diff
+from repro.contract import ArmResult, Job, ProbeJob, ScenarioJob, StepJob, build_job
 from repro.errors import UsageError
-from repro.evaluate import comparability_problems
+from repro.evaluate import comparability_problems, margin_of
 from repro.fixtures import Fixture, Probe, Scenario
 from repro.plan import PlannedArm, engine_config, materialize
 from repro.replays import find_replays
@@ -39,6 +40,7 @@ from repro.verdict import (
     decide_scenario_arm,
     decide_scenario_kv,
     decide_scenario_request,
+    decide_scenario_request_unbased,
 )
 
 # A scenario run's name (its log, result and KV directory): `<arm>~scenario.<name>`; `~` is no name character.
@@ -88,17 +90,20 @@ def select(fixture: Fixture, asked: str | None, probes: list[Probe], max_model_l
     return chosen
 
 
-def runs_of(scenario: Scenario, arms: list[PlannedArm]) -> tuple[list[tuple[PlannedArm, PlannedArm]], dict[str, str]]:
+def runs_of(
+    scenario: Scenario, arms: list[PlannedArm]
+) -> tuple[list[tuple[PlannedArm, PlannedArm]], dict[str, tuple[str, str]]]:
     """The (arm, its renamed run) pairs a scenario runs, baseline (the schedule control) first, and the arms
-    it skips with why. native-matched primes each plain reuse with a connector arm's reuse length: a
+    it skips (name -> (mode, why)): those the fixture says cannot run it (skip_scenarios), and native-matched: primes each plain reuse with a connector arm's reuse length: a
     scenario has no such plan, so it is skipped."""
     runs, skipped = [], {}
     for arm in arms:
         if arm.match_arm is not None:
-            skipped[arm.name] = (
-                "native-matched primes each plain reuse with the prefix length its connector arm reused; "
-                "a scenario's steps have no such plan"
-            )
+            why = "native-matched primes each plain reuse with the prefix length its connector arm reused; "
+            skipped[arm.name] = (arm.spec.mode, why + "a scenario's steps have no such plan")
+            continue
+        if scenario.name in arm.skip_scenarios:
+            skipped[arm.name] = (arm.spec.mode, arm.skip_scenarios[scenario.name])
             continue
         renamed = replace(arm, spec=replace(arm.spec, name=run_name(arm.name, scenario.name)))
         runs.append((arm, renamed))
@@ -188,7 +193,7 @@ def _control(outcome: ArmOutcome | None, answers: dict[str, list[int]], logs_rel
     reqs = []
     for sr in outcome.result.scenario.requests:
         base = answers.get(sr.probe)
-        diff = None if base is None else _first_diff(base, list(sr.request.token_ids))
+        diff = None if base is None else first_diff(base, list(sr.request.token_ids))
         reqs.append(
             {
                 "step": sr.step,
@@ -205,22 +210,10 @@ def _control(outcome: ArmOutcome | None, answers: dict[str, list[int]], logs_rel
             "preemptions": res.preemptions, "preemptions_source": res.preemptions_source}  # fmt: skip
 
 
-def _first_diff(a: list[int], b: list[int]) -> int | None:
-    from repro.compare import first_diff
-
-    return first_diff(a, b)
-
-
-def _margin(index: int | None, base: RequestResult, req: RequestResult) -> dict | None:
-    from repro.evaluate import _margin as margin
-
-    return margin(index, base, req)
-
-
-def _arm_entry_base(arm: PlannedArm, outcome: ArmOutcome | None, logs_rel: str) -> dict:
+def _arm_entry_base(name: str, mode: str, outcome: ArmOutcome | None, logs_rel: str) -> dict:
     return {
-        "arm": arm.name,
-        "mode": arm.spec.mode,
+        "arm": name,
+        "mode": mode,
         "verdict": None,
         "reasons": [],
         "class": None,
@@ -244,7 +237,7 @@ def judge_run(
     logs_rel: str,
 ) -> dict:
     """One (scenario, arm) entry of the report: every request judged, then the arm."""
-    entry = _arm_entry_base(arm, outcome, logs_rel)
+    entry = _arm_entry_base(arm.name, arm.spec.mode, outcome, logs_rel)
     if outcome is None:
         entry.update(verdict=ERROR, reasons=["it never ran (the run was stopping)"])
         return entry
@@ -280,10 +273,10 @@ def judge_run(
         matches = None
         if ok and i < len(ctl) and (ctl[i]["step"], ctl[i]["probe"]) == (sr.step, sr.probe):
             matches = ctl[i]["matches_plain"]
+        view = Request(tuple(req.token_ids), req.cached_tokens)
         if base is None:
-            v = ScenarioRequestVerdict("INCONCLUSIVE", ("the baseline has no result for this probe",), "miss", None)
+            v = decide_scenario_request_unbased(view)
         else:
-            view = Request(tuple(req.token_ids), req.cached_tokens)
             v = decide_scenario_request(tuple(answers[sr.probe]), view, expect, matches, bool(sr.preemptions))
         judged.append((_label(sr.step, sr.probe), v))
         tokens = list(req.token_ids)
@@ -304,7 +297,7 @@ def judge_run(
                 "reasons": list(v.reasons),
                 "class": v.cls,
                 "first_diff": v.first_diff,
-                "margin": _margin(v.first_diff, base.requests[0], req) if base is not None else None,
+                "margin": margin_of(v.first_diff, base.requests[0], req) if base is not None else None,
                 "replays": replays,
                 "token_ids": tokens,
                 "text": req.text,
@@ -329,7 +322,7 @@ def judge_run(
 def section(
     scenario: Scenario,
     runs: list[tuple[PlannedArm, PlannedArm, ArmOutcome | None, dict | None]],
-    skipped: dict[str, str],
+    skipped: dict[str, tuple[str, str]],
     baseline: ArmResult | None,
     logs_rel: str,
 ) -> dict:
@@ -346,9 +339,9 @@ def section(
         entry["arm"] = original.name
         entry["lmcache_config"] = lmcache_record
         arms.append(entry)
-    for name, why in skipped.items():
-        arms.append({**_arm_entry_base(PlannedArm(_spec_named(name)), None, logs_rel), "arm": name,
-                     "verdict": SKIPPED, "reasons": [why], "preemptions_source": "unavailable: skipped"})  # fmt: skip
+    for name, (mode, why) in skipped.items():
+        entry = _arm_entry_base(name, mode, None, logs_rel)
+        arms.append({**entry, "verdict": SKIPPED, "reasons": [why], "preemptions_source": "unavailable: skipped"})
     return {
         "name": scenario.name,
         "description": scenario.description,
@@ -362,12 +355,6 @@ def section(
         "control": control,
         "arms": arms,
     }
-
-
-def _spec_named(name: str):
-    from repro.contract import ArmSpec
-
-    return ArmSpec(name, "native")
 
 
 # ---- the KV audit of scenario requests --------------------------------------------------------------------

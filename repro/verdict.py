@@ -486,6 +486,13 @@ def decide_scenario_request(
     return ScenarioRequestVerdict(verdict, tuple(r for _, r in found), role, diff, cls)
 
 
+def decide_scenario_request_unbased(req: Request) -> ScenarioRequestVerdict:
+    """A scenario request whose probe the plain baseline has no result for: nothing to compare with."""
+    return ScenarioRequestVerdict(
+        INCONCLUSIVE, ("the baseline has no result for this probe",), REUSE if req.cached_tokens else MISS, None
+    )
+
+
 def decide_scenario_arm(
     requests: list[tuple[str, ScenarioRequestVerdict]] | tuple[tuple[str, ScenarioRequestVerdict], ...],
     preemption_required: bool,

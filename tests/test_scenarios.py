@@ -50,8 +50,12 @@ BASE = (1, 2, 3, 4)
 
 def _doc(scenarios=None, **extra) -> dict:
     doc = json.loads(CPU_FIXTURE.read_text(encoding="utf-8"))
-    if scenarios is not None:
+    if scenarios is not None:  # the shipped scenarios' expectations and skips go with them
         doc["scenarios"] = scenarios
+        doc.pop("expected_scenarios")
+        doc.pop("expected_scenarios_kv")
+        for arm in doc["arms"]:
+            arm.pop("skip_scenarios", None)
     doc.update(extra)
     return doc
 
@@ -103,11 +107,14 @@ def test_a_bad_scenario_is_one_line(scenario, message):
     assert "\n" not in str(caught.value) and str(caught.value).startswith("fixture f.json: ")
 
 
-def test_duplicate_scenarios_and_expectations_of_unknown_ones_are_refused():
+def test_duplicate_scenarios_and_expectations_or_skips_of_unknown_ones_are_refused():
     with pytest.raises(UsageError, match="duplicate scenario name 's'"):
         parse_fixture(_doc([_scenario(), _scenario()]), "f.json", "0" * 64)
     with pytest.raises(UsageError, match="expected_scenarios.native: no scenario named nope"):
         parse_fixture(_doc([_scenario()], expected_scenarios={"native": {"nope": PASS}}), "f.json", "0" * 64)
+    arms = [{"name": "X", "connector": "ExampleConnector", "skip_scenarios": {"t": "why"}}]
+    with pytest.raises(UsageError, match=r"arms\[0\].skip_scenarios: no scenario named t"):
+        parse_fixture(_doc([_scenario()], arms=arms), "f.json", "0" * 64)
     with pytest.raises(UsageError, match=r"expected_scenarios_kv.native.s: 'FINE' is not one of"):
         parse_fixture(_doc([_scenario()], expected_scenarios_kv={"native": {"s": "FINE"}}), "f.json", "0" * 64)
 
@@ -349,13 +356,16 @@ def test_a_scenario_job_carries_its_steps_and_engine(tiny_model):
     probes = build_probes(fixture.probes, "acceptance")
     pre = next(sc for sc in fixture.scenarios if sc.name == "preemption")
     runs, skipped = runs_of(pre, plan_arms(opts, fixture))
-    assert [run.name for _, run in runs] == [
-        "baseline~scenario.preemption",
-        "ExampleConnector~scenario.preemption",
-        "native~scenario.preemption",
-    ]
-    assert list(skipped) == ["native-matched"]
-    job = job_for(opts, runs[2][1], pre, probes, fixture.sha256, None)
+    assert [run.name for _, run in runs] == ["baseline~scenario.preemption", "native~scenario.preemption"]
+    assert {name: mode for name, (mode, _) in skipped.items()} == {
+        "ExampleConnector": "connector",
+        "native-matched": "native",
+    }
+    assert "FileNotFoundError" in skipped["ExampleConnector"][1]
+    assert [run.name for _, run in runs_of(fixture.scenarios[0], plan_arms(opts, fixture))[0]][1] == (
+        "ExampleConnector~scenario.a-b-a"
+    )
+    job = job_for(opts, runs[1][1], pre, probes, fixture.sha256, None)
     assert (job.engine.kv_cache_tokens, job.engine.max_num_seqs, job.engine.max_num_batched_tokens) == (2048, 4, None)
     assert [p.name for p in job.probes] == ["fixture", "chat-511", "chat-512", "chat-513"]
     assert job.scenario.steps[0] == StepJob(("fixture", "chat-511", "chat-512", "chat-513"), True)
