@@ -520,6 +520,8 @@ class ScenarioRuns:
                 raw, problem = kvaudit.run_compare(
                     scenarios.compare_job(baseline, results), self.work, self.env, a.python, timeout_s=a.timeout
                 )
+            if a.keep_kv and (self.work / "kv").exists():  # the scenario runs' tensors too (the arms' went before)
+                shutil.copytree(self.work / "kv", Path(a.keep_kv), dirs_exist_ok=True)
         for sc in chosen:
             runs = [(o_arm, run, out, rec) for (s, o_arm, run, rec), out in zip(plan, outcomes) if s is sc]
             sec = scenarios.section(sc, runs, skipped[sc.name], baseline, self.logs_rel)
