@@ -42,7 +42,11 @@ def test_native_and_example_connector_under_every_scenario(scenarios_run):
     for name in SCENARIOS:
         assert arms[(name, "native")]["verdict"] == "PASS", arms[(name, "native")]["reasons"]
         assert arms[(name, "native")]["kv"]["verdict"] == "EXACT"
-        assert arms[(name, "ExampleConnector")]["verdict"] == "PASS", arms[(name, "ExampleConnector")]["reasons"]
+        example = arms[(name, "ExampleConnector")]
+        if name == "preemption":  # the fixture's skip_scenarios: it crashes the engine there, and says why
+            assert example["verdict"] == "SKIPPED" and "FileNotFoundError" in example["reasons"][0]
+        else:
+            assert (example["verdict"], example["kv"]["verdict"]) == ("PASS", "EXACT"), example["reasons"]
         assert arms[(name, "native-matched")]["verdict"] == "SKIPPED"
     acc = report["acceptance"]["scenarios"]
     assert acc["matched"] is True and acc["unchecked"] == []
