@@ -207,7 +207,13 @@ def _control(outcome: ArmOutcome | None, answers: dict[str, list[int]], logs_rel
         )
     res = outcome.result.scenario
     return {"arm": "baseline", "status": "ok", "error": None, "requests": reqs, "log": log, "wall_s": outcome.wall_s,
-            "preemptions": res.preemptions, "preemptions_source": res.preemptions_source}  # fmt: skip
+            "timing": _timing(outcome.result), "preemptions": res.preemptions,
+            "preemptions_source": res.preemptions_source}  # fmt: skip
+
+
+def _timing(result: ArmResult) -> dict:
+    """What the child's own clock says: engine start (process start to a ready engine) and generation."""
+    return {"engine_start_s": result.engine_start_s, "generation_s": result.generation_s}
 
 
 def _arm_entry_base(name: str, mode: str, outcome: ArmOutcome | None, logs_rel: str) -> dict:
@@ -222,6 +228,7 @@ def _arm_entry_base(name: str, mode: str, outcome: ArmOutcome | None, logs_rel: 
         "error": None,
         "log": f"{logs_rel}/{outcome.log_path.name}" if outcome is not None else None,
         "wall_s": outcome.wall_s if outcome is not None else None,
+        "timing": None,
         "lmcache_config": None,
         "kv": None,
         "requests": [],
@@ -246,6 +253,7 @@ def judge_run(
         entry.update(verdict=v.verdict, reasons=list(v.reasons), error=outcome.failure.to_json())
         return entry
     result = outcome.result
+    entry["timing"] = _timing(result)
     if baseline is None:
         v = decide_no_baseline()
         entry.update(verdict=v.verdict, reasons=list(v.reasons))
