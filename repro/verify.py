@@ -488,7 +488,7 @@ class ScenarioRuns:
     def run(self, chosen, baseline: ArmResult | None, n_jobs: int, progress: Progress, clock: Clock) -> None:
         a = self.opts.args
         plan = []  # (scenario, original arm, run arm, derived LMCache YAML record)
-        skipped: dict[str, dict[str, str]] = {}
+        skipped: dict[str, dict[str, tuple[str, str]]] = {}  # scenario -> arm -> (mode, why)
         for sc in chosen:
             runs, skipped[sc.name] = scenarios.runs_of(sc, self.arms)
             for original, run in runs:
@@ -526,11 +526,14 @@ class ScenarioRuns:
             runs = [(o_arm, run, out, rec) for (s, o_arm, run, rec), out in zip(plan, outcomes) if s is sc]
             sec = scenarios.section(sc, runs, skipped[sc.name], baseline, self.logs_rel)
             by_arm = {o_arm.name: run.name for o_arm, run, _, _ in runs}
+            verdicts = {by_arm.get("baseline"): "control " + sec["control"]["status"]}
             for entry in sec["arms"]:
                 name = by_arm.get(entry["arm"])
                 scenarios.annotate_kv(entry, results.get(name), raw, problem, a.block_size)
+                verdicts[name] = entry["verdict"]
+            for name, verdict in verdicts.items():
                 if name is not None and name in progress.arms:
-                    progress.finish(name, entry["verdict"])
+                    progress.finish(name, verdict)
             self.sections.append(sec)
 
     def errors(self) -> list[dict]:
