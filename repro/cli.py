@@ -108,6 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="how each arm's child drives its engine: sync (vLLM's LLM, the default) or async (a bare AsyncLLM, "
         "the front end of `vllm serve`); the same engine, requests and sampling either way",
     )
+    p.add_argument(
+        "--scenarios",
+        default=None,
+        metavar="all|NAME[,NAME]",
+        help="also run the fixture's scenarios (all, or these by name), after the plain probes: each (scenario, arm) "
+        "a fresh engine with the scenario's settings, every request compared with its probe's cache-off baseline",
+    )
     p.add_argument("--quiet", action="store_true", help="print only the summary (no progress display)")
     p.add_argument(
         "--no-kv-audit",

@@ -10,6 +10,9 @@ carries a Failure of one of FAILURE_KINDS.
 Arm result schema (kind "kvkit-arm-result"):
   schema_version 1: first version.
   schema_version 2: the KV audit (Job.kv_audit_dir, RequestResult.kv_audit_record, ArmResult.kv_audit).
+    Additions without a bump (both sides are always one kit; an absent field reads as None): a scenario
+    job (Job.scenario, EngineConfig.max_num_seqs and max_num_batched_tokens) and its result
+    (ArmResult.scenario: the steps' requests and the engine's preemption counter).
 """
 
 from __future__ import annotations
@@ -148,13 +151,17 @@ class EngineConfig:
     max_model_len: int
     block_size: int
     device: str
-    # set where arms share a GPU: the KV cache holds this many tokens (repro.plan.arm_slots)
+    # set where arms share a GPU: the KV cache holds this many tokens (repro.plan.arm_slots); a scenario's own
     kv_cache_tokens: int | None = None
+    # a scenario's engine (repro.scenarios): requests in flight at once, and tokens one step schedules
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
 
     def to_json(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        if self.kv_cache_tokens is None:
-            del out["kv_cache_tokens"]
+        for key in ("kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens"):
+            if out[key] is None:
+                del out[key]
         return out
 
     @classmethod
@@ -169,6 +176,8 @@ class EngineConfig:
             block_size=_get(data, "block_size", int, where),
             device=_get(data, "device", str, where),
             kv_cache_tokens=_get(data, "kv_cache_tokens", int, where, optional=True),
+            max_num_seqs=_get(data, "max_num_seqs", int, where, optional=True),
+            max_num_batched_tokens=_get(data, "max_num_batched_tokens", int, where, optional=True),
         )
 
 
@@ -200,6 +209,44 @@ class ProbeJob:
             prompt=prompt,
             requests=_get(data, "requests", int, where),
             match_tokens=None if match is None else _ints(match, f"{where}.match_tokens"),
+        )
+
+
+@dataclass(frozen=True)
+class StepJob:
+    """One step of a scenario: these probes' requests, one generate call each in order, or one call
+    with all of them (together: in flight at once)."""
+
+    submit: tuple[str, ...]
+    together: bool = False
+
+    def to_json(self) -> dict:
+        return {"submit": list(self.submit), "together": self.together}
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "step") -> StepJob:
+        submit = _get(data, "submit", list, where)
+        if not submit or not all(isinstance(n, str) for n in submit):
+            raise ContractError(f"{where}.submit: must be a non-empty list of probe names")
+        return cls(submit=tuple(submit), together=bool(_get(data, "together", bool, where, optional=True)))
+
+
+@dataclass(frozen=True)
+class ScenarioJob:
+    """A scenario's steps (repro.scenarios); the job's probes are the prompts they name."""
+
+    name: str
+    steps: tuple[StepJob, ...]
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "steps": [s.to_json() for s in self.steps]}
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "scenario") -> ScenarioJob:
+        steps = _get(data, "steps", list, where)
+        return cls(
+            name=_get(data, "name", str, where),
+            steps=tuple(StepJob.from_json(s, f"{where}.steps[{i}]") for i, s in enumerate(steps)),
         )
 
 
@@ -255,6 +302,8 @@ class Job:
     # native-matched: the child builds its engine, then waits for this file to give its probes
     # (PROBES_FILE_KEY: a list of ProbeJob), or to say "stop" (its connector arm gave nothing to match)
     probes_file: str | None = None
+    # a scenario's job: its steps over job.probes (each probe's prompt; its `requests` unused), in a fresh engine
+    scenario: ScenarioJob | None = None
 
     def to_json(self) -> dict:
         out = {
@@ -271,11 +320,14 @@ class Job:
             out["preflight"] = self.preflight.to_json()
         if self.probes_file is not None:
             out["probes_file"] = self.probes_file
+        if self.scenario is not None:
+            out["scenario"] = self.scenario.to_json()
         return out
 
     @classmethod
     def from_json(cls, data: object) -> Job:
         pre = _get(data, "preflight", dict, "job", optional=True)
+        scenario = _get(data, "scenario", dict, "job", optional=True)
         return cls(
             arm=ArmSpec.from_json(_get(data, "arm", dict, "job")),
             engine=EngineConfig.from_json(_get(data, "engine", dict, "job")),
@@ -289,6 +341,7 @@ class Job:
             output=_get(data, "output", str, "job", optional=True),
             kv_audit_dir=_get(data, "kv_audit_dir", str, "job", optional=True),
             probes_file=_get(data, "probes_file", str, "job", optional=True),
+            scenario=None if scenario is None else ScenarioJob.from_json(scenario, "job.scenario"),
         )
 
 
@@ -397,6 +450,63 @@ class ProbeResult:
 
 
 @dataclass(frozen=True)
+class StepRequest:
+    """One request of a scenario step, as the engine reported it."""
+
+    step: int
+    probe: str
+    request: RequestResult
+    # growth of the engine's preemption counter over the request's step (shared by a together step's
+    # requests); None: the counter could not be read
+    preemptions: int | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "step": self.step,
+            "probe": self.probe,
+            "request": self.request.to_json(),
+            "preemptions": self.preemptions,
+        }
+
+    @classmethod
+    def from_json(cls, data: object, where: str) -> StepRequest:
+        return cls(
+            step=_get(data, "step", int, where),
+            probe=_get(data, "probe", str, where),
+            request=RequestResult.from_json(_get(data, "request", dict, where), f"{where}.request"),
+            preemptions=_get(data, "preemptions", int, where, optional=True),
+        )
+
+
+@dataclass(frozen=True)
+class ScenarioResult:
+    """What a scenario's child ran: every step's requests in order, and the engine's preemptions."""
+
+    name: str
+    requests: tuple[StepRequest, ...]
+    preemptions: int | None  # the engine's counter at the end (a fresh engine: all of the scenario's)
+    preemptions_source: str  # where the count came from, or "unavailable: why"
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "requests": [r.to_json() for r in self.requests],
+            "preemptions": self.preemptions,
+            "preemptions_source": self.preemptions_source,
+        }
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "result.scenario") -> ScenarioResult:
+        reqs = _get(data, "requests", list, where)
+        return cls(
+            name=_get(data, "name", str, where),
+            requests=tuple(StepRequest.from_json(r, f"{where}.requests[{i}]") for i, r in enumerate(reqs)),
+            preemptions=_get(data, "preemptions", int, where, optional=True),
+            preemptions_source=_get(data, "preemptions_source", str, where),
+        )
+
+
+@dataclass(frozen=True)
 class ChildError:
     """What the child raised (it then exits EXIT_RAISED)."""
 
@@ -423,6 +533,7 @@ class ArmResult:
     generation_s: float | None = None
     fixture_sha256: str | None = None  # what the child was fed, stamped from the job
     kv_audit: dict | None = None  # the audit's directory, layout and any error it recorded
+    scenario: ScenarioResult | None = None  # a scenario job's steps (its probes then carry no requests)
 
     def to_json(self) -> dict:
         out = {
@@ -442,6 +553,8 @@ class ArmResult:
         }
         if self.preflight_problems:
             out["preflight_problems"] = list(self.preflight_problems)
+        if self.scenario is not None:
+            out["scenario"] = self.scenario.to_json()
         return out
 
     @classmethod
@@ -462,6 +575,7 @@ class ArmResult:
             k: _get(data, k, (int, float), "result", optional=True)
             for k in ("engine_start_s", "import_s", "generation_s")
         }
+        scenario = _get(data, "scenario", dict, "result", optional=True)
         return cls(
             arm=_get(data, "arm", str, "result"),
             probes=tuple(
@@ -477,6 +591,7 @@ class ArmResult:
             effective_config=_get(data, "effective_config", dict, "result", optional=True),
             fixture_sha256=_get(data, "fixture_sha256", str, "result", optional=True),
             kv_audit=_get(data, "kv_audit", dict, "result", optional=True),
+            scenario=None if scenario is None else ScenarioResult.from_json(scenario),
             **timing,
         )
 

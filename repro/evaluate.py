@@ -60,7 +60,8 @@ def _view(req: RequestResult) -> Request:
     return Request(token_ids=tuple(req.token_ids), cached_tokens=req.cached_tokens)
 
 
-def _margin(index: int | None, base: RequestResult, req: RequestResult) -> dict | None:
+def margin_of(index: int | None, base: RequestResult, req: RequestResult) -> dict | None:
+    """The margins at a divergence (None: no divergence): the baseline's and the request's top logprobs."""
     if index is None:
         return None
     blp, rlp = base.logprobs, req.logprobs
@@ -118,11 +119,11 @@ def judge_probe(
         reqs[0].update(
             first_diff=pv.cold_first_diff,
             first_diff_vs_cold=None,
-            margin=_margin(pv.cold_first_diff, base, probe.requests[0]),
+            margin=margin_of(pv.cold_first_diff, base, probe.requests[0]),
         )
         pairs = zip(reqs[1:], probe.requests[1:], pv.reuse_first_diffs, pv.reuse_first_diffs_vs_cold)
         for i, (r, req, d, dc) in enumerate(pairs, start=1):
-            r.update(first_diff=d, first_diff_vs_cold=dc, margin=_margin(d, base, req))
+            r.update(first_diff=d, first_diff_vs_cold=dc, margin=margin_of(d, base, req))
             r["replays"] = None if d is None else _replays(probe, i, list(base.token_ids), answers or {})
     entry = {
         "name": probe.name,

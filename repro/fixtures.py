@@ -3,7 +3,10 @@
 Fixture schema (kind "kvkit-fixture"; JSON Schema in schemas/fixture.schema.json):
   schema_version 1: first version.
     Additions without a bump: expected_kv (arm -> {probe: KV verdict}, checked when the run
-    audits KV; a kit older than the KV audit ignores it, as it makes no KV verdict).
+    audits KV; a kit older than the KV audit ignores it, as it makes no KV verdict). scenarios
+    (named sequences of steps over the probes, each with its engine settings; run only when asked,
+    --scenarios), expected_scenarios (arm -> {scenario: verdict}) and expected_scenarios_kv (arm ->
+    {scenario: KV verdict}); a kit older than scenarios ignores them, as it runs none.
 """
 
 from __future__ import annotations
@@ -55,10 +58,51 @@ class ArmSpec:
     extra_config: dict = field(default_factory=dict)
     skip_probes: dict = field(default_factory=dict)  # probe name -> why this arm cannot run it
     lmcache_ops: str | None = None  # this arm's own --lmcache-ops (one connector twice, once per copy path)
+    skip_scenarios: dict = field(default_factory=dict)  # scenario name -> why this arm cannot run it
 
 
 # --lmcache-ops values (repro.lmcache_ops.MODES; that module imports heavier things, so spelled here too)
 LMCACHE_OPS_MODES = ("auto", "compiled", "fallback")
+
+
+SCENARIO_EXPECTS = ("miss", "reuse")
+# A scenario's engine settings (repro.scenarios says what each does) and their types.
+SCENARIO_ENGINE_KEYS = {"kv_cache_tokens": int, "max_num_seqs": int, "max_num_batched_tokens": int, "preemption": bool}
+# LMCache's MP server settings a scenario may set (repro.lmcache_mp.ServerSettings' fields).
+SCENARIO_MP_SERVER_KEYS = {"l1_size_gb": (int, float), "chunk_size": int, "eviction_policy": str}
+_SCENARIO_KEYS = ("name", "description", "engine", "lmcache", "mp_server", "steps")
+_STEP_KEYS = ("submit", "together", "expect")
+
+
+@dataclass(frozen=True)
+class ScenarioStep:
+    """One step: these probes' requests, one at a time in order, or all in flight together."""
+
+    submit: tuple[str, ...]
+    together: bool = False
+    expect: str | None = None  # "miss", "reuse", or None: either is correct
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A named sequence of steps over the probes, run in one fresh engine per arm with its settings."""
+
+    name: str
+    description: str
+    engine: dict  # SCENARIO_ENGINE_KEYS
+    lmcache: dict | None  # LMCache YAML keys overridden for LMCache arms
+    mp_server: dict | None  # SCENARIO_MP_SERVER_KEYS, for LMCacheMPConnector's server
+    steps: tuple[ScenarioStep, ...]
+
+    @property
+    def probe_names(self) -> tuple[str, ...]:
+        """Every probe it submits, in first-submission order."""
+        return tuple(dict.fromkeys(n for step in self.steps for n in step.submit))
+
+    @property
+    def widest(self) -> int:
+        """Requests of its largest together-step (1 when none)."""
+        return max([len(s.submit) for s in self.steps if s.together] or [1])
 
 
 @dataclass(frozen=True)
@@ -72,6 +116,9 @@ class Fixture:
     expected: dict  # arm name -> {probe name -> verdict}
     raw: dict
     expected_kv: dict = field(default_factory=dict)  # arm name -> {probe name -> KV verdict}
+    scenarios: tuple[Scenario, ...] = ()
+    expected_scenarios: dict = field(default_factory=dict)  # arm name -> {scenario name -> verdict}
+    expected_scenarios_kv: dict = field(default_factory=dict)  # arm name -> {scenario name -> KV verdict}
 
 
 def _name(name: object) -> str:
@@ -175,8 +222,17 @@ def _parse_arm(obj: object, where: str, path) -> ArmSpec:
     ops = obj.get("lmcache_ops")
     if ops is not None and ops not in LMCACHE_OPS_MODES:
         raise _fail(path, f"{where}.lmcache_ops: must be one of {', '.join(LMCACHE_OPS_MODES)}")
+    skip_sc = obj.get("skip_scenarios", {})
+    if not isinstance(skip_sc, dict) or not all(isinstance(v, str) for v in skip_sc.values()):
+        raise _fail(path, f"{where}.skip_scenarios: must be an object of scenario -> why (a string)")
     return ArmSpec(
-        name=name, connector=connector, module_path=module_path, extra_config=extra, skip_probes=skip, lmcache_ops=ops
+        name=name,
+        connector=connector,
+        module_path=module_path,
+        extra_config=extra,
+        skip_probes=skip,
+        lmcache_ops=ops,
+        skip_scenarios=skip_sc,
     )
 
 
@@ -207,6 +263,23 @@ def parse_fixture(data: object, path: str | Path, digest: str) -> Fixture:
     arms = tuple(_parse_arm(a, f"arms[{i}]", path) for i, a in enumerate(arms_raw))
     expected = _parse_expected(data, "expected", VERDICTS, path)
     expected_kv = _parse_expected(data, "expected_kv", KV_VERDICTS, path)
+    scenarios_raw = data.get("scenarios", [])
+    if not isinstance(scenarios_raw, list):
+        raise _fail(path, "scenarios: must be a list")
+    scenarios = tuple(parse_scenario(sc, f"scenarios[{i}]", path) for i, sc in enumerate(scenarios_raw))
+    check_unique([sc.name for sc in scenarios], path, "scenario")
+    expected_scenarios = _parse_expected(data, "expected_scenarios", VERDICTS, path)
+    expected_scenarios_kv = _parse_expected(data, "expected_scenarios_kv", KV_VERDICTS, path)
+    names = {sc.name for sc in scenarios}
+    for i, arm in enumerate(arms):
+        unknown = sorted(set(arm.skip_scenarios) - names)
+        if unknown:
+            raise _fail(path, f"arms[{i}].skip_scenarios: no scenario named {_name(unknown[0])}")
+    for key, table_of in (("expected_scenarios", expected_scenarios), ("expected_scenarios_kv", expected_scenarios_kv)):
+        for arm, table in table_of.items():
+            unknown = sorted(set(table) - names)
+            if unknown:
+                raise _fail(path, f"{key}.{_name(arm)}: no scenario named {_name(unknown[0])}")
     fixture = Fixture(
         name=name,
         path=str(path),
@@ -217,10 +290,89 @@ def parse_fixture(data: object, path: str | Path, digest: str) -> Fixture:
         expected=expected,
         raw=data,
         expected_kv=expected_kv,
+        scenarios=scenarios,
+        expected_scenarios=expected_scenarios,
+        expected_scenarios_kv=expected_scenarios_kv,
     )
     check_unique([p.name for p in probes], path, "probe")
     check_unique([a.name for a in arms], path, "arm")
     return fixture
+
+
+def _unknown_keys(obj: dict, allowed, where: str, path) -> None:
+    unknown = sorted(str(k) for k in obj if k not in allowed)
+    if unknown:
+        raise _fail(path, f"{where}: unknown field {_name(unknown[0])} (known: {', '.join(allowed)})")
+
+
+def _settings(obj: object, types: dict, where: str, path) -> dict:
+    """A scenario's settings object: known keys only, each of its type; numbers positive."""
+    if not isinstance(obj, dict):
+        raise _fail(path, f"{where}: must be an object")
+    _unknown_keys(obj, tuple(types), where, path)
+    for key, value in obj.items():
+        want = types[key]
+        is_bool = isinstance(value, bool)
+        if not isinstance(value, want) or (is_bool and want is not bool):
+            raise _fail(path, f"{where}.{key}: wrong type {type(value).__name__}")
+        if not is_bool and isinstance(value, (int, float)) and not value > 0:
+            raise _fail(path, f"{where}.{key}: must be positive")
+    return dict(obj)
+
+
+def _parse_step(obj: object, where: str, path) -> ScenarioStep:
+    if not isinstance(obj, dict):
+        raise _fail(path, f"{where}: must be an object")
+    _unknown_keys(obj, _STEP_KEYS, where, path)
+    submit = _require(obj, "submit", list, where, path)
+    if not submit:
+        raise _fail(path, f"{where}.submit: empty (name the probes to submit)")
+    for j, name in enumerate(submit):
+        if not isinstance(name, str) or (problem := name_problem(name)) is not None:
+            raise _fail(path, f"{where}.submit[{j}]: {problem if isinstance(name, str) else 'must be a probe name'}")
+    together = obj.get("together", False)
+    if not isinstance(together, bool):
+        raise _fail(path, f"{where}.together: must be true or false")
+    if together and len(set(submit)) < len(submit):
+        raise _fail(path, f"{where}.submit: a together step names each probe once (requests are told apart by prompt)")
+    expect = obj.get("expect")
+    if expect is not None and expect not in SCENARIO_EXPECTS:
+        raise _fail(path, f"{where}.expect: {expect!r} is not one of {', '.join(SCENARIO_EXPECTS)} (or absent)")
+    return ScenarioStep(tuple(submit), together, expect)
+
+
+def parse_scenario(obj: object, where: str, path) -> Scenario:
+    """One scenario; every problem is a one-line UsageError. Whether its probes exist is the run's
+    check (repro.scenarios.check_scenarios: the acceptance suite adds probes)."""
+    if not isinstance(obj, dict):
+        raise _fail(path, f"{where}: must be an object")
+    _unknown_keys(obj, _SCENARIO_KEYS, where, path)
+    name = _require(obj, "name", str, where, path)
+    if (problem := name_problem(name)) is not None:
+        raise _fail(path, f"{where}.name: {problem}")
+    where = f"scenario {name}"
+    description = obj.get("description", "")
+    if not isinstance(description, str):
+        raise _fail(path, f"{where}.description: must be a string")
+    engine = _settings(obj.get("engine", {}), SCENARIO_ENGINE_KEYS, f"{where}.engine", path)
+    lmcache = obj.get("lmcache")
+    if lmcache is not None and (
+        not isinstance(lmcache, dict) or not all(isinstance(v, (str, int, float, bool)) for v in lmcache.values())
+    ):
+        raise _fail(path, f"{where}.lmcache: must be an object of LMCache YAML keys with scalar values")
+    mp = obj.get("mp_server")
+    mp = None if mp is None else _settings(mp, SCENARIO_MP_SERVER_KEYS, f"{where}.mp_server", path)
+    steps_raw = _require(obj, "steps", list, where, path)
+    if not steps_raw:
+        raise _fail(path, f"{where}.steps: empty")
+    steps = tuple(_parse_step(st, f"{where}.steps[{i}]", path) for i, st in enumerate(steps_raw))
+    scenario = Scenario(name, description, engine, lmcache, mp, steps)
+    seqs = engine.get("max_num_seqs")
+    if seqs is not None and seqs < scenario.widest:
+        raise _fail(
+            path, f"{where}.engine.max_num_seqs: {seqs} is fewer than its largest together step ({scenario.widest})"
+        )
+    return scenario
 
 
 def _parse_expected(data: dict, key: str, verdicts: tuple[str, ...], path) -> dict:

@@ -37,6 +37,7 @@ class PlannedArm:
     match_arm: str | None = None  # native-matched: the connector arm whose reuse lengths it copies
     lmcache_ops: str | None = None  # the fixture arm's own LMCache copy path (else --lmcache-ops)
     env: dict = field(default_factory=dict)  # what its processes' environment holds apart (its copy path)
+    skip_scenarios: dict = field(default_factory=dict)  # scenario name -> why this arm cannot run it
 
     @property
     def name(self) -> str:
@@ -61,7 +62,12 @@ def plan_arms(opts: Options, fixture: Fixture) -> list[PlannedArm]:
         for spec in fixture.arms:
             conn = ConnectorSpec(spec.connector, spec.module_path, dict(spec.extra_config))
             arms.append(
-                PlannedArm(ArmSpec(spec.name, "connector", conn), dict(spec.skip_probes), lmcache_ops=spec.lmcache_ops)
+                PlannedArm(
+                    ArmSpec(spec.name, "connector", conn),
+                    dict(spec.skip_probes),
+                    lmcache_ops=spec.lmcache_ops,
+                    skip_scenarios=dict(spec.skip_scenarios),
+                )
             )
     if a.compare_native:
         arms.append(PlannedArm(ArmSpec("native", "native")))
@@ -166,9 +172,10 @@ class ArmSlot:
     kv_cache_tokens: int | None = None
 
     def apply(self, job: Job) -> Job:
-        """The job with this slot's engine settings (its environment goes to the child's env)."""
-        engine = replace(job.engine, gpu_memory_utilization=self.gpu_memory_utilization,
-                         kv_cache_tokens=self.kv_cache_tokens)  # fmt: skip
+        """The job with this slot's engine settings (its environment goes to the child's env); a job that
+        sizes its own KV cache (a scenario's) keeps its size."""
+        tokens = job.engine.kv_cache_tokens or self.kv_cache_tokens
+        engine = replace(job.engine, gpu_memory_utilization=self.gpu_memory_utilization, kv_cache_tokens=tokens)
         return replace(job, engine=engine)
 
 

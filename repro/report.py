@@ -162,15 +162,95 @@ def trial_findings(report: dict) -> list[tuple[str, str]]:
     return out
 
 
+def scenario_arms(report: dict) -> list[tuple[dict, dict]]:
+    """(scenario, arm entry) of every (scenario, arm) of a report's scenarios section, in report order."""
+    return [(sc, arm) for sc in report.get("scenarios") or [] for arm in sc.get("arms") or []]
+
+
+def _scenario_kv(arm: dict) -> str | None:
+    kv = arm.get("kv")
+    return str(kv.get("verdict")) if isinstance(kv, dict) else None
+
+
+def check_scenario_acceptance(
+    sections: list[dict], expected: dict, suite: str | None, expected_kv: dict | None = None
+) -> dict:
+    """The scenarios' verdicts against the fixture's expected_scenarios (arm -> {scenario: verdict}) and, for
+    a run that audited KV, expected_scenarios_kv (arm -> {scenario: KV verdict}); checked, like `expected`,
+    only under the acceptance suite. Matched only if something was checked and every (scenario, arm) that
+    was judged is listed (else `unchecked`)."""
+    if suite != "acceptance":
+        return {"matched": None, "checked": [], "unchecked": [], "note": "no acceptance suite was run"}
+    expected_kv = expected_kv or {}
+    observed = {(sc["name"], arm["arm"]): arm for sc in sections for arm in sc["arms"]}
+    checked, unchecked = [], []
+    for (scenario, arm), entry in sorted(observed.items()):
+        if entry["verdict"] != SKIPPED and scenario not in expected.get(arm, {}):
+            unchecked.append({"arm": arm, "scenario": scenario, "observed": entry["verdict"], "check": "tokens"})
+        if arm in expected_kv and _scenario_kv(entry) is not None and scenario not in expected_kv[arm]:
+            unchecked.append({"arm": arm, "scenario": scenario, "observed": _scenario_kv(entry), "check": "kv"})
+    ran = {sc["name"] for sc in sections}
+    for check, table_of, observe in (
+        ("tokens", expected, lambda e: e["verdict"]),
+        ("kv", expected_kv, _scenario_kv),
+    ):
+        for arm, table in sorted(table_of.items()):
+            for scenario, want in sorted(table.items()):
+                if scenario not in ran:
+                    continue  # not asked for in this run (--scenarios NAME)
+                entry = observed.get((scenario, arm))
+                got = observe(entry) if entry is not None else None
+                checked.append(
+                    {
+                        "check": check,
+                        "arm": arm,
+                        "scenario": scenario,
+                        "expected": want,
+                        "observed": got,
+                        "ok": got == want,
+                    }
+                )
+    matched = bool(checked) and all(c["ok"] for c in checked) and not unchecked
+    return {"matched": matched, "checked": checked, "unchecked": unchecked}
+
+
+def scenario_exit(report: dict) -> int | None:
+    """The scenarios' part of the exit code (None: they have none, or all are good): 3 for an ERROR, 1 for
+    a CORRUPT KV verdict the acceptance did not expect, an acceptance not matched, or a verdict other than
+    PASS that no acceptance checked."""
+    pairs = scenario_arms(report)
+    if not pairs:
+        return None
+    if any(arm["verdict"] == ERROR for _, arm in pairs):
+        return EXIT_RUNTIME
+    acc = (report.get("acceptance") or {}).get("scenarios") or {"matched": None}
+    excused = set()
+    if acc.get("matched"):
+        excused = {
+            (c["scenario"], c["arm"])
+            for c in acc.get("checked", [])
+            if c["check"] == "kv" and c["expected"] == CORRUPT and c["ok"]
+        }
+    if any(_scenario_kv(arm) == CORRUPT and (sc["name"], arm["arm"]) not in excused for sc, arm in pairs):
+        return EXIT_MISMATCH
+    if acc.get("matched") is None:
+        return EXIT_MISMATCH if any(arm["verdict"] not in (PASS, SKIPPED) for _, arm in pairs) else None
+    return None if acc["matched"] else EXIT_MISMATCH
+
+
 def exit_code(report: dict) -> int:
     """0 all good; 1 completed but acceptance not matched (or a non-PASS verdict outside it); 3 error.
 
     A probe whose KV verdict is CORRUPT is a finding like a FAIL: exit 1, unless the fixture's
     expected_kv stated CORRUPT for that arm and probe and acceptance matched (a planted fault the
-    audit is meant to catch). An error still exits 3 first."""
+    audit is meant to catch). An error still exits 3 first. Scenarios (repro.scenarios) count the same
+    way (scenario_exit)."""
     if not report.get("complete", False) or report["errors"] or any(a["verdict"] == ERROR for a in report["arms"]):
         return EXIT_RUNTIME
-    if unexpected_kv_findings(report) or trial_findings(report):
+    scen = scenario_exit(report)
+    if scen == EXIT_RUNTIME:
+        return scen
+    if unexpected_kv_findings(report) or trial_findings(report) or scen == EXIT_MISMATCH:
         return EXIT_MISMATCH
     acc = report["acceptance"]
     if acc["matched"] is None:
@@ -185,7 +265,51 @@ def format_summary(report: dict) -> str:
     """The text summary of a report (repro.publish.summary, which reads it through the read model)."""
     from repro.publish.summary import format_summary as summary  # the publishing side sits above this module
 
-    return summary(report)
+    text = summary(report)
+    block = scenario_summary(report)
+    if not block:
+        return text
+    lines = text.rstrip("\n").split("\n")  # the claim line stays last
+    return "\n".join(lines[:-1] + block + lines[-1:]) + ("\n" if text.endswith("\n") else "")
+
+
+def scenario_summary(report: dict) -> list[str]:
+    """The summary's Scenarios block: one line per (scenario, arm), then one per request that is not PASS;
+    the control's line when the scenario's cache-off run failed or differs from the plain baseline."""
+    if not report.get("scenarios"):
+        return []
+    out = ["", "Scenarios"]
+    for sc in report["scenarios"]:
+        ctl = sc["control"]
+        if ctl["status"] != "ok":
+            out.append(f"  {sc['name']} · control (baseline, cache off): ERROR {ctl['error']}")
+        else:
+            differ = [r for r in ctl["requests"] if not r["matches_plain"]]
+            if differ:
+                where = ", ".join(f"step {r['step']} {r['probe']} @{r['first_diff']}" for r in differ)
+                out.append(f"  {sc['name']} · control (baseline, cache off) differs from the plain baseline: {where}")
+        for arm in sc["arms"]:
+            kv = _scenario_kv(arm)
+            facts = [f"{arm['verdict']}"]
+            if arm.get("class"):
+                facts.append(arm["class"])
+            if kv:
+                facts.append(f"KV {kv}")
+            if arm.get("preemptions") is not None:
+                facts.append(f"preemptions {arm['preemptions']}")
+            hits = [r["cached_tokens"] for r in arm.get("requests") or []]
+            if hits:
+                facts.append("hits " + " ".join("?" if h is None else str(h) for h in hits))
+            out.append(f"  {sc['name']} · {arm['arm']}: " + " · ".join(facts))
+            if arm["verdict"] in (ERROR, SKIPPED) or not arm.get("requests"):
+                out += [f"      {r}" for r in arm["reasons"][:3]]
+            for r in arm.get("requests") or []:
+                if r["verdict"] != PASS:
+                    out.append(f"      step {r['step']} {r['probe']}: {r['verdict']}: {'; '.join(r['reasons'])}")
+            if arm["verdict"] not in (ERROR, SKIPPED) and arm.get("requests"):
+                out += [f"      {r}" for r in arm["reasons"] if not r.startswith("step ")]
+    out.append("")
+    return out
 
 
 def load_report(path: str | Path) -> dict:

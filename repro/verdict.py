@@ -418,3 +418,118 @@ def decide_batch_invariance(current: ArmVerdict, requested: bool, state: BatchIn
     return ArmVerdict(
         ERROR, (f"{BATCH_INVARIANT_INACTIVE}: {detail}", *current.reasons), BATCH_INVARIANT_INACTIVE, detail
     )
+
+
+# ---- scenarios (repro.scenarios): every request against its probe's cache-off baseline -------------------
+# A divergence that the scenario's own cache-off run (the schedule control) shows too: the schedule
+# (batching, preemption) changed the numerics, so reuse is neither blamed nor cleared there.
+SCHEDULE_NUMERICS = "schedule-numerics"
+MISS, REUSE = "miss", "reuse"
+
+
+@dataclass(frozen=True)
+class ScenarioRequestVerdict:
+    """One request of a scenario step: its verdict, what it turned out to be (role: reuse when its hit
+    counter is above zero, else miss), its first diff from the baseline and the divergence's class."""
+
+    verdict: str
+    reasons: tuple[str, ...]
+    role: str
+    first_diff: int | None
+    cls: str | None = None  # SCHEDULE_NUMERICS, or None
+
+
+def decide_scenario_request(
+    baseline: tuple[int, ...],
+    req: Request,
+    expect: str | None,
+    control_matches: bool | None,
+    preempted: bool = False,
+) -> ScenarioRequestVerdict:
+    """A scenario request against its probe's cache-off baseline (the baseline arm's plain cold request).
+
+    expect: "miss" (a hit is a finding: FAIL), "reuse" (a zero or missing hit counter: INCONCLUSIVE),
+    None (either is correct). control_matches: whether the scenario's cache-off run gave the baseline's
+    tokens at this request (None: that run failed). Exact tokens, no tolerance:
+    - a divergence where the control diverges too is INCONCLUSIVE, classed schedule-numerics;
+    - a divergence without a working control is INCONCLUSIVE (it cannot be told from the schedule's);
+    - a divergence with a hit, or in a call where the engine preempted (a resumed request reuses its
+      KV), is a FAIL;
+    - a divergence of a miss with no preemption is INCONCLUSIVE (no reuse to blame)."""
+    cached = req.cached_tokens
+    role = REUSE if cached else MISS
+    diff = first_diff(list(baseline), list(req.token_ids))
+    found: list[tuple[str, str]] = []  # (verdict, reason)
+    cls = None
+    if cached is None:
+        found.append((INCONCLUSIVE, "hit counter missing"))
+    if expect == MISS and cached:
+        found.append((FAIL, f"expected a miss, reported {cached} cached tokens"))
+    if expect == REUSE and cached == 0:
+        found.append((INCONCLUSIVE, "expected reuse, reported zero cached tokens: reuse not exercised"))
+    if diff is not None:
+        if control_matches is False:
+            cls = SCHEDULE_NUMERICS
+            why = f"differs from the baseline @{diff}, and so does the scenario's cache-off run here: "
+            found.append((INCONCLUSIVE, why + "the schedule changed the numerics, not reuse"))
+        elif control_matches is None:
+            why = f"differs from the baseline @{diff}; the scenario's cache-off run failed, so this cannot be told "
+            found.append((INCONCLUSIVE, why + "from the schedule's own numerics"))
+        elif cached:
+            found.append((FAIL, f"{cached} cached tokens, differs from baseline @{diff}"))
+        elif preempted:
+            found.append((FAIL, f"differs from baseline @{diff} in a call where the engine preempted requests"))
+        else:
+            counter = "zero cached tokens" if cached == 0 else "no hit counter"
+            found.append((INCONCLUSIVE, f"a miss ({counter}) differs from baseline @{diff}: no reuse to blame"))
+    verdict = worst([v for v, _ in found]) if found else PASS
+    return ScenarioRequestVerdict(verdict, tuple(r for _, r in found), role, diff, cls)
+
+
+def decide_scenario_request_unbased(req: Request) -> ScenarioRequestVerdict:
+    """A scenario request whose probe the plain baseline has no result for: nothing to compare with."""
+    return ScenarioRequestVerdict(
+        INCONCLUSIVE, ("the baseline has no result for this probe",), REUSE if req.cached_tokens else MISS, None
+    )
+
+
+def decide_scenario_arm(
+    requests: list[tuple[str, ScenarioRequestVerdict]] | tuple[tuple[str, ScenarioRequestVerdict], ...],
+    preemption_required: bool,
+    preemptions: int | None,
+) -> ArmVerdict:
+    """A (scenario, arm): the worst of its requests' verdicts (each labelled, e.g. "step 2 chat-511"),
+    INCONCLUSIVE when none ran, and INCONCLUSIVE when the scenario says preemption must happen and the
+    engine's counter stayed at 0 or could not be read (the scenario then did not test what it says)."""
+    verdicts = [v.verdict for _, v in requests]
+    reasons = [f"{label}: {r}" for label, v in requests if v.verdict != PASS for r in v.reasons]
+    if not requests:
+        reasons.append("no request was run")
+    if preemption_required and preemptions is None:
+        verdicts.append(INCONCLUSIVE)
+        reasons.append("the scenario needs preemption and the engine's preemption counter is unavailable")
+    elif preemption_required and preemptions == 0:
+        verdicts.append(INCONCLUSIVE)
+        reasons.append("the scenario needs preemption and the engine preempted no request")
+    return ArmVerdict(worst(verdicts), tuple(reasons))
+
+
+def decide_scenario_kv(requests: list[tuple[str, KVVerdict]] | tuple[tuple[str, KVVerdict], ...]) -> KVVerdict:
+    """A (scenario, arm)'s KV verdict from its audited requests' (label, verdict): CORRUPT when any is
+    (blocks, layers and planes pooled), else UNAVAILABLE when any is or none was audited, else NUMERIC
+    when any is, else EXACT."""
+    if not requests:
+        return decide_kv_unavailable("no request reused a full block to audit")
+    by = {k: [(label, v) for label, v in requests if v.verdict == k] for k in KV_VERDICTS}
+    for kind in (CORRUPT, UNAVAILABLE, NUMERIC):
+        if by[kind]:
+            reasons = tuple(f"{label}: {r}" for label, v in by[kind] for r in v.reasons)
+            hit = [v for _, v in by[kind]]
+            return KVVerdict(
+                kind,
+                reasons,
+                tuple(sorted({b for v in hit for b in v.blocks})),
+                tuple(sorted({x for v in hit for x in v.layers})),
+                tuple(sorted({p for v in hit for p in v.planes})),
+            )
+    return KVVerdict(EXACT, ())

@@ -13,7 +13,19 @@ import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from repro import __version__, atomic, gpu_load, kvaudit, lmcache_mp, lmcache_ops, logscan, scheduler, trials, workdir
+from repro import (
+    __version__,
+    atomic,
+    gpu_load,
+    kvaudit,
+    lmcache_mp,
+    lmcache_ops,
+    logscan,
+    scenarios,
+    scheduler,
+    trials,
+    workdir,
+)
 from repro.atomic import dumps_json, write_bytes_atomic
 from repro.cli import FRONTEND_ENV, Options, parse_args
 from repro.commands import run_command, say_error
@@ -41,6 +53,7 @@ from repro.report import (
     REPORT_KIND,
     REPORT_SCHEMA_VERSION,
     check_acceptance,
+    check_scenario_acceptance,
     exit_code,
     format_summary,
     generations,
@@ -150,6 +163,7 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
         max_tokens=a.max_tokens,
         where=f"fixture {a.fixture}",
     )
+    chosen = scenarios.select(fixture, a.scenarios, probes, a.max_model_len)
     arms = plan_arms(opts, fixture)
     preflight = preflight_for(opts, arms)
     report_path = state.report_path = Path(a.report)
@@ -242,7 +256,19 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
             fold_runs(entries, extra, clock, a)
             for e in entries:
                 progress.finish(e["name"], e["verdict"])
+            ran = ScenarioRuns(opts, fixture, probes, arms, work, env, scratch, scratch_root, logs_dir_name)
+            if chosen:
+                t = time.monotonic()
+                ran.run(chosen, baseline, n_jobs, progress, clock)
+                extra.walls["scenarios"] = time.monotonic() - t
         report = assemble(opts, fixture, entries, argv, env, started, time.monotonic() - t0, min(n_jobs, len(arms)))
+        if chosen:
+            report["config"]["scenarios"] = [sc.name for sc in chosen]
+            report["scenarios"] = ran.sections
+            report["errors"] += ran.errors()
+            report["acceptance"]["scenarios"] = check_scenario_acceptance(
+                ran.sections, fixture.expected_scenarios, a.suite, fixture.expected_scenarios_kv if a.kv_audit else None
+            )
         report["conditions"] = {
             "trials": a.trials,
             "confirm": a.confirm,
@@ -260,7 +286,7 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
         validate_report(report)
         data = dumps_json(report).encode("utf-8")
         with deferred_signals():  # logs and report are swapped in together, or not at all
-            logs = [e["name"] for e in entries] + extra.names() + (["gpu-load"] if load_record else [])
+            logs = [e["name"] for e in entries] + extra.names() + (["gpu-load"] if load_record else []) + ran.names
             logs += [server.stem for n in logs if (server := lmcache_mp.server_log_path(work, n)).exists()]
             with publish_logs(work, report_path.parent / logs_dir_name, logs):  # the previous ones back on failure
                 write_bytes_atomic(report_path, data)
@@ -448,6 +474,82 @@ def run_confirmations(extra: Extra, todo: list[tuple[int, Run | None]], work, en
     extra.walls["confirm"] = time.monotonic() - t
 
 
+class ScenarioRuns:
+    """The scenarios a run asked for (--scenarios): each (scenario, arm) one child in a fresh engine with the
+    scenario's settings, run by the scheduler like the arms; then the KV audit of their requests and the
+    report's sections (repro.scenarios judges)."""
+
+    def __init__(self, opts, fixture, probes, arms, work, env, scratch, scratch_root, logs_rel) -> None:
+        self.opts, self.fixture, self.probes, self.arms = opts, fixture, probes, arms
+        self.work, self.env, self.scratch, self.scratch_root, self.logs_rel = work, env, scratch, scratch_root, logs_rel
+        self.sections: list[dict] = []
+        self.names: list[str] = []
+
+    def run(self, chosen, baseline: ArmResult | None, n_jobs: int, progress: Progress, clock: Clock) -> None:
+        a = self.opts.args
+        plan = []  # (scenario, original arm, run arm, derived LMCache YAML record)
+        skipped: dict[str, dict[str, tuple[str, str]]] = {}  # scenario -> arm -> (mode, why)
+        for sc in chosen:
+            runs, skipped[sc.name] = scenarios.runs_of(sc, self.arms)
+            for original, run in runs:
+                run, record = scenarios.prepare(run, sc, self.work, self.scratch, self.scratch_root, a.lmcache_config)
+                plan.append((sc, original, run, record))
+        self.names = [run.name for _, _, run, _ in plan]
+        progress.note(f"scenarios: {len(plan)} runs ({', '.join(sc.name for sc in chosen)})")
+
+        def job_for(i: int, dependency=None) -> Job:
+            sc, _, run, _ = plan[i]
+            kv_dir = str(self.work / "kv" / run.name) if a.kv_audit else None
+            return scenarios.job_for(self.opts, run, sc, self.probes, self.fixture.sha256, kv_dir)
+
+        servers = {run.name: scenarios.mp_settings(sc) for sc, _, run, _ in plan}
+        slots = SlotPool(arm_slots(self.opts, len(plan), n_jobs))
+        outcomes = run_arms([p[2] for p in plan], job_for, slots, n_jobs, self.work, self.env, a, progress, clock,
+                            servers)  # fmt: skip
+        results = {
+            run.name: o.result
+            for (_, original, run, _), o in zip(plan, outcomes)
+            if o is not None and o.failure is None and o.result is not None and original.spec.mode != "baseline"
+        }
+        raw, problem = None, None
+        if a.kv_audit and results:
+            if baseline is None or baseline.kv_audit is None:
+                problem = "the baseline recorded no reference KV"
+            else:
+                progress.note("scenarios: comparing KV")
+                raw, problem = kvaudit.run_compare(
+                    scenarios.compare_job(baseline, results), self.work, self.env, a.python, timeout_s=a.timeout
+                )
+            if a.keep_kv and (self.work / "kv").exists():  # the scenario runs' tensors too (the arms' went before)
+                shutil.copytree(self.work / "kv", Path(a.keep_kv), dirs_exist_ok=True)
+        for sc in chosen:
+            runs = [(o_arm, run, out, rec) for (s, o_arm, run, rec), out in zip(plan, outcomes) if s is sc]
+            sec = scenarios.section(sc, runs, skipped[sc.name], baseline, self.logs_rel)
+            by_arm = {o_arm.name: run.name for o_arm, run, _, _ in runs}
+            verdicts = {by_arm.get("baseline"): "control " + sec["control"]["status"]}
+            for entry in sec["arms"]:
+                name = by_arm.get(entry["arm"])
+                scenarios.annotate_kv(entry, results.get(name), raw, problem, a.block_size)
+                verdicts[name] = entry["verdict"]
+            for name, verdict in verdicts.items():
+                if name is not None and name in progress.arms:
+                    progress.finish(name, verdict)
+            self.sections.append(sec)
+
+    def errors(self) -> list[dict]:
+        out = []
+        for sec in self.sections:
+            ctl = sec["control"]
+            if ctl["status"] == "error":
+                kind, _, detail = ctl["error"].partition(": ")
+                out.append({"arm": f"baseline (scenario {sec['name']})", "kind": kind, "detail": detail})
+            for e in sec["arms"]:
+                if e["error"]:
+                    out.append({"arm": f"{e['arm']} (scenario {sec['name']})", "kind": e["error"]["kind"],
+                                "detail": e["error"]["detail"]})  # fmt: skip
+        return out
+
+
 def audit_all(entries, results, baseline, work, env, a, progress) -> None:
     """The KV audit of these entries (or, with it off, the report saying so where it would speak)."""
     if not a.kv_audit:
@@ -570,11 +672,13 @@ def run_arms(
     a,
     progress: Progress,
     clock: Clock | None = None,
+    server_settings: dict[str, dict] | None = None,
 ) -> list[ArmOutcome | None]:
     """The arms run by the scheduler (repro.scheduler: slots, the preflight gate, native-matched's probes,
     the stop flag), each the way this run runs one: its engine child, or, for an LMCacheMPConnector arm,
     its MP server and child. Outcomes in plan order. clock, when given, records every child's and MP
-    server's window (repro.sharing)."""
+    server's window (repro.sharing). server_settings: an MP arm's own server settings by arm name (a
+    scenario's, repro.lmcache_mp.ServerSettings fields)."""
 
     def run_one(arm: PlannedArm, job: Job, arm_env: dict, slot: ArmSlot) -> ArmOutcome:
         def launch(job: Job) -> ArmOutcome:
@@ -590,7 +694,8 @@ def run_arms(
 
         start = clock.now() if clock else 0.0
         if job.arm.connector is not None and job.arm.connector.name == lmcache_mp.CONNECTOR:
-            outcome = _run_with_mp_server(job, arm_env, work, a, progress, launch, clock, slot)
+            own = (server_settings or {}).get(arm.name) or {}
+            outcome = _run_with_mp_server(job, arm_env, work, a, progress, launch, clock, slot, own)
         else:
             outcome = launch(job)
         if clock:
@@ -601,7 +706,15 @@ def run_arms(
 
 
 def _run_with_mp_server(
-    job: Job, env: dict, work: Path, a, progress: Progress, launch, clock: Clock | None = None, slot=None
+    job: Job,
+    env: dict,
+    work: Path,
+    a,
+    progress: Progress,
+    launch,
+    clock: Clock | None = None,
+    slot=None,
+    settings_over: dict | None = None,
 ) -> ArmOutcome:
     """An LMCacheMPConnector arm: the kit starts LMCache's MP server (repro.lmcache_mp) for this arm
     alone, points the connector at it, runs the arm, and stops the server whatever happens. A server
@@ -613,7 +726,8 @@ def _run_with_mp_server(
     start = clock.now() if clock else 0.0
     try:
         progress.stage(name, "starting the LMCache MP server")
-        settings = lmcache_mp.ServerSettings(**({"module": a.lmcache_server_module} if a.lmcache_server_module else {}))
+        own = {"module": a.lmcache_server_module} if a.lmcache_server_module else {}
+        settings = lmcache_mp.ServerSettings(**own, **(settings_over or {}))
         with lmcache_mp.mp_server(a.python, server_log, env, settings=settings) as server:
             conn = job.arm.connector
             extra = {**conn.extra_config, **server.extra_config()}

@@ -42,7 +42,7 @@ core       repro.verdict repro.wording repro.trials repro.fixtures repro.suite r
 engine     repro.engine
 options    repro.cli
 machinery  repro.plan repro.scheduler repro.runner repro.workdir repro.lmcache_ops repro.lmcache_mp
-           repro.lmcache_signals repro.gpu_load repro.kvaudit repro.detection.plan
+           repro.lmcache_signals repro.gpu_load repro.kvaudit repro.scenarios repro.detection.plan
 read       repro.readmodel repro.matrix.status repro.detection.blame repro.detection.matrix
 publish    repro.publish repro.matrix.page repro.detection.page
 commands   repro.verify repro.verify_kv_reuse repro.__main__ repro.bench repro.margins repro.matrix

@@ -32,6 +32,8 @@ from repro.contract import (
     ProbeJob,
     ProbeResult,
     RequestResult,
+    ScenarioResult,
+    StepRequest,
     progress_path,
 )
 from repro.engine.frontend import build_frontend, frontend_from_env, frontend_name, vllm_config_of
@@ -170,12 +172,13 @@ def _effective_config(llm) -> dict:
     }
 
 
-def _process_facts(probes: list[ProbeResult], audit: _AuditRecords) -> dict:
+def _process_facts(probes: list[ProbeResult], audit: _AuditRecords, scenario: ScenarioResult | None = None) -> dict:
     """What the arm's processes ran with, for its effective_config: each worker's facts as the KV audit
     recorded them (repro.engine.kvaudit.worker_facts; one entry per worker process), whether vLLM's
     batch-invariant kernels were asked for and active in every worker (repro.verdict decides), and
     this child's PYTHONHASHSEED (the workers' are in their facts)."""
     records = [r.kv_audit_record for p in probes for r in p.requests] + [p["record"] for p in audit.primes]
+    records += [r.request.kv_audit_record for r in (scenario.requests if scenario else ())]
     workers: dict[str, dict] = {}
     for record in records:
         worker = (record or {}).get("worker")
@@ -293,8 +296,9 @@ def _engine_kwargs(job: Job) -> dict:
         "block_size": e.block_size,
         # The whole prompt is prefilled in one step: connectors such as ExampleConnector store
         # only on a request's first scheduling step.
-        "max_num_batched_tokens": max(e.max_model_len, 2048),
-        "max_num_seqs": 1,
+        "max_num_batched_tokens": e.max_num_batched_tokens or max(e.max_model_len, 2048),
+        # one request at a time, but for a scenario's requests in flight together (repro.scenarios)
+        "max_num_seqs": e.max_num_seqs or 1,
         "enable_prefix_caching": arm.mode == "native",
         "disable_log_stats": False,
     }
@@ -371,6 +375,39 @@ class _AuditRecords:
             }
         return mine[0]
 
+    def take_many(self, prompts: list[list[int]]) -> list[dict | None]:
+        """The records of one generate call of several prompts (a scenario step in flight together):
+        every new record, matched to each prompt by its SHA-256 (the prompts are distinct)."""
+        if not self.directory:
+            return [None] * len(prompts)
+        try:
+            return self._take_many(prompts)
+        except Exception as exc:  # noqa: BLE001 - an audit failure never fails the arm
+            why = f"the audit record could not be read: {type(exc).__name__}: {exc}"
+            return [{"seq": None, "unavailable": why} for _ in prompts]
+
+    def _take_many(self, prompts: list[list[int]]) -> list[dict]:
+        from repro.engine.kvaudit import prompt_sha256
+
+        new = sorted(
+            n for n in os.listdir(self.directory) if n.endswith(".json") and n[0].isdigit() and n not in self.seen
+        )
+        self.seen.update(new)
+        records = []
+        for name in new:
+            with open(os.path.join(self.directory, name), encoding="utf-8") as fh:
+                records.append(json.load(fh))
+        out = []
+        for ids in prompts:
+            mine = [r for r in records if r.get("prompt_sha256") == prompt_sha256(ids)]
+            if not mine:
+                out.append({"seq": None, "unavailable": f"no audit record for this prompt among {len(records)} new"})
+                continue
+            # one per scheduling of a new request; a second one (seen as "also_seqs") is the same prompt scheduled
+            # anew; the first is the request's own first load
+            out.append({**mine[0], "also_seqs": [r.get("seq") for r in mine[1:]]} if len(mine) > 1 else mine[0])
+        return out
+
     def summary(self) -> dict | None:
         if not self.directory:
             return None
@@ -421,8 +458,10 @@ def run_job(job: Job, keep: list) -> ArmResult:
         temperature=0.0, max_tokens=job.max_tokens, ignore_eos=True, logprobs=job.logprobs, seed=job.engine.seed
     )
     t_gen = time.monotonic()
-    probes = []
-    for n, probe in enumerate(job.probes, start=1):
+    probes, scenario = [], None
+    if job.scenario is not None:
+        probes, scenario = run_scenario(llm, job, tokenizer, sp, audit)
+    for n, probe in enumerate(job.probes if job.scenario is None else (), start=1):
         report_stage(job, f"probe {n} of {len(job.probes)}", preflight_ok=True)
         if "token_ids" in probe.prompt:
             ids, messages = list(probe.prompt["token_ids"]), None
@@ -452,14 +491,70 @@ def run_job(job: Job, keep: list) -> ArmResult:
         probes=tuple(probes),
         pid=os.getpid(),
         versions=versions,
-        effective_config={**_effective_config(llm), **_process_facts(probes, audit)},
+        effective_config={**_effective_config(llm), **_process_facts(probes, audit, scenario)},
         # from process start to a ready engine: interpreter, imports and engine construction
         engine_start_s=round(ready - _T_PROCESS - waited, 3),
         import_s=round(t0 - _T_PROCESS - waited, 3),
         generation_s=round(time.monotonic() - t_gen, 3),
         fixture_sha256=job.fixture_sha256,
         kv_audit=audit.summary(),
+        scenario=scenario,
     )
+
+
+PREEMPTIONS_METRIC = "vllm:num_preemptions"
+
+
+def preemption_count() -> tuple[int | None, str]:
+    """The engine's cumulative count of preempted requests and where it came from: vLLM's Prometheus
+    counter vllm:num_preemptions (v1/metrics/loggers.py, fed by the scheduler's PREEMPTED events), read
+    in this process as LLM.get_metrics() reads it (vllm.v1.metrics.reader.get_metrics_snapshot), which
+    serves the synchronous LLM and the bare AsyncLLM alike; (None, "unavailable: why") otherwise."""
+    try:
+        from vllm.v1.metrics.reader import get_metrics_snapshot
+
+        values = [m.value for m in get_metrics_snapshot() if m.name == PREEMPTIONS_METRIC]
+    except Exception as exc:  # noqa: BLE001 - a counter that cannot be read is reported as such
+        return None, f"unavailable: {type(exc).__name__}: {str(exc)[:200]}"
+    if not values:
+        return None, f"unavailable: vLLM's metrics have no {PREEMPTIONS_METRIC} (stat logging off?)"
+    return int(sum(values)), f"{PREEMPTIONS_METRIC} (vLLM's Prometheus counter, as LLM.get_metrics() reads it)"
+
+
+def run_scenario(llm, job: Job, tokenizer, sp, audit: _AuditRecords) -> tuple[list[ProbeResult], ScenarioResult]:
+    """A scenario's steps in this (fresh) engine: each step's probes one generate call each in order,
+    or one call with all of them (together: in flight at once, as many as max_num_seqs lets run). The
+    prefix cache is never reset: what earlier steps left is the point. Each request's audit record is
+    matched by its prompt among the records its call made."""
+    from vllm import TokensPrompt
+
+    prompts: dict[str, list[int]] = {}
+    probes = []
+    for probe in job.probes:
+        if "token_ids" in probe.prompt:
+            ids, messages = list(probe.prompt["token_ids"]), None
+        else:
+            ids, messages = build_chat_prompt(tokenizer, probe.prompt["chat"])
+        prompts[probe.name] = ids
+        probes.append(ProbeResult(name=probe.name, prompt_token_ids=tuple(ids), messages=messages, requests=()))
+    requests = []
+    steps = job.scenario.steps
+    for k, step in enumerate(steps):
+        report_stage(job, f"step {k + 1} of {len(steps)}", preflight_ok=True)
+        calls = [list(step.submit)] if step.together else [[name] for name in step.submit]
+        for names in calls:
+            before, _ = preemption_count()
+            ids = [prompts[name] for name in names]
+            outs = llm.generate([TokensPrompt(prompt_token_ids=i) for i in ids], sp, use_tqdm=False)
+            after, _ = preemption_count()
+            grew = None if before is None or after is None else after - before
+            records = audit.take_many(ids) if len(ids) > 1 else [audit.take(ids[0])]
+            for name, out, record in zip(names, outs, records):
+                cached = getattr(out, "num_cached_tokens", None)
+                role = "reuse" if cached else "cold"
+                requests.append(StepRequest(k, name, _request(out, role, record), grew))
+    count, source = preemption_count()
+    return probes, ScenarioResult(job.scenario.name, tuple(requests), count, source)
 
 
 def _prime(llm, prefix: list[int], audit) -> dict | None:

@@ -1,0 +1,394 @@
+"""Scenarios without an engine: fixture validation (one line, exit 2), the verdict rules, the contract, the
+acceptance and exit codes, the report schema and the summary block. The engine runs them in
+tests/test_scenarios_e2e.py."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from kvkit_testutil import ROOT, run_cli
+
+from repro.contract import (
+    ArmResult,
+    ArmSpec,
+    EngineConfig,
+    Job,
+    ProbeJob,
+    ProbeResult,
+    RequestResult,
+    ScenarioJob,
+    ScenarioResult,
+    StepJob,
+    StepRequest,
+)
+from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME, UsageError
+from repro.fixtures import load_fixture, parse_fixture
+from repro.report import check_scenario_acceptance, exit_code, scenario_summary, validate_report
+from repro.scenarios import select
+from repro.suite import build_probes
+from repro.verdict import (
+    CORRUPT,
+    EXACT,
+    FAIL,
+    INCONCLUSIVE,
+    PASS,
+    SCHEDULE_NUMERICS,
+    UNAVAILABLE,
+    KVVerdict,
+    Request,
+    decide_scenario_arm,
+    decide_scenario_kv,
+    decide_scenario_request,
+)
+
+CPU_FIXTURE = ROOT / "fixtures" / "scenarios-cpu.json"
+BASE = (1, 2, 3, 4)
+
+
+def _doc(scenarios=None, **extra) -> dict:
+    doc = json.loads(CPU_FIXTURE.read_text(encoding="utf-8"))
+    if scenarios is not None:  # the shipped scenarios' expectations and skips go with them
+        doc["scenarios"] = scenarios
+        doc.pop("expected_scenarios")
+        doc.pop("expected_scenarios_kv")
+        for arm in doc["arms"]:
+            arm.pop("skip_scenarios", None)
+    doc.update(extra)
+    return doc
+
+
+def _scenario(**over) -> dict:
+    sc = {"name": "s", "steps": [{"submit": ["fixture"], "expect": "miss"}, {"submit": ["fixture"]}]}
+    sc.update(over)
+    return sc
+
+
+# ---- fixtures ---------------------------------------------------------------------------------------------
+
+
+def test_the_cpu_fixture_declares_the_four_shipped_scenarios():
+    fixture = load_fixture(CPU_FIXTURE)
+    assert [sc.name for sc in fixture.scenarios] == ["a-b-a", "eviction", "preemption", "in-flight"]
+    pre = next(sc for sc in fixture.scenarios if sc.name == "preemption")
+    assert pre.engine["preemption"] is True and pre.widest == 4
+    assert pre.probe_names == ("fixture", "chat-511", "chat-512", "chat-513")
+
+
+@pytest.mark.parametrize(
+    ("scenario", "message"),
+    [
+        (_scenario(steps=[]), "scenario s.steps: empty"),
+        (_scenario(steps=[{"submit": []}]), r"scenario s.steps\[0\].submit: empty"),
+        (_scenario(steps=[{"submit": ["a b"]}]), r"scenario s.steps\[0\].submit\[0\]: 'a b' must be"),
+        (_scenario(steps=[{"submit": ["fixture"], "expect": "hit"}]), r"expect: 'hit' is not one of miss, reuse"),
+        (_scenario(steps=[{"submit": ["fixture"], "togther": True}]), r"unknown field togther"),
+        (_scenario(steps=[{"submit": ["fixture", "fixture"], "together": True}]), "names each probe once"),
+        (_scenario(steps=[{"submit": ["fixture"], "together": "yes"}]), "together: must be true or false"),
+        (_scenario(engine={"kv_cache_tokens": 0}), "engine.kv_cache_tokens: must be positive"),
+        (_scenario(engine={"kv_cache_tokens": "2048"}), "engine.kv_cache_tokens: wrong type str"),
+        (_scenario(engine={"preemption": 1}), "engine.preemption: wrong type int"),
+        (_scenario(engine={"gpu_blocks": 4}), "engine: unknown field gpu_blocks"),
+        (_scenario(mp_server={"cpu_pool_gb": 1}), "mp_server: unknown field cpu_pool_gb"),
+        (_scenario(lmcache={"x": [1]}), "lmcache: must be an object of LMCache YAML keys"),
+        (
+            _scenario(engine={"max_num_seqs": 1}, steps=[{"submit": ["fixture", "chat-511"], "together": True}]),
+            r"max_num_seqs: 1 is fewer than its largest together step \(2\)",
+        ),
+        (_scenario(name="a/b"), r"scenarios\[0\].name: 'a/b' must be"),
+        (_scenario(colour="red"), "unknown field colour"),
+    ],
+)
+def test_a_bad_scenario_is_one_line(scenario, message):
+    with pytest.raises(UsageError, match=message) as caught:
+        parse_fixture(_doc([scenario]), "f.json", "0" * 64)
+    assert "\n" not in str(caught.value) and str(caught.value).startswith("fixture f.json: ")
+
+
+def test_duplicate_scenarios_and_expectations_or_skips_of_unknown_ones_are_refused():
+    with pytest.raises(UsageError, match="duplicate scenario name 's'"):
+        parse_fixture(_doc([_scenario(), _scenario()]), "f.json", "0" * 64)
+    with pytest.raises(UsageError, match="expected_scenarios.native: no scenario named nope"):
+        parse_fixture(_doc([_scenario()], expected_scenarios={"native": {"nope": PASS}}), "f.json", "0" * 64)
+    arms = [{"name": "X", "connector": "ExampleConnector", "skip_scenarios": {"t": "why"}}]
+    with pytest.raises(UsageError, match=r"arms\[0\].skip_scenarios: no scenario named t"):
+        parse_fixture(_doc([_scenario()], arms=arms), "f.json", "0" * 64)
+    with pytest.raises(UsageError, match=r"expected_scenarios_kv.native.s: 'FINE' is not one of"):
+        parse_fixture(_doc([_scenario()], expected_scenarios_kv={"native": {"s": "FINE"}}), "f.json", "0" * 64)
+
+
+def test_the_run_checks_scenario_names_probes_and_cache_size():
+    fixture = load_fixture(CPU_FIXTURE)
+    with_suite = build_probes(fixture.probes, "acceptance")
+    assert select(fixture, None, with_suite, 2048) == []
+    assert [sc.name for sc in select(fixture, "all", with_suite, 2048)] == [sc.name for sc in fixture.scenarios]
+    assert [sc.name for sc in select(fixture, "in-flight,a-b-a", with_suite, 2048)] == ["in-flight", "a-b-a"]
+    with pytest.raises(
+        UsageError, match=r"--scenarios: no scenario .nope. in fixture .* \(it declares a-b-a, eviction"
+    ):
+        select(fixture, "a-b-a,nope", with_suite, 2048)
+    with pytest.raises(UsageError, match="submits 'chat-511', not a probe of this run .*add --suite acceptance"):
+        select(fixture, "a-b-a", build_probes(fixture.probes, None), 2048)
+    with pytest.raises(UsageError, match="kv_cache_tokens 2048 is below --max-model-len 4096"):
+        select(fixture, "a-b-a", with_suite, 4096)
+    bare = parse_fixture(_doc(scenarios=[]), "f.json", "0" * 64)
+    with pytest.raises(UsageError, match="declares no scenarios"):
+        select(bare, "all", with_suite, 2048)
+
+
+def test_existing_fixtures_are_unchanged_by_scenarios():
+    """Every shipped fixture loads as before (no scenarios where none are declared); their bytes are hashed in
+    committed reports, so none may change."""
+    for path in sorted((ROOT / "fixtures").glob("*.json")):
+        fixture = load_fixture(path)
+        if not path.name.startswith("scenarios-"):
+            assert fixture.scenarios == () and fixture.expected_scenarios == {}, path
+
+
+def test_bad_scenario_input_exits_2_with_one_line(tmp_path, tiny_model):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(_doc([_scenario(steps=[{"submit": ["fixture"], "expect": "hit"}])])))
+    proc = run_cli(["--model", tiny_model, "--device", "cpu", "--compare-native", "--fixture", str(bad),
+                    "--scenarios", "all", "--report", str(tmp_path / "r.json")])  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "expect: 'hit' is not one of miss, reuse" in lines[0]
+    proc = run_cli(["--model", tiny_model, "--device", "cpu", "--compare-native", "--fixture", str(CPU_FIXTURE),
+                    "--scenarios", "nope", "--report", str(tmp_path / "r.json")])  # fmt: skip
+    assert proc.returncode == 2 and "no scenario 'nope'" in proc.stderr
+    assert not (tmp_path / "r.json").exists()
+
+
+# ---- verdict rules ----------------------------------------------------------------------------------------
+
+
+def _req(tokens=BASE, cached=0):
+    return Request(tuple(tokens), cached)
+
+
+def test_a_request_that_matches_passes_whether_hit_or_miss():
+    for cached, role in ((0, "miss"), (992, "reuse")):
+        v = decide_scenario_request(BASE, _req(cached=cached), None, True)
+        assert (v.verdict, v.role, v.first_diff, v.reasons) == (PASS, role, None, ())
+
+
+def test_a_hit_that_differs_fails():
+    v = decide_scenario_request(BASE, _req((1, 2, 9, 9), 496), "reuse", True)
+    assert v.verdict == FAIL and v.first_diff == 2 and v.reasons == ("496 cached tokens, differs from baseline @2",)
+
+
+def test_expectations():
+    hit_where_miss = decide_scenario_request(BASE, _req(cached=16), "miss", True)
+    assert hit_where_miss.verdict == FAIL and "expected a miss, reported 16 cached tokens" in hit_where_miss.reasons
+    no_hit = decide_scenario_request(BASE, _req(cached=0), "reuse", True)
+    assert no_hit.verdict == INCONCLUSIVE and "reuse not exercised" in no_hit.reasons[0]
+    missing = decide_scenario_request(BASE, _req(cached=None), None, True)
+    assert missing.verdict == INCONCLUSIVE and missing.reasons == ("hit counter missing",)
+
+
+def test_a_divergence_the_control_shows_too_is_schedule_numerics_never_a_fail():
+    v = decide_scenario_request(BASE, _req((1, 2, 9, 9), 496), "reuse", False)
+    assert (v.verdict, v.cls) == (INCONCLUSIVE, SCHEDULE_NUMERICS)
+    failed_control = decide_scenario_request(BASE, _req((1, 2, 9, 9), 496), "reuse", None)
+    assert failed_control.verdict == INCONCLUSIVE and failed_control.cls is None
+    assert "cache-off run failed" in failed_control.reasons[0]
+
+
+def test_a_miss_that_differs_is_inconclusive_unless_its_call_preempted():
+    quiet = decide_scenario_request(BASE, _req((1, 9, 9, 9), 0), None, True)
+    assert quiet.verdict == INCONCLUSIVE and "no reuse to blame" in quiet.reasons[0]
+    preempted = decide_scenario_request(BASE, _req((1, 9, 9, 9), 0), None, True, preempted=True)
+    assert preempted.verdict == FAIL and "preempted" in preempted.reasons[0]
+
+
+def test_the_arm_takes_the_worst_and_needs_its_preemption():
+    ok = decide_scenario_request(BASE, _req(), None, True)
+    bad = decide_scenario_request(BASE, _req((9, 9, 9, 9), 16), None, True)
+    assert decide_scenario_arm([("step 0 a", ok)], False, 0).verdict == PASS
+    arm = decide_scenario_arm([("step 0 a", ok), ("step 1 a", bad)], True, 0)
+    assert arm.verdict == FAIL
+    assert arm.reasons == (
+        "step 1 a: 16 cached tokens, differs from baseline @0",
+        "the scenario needs preemption and the engine preempted no request",
+    )
+    none = decide_scenario_arm([("step 0 a", ok)], True, 0)
+    assert none.verdict == INCONCLUSIVE
+    unread = decide_scenario_arm([("step 0 a", ok)], True, None)
+    assert unread.verdict == INCONCLUSIVE and "counter is unavailable" in unread.reasons[0]
+    assert decide_scenario_arm([("step 0 a", ok)], True, 3).verdict == PASS
+    assert decide_scenario_arm([], False, 0).verdict == INCONCLUSIVE
+
+
+def test_the_kv_verdict_of_a_scenario_arm():
+    exact, gap = KVVerdict(EXACT, ()), KVVerdict(UNAVAILABLE, ("no figures",))
+    corrupt = KVVerdict(CORRUPT, ("bad",), (0, 1), (2,), ("K",))
+    assert decide_scenario_kv([("step 1 a", exact)]).verdict == EXACT
+    assert decide_scenario_kv([("step 1 a", exact), ("step 2 b", gap)]).reasons == ("step 2 b: no figures",)
+    worst = decide_scenario_kv([("step 1 a", gap), ("step 2 b", corrupt)])
+    assert (worst.verdict, worst.blocks, worst.layers, worst.planes) == (CORRUPT, (0, 1), (2,), ("K",))
+    assert decide_scenario_kv([]).verdict == UNAVAILABLE
+
+
+# ---- contract ---------------------------------------------------------------------------------------------
+
+
+def test_a_scenario_job_and_result_round_trip():
+    engine = EngineConfig("m", None, "float32", 0, 0.1, 2048, 16, "cpu", 2048, 4, 4096)
+    job = Job(ArmSpec("native~scenario.s", "native"), engine, 16, 2, (ProbeJob("a", {"token_ids": [1, 2]}, 1),),
+              scenario=ScenarioJob("s", (StepJob(("a",)), StepJob(("a", "b"), True))))  # fmt: skip
+    assert Job.from_json(json.loads(json.dumps(job.to_json()))) == job
+    plain = Job(ArmSpec("native", "native"), EngineConfig("m", None, "float32", 0, 0.1, 2048, 16, "cpu"), 16, 2, ())
+    assert (
+        "scenario" not in plain.to_json() and "max_num_seqs" not in plain.to_json()["engine"]
+    )  # a plain job as before
+    req = RequestResult("reuse", 16, (1, 2), (), "length", None, "x")
+    result = ArmResult("native~scenario.s", probes=(ProbeResult("a", (1, 2), None, ()),),
+                       scenario=ScenarioResult("s", (StepRequest(1, "a", req, 2),), 2, "vllm:num_preemptions"))  # fmt: skip
+    assert ArmResult.from_json(json.loads(json.dumps(result.to_json()))) == result
+    assert "scenario" not in ArmResult("native").to_json()
+
+
+# ---- report, acceptance, exit code, summary ---------------------------------------------------------------
+
+EXAMPLE = ROOT / "tests" / "data" / "report-scenarios-example.json"
+
+
+def _report() -> dict:
+    return json.loads(EXAMPLE.read_text(encoding="utf-8"))
+
+
+def test_the_example_report_with_scenarios_matches_the_schema():
+    validate_report(_report())
+
+
+def test_scenario_acceptance_is_checked_only_under_the_suite():
+    sections = _report()["scenarios"]
+    assert check_scenario_acceptance(sections, {}, None)["matched"] is None
+    acc = check_scenario_acceptance(sections, {"native": {"a-b-a": PASS}}, "acceptance")
+    assert acc["matched"] is False and acc["unchecked"][0]["arm"] == "ExampleConnector"
+    full = {"native": {"a-b-a": PASS}, "ExampleConnector": {"a-b-a": PASS}}
+    assert check_scenario_acceptance(sections, full, "acceptance")["matched"] is True
+    wrong = check_scenario_acceptance(sections, {**full, "native": {"a-b-a": FAIL}}, "acceptance")
+    assert wrong["matched"] is False and [c["ok"] for c in wrong["checked"]] == [True, False]
+    kv = check_scenario_acceptance(sections, full, "acceptance", {"native": {"a-b-a": EXACT}})
+    assert kv["matched"] is True and {c["check"] for c in kv["checked"]} == {"tokens", "kv"}
+
+
+def _with(report: dict, arm: str, **fields) -> dict:
+    out = copy.deepcopy(report)
+    for entry in out["scenarios"][0]["arms"]:
+        if entry["arm"] == arm:
+            entry.update(fields)
+    return out
+
+
+def _accept(report: dict, table: dict, kv: dict | None = None) -> dict:
+    report["acceptance"]["scenarios"] = check_scenario_acceptance(report["scenarios"], table, "acceptance", kv)
+    return report
+
+
+def test_exit_codes_of_scenarios():
+    report = _report()
+    full = {"native": {"a-b-a": PASS}, "ExampleConnector": {"a-b-a": PASS}}
+    report["acceptance"]["matched"] = True  # the plain probes' part is not under test here
+    report["acceptance"]["unchecked_arms"] = []
+    assert exit_code(_accept(report, full)) == EXIT_OK
+    assert exit_code(_accept(report, {"native": {"a-b-a": PASS}})) == EXIT_MISMATCH  # one left unchecked
+    failed = _with(report, "native", verdict=FAIL)
+    assert exit_code(_accept(failed, full)) == EXIT_MISMATCH
+    assert exit_code(_accept(failed, {**full, "native": {"a-b-a": FAIL}})) == EXIT_OK  # a planted fault, expected
+    assert exit_code(_accept(_with(report, "native", verdict="ERROR"), full)) == EXIT_RUNTIME
+    corrupt = _with(report, "native", kv={"verdict": CORRUPT, "reasons": [], "blame": None})
+    assert exit_code(_accept(corrupt, full)) == EXIT_MISMATCH
+    assert exit_code(_accept(corrupt, full, {"native": {"a-b-a": CORRUPT}})) == EXIT_OK
+    no_suite = copy.deepcopy(failed)
+    no_suite["acceptance"]["scenarios"] = check_scenario_acceptance(no_suite["scenarios"], {}, None)
+    no_suite["acceptance"]["matched"] = None
+    for arm in no_suite["arms"]:
+        arm["verdict"] = PASS
+    assert exit_code(no_suite) == EXIT_MISMATCH
+    assert exit_code(_with(no_suite, "native", verdict=PASS)) == EXIT_OK
+
+
+def test_the_summary_block():
+    lines = scenario_summary(_with(_report(), "native", verdict=FAIL))
+    assert lines[1] == "Scenarios"
+    assert lines[2] == "  a-b-a · ExampleConnector: PASS · KV EXACT · preemptions 0 · hits 0 0 0 1488"
+    assert lines[3].startswith("  a-b-a · native: FAIL · KV EXACT · preemptions 0 · hits 0 0 0 992")
+    assert scenario_summary({"arms": []}) == []
+
+
+def test_a_report_without_scenarios_has_no_trace_of_them():
+    report = _report()
+    del report["scenarios"]
+    del report["config"]["scenarios"]
+    del report["acceptance"]["scenarios"]
+    validate_report(report)
+    assert scenario_summary(report) == []
+
+
+def test_the_example_is_a_real_run(tmp_path: Path):
+    """The example is a verifier's own output (tests/data; copied from a run of fixtures/scenarios-cpu.json,
+    --scenarios a-b-a): its fixture hash is the shipped fixture's."""
+    report = _report()
+    assert report["fixture"]["name"] == "scenarios-cpu"
+    assert [sc["name"] for sc in report["scenarios"]] == ["a-b-a"]
+
+
+# ---- a run's jobs -----------------------------------------------------------------------------------------
+
+
+def _opts(tiny_model: str, *extra: str):
+    from repro.cli import CPU_ENGINE_FLAGS, parse_args
+
+    return parse_args(["--model", tiny_model, *CPU_ENGINE_FLAGS, "--compare-native", "--fixture", str(CPU_FIXTURE),
+                       "--report", "/tmp/unused.json", *extra])  # fmt: skip
+
+
+def test_a_scenario_job_carries_its_steps_and_engine(tiny_model):
+    from repro.plan import plan_arms
+    from repro.scenarios import job_for, runs_of
+
+    opts = _opts(tiny_model)
+    fixture = load_fixture(CPU_FIXTURE)
+    probes = build_probes(fixture.probes, "acceptance")
+    pre = next(sc for sc in fixture.scenarios if sc.name == "preemption")
+    runs, skipped = runs_of(pre, plan_arms(opts, fixture))
+    assert [run.name for _, run in runs] == ["baseline~scenario.preemption", "native~scenario.preemption"]
+    assert {name: mode for name, (mode, _) in skipped.items()} == {
+        "ExampleConnector": "connector",
+        "native-matched": "native",
+    }
+    assert "FileNotFoundError" in skipped["ExampleConnector"][1]
+    assert [run.name for _, run in runs_of(fixture.scenarios[0], plan_arms(opts, fixture))[0]][1] == (
+        "ExampleConnector~scenario.a-b-a"
+    )
+    job = job_for(opts, runs[1][1], pre, probes, fixture.sha256, None)
+    assert (job.engine.kv_cache_tokens, job.engine.max_num_seqs, job.engine.max_num_batched_tokens) == (2048, 4, None)
+    assert [p.name for p in job.probes] == ["fixture", "chat-511", "chat-512", "chat-513"]
+    assert job.scenario.steps[0] == StepJob(("fixture", "chat-511", "chat-512", "chat-513"), True)
+    aba = fixture.scenarios[0]
+    assert job_for(opts, runs[0][1], aba, probes, fixture.sha256, None).engine.max_num_seqs == 1  # no together step
+
+
+def test_an_lmcache_arm_gets_a_derived_yaml_and_its_mp_server_settings(tmp_path):
+    import yaml
+
+    from repro.contract import ConnectorSpec
+    from repro.lmcache_mp import ServerSettings
+    from repro.plan import PlannedArm
+    from repro.scenarios import LMCACHE_CONFIG_ENV, mp_settings, prepare
+
+    fixture = load_fixture(ROOT / "fixtures" / "scenarios-gpu-lmcache.json")
+    eviction = next(sc for sc in fixture.scenarios if sc.name == "eviction")
+    v1 = PlannedArm(ArmSpec("LMCacheConnectorV1~scenario.eviction", "connector", ConnectorSpec("LMCacheConnectorV1")))
+    arm, record = prepare(v1, eviction, tmp_path, [], tmp_path, str(ROOT / "fixtures" / "lmcache-local-cpu.yaml"))
+    written = yaml.safe_load(Path(arm.env[LMCACHE_CONFIG_ENV]).read_text())
+    assert written["max_local_cpu_size"] == 0.003 and written["chunk_size"] == 256  # the base's other keys kept
+    assert record["overrides"] == {"max_local_cpu_size": 0.003}
+    native = PlannedArm(ArmSpec("native~scenario.eviction", "native"))
+    assert prepare(native, eviction, tmp_path, [], tmp_path, None) == (native, None)
+    assert ServerSettings(**mp_settings(eviction)).l1_size_gb == 0.003
+    assert mp_settings(fixture.scenarios[0]) == {}
