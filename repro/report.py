@@ -262,54 +262,11 @@ def exit_code(report: dict) -> int:
 
 
 def format_summary(report: dict) -> str:
-    """The text summary of a report (repro.publish.summary, which reads it through the read model)."""
+    """The text summary of a report (repro.publish.summary, which reads it through the read model; its
+    Scenarios block included)."""
     from repro.publish.summary import format_summary as summary  # the publishing side sits above this module
 
-    text = summary(report)
-    block = scenario_summary(report)
-    if not block:
-        return text
-    lines = text.rstrip("\n").split("\n")  # the claim line stays last
-    return "\n".join(lines[:-1] + block + lines[-1:]) + ("\n" if text.endswith("\n") else "")
-
-
-def scenario_summary(report: dict) -> list[str]:
-    """The summary's Scenarios block: one line per (scenario, arm), then one per request that is not PASS;
-    the control's line when the scenario's cache-off run failed or differs from the plain baseline."""
-    if not report.get("scenarios"):
-        return []
-    out = ["", "Scenarios"]
-    for sc in report["scenarios"]:
-        ctl = sc["control"]
-        if ctl["status"] != "ok":
-            out.append(f"  {sc['name']} · control (baseline, cache off): ERROR {ctl['error']}")
-        else:
-            differ = [r for r in ctl["requests"] if not r["matches_plain"]]
-            if differ:
-                where = ", ".join(f"step {r['step']} {r['probe']} @{r['first_diff']}" for r in differ)
-                out.append(f"  {sc['name']} · control (baseline, cache off) differs from the plain baseline: {where}")
-        for arm in sc["arms"]:
-            kv = _scenario_kv(arm)
-            facts = [f"{arm['verdict']}"]
-            if arm.get("class"):
-                facts.append(arm["class"])
-            if kv:
-                facts.append(f"KV {kv}")
-            if arm.get("preemptions") is not None:
-                facts.append(f"preemptions {arm['preemptions']}")
-            hits = [r["cached_tokens"] for r in arm.get("requests") or []]
-            if hits:
-                facts.append("hits " + " ".join("?" if h is None else str(h) for h in hits))
-            out.append(f"  {sc['name']} · {arm['arm']}: " + " · ".join(facts))
-            if arm["verdict"] in (ERROR, SKIPPED) or not arm.get("requests"):
-                out += [f"      {r}" for r in arm["reasons"][:3]]
-            for r in arm.get("requests") or []:
-                if r["verdict"] != PASS:
-                    out.append(f"      step {r['step']} {r['probe']}: {r['verdict']}: {'; '.join(r['reasons'])}")
-            if arm["verdict"] not in (ERROR, SKIPPED) and arm.get("requests"):
-                out += [f"      {r}" for r in arm["reasons"] if not r.startswith("step ")]
-    out.append("")
-    return out
+    return summary(report)
 
 
 def load_report(path: str | Path) -> dict:

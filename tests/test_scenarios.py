@@ -26,7 +26,9 @@ from repro.contract import (
 )
 from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME, UsageError
 from repro.fixtures import load_fixture, parse_fixture
-from repro.report import check_scenario_acceptance, exit_code, scenario_summary, validate_report
+from repro.publish.summary import scenario_block
+from repro.readmodel import as_report
+from repro.report import check_scenario_acceptance, exit_code, format_summary, validate_report
 from repro.scenarios import select
 from repro.suite import build_probes
 from repro.verdict import (
@@ -313,11 +315,12 @@ def test_exit_codes_of_scenarios():
 
 
 def test_the_summary_block():
-    lines = scenario_summary(_with(_report(), "native", verdict=FAIL))
+    report = _with(_report(), "native", verdict=FAIL)
+    lines = scenario_block(as_report(report))
     assert lines[1] == "Scenarios"
     assert lines[2] == "  a-b-a · ExampleConnector: PASS · KV EXACT · preemptions 0 · hits 0 0 0 1488"
     assert lines[3].startswith("  a-b-a · native: FAIL · KV EXACT · preemptions 0 · hits 0 0 0 992")
-    assert scenario_summary({"arms": []}) == []
+    assert format_summary(report).count("\nScenarios\n") == 1  # once, before the claim line
 
 
 def test_a_report_without_scenarios_has_no_trace_of_them():
@@ -326,7 +329,8 @@ def test_a_report_without_scenarios_has_no_trace_of_them():
     del report["config"]["scenarios"]
     del report["acceptance"]["scenarios"]
     validate_report(report)
-    assert scenario_summary(report) == []
+    assert scenario_block(as_report(report)) == []
+    assert "Scenarios" not in format_summary(report)
 
 
 def test_the_example_is_a_real_run(tmp_path: Path):
