@@ -103,7 +103,7 @@ def test_an_error_arm_and_missing_figures_read_as_absent_never_as_zero():
     assert crashed.preemptions_text == "preemptions not recorded (unavailable: the child wrote no result)"
     data = scenario_report()
     req = data["scenarios"][0]["arms"][0]["requests"][2]
-    for key in ("cached_tokens", "control_matches", "kv", "expect", "first_diff"):
+    for key in ("cached_tokens", "control_matches", "kv", "expect", "first_diff", "token_ids"):
         req[key] = None
     read = as_report(data).scenarios[0].arm("PlantedFault").requests[2]
     assert (read.hit_cell, read.control_cell, read.kv_cell, read.expect_text, read.diff_cell) == (
@@ -562,3 +562,20 @@ def test_the_matrix_page_with_scenario_columns_in_chromium(browser, tmp_path):  
     assert [t for t in got["tables"] if t["width"] > t["box"] + 1] == []  # every column shows at 1280 px
     assert got["scrollWidth"] <= got["clientWidth"]
     assert "scenario in-flight" in got["text"] and "schedule-numerics" in got["text"]
+
+
+def test_a_reuse_that_differs_from_a_clean_control_is_never_shown_as_the_controls():
+    """The report's per-request `control_matches` is the producer's: whether the cache-off control gave the
+    plain baseline's tokens there (repro.verdict reads it so). On the H200's in-flight run LMCacheConnectorV1's
+    reuses differ from the baseline @0 while the control matched it: the views must say the control was clean,
+    not 'as the cache-off control' (which they said when they took the field for 'same tokens as the control')."""
+    report = read_report(ROOT / "reports" / "conditions" / "h200-conditions-tiny-scenarios-v028.json")
+    inflight = next(s for s in report.scenarios if s.name == "in-flight")
+    failed = [r for r in inflight.arm("LMCacheConnectorV1").requests if r.first_diff is not None]
+    assert len(failed) == 4 and all(r.data["control_matches"] is True for r in failed)
+    assert {r.control_cell for r in failed} == {"differs"}
+    assert {r.control_text for r in failed} == {"the cache-off control gave the plain baseline's tokens"}
+    clean = [r for r in inflight.arm("LMCacheMPConnector").requests]
+    assert {r.control_cell for r in clean} == {"same"} and {r.control_text for r in clean} == {
+        "as the cache-off control"
+    }

@@ -304,9 +304,19 @@ class StepRequest(KVCells, _Placed, _Judged, Request):
 
     @property
     def control_matches(self) -> bool | None:
-        """Whether this request's tokens equal the schedule control's at the same place; None: not recorded."""
-        found = self.data.get("control_matches")
-        return found if isinstance(found, bool) else None
+        """Whether this request's tokens equal the schedule control's at the same place; None: not recorded.
+
+        From the token IDs of both where the report has them. The report's own `control_matches` says
+        something else: whether the control gave the plain baseline's tokens at this request (what
+        repro.verdict decides with); it is used only where a request's or the control's tokens are missing."""
+        control = self.control
+        mine = self.data.get("token_ids")
+        if control is not None and control.token_ids is not None and isinstance(mine, list):
+            return mine == control.token_ids
+        control_as_plain = self.data.get("control_matches")
+        if not isinstance(control_as_plain, bool) or not control_as_plain:
+            return None  # the control differs from the plain baseline, and where this request is is unknown
+        return self.first_diff is None  # the control has the baseline's tokens: so does this request, or not
 
     @property
     def control_cell(self) -> str:
