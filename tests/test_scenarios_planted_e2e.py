@@ -7,8 +7,8 @@ from the probes' block counts, chosen before any run) and holds the expectations
 It runs `--scenarios in-flight,eviction`: the two scenarios the claim is about. a-b-a and preemption add
 nothing to what is asserted here (the fixture's expectations for them were measured with `--scenarios all`,
 4 min 8 s, and native under every scenario is tests/test_scenarios_e2e.py's). Measured on 2026-12-01 (2
-shared cores, --jobs 2, under the e2e lock, another helper's engines running meanwhile): 211 s (plain arms 77 s,
-scenarios 125 s). Run under `flock /tmp/kvkit-e2e.lock`."""
+shared cores, --jobs 2, under the e2e lock, another helper's engines running meanwhile): 211 s and 229 s
+in two runs (plain arms 77 / 88 s, scenarios 125 / 134 s). Run under `flock /tmp/kvkit-e2e.lock`."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import json
 import pytest
 from conftest import have_vllm, run_cli
 
-from repro.cli import CPU_ENGINE_FLAGS
+from repro.cli import selftest_cpu_argv
 from repro.report import validate_report
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
@@ -33,10 +33,10 @@ ZEROED = list(range(16))  # zero_blocks, first_block 0, num_blocks 16
 
 @pytest.fixture(scope="module")
 def planted_run(tiny_model, tmp_path_factory):
+    """The CPU self-test's command line (the CPU engine flags, the acceptance suite, native) on this fixture."""
     report = tmp_path_factory.mktemp("scenarios-planted") / "planted.json"
-    argv = ["--model", tiny_model, *CPU_ENGINE_FLAGS, "--suite", "acceptance", "--compare-native", "--fixture",
-            FIXTURE, "--scenarios", "in-flight,eviction", "--jobs", "2", "--quiet", "--report", str(report)]  # fmt: skip
-    proc = run_cli(argv, timeout=3000)
+    scenarios = ["--scenarios", "in-flight,eviction", "--jobs", "2", "--quiet"]
+    proc = run_cli([*selftest_cpu_argv(tiny_model, str(report), FIXTURE), *scenarios], timeout=3000)
     assert report.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc, json.loads(report.read_text())
 
