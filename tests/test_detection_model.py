@@ -192,3 +192,22 @@ def test_committed_trained_matrix_ran_the_whole_plan_with_no_false_positive_or_f
 @needs_trained
 def test_committed_trained_page_is_the_rendering_of_the_committed_matrix():
     assert TRAINED_PAGE.read_text(encoding="utf-8") == render_page(load_matrix(TRAINED))
+
+
+def test_the_two_studies_are_told_apart_on_the_site_and_in_their_control_tables(tmp_path):
+    """The site index names the trained model's study, and the controls column says which model each row ran on."""
+    from repro.publish.catalog import _detection
+
+    written = {}
+    tiny = _detection(ROOT / plan.DEFAULT_REPORT, tmp_path, lambda p, b: written.setdefault(p.name, b))
+    trained = _detection(
+        ROOT / "reports" / "detection" / "detection-matrix-smollm2.json",
+        tmp_path,
+        lambda p, b: written.setdefault(p.name, b),
+    )
+    assert (tiny.title, trained.title) == ("detection study", "detection study (smollm2)")
+    assert (
+        b"<th>model</th>" in written["detection-matrix.html"]
+        and b"<td>tiny, seed 1</td>" in written["detection-matrix.html"]
+    )
+    assert b"<td>smollm2</td>" in written["detection-matrix-smollm2.html"]

@@ -42,7 +42,7 @@ class FaultRow:
 @dataclass(frozen=True)
 class ControlRow:
     arm: str
-    seed: int | str  # a packaged model's name (it has no seed)
+    seed: str  # "tiny, seed N", or a packaged model's name (it has no seed)
     compared: int
     exercised: int
     false_positives: tuple[tuple[int, str], ...]  # (count, cell class): none is good news, any is bad
@@ -65,6 +65,7 @@ class DetectionPage:
 
     tool_version: str
     commit: str
+    model: str | None  # a packaged model's name (python -m repro detection --model); None: the tiny models
     started: str
     method: str
     windows: tuple[str, ...]
@@ -221,7 +222,7 @@ def _control_row(c: dict, windows: tuple[str, ...]) -> ControlRow:
             unavailable = f"{kv['reason']} ({unavailable})"
     return ControlRow(
         arm=c["arm"],
-        seed=c["model_seed"] if c.get("model_seed") is not None else c.get("model", "–"),
+        seed=f"tiny, seed {c['model_seed']}" if c.get("model_seed") is not None else c.get("model", "–"),
         compared=c["reuses_compared"],
         exercised=c["reuses_exercised"],
         false_positives=tuple(
@@ -258,6 +259,7 @@ def page_model(report: dict) -> DetectionPage:
     return DetectionPage(
         tool_version=report["tool_version"],
         commit=report["provenance"]["kit"].get("commit", "unavailable")[:12],
+        model=report["config"].get("model"),
         started=report["provenance"]["started_utc"],
         method=report["method"],
         windows=windows,

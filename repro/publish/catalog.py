@@ -108,4 +108,5 @@ def _detection(path: Path, out: Path, write: Callable) -> Entry:
         f"{len(m.rows)} planted faults, {len(m.controls)} controls · every fault kind detected: "
         f"{'yes' if m.every_fault_detected else 'no'} · false positives {m.false_positives} · {kv} · {m.started[:10]}"
     )
-    return Entry("detection", f"{quote(out.name)}/{quote(path.stem)}.html", "detection study", summary)
+    title = f"detection study ({m.model})" if m.model else "detection study"
+    return Entry("detection", f"{quote(out.name)}/{quote(path.stem)}.html", title, summary)
