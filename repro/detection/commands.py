@@ -117,6 +117,14 @@ def detection(argv: list[str]) -> int:
     )
     p.add_argument("--faults", type=_fault_kinds, default=tuple(plan.FAULT_PARAMS), help="fault kinds, comma separated")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per arm")
+    p.add_argument(
+        "--scenarios",
+        action="store_true",
+        help="instead: which planted faults each workload scenario catches that plain probes miss (rows x scenario "
+        "columns, the tiny model; writes reports/detection/detection-scenarios.json and its page)",
+    )
+    if "--scenarios" in argv:
+        return detection_scenarios(p, argv)
     a = _parse(p, argv)
     if a.model is not None and a.seeds is not None:
         raise UsageError("--seeds picks tiny models; --model runs one packaged model (give one of them)")
@@ -136,3 +144,32 @@ def detection_site(argv: list[str]) -> int:
     """Render the page from an existing matrix report."""
     a = _parse(_parser("detection-site"), argv)
     return _publish(load_matrix(Path(a.report)), a.report, a.site)
+
+
+def detection_scenarios(p: ArgumentParser, argv: list[str]) -> int:
+    """`python -m repro detection --scenarios`: the scenario columns' study (repro.detection.scenarios)."""
+    from repro.detection import scenarios
+    from repro.detection.scenario_page import write_page as write_scenario_page
+
+    a = p.parse_args(argv)
+    if a.model is not None or a.seeds is not None or "--faults" in argv:
+        raise UsageError("--scenarios runs its own rows on the tiny model (no --model, --seeds or --faults)")
+    report_path, site_path = scenarios.scenario_paths()
+    report_path, site_path = a.report or report_path, a.site or site_path
+    report = scenarios.run_scenario_study(Path(report_path), Path(a.models_dir), a.timeout, ["detection", *argv])
+    write_scenario_page(report, Path(site_path))
+    s = scenarios.summary(report)
+    print(
+        f"detection scenarios: hypothesis held in {s['held']}/{s['cells']} cells; "
+        f"false_positives={s['false_positives']} false_blames={s['false_blames']} errors={len(s['errors'])}"
+    )
+    for line in s["did_not_hold"]:
+        print(f"  did not hold: {line}")
+    for line in s["undecided"]:
+        print(f"  undecided: {line}")
+    for line in s["errors"]:
+        print(f"  error: {line}")
+    print(f"report: {report_path}\npage: {site_path}", file=sys.stderr)
+    if s["errors"]:
+        return EXIT_RUNTIME
+    return EXIT_MISMATCH if s["false_positives"] or s["false_blames"] else EXIT_OK
