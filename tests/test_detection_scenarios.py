@@ -8,7 +8,7 @@ import json
 from dataclasses import replace
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, have_vllm
 
 from repro.detection import scenarios as study
 from repro.detection.commands import detection
@@ -273,3 +273,34 @@ def test_the_committed_report_renders_and_its_cells_follow_from_their_requests()
             c["gate_opened"],
         ), (c["row"], c["column"])
     assert render_page(report) == (ROOT / study.DEFAULT_SITE).read_text(encoding="utf-8")
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")
+def test_the_in_flight_gate_is_caught_by_the_in_flight_scenario_on_the_real_engine(tmp_path, tiny_model):
+    """Three engines (about 100 s alone on two cores): the plain baseline, the in-flight scenario's schedule
+    control and its in_flight row. Run under `flock /tmp/kvkit-e2e.lock`."""
+    import os
+    from pathlib import Path
+
+    from repro.detection import plan
+    from repro.detection.run import Runner
+    from repro.runner import child_env
+    from repro.tinymodel import MODEL_SEED
+
+    model = str(Path(tiny_model).resolve())
+    env = child_env(dict(os.environ), hashseed="0", extra={})
+    s = study.Study(Runner(work=tmp_path, env=env, timeout_s=600), study.options(model))
+    base = s.run(plan.baseline_job(tmp_path, MODEL_SEED, model))
+    assert base.failure is None
+    sc = {x.name: x for x in study.SCENARIOS}["in-flight"]
+    section, results = study.run_column(s, sc, base.result, only=("in_flight",))
+    assert section["control"]["status"] == "ok" and list(results) == ["in_flight~scenario.in-flight"]
+    (entry,) = section["arms"]
+    cell = fault_cell(scenario_records(entry), "catch")
+    assert cell["status"] == CAUGHT and cell["gate_opened"] >= 1 and entry["verdict"] == "FAIL"
+    # every load the gate let through had another request in flight with it, as its figures say
+    for r in entry["requests"]:
+        gate = (r["kv_transfer_params"] or {}).get("planted_fault", {}).get("gate")
+        if gate and gate.get("apply"):
+            assert gate["in_flight"]["in_flight"] >= 2

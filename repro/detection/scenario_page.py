@@ -78,7 +78,8 @@ def cell_view(cell: dict, top: str) -> CellView:
     if cell["status"] == ERROR:
         parts.append(cell["error"] or "")
     else:
-        parts.append("by window " + ", ".join(f"{w}: {c}/{n}" for w, c in cell["caught_by_window"].items()))
+        by_window = sorted(cell["caught_by_window"].items(), key=lambda item: int(item[0]))
+        parts.append("by window " + ", ".join(f"{w}: {c}/{n}" for w, c in by_window))
         parts.append(f"KV CORRUPT {cell['kv_corrupt']}/{n}")
         if cell["resumed_loads"]:
             parts.append(f"{cell['resumed_loads']} resumed loads")
@@ -149,10 +150,15 @@ def page_model(report: dict) -> ScenarioPage:
                 if s["differs_from_plain"]
                 else ""
             )
-            for name, s in report["schedule_controls"].items()
+            for name, s in sorted(report["schedule_controls"].items(), key=lambda item: _order(names, item[0]))
         ),
         top_window=top,
     )
+
+
+def _order(names: list[str], name: str) -> int:
+    """A column's place in the report's column order (the JSON file's keys are sorted)."""
+    return names.index(name) if name in names else len(names)
 
 
 def load_report(path: Path) -> dict:

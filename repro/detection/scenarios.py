@@ -229,11 +229,15 @@ def run_plain(study: Study, model: str, baseline: dict | None) -> tuple[dict, di
     return rows, controls, audited
 
 
-def run_column(study: Study, scenario: Scenario, baseline: ArmResult | None) -> tuple[dict, dict[str, ArmResult]]:
+def run_column(
+    study: Study, scenario: Scenario, baseline: ArmResult | None, only: tuple[str, ...] | None = None
+) -> tuple[dict, dict[str, ArmResult]]:
     """One scenario column through repro.scenarios: every arm's run (the control first), then its section
-    (the control and every arm judged). Returns the section and the results the KV audit compares."""
+    (the control and every arm judged). Returns the section and the results the KV audit compares.
+    `only`: these arms and the control (a test's short column)."""
     work = study.runner.work
-    runs, skipped = machinery.runs_of(scenario, planned_arms(work, scenario.name))
+    arms = [a for a in planned_arms(work, scenario.name) if only is None or a.name in (*only, "baseline")]
+    runs, skipped = machinery.runs_of(scenario, arms)
     done = []
     for original, run in runs:
         run, record = machinery.prepare(run, scenario, work, [], work, None)
