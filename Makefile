@@ -55,6 +55,10 @@ chaos: $(INV) ## Run the kit with one fault each, drawn from SEED (FAULTS=50; fa
 detection: $(INV) ## Run every planted fault x position x window and the no-fault controls on the CPU engine (~15 min); writes reports/detection/ (matrix JSON and page); MODEL=smollm2: the trained model, its own files
 	@$(INV) detection --model "$(MODEL)"
 
+.PHONY: detection-scenarios
+detection-scenarios: $(INV) ## Run the detection study's scenario columns on the CPU engine (~13 min on 2 shared cores): gated planted faults x plain probes and each scenario; writes reports/detection/detection-scenarios.json and its page
+	@$(INV) detection-scenarios
+
 .PHONY: kit kit-check
 kit: $(INV) ## Build dist/kvkit-<version>-<commit>.tar.gz to attach to an upstream issue (REPORT=extra report.json)
 	@$(INV) kit --report "$(REPORT)"

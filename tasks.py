@@ -335,6 +335,14 @@ def detection(c, model=""):
         raise Exit(code=result.exited)
 
 
+@task
+def detection_scenarios(c):
+    """Run the detection study's scenario columns (which planted faults each scenario catches that plain probes miss)."""
+    result = run_py(c, venv_python("cpu"), "-m repro detection --scenarios", warn=True)
+    if result.exited != 0:
+        raise Exit(code=result.exited)
+
+
 @task(
     help={
         "name": "a trained model to install and convert (smollm2); empty: the tiny generated model",

@@ -117,6 +117,14 @@ def detection(argv: list[str]) -> int:
     )
     p.add_argument("--faults", type=_fault_kinds, default=tuple(plan.FAULT_PARAMS), help="fault kinds, comma separated")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per arm")
+    p.add_argument(
+        "--scenarios",
+        action="store_true",
+        help="instead: which planted faults each workload scenario catches that plain probes miss (rows x scenario "
+        "columns, the tiny model; writes reports/detection/detection-scenarios.json and its page)",
+    )
+    if "--scenarios" in argv:
+        return detection_scenarios(p, argv)
     a = _parse(p, argv)
     if a.model is not None and a.seeds is not None:
         raise UsageError("--seeds picks tiny models; --model runs one packaged model (give one of them)")
@@ -133,6 +141,58 @@ def detection(argv: list[str]) -> int:
 
 
 def detection_site(argv: list[str]) -> int:
-    """Render the page from an existing matrix report."""
-    a = _parse(_parser("detection-site"), argv)
+    """Render the page from an existing matrix report (with --scenarios: the scenario study's report)."""
+    p = _parser("detection-site")
+    p.add_argument("--scenarios", action="store_true", help="the scenario study's report and page instead")
+    if "--scenarios" in argv:
+        from repro.detection.scenario_page import load_report
+
+        a = p.parse_args(argv)
+        report_path, site_path = _scenario_paths(a)
+        return _publish_scenarios(load_report(Path(report_path)), report_path, site_path)
+    a = _parse(p, argv)
     return _publish(load_matrix(Path(a.report)), a.report, a.site)
+
+
+def _scenario_paths(a: argparse.Namespace) -> tuple[str, str]:
+    from repro.detection.scenarios import scenario_paths
+
+    report, site = scenario_paths()
+    return a.report or report, a.site or site
+
+
+def detection_scenarios(p: ArgumentParser, argv: list[str]) -> int:
+    """`python -m repro detection --scenarios`: the scenario columns' study (repro.detection.scenarios)."""
+    from repro.detection.scenarios import run_scenario_study
+
+    a = p.parse_args(argv)
+    if a.model is not None or a.seeds is not None or "--faults" in argv:
+        raise UsageError("--scenarios runs its own rows on the tiny model (no --model, --seeds or --faults)")
+    report_path, site_path = _scenario_paths(a)
+    report = run_scenario_study(Path(report_path), Path(a.models_dir), a.timeout, ["detection", *argv])
+    return _publish_scenarios(report, report_path, site_path)
+
+
+def _publish_scenarios(report: dict, report_path: str, site_path: str) -> int:
+    """Write the scenario study's page, print what it found and return the exit code: 3 when an arm could not
+    be judged, 1 for a false positive or false blame in a no-fault control, else 0 (a hypothesis that did not
+    hold is a finding of the study, printed, not a failure of the run)."""
+    from repro.detection.scenario_page import write_page as write_scenario_page
+    from repro.detection.scenarios import summary
+
+    write_scenario_page(report, Path(site_path))
+    s = summary(report)
+    print(
+        f"detection scenarios: hypothesis held in {s['held']}/{s['cells']} cells; "
+        f"false_positives={s['false_positives']} false_blames={s['false_blames']} errors={len(s['errors'])}"
+    )
+    for line in s["did_not_hold"]:
+        print(f"  did not hold: {line}")
+    for line in s["undecided"]:
+        print(f"  undecided: {line}")
+    for line in s["errors"]:
+        print(f"  error: {line}")
+    print(f"report: {report_path}\npage: {site_path}", file=sys.stderr)
+    if s["errors"]:
+        return EXIT_RUNTIME
+    return EXIT_MISMATCH if s["false_positives"] or s["false_blames"] else EXIT_OK

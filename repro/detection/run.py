@@ -193,6 +193,32 @@ def reference_of(ref: ArmResult | None) -> dict:
     }
 
 
+def run_settings() -> dict:
+    """How every arm of a study generates (the first keys of a study report's config)."""
+    return {
+        "windows": list(plan.WINDOWS),
+        "max_tokens": plan.MAX_TOKENS,
+        "block_size": plan.BLOCK_SIZE,
+        "dtype": "float32",
+        "device": "cpu",
+        "decoding": "greedy, ignore_eos, enforce_eager",
+        "logprobs": plan.LOGPROBS,
+    }
+
+
+def provenance(argv: list[str], env: dict, started: str) -> dict:
+    """A study report's provenance: the kit's commit, the command, its UTC times, hardware, versions, env."""
+    return {
+        "kit": kit_commit(),
+        "argv": argv,
+        "started_utc": started,
+        "ended_utc": utc_now(),
+        "hardware": hardware(),
+        "packages": {n: package_version(n) for n in ("torch", "vllm", "transformers")},
+        "env": allowed_env(env),
+    }
+
+
 def build_report(
     faults: list[dict],
     controls: list[dict],
@@ -214,13 +240,7 @@ def build_report(
         "claim_eligible": False,
         "method": plan.METHOD,
         "config": {
-            "windows": list(plan.WINDOWS),
-            "max_tokens": plan.MAX_TOKENS,
-            "block_size": plan.BLOCK_SIZE,
-            "dtype": "float32",
-            "device": "cpu",
-            "decoding": "greedy, ignore_eos, enforce_eager",
-            "logprobs": plan.LOGPROBS,
+            **run_settings(),
             "positions": plan.POSITIONS,
             "fault_positions": plan.FAULT_POSITIONS,
             "fault_params": plan.FAULT_PARAMS,
@@ -239,15 +259,7 @@ def build_report(
         "summary": summarize(faults, controls, bool(check.get("ok"))),
         # Diagnostics only (how long `make detection` takes here), never a performance claim.
         "diagnostics": {"wall_s": round(wall_s, 1)},
-        "provenance": {
-            "kit": kit_commit(),
-            "argv": argv,
-            "started_utc": started,
-            "ended_utc": utc_now(),
-            "hardware": hardware(),
-            "packages": {n: package_version(n) for n in ("torch", "vllm", "transformers")},
-            "env": allowed_env(env),
-        },
+        "provenance": provenance(argv, env, started),
     }
     if trained is not None:  # additive: the tiny-model study's report stays as it was
         report["method"] = plan.trained_method(trained["source"])

@@ -1,0 +1,455 @@
+"""The detection study's scenario columns (`python -m repro detection --scenarios`): which planted faults each
+workload scenario catches that plain probes miss.
+
+Rows are planted-fault configurations (zero_blocks, head, 1 block, under a gate), columns are `plain` (the
+study's own arm: the decoy, then each prompt cold and once reused) and one per shipped scenario re-declared
+over the study's prompts. A scenario cell runs through the verifier's scenario machinery (repro.scenarios:
+its jobs, the cache-off schedule control, the judging of every request and the KV audit of scenario
+requests), not a copy of it; the plain cells through the detection study's own jobs and matrix entries.
+What a cell says is repro.detection.scenario_cells'.
+
+The plan, written before any run, with its hypothesis: .notes/h2-detection-plan.md; docs/detection.md says
+where the code forced a change of it (the preemption column).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from repro import __version__, kvaudit
+from repro import scenarios as machinery
+from repro.atomic import write_json_atomic
+from repro.cli import Options, build_parser
+from repro.contract import ArmResult, ArmSpec, Job
+from repro.detection import plan
+from repro.detection.matrix import compare_error, control_entry, fault_entry
+from repro.detection.run import Audited, Runner, audit_seed, prepare_models, provenance, read_audit, run_settings
+from repro.detection.scenario_cells import control_cell, fault_cell, plain_records, scenario_records
+from repro.fixtures import Probe, Scenario, ScenarioStep
+from repro.plan import PlannedArm
+from repro.plan import engine_config as verifier_engine_config
+from repro.provenance import utc_now
+from repro.runner import ArmOutcome, child_env, run_arm
+from repro.tinymodel import MODEL_SEED
+
+KIND = "kvkit-detection-scenarios"
+# 1: first version (rows x columns, per cell: status, hypothesis, held, caught per window, gate opened,
+#    KV CORRUPT, the judged requests; the no-fault controls per column).
+SCHEMA_VERSION = 1
+DEFAULT_REPORT = "reports/detection/detection-scenarios.json"
+DEFAULT_SITE = "reports/detection/detection-scenarios.html"
+
+PLAIN = "plain"
+FAULT, POSITION = "zero_blocks", "head"  # the study's most detected single-block row: a miss is about the gate
+# Rows: (name, what it plants, its gate params). N = 32 blocks: at least the longest reused study prompt (28),
+# so the plain order never reloads; fewer than alpha + bravo (24 + 26), so A, B, A does.
+LOCAL_CAPACITY_BLOCKS = 32
+ROWS = (
+    ("always", "ungated: every load faults (the sanity row)", {}),
+    ("in_flight", "a load faults only while another request is in flight with it", {"when": "in_flight"}),
+    (
+        "after_eviction",
+        f"a load faults only when some of its blocks were evicted from a {LOCAL_CAPACITY_BLOCKS}-block local tier",
+        {"when": "after_eviction", "local_capacity_blocks": LOCAL_CAPACITY_BLOCKS},
+    ),
+)
+CONTROLS = ("PlantedFault-none", "native")
+
+
+def _steps(*groups: tuple[str, ...]) -> tuple[ScenarioStep, ...]:
+    return tuple(ScenarioStep(tuple(g), together=len(g) > 1) for g in groups)
+
+
+ALL_FIVE = tuple(name for name, _ in plan.PROMPTS)
+# The shipped scenarios over the study's prompts (alpha 389 / bravo 421 / charlie 453 / delta 300 / echo 350
+# tokens). Preemption differs from the plan: the plan's kv_cache_tokens 1344 needs max_model_len 1024, which the
+# verifier's machinery refuses (repro.scenarios.select: kv_cache_tokens below --max-model-len) and which would make
+# every run incomparable with the 2048 baseline (repro.evaluate.COMPARABLE_CONFIG_KEYS). So, by arithmetic and
+# before any run: the five prompts together in a 2048-token cache (127 usable blocks): 122 blocks at prefill,
+# 132 after 32 tokens each, so vLLM must preempt while they decode.
+SCENARIOS = (
+    Scenario(
+        "a-b-a",
+        "alpha; alpha; bravo; alpha; alpha, one at a time",
+        {"max_num_seqs": 1},
+        None,
+        None,
+        _steps(("alpha",), ("alpha",), ("bravo",), ("alpha",), ("alpha",)),
+    ),
+    Scenario(
+        "eviction",
+        "alpha; bravo; charlie; alpha, one at a time",
+        {},
+        None,
+        None,
+        _steps(("alpha",), ("bravo",), ("charlie",), ("alpha",)),
+    ),
+    Scenario(
+        "preemption",
+        "the five prompts together in a 2048-token KV cache (122 blocks at prefill, 132 after 32 tokens each, "
+        "127 usable): cold, then together again",
+        {"kv_cache_tokens": 2048, "max_num_seqs": 5, "preemption": True},
+        None,
+        None,
+        _steps(ALL_FIVE, ALL_FIVE),
+    ),
+    Scenario(
+        "in-flight",
+        "the five prompts together (1913 tokens, one prefill step), cold, then together again",
+        {"max_num_seqs": 5},
+        None,
+        None,
+        _steps(ALL_FIVE, ALL_FIVE),
+    ),
+)
+COLUMNS = (PLAIN, *(sc.name for sc in SCENARIOS))
+# Written before any run (.notes/h2-detection-plan.md); the study reports whether it held, cell by cell.
+HYPOTHESIS = {
+    "always": dict.fromkeys(COLUMNS, "catch"),
+    "in_flight": {PLAIN: "miss", "a-b-a": "miss", "eviction": "miss", "preemption": "catch", "in-flight": "catch"},
+    "after_eviction": {
+        PLAIN: "miss",
+        "a-b-a": "catch",
+        "eviction": "catch",
+        "preemption": "likely catch",
+        "in-flight": "likely catch",
+    },
+}
+METHOD = (
+    "Rows: the planted connector's zero_blocks fault on the first loaded block, under a gate (always, in_flight, "
+    f"after_eviction with a {LOCAL_CAPACITY_BLOCKS}-block local tier). Columns: plain (the detection study's fault "
+    "arm: the decoy, then each prompt cold and once reused) and each scenario over the study's prompts, run through "
+    "the verifier's scenario machinery (repro.scenarios): one fresh engine per (scenario, arm), the baseline's "
+    "cache-off run of the same steps as the schedule control, every request compared with its prompt's cache-off "
+    "baseline (the plain baseline's cold request), exact token IDs, greedy, 32 tokens. A cell is caught when a "
+    "request whose load faulted FAILs by the verifier's rule (a hit, tokens differ) within the window; not "
+    "exercised when no load faulted (the gate never opened), which is not a miss; missed when loads faulted and "
+    "no such request FAILs. A request whose schedule control diverges too is schedule-numerics, never caught. "
+    "Windows: greedy decoding is causal, so a request FAILs at window w iff its first diff is below w; in the "
+    "preemption column whether and when a request is preempted depends on how long the batch decodes, so there "
+    "it only says the first diff fell below w within the 32-token run. KV: each reuse's blocks against the plain "
+    "baseline's KV (repro.kvaudit), CORRUPT counted per cell. One model seed for every arm (the controls too)."
+)
+
+
+def scenario_paths() -> tuple[str, str]:
+    return DEFAULT_REPORT, DEFAULT_SITE
+
+
+def options(model: str) -> Options:
+    """The verifier's options for the study's engine (repro.scenarios.job_for reads them): the same engine as
+    repro.detection.plan.engine_config, checked, so scenario runs and the plain baseline are comparable."""
+    args = build_parser().parse_args(
+        ["--model", model, "--dtype", "float32", "--gpu-memory-utilization", "0.1", "--max-model-len", "2048"]
+        + ["--block-size", str(plan.BLOCK_SIZE), "--max-tokens", str(plan.MAX_TOKENS), "--seed", "0"]
+        + ["--device", "cpu", "--logprobs", str(plan.LOGPROBS)]
+        + ["--fixture", "-"]  # parsed, never read: the study's prompts are its own (probes())
+    )
+    opts = Options(args=args, extra_config={}, model_is_local=True)
+    if verifier_engine_config(opts) != plan.engine_config(str(Path(model).resolve())):
+        raise AssertionError("the scenario runs' engine is not the detection study's")  # a kit bug, not a finding
+    return opts
+
+
+def probes() -> list[Probe]:
+    return [Probe(name, chat=plan.prompt_spec(name, length)) for name, length in plan.PROMPTS]
+
+
+def row_params(row: str) -> dict:
+    gate = next(params for name, _, params in ROWS if name == row)
+    return dict(plan.FAULT_PARAMS[FAULT], first_block=plan.POSITIONS[POSITION], **gate)
+
+
+def planned_arms(scratch: Path, column: str) -> list[PlannedArm]:
+    """The baseline (the schedule control), one planted arm per row, then the no-fault controls."""
+    arms = [PlannedArm(ArmSpec("baseline", "baseline"))]
+    for row, _, _ in ROWS:
+        name = f"{row}-{column}"
+        arms.append(
+            PlannedArm(ArmSpec(row, "connector", plan.planted_connector(scratch, name, FAULT, row_params(row))))
+        )
+    none = plan.planted_connector(scratch, f"none-{column}", "none", {})
+    arms += [PlannedArm(ArmSpec(CONTROLS[0], "connector", none)), PlannedArm(ArmSpec(CONTROLS[1], "native"))]
+    return arms
+
+
+def plain_jobs(scratch: Path, model: str) -> list[tuple[str, Job]]:
+    """(row or control, job) of the plain column: the detection study's fault arm with each row's gate, and
+    its no-fault controls (each prompt cold and twice reused, as the study's controls run)."""
+    jobs = []
+    for row, _, _ in ROWS:
+        probes_ = [(plan.DECOY[0], plan.DECOY[1], 1)] + plan.probe_plan(2)
+        conn = plan.planted_connector(scratch, f"{row}-{PLAIN}", FAULT, row_params(row))
+        jobs.append((row, plan.arm_job(f"{row}-{PLAIN}", "connector", conn, model, probes_, scratch=scratch)))
+    controls = dict(plan.control_jobs(scratch, MODEL_SEED, model))
+    jobs += [(name, controls[name]) for name in CONTROLS]
+    return jobs
+
+
+class Study:
+    """Runs the arms one at a time (two shared cores), keeping each outcome and its wall time."""
+
+    def __init__(self, runner: Runner, opts: Options) -> None:
+        self.runner, self.opts = runner, opts
+        self.walls: list[dict] = []
+
+    def run(self, job: Job) -> ArmOutcome:
+        name = job.arm.name
+        print(f"[kvkit] detection-scenarios arm {name} ...", file=sys.stderr, flush=True)
+        work = self.runner.work
+        out = run_arm(
+            job, workdir=work, log_path=work / f"{name}.log", env=self.runner.env, timeout_s=self.runner.timeout_s
+        )
+        status = "ok" if out.failure is None else out.failure.kind
+        print(f"[kvkit] detection-scenarios arm {name}: {status} ({out.wall_s:.0f} s)", file=sys.stderr, flush=True)
+        self.walls.append({"arm": name, "wall_s": round(out.wall_s, 1), "status": status})
+        return out
+
+
+def run_plain(study: Study, model: str, baseline: dict | None) -> tuple[dict, dict, list[Audited]]:
+    """The plain column: {row: (entry, result)}, {control: (entry, result)} and what the KV audit compares."""
+    rows, controls, audited = {}, {}, []
+    for name, job in plain_jobs(study.runner.work, model):
+        out = study.run(job)
+        result = None if out.result is None else out.result.to_json()
+        error = compare_error(baseline, result, out.failure and out.failure.to_json())
+        if name in CONTROLS:
+            entry = control_entry(name, MODEL_SEED, result, error, baseline)
+            controls[name] = (entry, result)
+        else:
+            params = {k: v for k, v in job.arm.connector.extra_config.items() if k not in ("store_dir", "audit_path")}
+            entry = fault_entry(FAULT, POSITION, params, result, error, baseline, read_audit(job))
+            rows[name] = (entry, result)
+        audited.append(Audited(job.arm.name, job.arm.mode, entry, result, name not in CONTROLS))
+    return rows, controls, audited
+
+
+def run_column(
+    study: Study, scenario: Scenario, baseline: ArmResult | None, only: tuple[str, ...] | None = None
+) -> tuple[dict, dict[str, ArmResult]]:
+    """One scenario column through repro.scenarios: every arm's run (the control first), then its section
+    (the control and every arm judged). Returns the section and the results the KV audit compares.
+    `only`: these arms and the control (a test's short column)."""
+    work = study.runner.work
+    arms = [a for a in planned_arms(work, scenario.name) if only is None or a.name in (*only, "baseline")]
+    runs, skipped = machinery.runs_of(scenario, arms)
+    done = []
+    for original, run in runs:
+        run, record = machinery.prepare(run, scenario, work, [], work, None)
+        kv_dir = str(plan.kv_audit_dir(work, run.name))
+        job = machinery.job_for(study.opts, run, scenario, probes(), None, kv_dir)
+        done.append((original, run, study.run(job), record))
+    section = machinery.section(scenario, done, skipped, baseline, "logs")
+    results = {
+        run.name: out.result
+        for original, run, out, _ in done
+        if original.spec.mode != "baseline" and out.failure is None and out.result is not None
+    }
+    section["run_names"] = {original.name: run.name for original, run, _, _ in done}
+    return section, results
+
+
+def audit_columns(study: Study, baseline: ArmResult | None, sections: list[dict], results: dict) -> dict:
+    """The KV audit of every scenario request (one comparison child, as the verifier runs it) and each arm's
+    KV fields filled in place (repro.scenarios.annotate_kv)."""
+    t0 = time.monotonic()
+    raw, problem = None, None
+    if baseline is None or baseline.kv_audit is None:
+        problem = "the baseline recorded no reference KV"
+    elif results:
+        print(f"[kvkit] detection-scenarios KV audit: {len(results)} runs ...", file=sys.stderr, flush=True)
+        work = study.runner.work / "kv-compare-scenarios"
+        work.mkdir(parents=True, exist_ok=True)
+        job = machinery.compare_job(baseline, results)
+        raw, problem = kvaudit.run_compare(job, work, study.runner.env, sys.executable, study.runner.timeout_s)
+    for sec in sections:
+        for entry in sec["arms"]:
+            name = sec["run_names"].get(entry["arm"])
+            machinery.annotate_kv(entry, results.get(name), raw, problem, plan.BLOCK_SIZE)
+    return {"runs": sorted(results), "problem": problem, "wall_s": round(time.monotonic() - t0, 1)}
+
+
+def _arm_summary(entry: dict) -> dict:
+    keep = ("verdict", "reasons", "class", "preemptions", "preemptions_source", "wall_s", "timing")
+    return {k: entry.get(k) for k in keep} | {"kv": (entry.get("kv") or {}).get("verdict")}
+
+
+def cells_of(plain_rows: dict, plain_controls: dict, sections: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Every (row, column) cell and every (control, column) entry, from the plain column's entries and the
+    scenario sections (each cell keeps its requests' records)."""
+    cells, controls = [], []
+    for row, _, params in ROWS:
+        entry, result = plain_rows[row]
+        recs = plain_records(entry, result)
+        error = None if entry["error"] is None else f"{entry['error']['kind']}: {entry['error']['detail']}"
+        cell = fault_cell(recs, HYPOTHESIS[row][PLAIN], error)
+        cells.append({"row": row, "column": PLAIN, **cell, "arm": None, "requests": recs})
+    for name in CONTROLS:
+        entry, result = plain_controls[name]
+        error = None if entry["error"] is None else f"{entry['error']['kind']}: {entry['error']['detail']}"
+        controls.append({"arm": name, "column": PLAIN, **control_cell(plain_records(entry, result), error)})
+    for sec in sections:
+        by_arm = {e["arm"]: e for e in sec["arms"]}
+        wants_preemption = bool(sec["engine"].get("preemption"))
+        for row, _, _ in ROWS:
+            entry = by_arm[row]
+            recs = scenario_records(entry)
+            error = _arm_error(entry, sec)
+            missing = wants_preemption and not entry.get("preemptions")
+            cell = fault_cell(recs, HYPOTHESIS[row][sec["name"]], error, missing and error is None)
+            cells.append({"row": row, "column": sec["name"], **cell, "arm": _arm_summary(entry), "requests": recs})
+        for name in CONTROLS:
+            entry = by_arm[name]
+            ctl = control_cell(scenario_records(entry), _arm_error(entry, sec))
+            controls.append({"arm": name, "column": sec["name"], **ctl, "verdict": entry["verdict"]})
+    return cells, controls
+
+
+def _arm_error(entry: dict, sec: dict) -> str | None:
+    """Why a scenario arm could not be judged (it failed, had no baseline or no control), else None."""
+    if entry.get("error"):
+        return f"{entry['error']['kind']}: {entry['error']['detail']}"
+    if sec["control"]["status"] != "ok":
+        return f"the schedule control failed: {sec['control']['error']}"
+    if not entry.get("requests"):
+        return "; ".join(entry.get("reasons") or ["no request was judged"])
+    return None
+
+
+def build_report(
+    cells: list[dict],
+    controls: list[dict],
+    sections: list[dict],
+    kv: dict,
+    models: dict,
+    walls: list[dict],
+    argv: list[str],
+    env: dict,
+    started: str,
+    wall_s: float,
+) -> dict:
+    return {
+        "kind": KIND,
+        "schema_version": SCHEMA_VERSION,
+        "tool_version": __version__,
+        "claim_eligible": False,
+        "method": METHOD,
+        "config": {
+            **run_settings(),
+            "prompts": [list(p) for p in plan.PROMPTS],
+            "decoy": list(plan.DECOY),
+            "model_seed": MODEL_SEED,
+            "models": {str(s): {"sha256": sha} for s, (_, sha) in sorted(models.items())},
+            "fault": {"fault": FAULT, "position": POSITION, **plan.FAULT_PARAMS[FAULT]},
+            "rows": [{"row": name, "plants": what, "params": row_params(name)} for name, what, _ in ROWS],
+            "controls": list(CONTROLS),
+            "columns": [{"column": PLAIN, "description": "the decoy, then each prompt cold and once reused"}]
+            + [
+                {
+                    "column": s["name"],
+                    "description": s["description"],
+                    "engine": s["engine"],
+                    "steps": s["steps"],
+                }
+                for s in sections
+            ],
+            "hypothesis": HYPOTHESIS,
+            "kv_audit": True,
+        },
+        "cells": cells,
+        "controls": controls,
+        "schedule_controls": {
+            s["name"]: {
+                k: s["control"].get(k) for k in ("status", "error", "preemptions", "preemptions_source", "wall_s")
+            }
+            | {
+                "differs_from_plain": [
+                    f"step {r['step']} {r['probe']}" for r in s["control"]["requests"] if not r["matches_plain"]
+                ]
+            }
+            for s in sections
+        },
+        "kv_audit": kv,
+        "sections": [_slim(s) for s in sections],
+        # Diagnostics only (how long the study takes here), never a performance claim.
+        "diagnostics": {"wall_s": round(wall_s, 1), "arms": walls},
+        "provenance": provenance(argv, env, started),
+    }
+
+
+def run_scenario_study(
+    report_path: Path, models_dir: Path, timeout_s: float, argv: list[str], columns: tuple[str, ...] = COLUMNS
+) -> dict:
+    """Run the plain column, then each scenario column asked for, audit their KV, write the report atomically
+    and return it."""
+    started, t0 = utc_now(), time.monotonic()
+    models = prepare_models(models_dir, (MODEL_SEED,))
+    model = models[MODEL_SEED][0]
+    opts = options(model)
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    env = child_env(dict(os.environ), hashseed="0", extra={})
+    work = Path(tempfile.mkdtemp(prefix=".detection-scenarios.work-", dir=report_path.parent))
+    try:
+        study = Study(Runner(work=work, env=env, timeout_s=timeout_s), opts)
+        base_out = study.run(plan.baseline_job(work, MODEL_SEED, model))
+        baseline = None if base_out.failure else base_out.result
+        base_json = None if baseline is None else baseline.to_json()
+        plain_rows, plain_controls, audited = run_plain(study, model, base_json)
+        sections, results = [], {}
+        for sc in SCENARIOS:
+            if sc.name in columns:
+                sec, res = run_column(study, sc, baseline)
+                sections.append(sec)
+                results.update(res)
+        kv = {"plain": audit_seed(study.runner, MODEL_SEED, base_json, audited)}
+        kv["scenarios"] = audit_columns(study, baseline, sections, results)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    cells, controls = cells_of(plain_rows, plain_controls, sections)
+    for sec in sections:
+        sec.pop("run_names", None)
+    report = build_report(cells, controls, sections, kv, models, study.walls, argv, env, started, time.monotonic() - t0)
+    write_json_atomic(report_path, report)
+    return report
+
+
+def _slim(section: dict) -> dict:
+    """A scenario section as the report keeps it: everything but the token IDs and texts (the cells' records
+    keep what decides them; the IDs of every request would multiply the file's size)."""
+    out = dict(section, control=dict(section["control"]))
+    out["control"]["requests"] = [
+        {k: v for k, v in r.items() if k != "token_ids"} for r in section["control"]["requests"]
+    ]
+    out["arms"] = [
+        dict(
+            a,
+            requests=[{k: v for k, v in r.items() if k not in ("token_ids", "text", "margin")} for r in a["requests"]],
+        )
+        for a in section["arms"]
+    ]
+    return out
+
+
+def summary(report: dict) -> dict:
+    """What the command prints and the exit code reads: the held counts, arm errors, false positives."""
+    cells = report["cells"]
+    top = str(max(report["config"]["windows"]))
+    return {
+        "cells": len(cells),
+        "held": sum(c["held"] is True for c in cells),
+        "did_not_hold": [
+            f"{c['row']} x {c['column']}: expected {c['hypothesis']}, {c['status']}"
+            for c in cells
+            if c["held"] is False
+        ],
+        "undecided": [f"{c['row']} x {c['column']}: {c['status']}" for c in cells if c["held"] is None],
+        "errors": [f"{c['row']} x {c['column']}: {c['error']}" for c in cells if c["error"]]
+        + [f"{c['arm']} x {c['column']}: {c['error']}" for c in report["controls"] if c["error"]],
+        "false_positives": sum(c["false_positives_by_window"][top] for c in report["controls"]),
+        "false_blames": sum(len(c["false_blames"]) for c in report["controls"]),
+    }
