@@ -304,3 +304,16 @@ def test_the_in_flight_gate_is_caught_by_the_in_flight_scenario_on_the_real_engi
         gate = (r["kv_transfer_params"] or {}).get("planted_fault", {}).get("gate")
         if gate and gate.get("apply"):
             assert gate["in_flight"]["in_flight"] >= 2
+
+
+def test_the_site_index_links_the_scenario_study(tmp_path):
+    """`make site` renders the committed scenario table and lists it beside the detection studies."""
+    from repro.publish.catalog import _detection_scenarios, _is_detection_scenarios, _kind
+
+    path = ROOT / "reports" / "detection" / "detection-scenarios.json"
+    assert _is_detection_scenarios(_kind(path))
+    written = {}
+    entry = _detection_scenarios(path, tmp_path, lambda p, b: written.setdefault(p.name, b))
+    assert (entry.section, entry.title) == ("detection", "detection study × scenarios")
+    assert "hypothesis held in 15/15 cells at 32 tokens" in entry.summary
+    assert written["detection-scenarios.html"] == path.with_suffix(".html").read_bytes()

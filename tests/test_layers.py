@@ -44,7 +44,8 @@ options    repro.cli
 machinery  repro.plan repro.scheduler repro.runner repro.workdir repro.lmcache_ops repro.lmcache_mp
            repro.lmcache_signals repro.gpu_load repro.kvaudit repro.scenarios repro.detection.plan
 read       repro.readmodel repro.matrix.status repro.detection.blame repro.detection.matrix
-publish    repro.publish repro.matrix.page repro.detection.page
+           repro.detection.scenario_cells
+publish    repro.publish repro.matrix.page repro.detection.page repro.detection.scenario_page
 commands   repro.verify repro.verify_kv_reuse repro.__main__ repro.bench repro.margins repro.matrix
            repro.detection repro.kit repro.chaos repro.models.convert repro.models.check
 """

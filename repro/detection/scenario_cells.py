@@ -23,6 +23,13 @@ from __future__ import annotations
 from repro.detection.plan import WINDOWS
 from repro.verdict import CORRUPT, FAIL, SCHEDULE_NUMERICS
 
+# The study's report (written by repro.detection.scenarios, read by its page and the site's catalog, which must
+# not import the study's runner): its kind and version.
+KIND = "kvkit-detection-scenarios"
+# 1: first version (rows x columns, per cell: status, hypothesis, held, caught per window, gate opened,
+#    KV CORRUPT, the judged requests; the no-fault controls per column).
+SCHEMA_VERSION = 1
+
 CAUGHT, MISSED, NOT_EXERCISED, INCONCLUSIVE, ERROR = "caught", "missed", "not exercised", "inconclusive", "error"
 CATCH_HYPOTHESES = ("catch", "likely catch")
 MISS_HYPOTHESIS = "miss"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from repro.atomic import write_bytes_atomic
-from repro.detection.scenario_cells import CAUGHT, ERROR, INCONCLUSIVE, MISSED, NOT_EXERCISED
+from repro.detection.scenario_cells import CAUGHT, ERROR, INCONCLUSIVE, KIND, MISSED, NOT_EXERCISED, SCHEMA_VERSION
 from repro.errors import UsageError
 from repro.publish.environment import make_environment
 
@@ -162,8 +162,6 @@ def _order(names: list[str], name: str) -> int:
 
 
 def load_report(path: Path) -> dict:
-    from repro.detection.scenarios import KIND, SCHEMA_VERSION
-
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:

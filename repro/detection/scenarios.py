@@ -29,7 +29,14 @@ from repro.contract import ArmResult, ArmSpec, Job
 from repro.detection import plan
 from repro.detection.matrix import compare_error, control_entry, fault_entry
 from repro.detection.run import Audited, Runner, audit_seed, prepare_models, provenance, read_audit, run_settings
-from repro.detection.scenario_cells import control_cell, fault_cell, plain_records, scenario_records
+from repro.detection.scenario_cells import (
+    KIND,
+    SCHEMA_VERSION,
+    control_cell,
+    fault_cell,
+    plain_records,
+    scenario_records,
+)
 from repro.fixtures import Probe, Scenario, ScenarioStep
 from repro.plan import PlannedArm
 from repro.plan import engine_config as verifier_engine_config
@@ -37,10 +44,6 @@ from repro.provenance import utc_now
 from repro.runner import ArmOutcome, child_env, run_arm
 from repro.tinymodel import MODEL_SEED
 
-KIND = "kvkit-detection-scenarios"
-# 1: first version (rows x columns, per cell: status, hypothesis, held, caught per window, gate opened,
-#    KV CORRUPT, the judged requests; the no-fault controls per column).
-SCHEMA_VERSION = 1
 DEFAULT_REPORT = "reports/detection/detection-scenarios.json"
 DEFAULT_SITE = "reports/detection/detection-scenarios.html"
 

@@ -54,6 +54,8 @@ def render_catalog(
         for path in jsons:
             if _is_detection(kinds[path]):
                 entries.append(_detection(path, out_dir / folder.name, write))
+            elif _is_detection_scenarios(kinds[path]):
+                entries.append(_detection_scenarios(path, out_dir / folder.name, write))
         if jsons and all(kinds[p] == "kvkit-report" for p in jsons):  # a folder of reports: a site of its own
             for e in render_folder(folder, out_dir / folder.name):
                 entries.append(
@@ -64,6 +66,12 @@ def render_catalog(
 
 def _is_detection(kind: str | None) -> bool:
     from repro.detection.plan import KIND
+
+    return kind == KIND
+
+
+def _is_detection_scenarios(kind: str | None) -> bool:
+    from repro.detection.scenario_cells import KIND
 
     return kind == KIND
 
@@ -110,3 +118,18 @@ def _detection(path: Path, out: Path, write: Callable) -> Entry:
     )
     title = f"detection study ({m.model})" if m.model else "detection study"
     return Entry("detection", f"{quote(out.name)}/{quote(path.stem)}.html", title, summary)
+
+
+def _detection_scenarios(path: Path, out: Path, write: Callable) -> Entry:
+    """The detection study's scenario table (python -m repro detection --scenarios): its page and one line."""
+    from repro.detection.scenario_page import load_report, page_model, render_page
+
+    report = load_report(path)
+    write(out / f"{path.stem}.html", render_page(report).encode("utf-8"))
+    m = page_model(report)
+    rows, columns = len(m.rows), len(m.columns)
+    summary = (
+        f"{rows} gated planted faults × {columns} columns (plain probes and scenarios) · hypothesis held in "
+        f"{m.held}/{m.cells} cells at {m.top_window} tokens · {m.started[:10]}"
+    )
+    return Entry("detection", f"{quote(out.name)}/{quote(path.stem)}.html", "detection study × scenarios", summary)
