@@ -131,24 +131,35 @@ def _drive(tiny_model: str, tmp_path: Path, extra: dict, steps: list[list[str]],
 
 
 def test_in_flight_faults_requests_submitted_together(tiny_model, tmp_path):
+    """Three prompts in one generate call are in flight together, but not always from the first step: the engine
+    core may schedule the first request alone before the others reach it (seen on a fresh clone's `make test`
+    on 2 loaded cores: chat-511's load had 1 request in flight and stayed faithful). So the test checks that each
+    load's fault follows its own recorded gate figures, and that the two requests that arrive while the first
+    one still runs (it decodes 16 tokens) load with it in flight and fault."""
     probes = ["chat-511", "chat-512", "chat-513"]
     out = _drive(tiny_model, tmp_path, {**ZERO16, "when": "in_flight"}, [probes, probes, ["chat-511"]], 3)
     cold, together, alone = out["steps"]
     assert all(r["cached_tokens"] == 0 and r["planted_fault"]["loaded_tokens"] == 0 for r in cold)
+    opened = []
     for c, r in zip(cold, together):
         planted = r["planted_fault"]
-        assert r["cached_tokens"] > 0 and planted["faulted_blocks"] == list(range(16)), r
-        assert planted["gate"]["apply"] is True
-        assert planted["gate"]["in_flight"] == {"scheduled": 3, "unfinished": 3, "in_flight": 3, "min": 2, "open": True}
-        assert r["token_ids"] != c["token_ids"], r["probe"]  # the zeroed KV changed the answer
+        figures = planted["gate"]["in_flight"]
+        assert r["cached_tokens"] > 0 and figures["min"] == 2, r
+        assert figures["open"] is (figures["in_flight"] >= 2) and planted["gate"]["apply"] is figures["open"], r
+        assert planted["faulted_blocks"] == (list(range(16)) if figures["open"] else []), r
+        # the zeroed KV changed the answer; a faithful load kept it
+        assert (r["token_ids"] != c["token_ids"]) is figures["open"], r["probe"]
+        opened.append(figures["open"])
+    assert opened[1:] == [True, True], opened
     (single,) = alone
     assert single["cached_tokens"] > 0 and single["planted_fault"]["faulted_blocks"] == []
     assert single["planted_fault"]["gate"] == {
         "apply": False,
         "in_flight": {"scheduled": 1, "unfinished": 1, "in_flight": 1, "min": 2, "open": False},
     }
-    # what the worker did: three loads with 16 zeroed blocks each, the rest exact; then one faithful load
-    assert [len(line["faulted_blocks"]) for line in out["audit"]] == [16, 16, 16, 0]
+    # what the worker did: each together load zeroed 16 blocks where its gate opened, the rest exact; then one
+    # faithful load
+    assert [len(line["faulted_blocks"]) for line in out["audit"]] == [16 if o else 0 for o in opened] + [0]
     for line in out["audit"]:
         assert line["clean_max_abs_diff"] == 0.0 and all(d > 0 for _, d in line["faulted_max_abs_diff"])
 
