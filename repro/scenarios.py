@@ -143,19 +143,23 @@ def prepare(
 def job_for(
     opts: Options, arm: PlannedArm, scenario: Scenario, probes: list[Probe], fixture_sha256: str, kv_dir: str | None
 ) -> Job:
-    """The child's job: the probes the scenario names (prompts only), its steps, and its engine settings
-    over the run's (max_num_seqs defaults to its largest together-step)."""
-    by_name = {p.name: p for p in probes}
-    jobs = [ProbeJob(n, by_name[n].prompt_spec(), 1) for n in scenario.probe_names]
+    """The verifier's job for a (scenario, arm) run: the run's engine and sampling, made the scenario's."""
     job = build_job(
         arm.spec,
         engine_config(opts),
-        jobs,
+        [],
         max_tokens=opts.args.max_tokens,
         logprobs=opts.args.logprobs,
         fixture_sha256=fixture_sha256,
         kv_audit_dir=kv_dir,
     )
+    return scenario_job(job, scenario, probes)
+
+
+def scenario_job(job: Job, scenario: Scenario, probes: list[Probe]) -> Job:
+    """A job made a scenario's: the probes the scenario names (prompts only, one request each), its steps, and
+    its engine settings over the job's (max_num_seqs defaults to its largest together-step)."""
+    by_name = {p.name: p for p in probes}
     eng = scenario.engine
     engine = replace(
         job.engine,
@@ -164,7 +168,12 @@ def job_for(
         max_num_batched_tokens=eng.get("max_num_batched_tokens"),
     )
     steps = tuple(StepJob(s.submit, s.together) for s in scenario.steps)
-    return replace(job, engine=engine, scenario=ScenarioJob(scenario.name, steps))
+    return replace(
+        job,
+        probes=tuple(ProbeJob(n, by_name[n].prompt_spec(), 1) for n in scenario.probe_names),
+        engine=engine,
+        scenario=ScenarioJob(scenario.name, steps),
+    )
 
 
 def mp_settings(scenario: Scenario) -> dict:
@@ -422,7 +431,7 @@ def annotate_kv(entry: dict, result: ArmResult | None, raw: dict | None, problem
             v = decide_kv_probe([audit], floor["rel"])
             counts, origin = audited["counts"], audited["origin"]
         r["kv"] = {**_kv(v, block_size), "counts": counts, "origin": origin}
-        judged.append((r and _label(r["step"], r["probe"]), v))
+        judged.append((_label(r["step"], r["probe"]), v))
     v = decide_scenario_kv(judged)
     entry["kv"] = {**_kv(v, block_size), "floor": {"rel": floor["rel"], "cells": floor["cells"]}}
 

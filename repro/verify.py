@@ -176,11 +176,11 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
         FRONTEND_ENV: a.frontend,  # the engine child's front end (repro.engine.frontend); the flag decides
     }
     if a.lmcache_config:
-        extra_env["LMCACHE_CONFIG_FILE"] = str(Path(a.lmcache_config).resolve())
+        extra_env[scenarios.LMCACHE_CONFIG_ENV] = str(Path(a.lmcache_config).resolve())
     env = child_env(dict(os.environ), hashseed=HASHSEED, extra=extra_env)
     arms, arms_ops = own_copy_paths(arms, a.python, env)
     ops = None
-    if any(arm.spec.connector is not None and "lmcache" in arm.spec.connector.name.lower() for arm in arms):
+    if any(scenarios.is_lmcache(arm) for arm in arms):
         ops = lmcache_ops.resolve(a.lmcache_ops, a.python, env)  # compiled ops or the fallback, for every process
         env = lmcache_ops.apply(ops, env)
     said = workdir.sweep_line(workdir.sweep_stale(report_path.parent))  # what kill -9 left of earlier runs

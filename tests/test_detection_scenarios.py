@@ -187,11 +187,11 @@ def test_the_scenario_jobs_are_the_verifiers_over_the_studys_engine(tmp_path):
     from repro import scenarios as machinery
 
     model = str(tmp_path)
-    opts = study.options(model)  # raises if its engine is not the study's
+    engine = study.plan.engine_config(model)
     sc = {s.name: s for s in study.SCENARIOS}["preemption"]
     runs, skipped = machinery.runs_of(sc, study.planned_arms(tmp_path, sc.name))
     assert skipped == {} and runs[0][1].name == "baseline~scenario.preemption"
-    job = machinery.job_for(opts, runs[1][1], sc, study.probes(), None, None)
+    job = study.job_for(runs[1][1], sc, engine, None)
     assert (job.engine.kv_cache_tokens, job.engine.max_num_seqs, job.max_tokens) == (2048, 5, 32)
     plain = dict(study.plain_jobs(tmp_path, model))
     # the same prompt as the plain column's arm, token for token (so both compare with one baseline)
@@ -290,7 +290,7 @@ def test_the_in_flight_gate_is_caught_by_the_in_flight_scenario_on_the_real_engi
 
     model = str(Path(tiny_model).resolve())
     env = child_env(dict(os.environ), hashseed="0", extra={})
-    s = study.Study(Runner(work=tmp_path, env=env, timeout_s=600), study.options(model))
+    s = study.Study(Runner(work=tmp_path, env=env, timeout_s=600), plan.engine_config(model))
     base = s.run(plan.baseline_job(tmp_path, MODEL_SEED, model))
     assert base.failure is None
     sc = {x.name: x for x in study.SCENARIOS}["in-flight"]

@@ -24,8 +24,7 @@ from pathlib import Path
 from repro import __version__, kvaudit
 from repro import scenarios as machinery
 from repro.atomic import write_json_atomic
-from repro.cli import Options, build_parser
-from repro.contract import ArmResult, ArmSpec, Job
+from repro.contract import ArmResult, ArmSpec, EngineConfig, Job, build_job
 from repro.detection import plan
 from repro.detection.matrix import compare_error, control_entry, fault_entry
 from repro.detection.run import Audited, Runner, audit_seed, prepare_models, provenance, read_audit, run_settings
@@ -39,7 +38,6 @@ from repro.detection.scenario_cells import (
 )
 from repro.fixtures import Probe, Scenario, ScenarioStep
 from repro.plan import PlannedArm
-from repro.plan import engine_config as verifier_engine_config
 from repro.provenance import utc_now
 from repro.runner import ArmOutcome, child_env, run_arm
 from repro.tinymodel import MODEL_SEED
@@ -144,19 +142,11 @@ def scenario_paths() -> tuple[str, str]:
     return DEFAULT_REPORT, DEFAULT_SITE
 
 
-def options(model: str) -> Options:
-    """The verifier's options for the study's engine (repro.scenarios.job_for reads them): the same engine as
-    repro.detection.plan.engine_config, checked, so scenario runs and the plain baseline are comparable."""
-    args = build_parser().parse_args(
-        ["--model", model, "--dtype", "float32", "--gpu-memory-utilization", "0.1", "--max-model-len", "2048"]
-        + ["--block-size", str(plan.BLOCK_SIZE), "--max-tokens", str(plan.MAX_TOKENS), "--seed", "0"]
-        + ["--device", "cpu", "--logprobs", str(plan.LOGPROBS)]
-        + ["--fixture", "-"]  # parsed, never read: the study's prompts are its own (probes())
-    )
-    opts = Options(args=args, extra_config={}, model_is_local=True)
-    if verifier_engine_config(opts) != plan.engine_config(str(Path(model).resolve())):
-        raise AssertionError("the scenario runs' engine is not the detection study's")  # a kit bug, not a finding
-    return opts
+def job_for(run: PlannedArm, scenario: Scenario, engine: EngineConfig, kv_dir: str | None) -> Job:
+    """A scenario run's job: the verifier's (repro.scenarios.scenario_job) over the study's engine, sampling and
+    prompts, so scenario runs and the plain baseline are comparable."""
+    job = build_job(run.spec, engine, [], max_tokens=plan.MAX_TOKENS, logprobs=plan.LOGPROBS, kv_audit_dir=kv_dir)
+    return machinery.scenario_job(job, scenario, probes())
 
 
 def probes() -> list[Probe]:
@@ -197,8 +187,8 @@ def plain_jobs(scratch: Path, model: str) -> list[tuple[str, Job]]:
 class Study:
     """Runs the arms one at a time (two shared cores), keeping each outcome and its wall time."""
 
-    def __init__(self, runner: Runner, opts: Options) -> None:
-        self.runner, self.opts = runner, opts
+    def __init__(self, runner: Runner, engine: EngineConfig) -> None:
+        self.runner, self.engine = runner, engine
         self.walls: list[dict] = []
 
     def run(self, job: Job) -> ArmOutcome:
@@ -245,7 +235,7 @@ def run_column(
     for original, run in runs:
         run, record = machinery.prepare(run, scenario, work, [], work, None)
         kv_dir = str(plan.kv_audit_dir(work, run.name))
-        job = machinery.job_for(study.opts, run, scenario, probes(), None, kv_dir)
+        job = job_for(run, scenario, study.engine, kv_dir)
         done.append((original, run, study.run(job), record))
     section = machinery.section(scenario, done, skipped, baseline, "logs")
     results = {
@@ -393,12 +383,12 @@ def run_scenario_study(
     started, t0 = utc_now(), time.monotonic()
     models = prepare_models(models_dir, (MODEL_SEED,))
     model = models[MODEL_SEED][0]
-    opts = options(model)
+    engine = plan.engine_config(str(Path(model).resolve()))
     report_path.parent.mkdir(parents=True, exist_ok=True)
     env = child_env(dict(os.environ), hashseed="0", extra={})
     work = Path(tempfile.mkdtemp(prefix=".detection-scenarios.work-", dir=report_path.parent))
     try:
-        study = Study(Runner(work=work, env=env, timeout_s=timeout_s), opts)
+        study = Study(Runner(work=work, env=env, timeout_s=timeout_s), engine)
         base_out = study.run(plan.baseline_job(work, MODEL_SEED, model))
         baseline = None if base_out.failure else base_out.result
         base_json = None if baseline is None else baseline.to_json()
