@@ -356,9 +356,8 @@ class _AuditRecords:
         except Exception as exc:  # noqa: BLE001 - an audit failure never fails the arm
             return {"seq": None, "unavailable": f"the audit record could not be read: {type(exc).__name__}: {exc}"}
 
-    def _take(self, ids: list[int]) -> dict:
-        from repro.engine.kvaudit import prompt_sha256
-
+    def _new_records(self) -> list[dict]:
+        """The audit's records (<seq>.json) written since the last call, in scheduling order."""
         new = sorted(
             n for n in os.listdir(self.directory) if n.endswith(".json") and n[0].isdigit() and n not in self.seen
         )
@@ -367,6 +366,12 @@ class _AuditRecords:
         for name in new:
             with open(os.path.join(self.directory, name), encoding="utf-8") as fh:
                 records.append(json.load(fh))
+        return records
+
+    def _take(self, ids: list[int]) -> dict:
+        from repro.engine.kvaudit import prompt_sha256
+
+        records = self._new_records()
         mine = [r for r in records if r.get("prompt_sha256") == prompt_sha256(ids)]
         if len(mine) != 1 or len(records) != 1:
             return {
@@ -389,14 +394,7 @@ class _AuditRecords:
     def _take_many(self, prompts: list[list[int]]) -> list[dict]:
         from repro.engine.kvaudit import prompt_sha256
 
-        new = sorted(
-            n for n in os.listdir(self.directory) if n.endswith(".json") and n[0].isdigit() and n not in self.seen
-        )
-        self.seen.update(new)
-        records = []
-        for name in new:
-            with open(os.path.join(self.directory, name), encoding="utf-8") as fh:
-                records.append(json.load(fh))
+        records = self._new_records()
         out = []
         for ids in prompts:
             mine = [r for r in records if r.get("prompt_sha256") == prompt_sha256(ids)]
