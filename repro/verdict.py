@@ -499,12 +499,16 @@ def decide_scenario_arm(
     preemptions: int | None,
 ) -> ArmVerdict:
     """A (scenario, arm): the worst of its requests' verdicts (each labelled, e.g. "step 2 chat-511"),
-    INCONCLUSIVE when none ran, and INCONCLUSIVE when the scenario says preemption must happen and the
-    engine's counter stayed at 0 or could not be read (the scenario then did not test what it says)."""
+    INCONCLUSIVE when none ran or none reused cached tokens (it compared no reuse: never a PASS by default),
+    and INCONCLUSIVE when the scenario says preemption must happen and the engine's counter stayed at 0 or
+    could not be read (the scenario then did not test what it says)."""
     verdicts = [v.verdict for _, v in requests]
     reasons = [f"{label}: {r}" for label, v in requests if v.verdict != PASS for r in v.reasons]
     if not requests:
         reasons.append("no request was run")
+    elif not any(v.role == REUSE for _, v in requests):
+        verdicts.append(INCONCLUSIVE)
+        reasons.append("no request reused cached tokens: the scenario compared no reuse")
     if preemption_required and preemptions is None:
         verdicts.append(INCONCLUSIVE)
         reasons.append("the scenario needs preemption and the engine's preemption counter is unavailable")

@@ -206,7 +206,7 @@ def test_a_miss_that_differs_is_inconclusive_unless_its_call_preempted():
 
 
 def test_the_arm_takes_the_worst_and_needs_its_preemption():
-    ok = decide_scenario_request(BASE, _req(), None, True)
+    ok = decide_scenario_request(BASE, _req(cached=16), None, True)
     bad = decide_scenario_request(BASE, _req((9, 9, 9, 9), 16), None, True)
     assert decide_scenario_arm([("step 0 a", ok)], False, 0).verdict == PASS
     arm = decide_scenario_arm([("step 0 a", ok), ("step 1 a", bad)], True, 0)
@@ -221,6 +221,14 @@ def test_the_arm_takes_the_worst_and_needs_its_preemption():
     assert unread.verdict == INCONCLUSIVE and "counter is unavailable" in unread.reasons[0]
     assert decide_scenario_arm([("step 0 a", ok)], True, 3).verdict == PASS
     assert decide_scenario_arm([], False, 0).verdict == INCONCLUSIVE
+
+
+def test_an_arm_whose_requests_all_missed_compared_no_reuse_and_is_not_a_pass():
+    miss = decide_scenario_request(BASE, _req(cached=0), None, True)
+    assert miss.verdict == PASS  # a miss that matches is a correct miss
+    arm = decide_scenario_arm([("step 0 a", miss), ("step 1 a", miss)], False, 0)
+    assert arm.verdict == INCONCLUSIVE
+    assert arm.reasons == ("no request reused cached tokens: the scenario compared no reuse",)
 
 
 def test_the_kv_verdict_of_a_scenario_arm():
