@@ -17,10 +17,12 @@ from pathlib import Path
 from repro import kvaudit
 from repro.cli import Options
 from repro.compare import first_diff
-from repro.contract import ArmResult, Job, ProbeJob, ScenarioJob, StepJob, build_job
+from repro.contract import ArmResult, Failure, Job, ProbeJob, ScenarioJob, StepJob, build_job
 from repro.errors import UsageError
 from repro.evaluate import comparability_problems, margin_of
 from repro.fixtures import Fixture, Probe, Scenario
+from repro.lmcache_mp import CONNECTOR as MP_CONNECTOR
+from repro.lmcache_signals import copy_paths, scan_log
 from repro.plan import PlannedArm, engine_config, materialize
 from repro.replays import find_replays
 from repro.runner import ArmOutcome
@@ -36,6 +38,7 @@ from repro.verdict import (
     decide_incomparable,
     decide_kv_probe,
     decide_kv_unavailable,
+    decide_lmcache_degraded,
     decide_no_baseline,
     decide_scenario_arm,
     decide_scenario_kv,
@@ -239,9 +242,32 @@ def _arm_entry_base(name: str, mode: str, outcome: ArmOutcome | None, logs_rel: 
         "wall_s": outcome.wall_s if outcome is not None else None,
         "timing": None,
         "lmcache_config": None,
+        "copy_paths": None,
+        "lmcache_degraded": None,
         "kv": None,
         "requests": [],
     }
+
+
+def lmcache_checks(entry: dict, arm: PlannedArm, outcome: ArmOutcome, verdict):
+    """An LMCache (scenario, arm)'s own process checks, as a plain LMCache arm gets them: each LMCache
+    process's copy path (compiled or torch fallback: this child is its own engine, and an MP arm its own
+    server, so the plain arm's path is not evidence for it) and LMCache's degraded mode (it failed to
+    start and silently recomputes: the arm is ERROR, never PASS). Returns the verdict, maybe ERROR."""
+    if not is_lmcache(arm):
+        return verdict
+    mp = arm.spec.connector.name == MP_CONNECTOR
+    server = outcome.server_copy_path
+    if mp and server is None:
+        server = {"path": "not recorded", "detail": "the kit passed no copy path for its MP server"}
+    build = (outcome.result.versions or {}).get("lmcache_build") if outcome.result is not None else None
+    entry["copy_paths"] = copy_paths(build, outcome.log_text, server if mp else None)
+    degraded = scan_log(outcome.log_text)["degraded"]
+    entry["lmcache_degraded"] = degraded[:3]
+    verdict = decide_lmcache_degraded(verdict, degraded)
+    if verdict.error_kind is not None and entry["error"] is None:
+        entry["error"] = Failure(verdict.error_kind, verdict.error_detail, "\n".join(degraded)).to_json()
+    return verdict
 
 
 def judge_run(
@@ -325,6 +351,7 @@ def judge_run(
             }
         )
     verdict = decide_scenario_arm(judged, bool(scenario.engine.get("preemption")), result.scenario.preemptions)
+    verdict = lmcache_checks(entry, arm, outcome, verdict)
     entry.update(
         verdict=verdict.verdict,
         reasons=list(verdict.reasons),

@@ -72,6 +72,7 @@ def format_finding(report: Report, scenario: Scenario, arm: ScenarioArm, token_l
         f"- steps: {_steps_text(scenario)}",
         f"- {scenario.control_text}",
         f"- {arm.preemptions_text}",
+        *([f"- {arm.copy_path_text}"] if arm.copy_path_text else []),
         *([f"- {arm.kv_text}"] if arm.kv is not None else []),
         *(line for r in arm.failing for line in _request_lines(report, r, token_limit)),
     ]

@@ -491,7 +491,9 @@ def _scenario_arm(arm: ScenarioArm) -> ScenarioArmBlock:
         title=arm.title,
         verdict=arm.verdict,
         cls=arm.cls,
-        facts=machine_path_name(" · ".join(f for f in (arm.kv_text, arm.preemptions_text, arm.wall_text) if f)),
+        facts=machine_path_name(
+            " · ".join(f for f in (arm.kv_text, arm.preemptions_text, arm.copy_path_text, arm.wall_text) if f)
+        ),
         reasons=() if plain_pass else tuple(machine_path_name(r) for r in arm.reasons),
         error=error,
         rows=tuple(_scenario_row(r) for r in arm.requests),

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from repro.readmodel.arms import floor_rel_text
+from repro.readmodel.conditions import ArmConditions
 from repro.readmodel.probes import KVCells, ProbeKV
 from repro.readmodel.requests import Divergence, Request
 from repro.verdict import CORRUPT, FAIL, PASS
@@ -409,6 +410,13 @@ class ScenarioArm(_Judged, _RunFacts):
             return ""
         floor = self.kv.data.get("floor")
         return f"KV {self.kv.cell}" + (f" · {floor_rel_text(floor)}" if isinstance(floor, Mapping) else "")
+
+    @property
+    def copy_path_text(self) -> str:
+        """'copy path: engine compiled (wheel), MP server compiled (wheel)': this run's own LMCache processes;
+        '' for an arm without LMCache and in reports made before scenario runs recorded it."""
+        text = ArmConditions({"copy_paths": self.data.get("copy_paths") or []}).copy_path_text
+        return f"copy path: {text}" if text else ""
 
     @property
     def hits_text(self) -> str:

@@ -38,6 +38,10 @@
 #                                              on that stack, the tiny model: fixtures/scenarios-gpu-lmcache.json
 #                                              with --scenarios all (both LMCache connectors, native,
 #                                              native-matched; a-b-a, eviction, preemption, in-flight)
+#   tests/gpu/h200_conditions.sh scenarios028b OUT
+#                                              the same fixture in three runs: eviction+preemption with native;
+#                                              a-b-a+in-flight with native; in-flight with each child alone
+#   tests/gpu/h200_conditions.sh monitor OUT   host memory, load and GPU memory every 5 s (in the background)
 #   tests/gpu/h200_conditions.sh reference028 OUT
 #                                              on that stack, LMCache's ops as its wheel ships them: both
 #                                              connectors, native and native-matched, KV audit on, on the
@@ -250,5 +254,26 @@ PY
     SITE=$SITE028 "$0" step "$OUT" tiny-scenarios-v028 --fixture fixtures/scenarios-gpu-lmcache.json --compare-native \
       --scenarios all
     echo "scenarios done" >>"$OUT/progress.txt" ;;
+  scenarios028b)  # OUT: every scenario again on that stack, in three runs, each collectable as it ends
+    # 1. eviction and preemption, both connectors and native (the first attempt at these was lost);
+    # 2. a-b-a and in-flight again, now with native (a second trial of the in-flight finding);
+    # 3. in-flight with every child alone on the GPU (--jobs 1): is the finding there without sharing?
+    # --timeout: a child that hangs (LMCache at the eviction scenario's small store sizes, say) is ERROR, not a lost run
+    OUT=${2:?OUT}; mkdir -p "$OUT"
+    fx=(--fixture fixtures/scenarios-gpu-lmcache.json --timeout 420)
+    SITE=$SITE028 "$0" step "$OUT" tiny-scenarios-ep-v028 "${fx[@]}" --compare-native --scenarios eviction,preemption
+    SITE=$SITE028 "$0" step "$OUT" tiny-scenarios-ai-v028 "${fx[@]}" --compare-native --scenarios a-b-a,in-flight \
+      --no-confirm
+    SITE=$SITE028 "$0" step "$OUT" tiny-scenarios-in-flight-alone-v028 "${fx[@]}" --scenarios in-flight --jobs 1 \
+      --no-confirm
+    echo "scenarios028b done" >>"$OUT/progress.txt" ;;
+  monitor)  # OUT: every 5 s the host's memory, load and the GPU's memory into OUT/monitor.txt (started in the background)
+    OUT=${2:?OUT}; mkdir -p "$OUT"
+    while :; do
+      { date -u +%T; free -m | sed -n 2p; cut -d' ' -f1-3 /proc/loadavg
+        nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader 2>&1 | head -2
+        echo "python processes: $(pgrep -c python || true)"; } | paste -sd' ' >>"$OUT/monitor.txt"
+      sleep 5
+    done ;;
   *) echo "unknown step $1" >&2; exit 2 ;;
 esac
