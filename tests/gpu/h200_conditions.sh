@@ -267,12 +267,21 @@ PY
     SITE=$SITE028 "$0" step "$OUT" tiny-scenarios-in-flight-alone-v028 "${fx[@]}" --scenarios in-flight --jobs 1 \
       --no-confirm
     echo "scenarios028b done" >>"$OUT/progress.txt" ;;
+  scenarios028c)  # OUT: after scenarios028b's machine stopped answering in its eviction+preemption run (its second
+    # such loss): preemption alone first, then eviction alone; every file a run writes capped at 2 GiB (ulimit -f:
+    # a child that writes more dies of SIGXFSZ and is named in the report), the disk watched by the monitor
+    OUT=${2:?OUT}; mkdir -p "$OUT"
+    fx=(--fixture fixtures/scenarios-gpu-lmcache.json --timeout 300 --no-confirm)
+    (ulimit -f 2097152; SITE=$SITE028 "$0" step "$OUT" tiny-preemption-v028 "${fx[@]}" --compare-native --scenarios preemption)
+    (ulimit -f 2097152; SITE=$SITE028 "$0" step "$OUT" tiny-eviction-v028 "${fx[@]}" --scenarios eviction)
+    echo "scenarios028c done" >>"$OUT/progress.txt" ;;
   monitor)  # OUT: every 5 s the host's memory, load and the GPU's memory into OUT/monitor.txt (started in the background)
     OUT=${2:?OUT}; mkdir -p "$OUT"
     while :; do
       { date -u +%T; free -m | sed -n 2p; cut -d' ' -f1-3 /proc/loadavg
         nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader 2>&1 | head -2
-        echo "python processes: $(pgrep -c python || true)"; } | paste -sd' ' >>"$OUT/monitor.txt"
+        echo "python processes: $(pgrep -c python || true)"; df -m /tmp | tail -1
+        du -sm "$OUT" 2>/dev/null; } | paste -sd' ' >>"$OUT/monitor.txt"
       sleep 5
     done ;;
   *) echo "unknown step $1" >&2; exit 2 ;;
