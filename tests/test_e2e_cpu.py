@@ -186,6 +186,7 @@ def test_report_contract(selftest):
         cfg = arm["effective_config"]
         assert cfg["block_size"] == 16 and cfg["enforce_eager"] is True and cfg["dtype"] == "float32"
         assert cfg["enable_prefix_caching"] is (arm["mode"] == "native")
+        assert cfg["model_runner"] == "v1"  # vLLM's CPU build has no Triton, so no model runner v2
         assert (report.parent / arm["log"]).is_file()
         for p in arm["probes"]:
             if p["verdict"] == "SKIPPED":

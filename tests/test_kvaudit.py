@@ -332,3 +332,44 @@ def test_the_worker_reads_an_asynchronous_load_only_after_get_finished_reported_
     assert blind["load_finished_reported"] is False and "get_finished never reported" in blind["unavailable"]
     assert not (tmp_path / "000001.reused.000.pt").exists()
     assert not list(tmp_path.glob("audit-error*"))
+
+
+def test_a_request_resumed_after_preemption_keeps_its_first_record_and_is_not_read_again(monkeypatch, tmp_path):
+    """vLLM 0.28's model runner v2 (CUDA) sends a request resumed after preemption as new again. It gets no
+    new seq: one record per request, and a request preempted over and over writes its blocks once (on an
+    H200 a preemption scenario's run directory grew about 450 MB/s until the disk was full)."""
+    sched = _wrapped(monkeypatch, tmp_path)(_vllm_config(), "scheduler")
+    (first,) = sched.build_connector_meta(_output(_new_req("r1", 0))).requests
+    assert first.seq == 0
+    for _ in range(3):  # preempted and resumed, as new each time; another request meanwhile
+        assert sched.build_connector_meta(_output(_new_req("r1", 0))).requests == []
+    (other,) = sched.build_connector_meta(_output(_new_req("r2", 0), _new_req("r1", 0))).requests
+    assert (other.seq, other.req_id) == (1, "r2")
+
+
+def test_the_audit_stops_recording_at_its_write_limit_and_says_so(monkeypatch, tmp_path):
+    from repro.engine import kvaudit
+    from repro.engine.kvaudit import AuditMetadata
+
+    assert kvaudit.max_bytes_from_env({}) == kvaudit.DEFAULT_MAX_BYTES == 8 * 1024**3
+    assert kvaudit.max_bytes_from_env({kvaudit.MAX_BYTES_ENV: "nonsense"}) == kvaudit.DEFAULT_MAX_BYTES
+    monkeypatch.setenv(kvaudit.MAX_BYTES_ENV, "2000")  # one layer of one request's three blocks is more
+    worker = _wrapped(monkeypatch, tmp_path)(_vllm_config(), "worker")
+    kv = torch.randn(NB, H, BS, 2 * D)
+    worker.register_kv_caches({"model.layers.0.attn": kv, "model.layers.1.attn": kv.clone()})
+
+    def request(seq, req_id):
+        return AuditRequest(seq, req_id, "sha", 14, [5, 1, 7, 2], 12, 0, 14, False, 12)
+
+    worker.bind_connector_metadata(AuditMetadata(inner="inner", requests=[request(0, "r1")]))
+    worker.wait_for_layer_load("model.layers.0.attn")
+    written = (tmp_path / "000000.reused.000.pt").stat().st_size
+    assert written > 2000
+    (error,) = tmp_path.glob("audit-error.*.json")
+    said = json.loads(error.read_text())["error"]
+    assert f"had written {written} bytes" in said and "limit of 2000" in said and kvaudit.MAX_BYTES_ENV in said
+    worker.wait_for_layer_load("model.layers.1.attn")  # stopped: nothing more is written
+    worker.bind_connector_metadata(AuditMetadata(inner="inner", requests=[request(1, "r2")]))
+    worker.wait_for_layer_load("model.layers.0.attn")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".pt") == ["000000.reused.000.pt"]
+    assert worker.bound == "inner"  # the connector still gets its own metadata: the engine goes on

@@ -141,6 +141,16 @@ def _top_logprobs(step) -> list[list]:
     return [[t, lp] for t, lp in items]
 
 
+def _model_runner(cfg) -> str:
+    """'v2' or 'v1': which model runner vLLM chose (VllmConfig.use_v2_model_runner; vLLM 0.28 takes v2 by default
+    for a dense model where Triton is present, and then sends a request resumed after preemption to the
+    connector as new); 'unavailable: ...' where this vLLM does not say."""
+    try:
+        return "v2" if cfg.use_v2_model_runner else "v1"
+    except Exception as exc:  # noqa: BLE001 - an older vLLM without the property
+        return f"unavailable: {type(exc).__name__}: {exc}"[:200]
+
+
 def _effective_config(llm) -> dict:
     cfg = vllm_config_of(llm)
     ktc = cfg.kv_transfer_config
@@ -167,6 +177,7 @@ def _effective_config(llm) -> dict:
             "kv_connector_extra_config": json.loads(json.dumps(ktc.kv_connector_extra_config, default=str)),
         },
         "device_type": str(cfg.device_config.device_type) if getattr(cfg, "device_config", None) else "unavailable",
+        "model_runner": _model_runner(cfg),
         # the connector the KV audit wrapped (kv_connector then names the audit's class)
         "kv_audit_target": os.environ.get("KVKIT_KV_AUDIT_TARGET"),
     }

@@ -79,6 +79,22 @@ WRAPPED = "KVAuditWrapped"
 #              (FlashAttention / FlashInfer since vLLM 0.26)
 #   leading-2  (2, num_blocks, ...), K and V as the first dimension (older backends)
 LAYOUTS = ("cpu-rows", "last-dim", "leading-2")
+# What one engine process's audit may write before it stops recording (it says so in audit-error.*.json;
+# the arm's later requests are then unaudited, never judged). The largest legitimate output, by arithmetic:
+# the reference model (Qwen3-0.6B: 28 layers, 8 KV heads x 128 x K,V x float16 = 4 KiB a token and layer,
+# 112 KiB a token) at a 2048-token max_model_len is 224 MiB a request, written once per request; a plain
+# arm's 16 requests (4 probes x a cold request and 3 reuses) 3.5 GiB. The default is twice that.
+MAX_BYTES_ENV = "KVKIT_KV_AUDIT_MAX_BYTES"
+DEFAULT_MAX_BYTES = 8 * 1024**3
+
+
+def max_bytes_from_env(environ) -> int:
+    """The audit's write limit: MAX_BYTES_ENV when it is a positive integer, else DEFAULT_MAX_BYTES."""
+    try:
+        value = int(environ.get(MAX_BYTES_ENV) or 0)
+    except ValueError:
+        value = 0
+    return value if value > 0 else DEFAULT_MAX_BYTES
 
 
 def _layer_order(name: str) -> tuple:
@@ -244,6 +260,9 @@ class _Audit:
         self._audit_pending: dict[str, tuple[int, int]] = {}  # async load started: (local, external)
         self._audit_received: set[str] = set()  # worker: ids get_finished reported loaded
         self._audit_seq = 0
+        self._audit_seqs: dict[str, int] = {}  # scheduler: each request id's seq, given at its first scheduling
+        self._audit_bytes = 0  # worker: what this process has written
+        self._audit_max_bytes = max_bytes_from_env(os.environ)
         self._audit_kv: dict[str, torch.Tensor] = {}
         self._audit_layout: str | None = None
         self._audit_layout_problem: str | None = None
@@ -253,12 +272,16 @@ class _Audit:
         self._audit_dead = self._audit_dir is None
 
     def _audit_fail(self, where: str) -> None:
-        """Record an audit failure and stop auditing; the engine goes on untouched."""
+        """Record an audit failure (the exception being handled) and stop auditing; the engine goes on untouched."""
+        self._audit_stop(where, traceback.format_exc(limit=8)[-4000:])
+
+    def _audit_stop(self, where: str, message: str) -> None:
+        """Stop auditing and say why in audit-error.<pid>.json; the engine goes on untouched."""
         self._audit_dead = True
         try:
             path = os.path.join(self._audit_dir, f"audit-error.{os.getpid()}.json")
             with open(path, "w", encoding="utf-8") as fh:
-                json.dump({"where": where, "error": traceback.format_exc(limit=8)[-4000:]}, fh)
+                json.dump({"where": where, "error": message}, fh)
         except Exception:  # noqa: BLE001 - nothing more to do without a directory
             traceback.print_exc()
 
@@ -304,6 +327,13 @@ class _Audit:
         try:
             for req in scheduler_output.scheduled_new_reqs:
                 local, ext, is_async = self._audit_counts(req)
+                if str(req.req_id) in self._audit_seqs:
+                    # a request resumed after preemption: vLLM's model runner v2 (vLLM 0.28 on CUDA) sends it as
+                    # new again. Its first record stands and it is not read again: one record per request, and
+                    # a request preempted over and over cannot write its blocks over and over (on an H200 a
+                    # preemption scenario's run dir grew about 450 MB/s until the disk was full)
+                    continue
+                self._audit_seqs[str(req.req_id)] = self._audit_seq
                 tokens = list(req.prompt_token_ids or [])
                 meta.requests.append(
                     AuditRequest(
@@ -442,6 +472,14 @@ class _Audit:
                 path = os.path.join(self._audit_dir, f"{r.seq:06d}.{kind}.{li:03d}.pt")
                 torch.save(blob, path + ".tmp")
                 os.replace(path + ".tmp", path)
+                self._audit_bytes += os.path.getsize(path)
+                if self._audit_bytes > self._audit_max_bytes:
+                    self._audit_stop(
+                        f"{kind} {layer_name}",
+                        f"the audit stopped recording: this process had written {self._audit_bytes} bytes of KV, "
+                        f"over its limit of {self._audit_max_bytes} ({MAX_BYTES_ENV}); later requests are unaudited",
+                    )
+                    return
         except Exception:  # noqa: BLE001
             self._audit_fail(f"{kind} {layer_name}")
 
