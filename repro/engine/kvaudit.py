@@ -328,8 +328,8 @@ class _Audit:
             for req in scheduler_output.scheduled_new_reqs:
                 local, ext, is_async = self._audit_counts(req)
                 if str(req.req_id) in self._audit_seqs:
-                    # a request resumed after preemption: vLLM's model runner v2 (vLLM 0.28 on CUDA) sends it as
-                    # new again. Its first record stands and it is not read again: one record per request, and
+                    # a request resumed after preemption: under vLLM's model runner v2 (what the H200 runs, 0.26
+                    # and 0.28 alike) vLLM 0.28's scheduler sends it as new again. Its first record stands and it is not read again: one record per request, and
                     # a request preempted over and over cannot write its blocks over and over (on an H200 a
                     # preemption scenario's run dir grew about 450 MB/s until the disk was full)
                     continue
