@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import re
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from repro import devices
 from repro.commands import ArgumentParser
+from repro.diskwatch import DEFAULT_MAX_CHILD_DISK_GB
 from repro.errors import UsageError
 from repro.provenance import probe_python
 
@@ -79,6 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reuses", type=int, default=None, help="reuses per probe (default: the probe's own, else 3)")
     p.add_argument("--logprobs", type=int, default=2, help="top-k logprobs recorded per generated token (>= 2)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds one arm may run")
+    p.add_argument(
+        "--max-child-disk-gb",
+        type=float,
+        default=DEFAULT_MAX_CHILD_DISK_GB,
+        metavar="GB",
+        help="how much one arm's engine child may write (its log, KV audit files, connector stores; GB of 10**9 "
+        f"bytes) before it is killed as an ERROR disk-runaway (default {DEFAULT_MAX_CHILD_DISK_GB:g}); no child "
+        "starts, and a running one is stopped, where the free space is under 2 GB (5%% of a smaller filesystem)",
+    )
     p.add_argument(
         "--jobs",
         type=int,
@@ -291,6 +302,8 @@ def validate(args: argparse.Namespace) -> Options:
         raise UsageError("--gpu-memory-utilization must be in (0, 1]")
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
+    if not 0 < args.max_child_disk_gb < math.inf:
+        raise UsageError("--max-child-disk-gb must be a positive number of GB")
     if not 1 <= args.trials <= MAX_TRIALS:
         raise UsageError(f"--trials must be from 1 to {MAX_TRIALS} (1: each arm once)")
     if args.jobs is not None and not 1 <= args.jobs <= 64:

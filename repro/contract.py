@@ -35,6 +35,10 @@ MISSING_OUTPUT = "missing-output"
 UNPARSABLE_OUTPUT = "unparsable-output"
 RESULT_VERSION = "result-version-mismatch"
 RAISED = "raised"
+# The parent stopped the child, or never started it, to keep the disk from filling (repro.diskwatch):
+# its own files grew past the per-child cap, or the free space where it writes fell under the floor.
+DISK_RUNAWAY = "disk-runaway"
+DISK_LOW = "disk-low"
 # LMCache's MP server (repro.lmcache_mp), started by the kit for an LMCacheMPConnector arm
 LMCACHE_SERVER_START = "lmcache-server-start"
 LMCACHE_SERVER_DIED = "lmcache-server-died"
@@ -47,6 +51,8 @@ FAILURE_KINDS = (
     UNPARSABLE_OUTPUT,
     RESULT_VERSION,
     RAISED,
+    DISK_RUNAWAY,
+    DISK_LOW,
     LMCACHE_SERVER_START,
     LMCACHE_SERVER_DIED,
 )

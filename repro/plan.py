@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,6 +27,7 @@ from repro.suite import requests_for
 
 # A connector setting with this value gets a fresh directory for its arm alone.
 TMPDIR_TOKEN = "@tmpdir"
+_SCRATCH_PREFIX = "kvkit-"  # materialize's directories: kvkit-<arm>-XXXXXXXX
 PLANTED_FAULT_MODULE = "repro.engine.connectors.planted_fault"
 NATIVE_MATCHED = "native-matched"
 
@@ -91,10 +93,21 @@ def materialize(arm: PlannedArm, scratch: list[str], root: str | Path | None = N
     extra = {}
     for key, value in conn.extra_config.items():
         if value == TMPDIR_TOKEN:
-            value = tempfile.mkdtemp(prefix=f"kvkit-{arm.name}-", dir=root)
+            value = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{arm.name}-", dir=root)
             scratch.append(value)
         extra[key] = value
     return replace(arm, spec=replace(arm.spec, connector=replace(conn, extra_config=extra)))
+
+
+def scratch_dirs(spec: ArmSpec) -> list[Path]:
+    """The directories materialize made for an arm's connector (its stores): what its child writes there."""
+    conn = spec.connector
+    values = conn.extra_config.values() if conn is not None else ()
+    return [
+        Path(v)
+        for v in values
+        if isinstance(v, str) and os.path.isabs(v) and Path(v).name.startswith(_SCRATCH_PREFIX) and os.path.isdir(v)
+    ]
 
 
 def engine_config(opts: Options) -> EngineConfig:

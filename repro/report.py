@@ -21,6 +21,8 @@ Report schema (kind "kvkit-report"; JSON Schema in schemas/report.schema.json):
     model folder the kit converted from a packaged GGUF came from (repro.models: package and version,
     the GGUF's SHA-256, dequantized_from); absent for other models. config.frontend (--frontend: sync
     or async; absent: sync) and per arm effective_config.frontend (the front end that drove its engine).
+    The failure kinds disk-runaway and disk-low (repro.diskwatch: a child stopped, or not started, to
+    keep the disk from filling).
 The schema is authoritative: validate_report checks every report before it is written (and the
 cross-field shape of the KV audit, which JSON Schema cannot say).
 A newer file is refused ("upgrade the kit"). A version 1 file loads as it is: version 2 only added

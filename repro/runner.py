@@ -4,7 +4,9 @@ The parent never imports vllm, torch or lmcache. Each child's stdout and stderr 
 file itself (file-descriptor level), so what vLLM workers and LMCache print from grandchildren
 lands there too. Every way a child can go wrong becomes a named failure kind with the log tail.
 Each child's group hangs on a lifeline (repro.lifeline): if the kit is killed outright, the group
-stops itself.
+stops itself. While a child runs, its disk use is watched (repro.diskwatch): a child whose files grow
+past the cap, or that runs while the free space where it writes falls under the floor, is killed with
+its group, and no child starts below the floor.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from repro.atomic import write_bytes_atomic, write_json_atomic
 from repro.cli import FRONTEND_ENV
 from repro.contract import (
     CRASH,
+    DISK_LOW,
     EXIT_RAISED,
     MISSING_OUTPUT,
     NONZERO_EXIT,
@@ -38,9 +41,12 @@ from repro.contract import (
     ContractError,
     Failure,
     Job,
+    progress_path,
 )
+from repro.diskwatch import DiskLimits, DiskWatch, cut_log, empty_dir
 from repro.lifeline import group_members, launch_command
 from repro.paths import KIT_ROOT
+from repro.plan import scratch_dirs
 from repro.provenance import redact_text
 
 INTERRUPTED = "interrupted"
@@ -174,15 +180,23 @@ OOM_ELSEWHERE = (
 
 
 def classify_exit(
-    returncode: int | None, log_text: str, timed_out: bool, oom_killed: bool = False
+    returncode: int | None,
+    log_text: str,
+    timed_out: bool,
+    oom_killed: bool = False,
+    stopped: tuple[str, str] | None = None,
 ) -> tuple[str, str] | None:
     """The failure kind for a child's exit, or None when it exited 0 (the output decides then).
+
+    stopped: why the parent killed the child for its disk use (repro.diskwatch), which is what it died of.
 
     Out of memory is claimed only on evidence about this child: it died of SIGKILL (what the
     kernel's killer sends; 137 through a shell) while the cgroup counted an OOM kill, or its own log
     says so. With arms at once the count is the whole cgroup's, so any other failure keeps its kind
     and detail, and says that something was OOM-killed meanwhile (OOM_ELSEWHERE). A bare SIGKILL
     without that count is a crash (whose detail mentions the OOM killer)."""
+    if stopped is not None:
+        return stopped
     if timed_out:
         return TIMEOUT, "the arm ran past its time limit and was killed with its process group"
     if returncode == 0:
@@ -302,24 +316,25 @@ def start_child(argv: list[str], *, log_path: Path, env: dict[str, str]) -> tupl
 
 
 def run_child(
-    argv: list[str], *, log_path: Path, env: dict[str, str], timeout_s: float
+    argv: list[str], *, log_path: Path, env: dict[str, str], timeout_s: float, watch: DiskWatch | None = None
 ) -> tuple[int | None, bool, bool, float]:
     """Run one child in its own process group with its output in log_path; always reap the group.
 
     Returns (returncode, timed_out, oom_killed, wall seconds). An interrupt (KeyboardInterrupt,
     Interrupted) kills the group and propagates; once the run is stopping (stop_all_children) no
-    child starts: Interrupted."""
+    child starts: Interrupted. watch: the child's files (default: its log) and their limits; when it
+    says stop (watch.stop) the group is killed at once, and a caller that gave no watch gets a line
+    on stderr saying why."""
     t0 = time.monotonic()
     oom_before = oom_kill_count()
+    own_watch = watch is None
+    watch = watch or DiskWatch([log_path], log_path.parent)
     with starting():
         proc, lifeline = start_child(argv, log_path=log_path, env=env)
         _LIVE.add(proc)
     try:
-        timed_out = False
         try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            timed_out = wait_watched(proc, t0 + timeout_s, watch)
         except BaseException:
             with deferred_signals():
                 kill_group(proc)
@@ -327,21 +342,47 @@ def run_child(
         finally:
             with _LIVE_LOCK:
                 _LIVE.discard(proc)
+        # A runaway writer is not asked to stop: at the 450 MB/s measured, GRACE_S of SIGTERM is 4.5 GB more.
+        done = proc.returncode is not None or watch.stop is not None
         with deferred_signals():
-            kill_group(proc, grace_s=None if proc.returncode is None else 0)  # its workers may live on
+            kill_group(proc, grace_s=0 if done else None)  # its workers may live on
     finally:
         os.close(lifeline)  # only now: its watcher was reaped with the group
+    if own_watch and watch.stop is not None:
+        said = f"[kvkit] the child that logs to {log_path} was stopped: {watch.stop[0]}: {watch.stop[1]}"
+        print(said, file=sys.stderr, flush=True)
     oom_after = oom_kill_count()
     oom_killed = oom_before is not None and oom_after is not None and oom_after > oom_before
     return proc.returncode, timed_out, oom_killed, time.monotonic() - t0
 
 
+def wait_watched(proc: subprocess.Popen, deadline: float, watch: DiskWatch) -> bool:
+    """Wait for the child until the deadline, measuring its disk use every poll; True when it ran past
+    the deadline (False when it exited, or when the watch says stop)."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return True
+        try:
+            proc.wait(timeout=min(left, watch.limits.poll_s))
+            return False
+        except subprocess.TimeoutExpired:
+            if watch.poll() is not None:
+                return False
+
+
 def collect_outcome(
-    returncode: int | None, timed_out: bool, oom_killed: bool, log_text: str, out_path: Path
+    returncode: int | None,
+    timed_out: bool,
+    oom_killed: bool,
+    log_text: str,
+    out_path: Path,
+    stopped: tuple[str, str] | None = None,
 ) -> tuple[ArmResult | None, tuple[str, str] | None]:
     """(result, failure) from how the child exited and what it left: exit 0 with a valid result
-    is the only success; exit 3 must come with the error record the engine writes."""
-    failure = classify_exit(returncode, log_text, timed_out, oom_killed)
+    is the only success; exit 3 must come with the error record the engine writes. A child stopped
+    for its disk use (stopped) has no result, whatever it left."""
+    failure = classify_exit(returncode, log_text, timed_out, oom_killed, stopped)
     if failure is not None and failure[0] != RAISED:
         return None, failure
     result, problem = read_result(out_path)
@@ -363,17 +404,24 @@ def run_arm(
     timeout_s: float,
     python: str = sys.executable,
     module: str = "repro.engine",
+    disk: DiskLimits | None = None,
 ) -> ArmOutcome:
-    """Run one arm's child to completion (or failure) and reap everything it started."""
+    """Run one arm's child to completion (or failure) and reap everything it started. Its disk use is
+    watched (disk: the limits; default repro.diskwatch's): it never starts where the free space is under
+    the floor, and once stopped its KV audit files and connector stores are emptied and its log is cut."""
     name = job.arm.name
     job_path = workdir / f"{name}.job.json"
     out_path = workdir / f"{name}.result.json"
+    watch = DiskWatch(child_paths(job, log_path, out_path), workdir, disk)
+    if (low := watch.low_space()) is not None:
+        return not_started(name, log_path, DISK_LOW, f"{low}: the arm was not started so that the disk does not fill")
     write_json_atomic(job_path, replace(job, output=str(out_path)).to_json())
     returncode, timed_out, oom_killed, wall = run_child(
-        [python, "-m", module, str(job_path)], log_path=log_path, env=env, timeout_s=timeout_s
+        [python, "-m", module, str(job_path)], log_path=log_path, env=env, timeout_s=timeout_s, watch=watch
     )
+    stopped = None if watch.stop is None else (watch.stop[0], watch.stop[1] + give_back(watch, log_path))
     text = redact_log(log_path, env)
-    result, failure = collect_outcome(returncode, timed_out, oom_killed, text, out_path)
+    result, failure = collect_outcome(returncode, timed_out, oom_killed, text, out_path, stopped)
     if result is not None and job.fixture_sha256 and result.fixture_sha256 is None:
         result = replace(result, fixture_sha256=job.fixture_sha256)  # what this child was fed
     return ArmOutcome(
@@ -385,6 +433,39 @@ def run_arm(
         wall_s=round(wall, 3),
         returncode=returncode,
     )
+
+
+def child_paths(job: Job, log_path: Path, out_path: Path) -> list[Path]:
+    """What an engine child writes: its log, result and progress files, KV audit directory, and the
+    connector stores the kit made for its arm (repro.plan.materialize)."""
+    paths = [log_path, out_path, Path(progress_path(str(out_path)))]
+    if job.kv_audit_dir:
+        paths.append(Path(job.kv_audit_dir))
+    return paths + scratch_dirs(job.arm)
+
+
+def give_back(watch: DiskWatch, log_path: Path) -> str:
+    """After a stop, the space of a child whose result will not be used: its KV audit directory and
+    connector stores emptied, its log cut to its first and last MiB (repro.diskwatch.cut_log); what was
+    done, as the end of the failure's detail."""
+    said = "; its process group was killed (SIGKILL)"
+    emptied = [p for p in watch.paths if p.is_dir()]
+    for p in emptied:
+        empty_dir(p)
+    if emptied:
+        said += f"; emptied to give the space back: {', '.join(watch.rel(p) for p in emptied)}"
+    cut = cut_log(log_path)
+    if cut:
+        said += f"; its log was cut to its first and last MiB ({cut} bytes cut)"
+    return said
+
+
+def not_started(name: str, log_path: Path, kind: str, detail: str) -> ArmOutcome:
+    """An arm the kit did not start: its failure, and a log of one line saying why (the report cites it)."""
+    line = f"kvkit: {name} was not started: {kind}: {detail}\n"
+    with contextlib.suppress(OSError):  # the disk may be too full for it too: the failure still says why
+        write_bytes_atomic(log_path, line.encode())
+    return ArmOutcome(name, None, Failure(kind, detail, line), log_path, line, 0.0)
 
 
 def redacted_tail(log_path: Path, env: dict[str, str]) -> str:

@@ -31,6 +31,7 @@ from repro.cli import FRONTEND_ENV, Options, parse_args
 from repro.commands import run_command, say_error
 from repro.contract import ArmResult, Failure, Job
 from repro.devices import uses_cuda, visible_gpus
+from repro.diskwatch import DiskLimits
 from repro.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, UsageError
 from repro.evaluate import judge_arm
 from repro.fixtures import Fixture, check_probes_fit, load_fixture
@@ -690,6 +691,7 @@ def run_arms(
                 timeout_s=a.timeout,
                 python=a.python,
                 module=a.engine_module,
+                disk=DiskLimits.from_gb(a.max_child_disk_gb),
             )
 
         start = clock.now() if clock else 0.0

@@ -7,8 +7,11 @@ KVKIT_FAKE (JSON) tells it how to behave per arm:
    "sleep_s": S, "result_schema_version": N}
 MODE is one of ok, sigkill, segfault, hang, hang-ignore-term, oom, exit7, missing, garbage,
 wrong-kind, raise, raise-no-record, slow, linger (writes its result, then waits sleep_s before it
-exits: the chaos run damages the result file meanwhile). With pid_dir, the child first starts a
-grandchild that sleeps and writes its pid to DIR/ARM.grandchild.pid (and its own to DIR/ARM.child.pid).
+exits: the chaos run damages the result file meanwhile), flood-kv and flood-log (a runaway writer:
+flood_mb_s MB a second, default 20, for ever, into files of its KV audit directory, or to its log;
+with pid_dir, the MB written so far in DIR/ARM.flooded, as the test's own count).
+With pid_dir, the child first starts a grandchild that sleeps and writes its pid to
+DIR/ARM.grandchild.pid (and its own to DIR/ARM.child.pid).
 """
 
 from __future__ import annotations
@@ -86,6 +89,30 @@ def _spawn_grandchild(pid_dir: str, arm: str, mode: str) -> None:
         fh.write(str(os.getpid()))
 
 
+def _flood(job: dict, mode: str, mb_s: float, count: str | None) -> None:
+    """Write mb_s MB a second for ever, in 1 MB pieces: into the KV audit directory (a new file every
+    16 MB, as a runaway audit would) or to stdout, which is the arm's log."""
+    piece = b"x" * 999_999 + b"\n"
+    kv = job.get("kv_audit_dir")
+    if mode == "flood-kv":
+        os.makedirs(kv, exist_ok=True)
+    t0, written, fh = time.monotonic(), 0, None
+    while True:
+        if mode == "flood-kv":
+            if written % 16 == 0:
+                fh = open(os.path.join(kv, f"{written // 16:06d}.computed.000.pt"), "wb")  # noqa: SIM115
+            fh.write(piece)
+            fh.flush()
+        else:
+            sys.stdout.write(piece.decode())
+            sys.stdout.flush()
+        written += 1
+        if count:
+            with open(count, "w") as out:
+                out.write(str(written))
+        time.sleep(max(0.0, t0 + written / mb_s - time.monotonic()))
+
+
 def main(argv: list[str]) -> int:
     with open(argv[0], encoding="utf-8") as fh:
         job = json.load(fh)
@@ -109,6 +136,9 @@ def main(argv: list[str]) -> int:
             time.sleep(1)
     if mode == "slow":
         time.sleep(float(spec.get("sleep_s", 30)))
+    if mode in ("flood-kv", "flood-log"):
+        count = os.path.join(spec["pid_dir"], f"{arm}.flooded") if spec.get("pid_dir") else None
+        _flood(job, mode, float(spec.get("flood_mb_s", 20)), count)
     if mode == "oom":
         bytearray(1 << 50)  # a real MemoryError: nothing can allocate a petabyte
     if mode == "exit7":

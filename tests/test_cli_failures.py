@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -457,7 +458,7 @@ def test_arms_start_during_the_preflight_and_wait_at_the_gate_for_its_word(setup
     seen: dict = {}
     decided = threading.Event()
 
-    def fake_run_arm(job, workdir, log_path, env, timeout_s, python, module):
+    def fake_run_arm(job, workdir, log_path, env, timeout_s, python, module, disk):
         name = job.arm.name
         if name == "baseline":  # the first child: the preflight takes a while, then its progress file says
             time.sleep(1.0)
@@ -520,3 +521,38 @@ def test_a_fixture_arm_with_an_unknown_copy_path_is_one_line_exit_2(setup):
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
     assert "arms[0].lmcache_ops: must be one of auto, compiled, fallback" in proc.stderr
     assert_untouched(setup)
+
+
+def test_an_arm_that_floods_the_disk_is_killed_named_and_the_others_complete(setup):
+    """An H200 run's children grew its work directory at ~450 MB/s until the disk was full: no report, and
+    twice a machine that stopped answering. Now the arm is killed past --max-child-disk-gb, ERROR disk-runaway
+    with the figures, and the report is written with the other arms judged."""
+    pid_dir = setup["tmp"] / "pids"
+    pid_dir.mkdir()
+    cap_mb = 20  # the fake floods at 20 MB a second
+    proc = run_cli(
+        _args(
+            setup, "--kv-connector", "ExampleConnector", "--compare-native", "--max-child-disk-gb", str(cap_mb / 1000)
+        ),
+        env=_env(setup, modes={"native": "flood-kv"}, pid_dir=str(pid_dir)),
+        timeout=120,
+    )
+    assert proc.returncode == 3, proc.stderr
+    flooded_mb = int((pid_dir / "native.flooded").read_text())
+    assert flooded_mb < 10 * cap_mb, "killed only after it wrote ten times the cap"
+    data = json.loads(setup["report"].read_text())
+    verdicts = {a["name"]: (a["verdict"], (a["error"] or {}).get("kind")) for a in data["arms"]}
+    assert verdicts == {
+        "baseline": ("PASS", None),
+        "ExampleConnector": ("PASS", None),
+        "native": ("ERROR", "disk-runaway"),
+        "native-matched": ("PASS", None),
+    }
+    detail = next(a for a in data["arms"] if a["name"] == "native")["error"]["detail"]
+    assert "over the cap of 20.0 MB per child (--max-child-disk-gb)" in detail
+    assert re.search(r"largest: kv/native/\d{6}\.computed\.000\.pt \d", detail), detail
+    assert "ERROR native: disk-runaway" in proc.stdout
+    assert (setup["logs"] / "native.log").read_text().startswith("fake-engine: arm=native mode=flood-kv")
+    for pid_file in pid_dir.glob("*.pid"):
+        assert not _alive(int(pid_file.read_text())), pid_file.name
+    assert [p.name for p in setup["report"].parent.iterdir() if p.name.startswith(".")] == [], "work dir left"

@@ -28,6 +28,7 @@ from repro.contract import (
     ProbeJob,
     build_job,
 )
+from repro.diskwatch import DiskLimits
 from repro.runner import child_env, classify_exit, run_arm
 
 FAKE = "tests.fake_engine"
@@ -56,19 +57,22 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def run_fake(tmp_path: Path, mode: str, timeout_s: float = 60.0, **spec) -> runner.ArmOutcome:
+def run_fake(
+    tmp_path: Path, mode: str, timeout_s: float = 60.0, job: Job | None = None, disk: DiskLimits | None = None, **spec
+) -> runner.ArmOutcome:
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir(exist_ok=True)
     fake = {"modes": {"*": mode}, "pid_dir": str(pid_dir), **spec}
     env = child_env(dict(os.environ), hashseed="0", extra={"KVKIT_FAKE": json.dumps(fake)})
     return run_arm(
-        _job(),
+        job or _job(),
         workdir=tmp_path,
         log_path=tmp_path / "baseline.log",
         env=env,
         timeout_s=timeout_s,
         python=sys.executable,
         module=FAKE,
+        disk=disk,
     )
 
 

@@ -149,7 +149,7 @@ def test_arms_at_once_never_share_a_slot_whatever_order_they_start_in(fake_env, 
     seen: dict = {}
     t0 = time.monotonic()
 
-    def fake_run_arm(job, workdir, log_path, env, timeout_s, python, module):
+    def fake_run_arm(job, workdir, log_path, env, timeout_s, python, module, disk):
         start = time.monotonic() - t0
         time.sleep(took[job.arm.name])
         seen[job.arm.name] = (start, time.monotonic() - t0, env.get(key), job.engine.gpu_memory_utilization)
@@ -171,7 +171,7 @@ def test_an_arm_that_would_wait_on_itself_or_two_arms_of_one_name_are_refused_at
     from repro.plan import PlannedArm
     from repro.runner import ArmOutcome
 
-    def fake_run_arm(job, workdir, log_path, env, timeout_s, python, module):
+    def fake_run_arm(job, workdir, log_path, env, timeout_s, python, module, disk):
         deadline = time.monotonic() + 8  # a real child would wait for its probes for ever
         while job.probes_file and not os.path.exists(job.probes_file) and time.monotonic() < deadline:
             time.sleep(0.05)
