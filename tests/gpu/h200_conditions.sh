@@ -41,6 +41,9 @@
 #   tests/gpu/h200_conditions.sh scenarios028b OUT
 #                                              the same fixture in three runs: eviction+preemption with native;
 #                                              a-b-a+in-flight with native; in-flight with each child alone
+#   tests/gpu/h200_conditions.sh scenarios028d OUT
+#                                              the next runs: preemption (2 trials), in-flight+a-b-a (2 trials),
+#                                              in-flight with each child alone; start `monitor` beside it
 #   tests/gpu/h200_conditions.sh monitor OUT   host memory, load and GPU memory every 5 s (in the background)
 #   tests/gpu/h200_conditions.sh reference028 OUT
 #                                              on that stack, LMCache's ops as its wheel ships them: both
@@ -275,6 +278,17 @@ PY
     (ulimit -f 2097152; SITE=$SITE028 "$0" step "$OUT" tiny-preemption-v028 "${fx[@]}" --compare-native --scenarios preemption)
     (ulimit -f 2097152; SITE=$SITE028 "$0" step "$OUT" tiny-eviction-v028 "${fx[@]}" --scenarios eviction)
     echo "scenarios028c done" >>"$OUT/progress.txt" ;;
+  scenarios028d)  # OUT: the next GPU session's scenario runs, with the audit's resume fix and the parent's disk guard
+    # 1. preemption (never completed: three runs lost, the last to a full disk), both connectors and native, 2 trials;
+    # 2. in-flight and a-b-a again with native, 2 trials (the in-flight finding has been measured once);
+    # 3. in-flight with every child alone on the GPU (--jobs 1), 1 trial: is the finding there without sharing?
+    OUT=${2:?OUT}; mkdir -p "$OUT"
+    fx=(--fixture fixtures/scenarios-gpu-lmcache.json --timeout 300 --no-confirm)
+    SITE=$SITE028 "$0" step "$OUT" tiny-preemption-v028 "${fx[@]}" --compare-native --trials 2 --scenarios preemption
+    SITE=$SITE028 "$0" step "$OUT" tiny-in-flight-aba-v028 "${fx[@]}" --compare-native --trials 2 \
+      --scenarios in-flight,a-b-a
+    SITE=$SITE028 "$0" step "$OUT" tiny-in-flight-alone-v028 "${fx[@]}" --jobs 1 --scenarios in-flight
+    echo "scenarios028d done" >>"$OUT/progress.txt" ;;
   monitor)  # OUT: every 5 s the host's memory, load and the GPU's memory into OUT/monitor.txt (started in the background)
     OUT=${2:?OUT}; mkdir -p "$OUT"
     while :; do
