@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         metavar="N",
         help="run each reuse arm N times, each with a fresh engine (and MP server); a finding not in every "
-        "trial is intermittent, and each probe reports k of N (default 1)",
+        "trial is intermittent, and each probe reports k of N (default 1); with --scenarios each (scenario, "
+        "reuse arm) too, each request reporting k of N (the schedule control runs once)",
     )
     p.add_argument(
         "--no-confirm",

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME, UsageError
 from repro.paths import SCHEMAS_DIR
-from repro.verdict import CELL_CORRUPT, CELL_EXACT, CELL_NUMERIC, CORRUPT, ERROR, PASS, SKIPPED
+from repro.verdict import CELL_CORRUPT, CELL_EXACT, CELL_NUMERIC, CORRUPT, ERROR, FAIL, PASS, SKIPPED
 
 REPORT_KIND = "kvkit-report"
 REPORT_SCHEMA_VERSION = 2
@@ -216,15 +216,29 @@ def check_scenario_acceptance(
     return {"matched": matched, "checked": checked, "unchecked": unchecked}
 
 
+def scenario_trial_findings(report: dict) -> list[tuple[str, str]]:
+    """(scenario, arm) whose own run found nothing but a later trial did (a request FAIL or its KV CORRUPT):
+    a finding all the same, never hidden behind the first trial's PASS (as trial_findings for the arms)."""
+    out = []
+    for sc, arm in scenario_arms(report):
+        rates = (arm.get("trials") or {}).get("rates") or []
+        own = arm["verdict"] == FAIL or _scenario_kv(arm) == CORRUPT
+        if not own and any(r["failed"] or r["kv_corrupt"] for r in rates):
+            out.append((sc["name"], arm["arm"]))
+    return out
+
+
 def scenario_exit(report: dict) -> int | None:
     """The scenarios' part of the exit code (None: they have none, or all are good): 3 for an ERROR, 1 for
-    a CORRUPT KV verdict the acceptance did not expect, an acceptance not matched, or a verdict other than
-    PASS that no acceptance checked."""
+    a CORRUPT KV verdict the acceptance did not expect, a finding only a later trial made, an acceptance not
+    matched, or a verdict other than PASS that no acceptance checked."""
     pairs = scenario_arms(report)
     if not pairs:
         return None
     if any(arm["verdict"] == ERROR for _, arm in pairs):
         return EXIT_RUNTIME
+    if scenario_trial_findings(report):
+        return EXIT_MISMATCH
     acc = (report.get("acceptance") or {}).get("scenarios") or {"matched": None}
     excused = set()
     if acc.get("matched"):

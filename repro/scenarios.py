@@ -56,6 +56,12 @@ def run_name(arm: str, scenario: str) -> str:
     return f"{arm}{SEPARATOR}{scenario}"
 
 
+def trial_run(run: PlannedArm, trial: int) -> PlannedArm:
+    """Trial k (2..N) of a (scenario, arm) run, named apart (its log, result and KV directory):
+    `<arm>~scenario.<name>~trial<k>`, as a plain arm's trial is `<arm>~trial<k>`."""
+    return replace(run, spec=replace(run.spec, name=f"{run.name}~trial{trial}"))
+
+
 def select(fixture: Fixture, asked: str | None, probes: list[Probe], max_model_len: int) -> list[Scenario]:
     """The scenarios --scenarios asks for (none when it is not given), checked against the run's probes
     and engine; every problem is one line (exit 2)."""

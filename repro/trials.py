@@ -1,14 +1,16 @@
-"""Repeated trials and the confirmation alone: a judged run reduced to its findings, rates per probe,
-and the class of a finding (pure: judged report entries in, small dicts out).
+"""Repeated trials and the confirmation alone: a judged run reduced to its findings, rates per probe (per
+request for a scenario run), and the class of a finding (pure: judged report entries in, small dicts out).
 
 A finding is what a reuse arm's run says is wrong: a probe whose token verdict is FAIL (with the
 first diffs of its requests), or a probe whose KV verdict is CORRUPT. Two runs "find the same" when
-they fail the same probes at the same first diffs and blame KV on the same probes.
+they fail the same probes at the same first diffs and blame KV on the same probes. A (scenario, arm)'s
+runs are compared request by request instead: a request is its step, its probe and which of that probe's
+requests in the step it is.
 """
 
 from __future__ import annotations
 
-from repro.verdict import CORRUPT, ERROR, FAIL, INCONCLUSIVE
+from repro.verdict import CORRUPT, ERROR, FAIL, INCONCLUSIVE, PASS
 
 EVERY_TRIAL = "every trial"
 INTERMITTENT = "intermittent"
@@ -41,15 +43,19 @@ def run_summary(entry: dict, trial: int, shared: bool | None) -> dict:
                 "kv": kv.get("verdict") if isinstance(kv, dict) else None,
             }
         )
-    error = entry.get("error")
     return {
         "trial": trial,
         "verdict": entry.get("verdict"),
-        "error": None if not error else {"kind": error.get("kind"), "detail": error.get("detail")},
+        "error": _error(entry),
         "wall_s": (entry.get("timing") or {}).get("wall_s"),
         "shared": shared,
         "probes": probes,
     }
+
+
+def _error(entry: dict) -> dict | None:
+    error = entry.get("error")
+    return None if not error else {"kind": error.get("kind"), "detail": error.get("detail")}
 
 
 def findings(run: dict) -> frozenset:
@@ -87,11 +93,91 @@ def trial_rates(runs: list[dict]) -> dict:
         failed = sum(1 for tokens, _ in hits if tokens)
         corrupt = sum(1 for _, kv in hits if kv)
         either = sum(1 for tokens, kv in hits if tokens or kv)
-        cls = NONE if either == 0 else EVERY_TRIAL if either == len(runs) else INTERMITTENT
+        cls = _class(either, len(runs))
         rates.append({"probe": name, "failed": failed, "kv_corrupt": corrupt, "of": len(runs), "class": cls})
+    return {"n": len(runs), "runs": runs, "rates": rates, "class": _overall(rates)}
+
+
+def _class(found_in: int, of: int) -> str:
+    """A finding's class from the number of runs that made it."""
+    return NONE if found_in == 0 else EVERY_TRIAL if found_in == of else INTERMITTENT
+
+
+def _overall(rates: list[dict]) -> str:
     classes = {r["class"] for r in rates}
-    overall = INTERMITTENT if INTERMITTENT in classes else CONSISTENT if EVERY_TRIAL in classes else CLEAN
-    return {"n": len(runs), "runs": runs, "rates": rates, "class": overall}
+    return INTERMITTENT if INTERMITTENT in classes else CONSISTENT if EVERY_TRIAL in classes else CLEAN
+
+
+# ---- scenario runs: every (scenario, arm) N times, compared request by request ------------------------
+
+
+def scenario_run_summary(entry: dict, trial: int, shared: bool | None) -> dict:
+    """One run of a (scenario, arm) (a judged scenario arm entry, repro.scenarios.judge_run) as its `trials`
+    keep it: the arm's verdicts, and per request its step, probe, verdict, first diff, hit counter and KV."""
+    kv = entry.get("kv")
+    requests = []
+    for r in entry.get("requests") or []:
+        rkv = r.get("kv")
+        requests.append(
+            {
+                "step": r.get("step"),
+                "probe": r.get("probe"),
+                "verdict": r.get("verdict"),
+                "first_diff": r.get("first_diff"),
+                "cached_tokens": r.get("cached_tokens"),
+                "kv": rkv.get("verdict") if isinstance(rkv, dict) else None,
+            }
+        )
+    return {
+        "trial": trial,
+        "verdict": entry.get("verdict"),
+        "kv": kv.get("verdict") if isinstance(kv, dict) else None,
+        "error": _error(entry),
+        "wall_s": entry.get("wall_s"),
+        "shared": shared,
+        "requests": requests,
+    }
+
+
+def _keyed(run: dict) -> dict[tuple, dict]:
+    """A scenario run's requests by (step, probe, nth): the nth request of that probe in that step."""
+    out: dict[tuple, dict] = {}
+    for r in run["requests"]:
+        nth = sum(1 for step, probe, _ in out if (step, probe) == (r["step"], r["probe"]))
+        out[(r["step"], r["probe"], nth)] = r
+    return out
+
+
+def scenario_trial_rates(runs: list[dict]) -> dict:
+    """A (scenario, arm)'s `trials` from every run of it (trial 1 is its own run): per request that is not a
+    PASS (or whose KV is CORRUPT) in some trial, its verdict, first diff and KV verdict in each trial (null where that trial has no such request:
+    it failed), in how many it FAILed and had CORRUPT KV, and the class of that finding."""
+    keyed = [_keyed(run) for run in runs]
+    keys: list[tuple] = []
+    for by_key in keyed:
+        keys += [k for k, r in by_key.items() if (r["verdict"] != PASS or r["kv"] == CORRUPT) and k not in keys]
+    rates = []
+    for key in sorted(keys, key=lambda k: k[0] if isinstance(k[0], int) else -1):  # by step, then as they ran
+        found = [by_key.get(key) for by_key in keyed]
+        failed = sum(1 for r in found if r is not None and r["verdict"] == FAIL)
+        corrupt = sum(1 for r in found if r is not None and r["kv"] == CORRUPT)
+        either = sum(1 for r in found if r is not None and (r["verdict"] == FAIL or r["kv"] == CORRUPT))
+        step, probe, nth = key
+        rates.append(
+            {
+                "step": step,
+                "probe": probe,
+                "nth": nth,
+                "verdicts": [r["verdict"] if r is not None else None for r in found],
+                "first_diffs": [r["first_diff"] if r is not None else None for r in found],
+                "kv": [r["kv"] if r is not None else None for r in found],
+                "failed": failed,
+                "kv_corrupt": corrupt,
+                "of": len(runs),
+                "class": _class(either, len(runs)),
+            }
+        )
+    return {"n": len(runs), "runs": runs, "rates": rates, "class": _overall(rates)}
 
 
 def rate_text(rates: dict) -> str:

@@ -477,39 +477,50 @@ def run_confirmations(extra: Extra, todo: list[tuple[int, Run | None]], work, en
 
 class ScenarioRuns:
     """The scenarios a run asked for (--scenarios): each (scenario, arm) one child in a fresh engine with the
-    scenario's settings, run by the scheduler like the arms; then the KV audit of their requests and the
-    report's sections (repro.scenarios judges)."""
+    scenario's settings, run by the scheduler like the arms, and with --trials N each (scenario, reuse arm)
+    N times (the schedule control once); then the KV audit of their requests and the report's sections
+    (repro.scenarios judges, repro.trials reduces the trials)."""
 
     def __init__(self, opts, fixture, probes, arms, work, env, scratch, scratch_root, logs_rel) -> None:
         self.opts, self.fixture, self.probes, self.arms = opts, fixture, probes, arms
         self.work, self.env, self.scratch, self.scratch_root, self.logs_rel = work, env, scratch, scratch_root, logs_rel
         self.sections: list[dict] = []
         self.names: list[str] = []
+        self.trial_errors: list[dict] = []
 
     def run(self, chosen, baseline: ArmResult | None, n_jobs: int, progress: Progress, clock: Clock) -> None:
         a = self.opts.args
-        plan = []  # (scenario, original arm, run arm, derived LMCache YAML record)
+        todo = []  # (scenario, original arm, its renamed run, trial)
         skipped: dict[str, dict[str, tuple[str, str]]] = {}  # scenario -> arm -> (mode, why)
         for sc in chosen:
             runs, skipped[sc.name] = scenarios.runs_of(sc, self.arms)
-            for original, run in runs:
-                run, record = scenarios.prepare(run, sc, self.work, self.scratch, self.scratch_root, a.lmcache_config)
-                plan.append((sc, original, run, record))
-        self.names = [run.name for _, _, run, _ in plan]
+            todo += [(sc, original, run, 1) for original, run in runs]
+        # trials 2..N after every first run, each a fresh engine (and store); the control runs once
+        todo += [
+            (sc, original, scenarios.trial_run(run, k), k)
+            for sc, original, run, _ in list(todo)
+            if original.spec.mode != "baseline"
+            for k in range(2, a.trials + 1)
+        ]
+        plan = []  # (scenario, original arm, run arm, derived LMCache YAML record, trial)
+        for sc, original, run, k in todo:
+            run, record = scenarios.prepare(run, sc, self.work, self.scratch, self.scratch_root, a.lmcache_config)
+            plan.append((sc, original, run, record, k))
+        self.names = [run.name for _, _, run, _, _ in plan]
         progress.note(f"scenarios: {len(plan)} runs ({', '.join(sc.name for sc in chosen)})")
 
         def job_for(i: int, dependency=None) -> Job:
-            sc, _, run, _ = plan[i]
+            sc, _, run, _, _ = plan[i]
             kv_dir = str(self.work / "kv" / run.name) if a.kv_audit else None
             return scenarios.job_for(self.opts, run, sc, self.probes, self.fixture.sha256, kv_dir)
 
-        servers = {run.name: scenarios.mp_settings(sc) for sc, _, run, _ in plan}
+        servers = {run.name: scenarios.mp_settings(sc) for sc, _, run, _, _ in plan}
         slots = SlotPool(arm_slots(self.opts, len(plan), n_jobs))
         outcomes = run_arms([p[2] for p in plan], job_for, slots, n_jobs, self.work, self.env, a, progress, clock,
                             servers)  # fmt: skip
         results = {
             run.name: o.result
-            for (_, original, run, _), o in zip(plan, outcomes)
+            for (_, original, run, _, _), o in zip(plan, outcomes)
             if o is not None and o.failure is None and o.result is not None and original.spec.mode != "baseline"
         }
         raw, problem = None, None
@@ -524,7 +535,7 @@ class ScenarioRuns:
             if a.keep_kv and (self.work / "kv").exists():  # the scenario runs' tensors too (the arms' went before)
                 shutil.copytree(self.work / "kv", Path(a.keep_kv), dirs_exist_ok=True)
         for sc in chosen:
-            runs = [(o_arm, run, out, rec) for (s, o_arm, run, rec), out in zip(plan, outcomes) if s is sc]
+            runs = [(o, run, out, rec) for (s, o, run, rec, k), out in zip(plan, outcomes) if s is sc and k == 1]
             sec = scenarios.section(sc, runs, skipped[sc.name], baseline, self.logs_rel)
             by_arm = {o_arm.name: run.name for o_arm, run, _, _ in runs}
             verdicts = {by_arm.get("baseline"): "control " + sec["control"]["status"]}
@@ -532,10 +543,33 @@ class ScenarioRuns:
                 name = by_arm.get(entry["arm"])
                 scenarios.annotate_kv(entry, results.get(name), raw, problem, a.block_size)
                 verdicts[name] = entry["verdict"]
+                if a.trials > 1 and name is not None:
+                    more = [(run, out, k) for (s, o_arm, run, _, k), out in zip(plan, outcomes)
+                            if s is sc and k > 1 and o_arm.name == entry["arm"]]  # fmt: skip
+                    verdicts |= self._trials(sc, entry, name, more, baseline, sec["control"], (results, raw, problem),
+                                             clock)  # fmt: skip
             for name, verdict in verdicts.items():
                 if name is not None and name in progress.arms:
                     progress.finish(name, verdict)
             self.sections.append(sec)
+
+    def _trials(self, sc, entry: dict, name: str, more, baseline, control, audit, clock: Clock) -> dict[str, str]:
+        """Trials 2..N of one (scenario, arm), each judged and audited exactly as its own run was, reduced to
+        the entry's `trials` (repro.trials; its verdict stays its own run's). Returns each trial's verdict."""
+        results, raw, problem = audit
+        shared = (clock.sharing(name) or {}).get("shared")
+        runs = [trials.scenario_run_summary(entry, 1, shared)]
+        verdicts = {}
+        for run, outcome, k in more:
+            judged = scenarios.judge_run(sc, run, outcome, baseline, control, self.logs_rel)
+            scenarios.annotate_kv(judged, results.get(run.name), raw, problem, self.opts.args.block_size)
+            runs.append(trials.scenario_run_summary(judged, k, (clock.sharing(run.name) or {}).get("shared")))
+            verdicts[run.name] = judged["verdict"]
+            if judged["error"]:
+                self.trial_errors.append({"arm": f"{entry['arm']} (scenario {sc.name}, trial {k})",
+                                          **{key: judged["error"][key] for key in ("kind", "detail")}})  # fmt: skip
+        entry["trials"] = trials.scenario_trial_rates(runs)
+        return verdicts
 
     def errors(self) -> list[dict]:
         out = []
@@ -548,7 +582,7 @@ class ScenarioRuns:
                 if e["error"]:
                     out.append({"arm": f"{e['arm']} (scenario {sec['name']})", "kind": e["error"]["kind"],
                                 "detail": e["error"]["detail"]})  # fmt: skip
-        return out
+        return out + self.trial_errors
 
 
 def audit_all(entries, results, baseline, work, env, a, progress) -> None:

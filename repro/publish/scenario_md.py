@@ -1,6 +1,6 @@
 """A report's scenarios as issue Markdown: a verdict table with a row per scenario and arm, then each
 scenario FAIL as a finding (what ran, the step, the first diff and its margins, the KV blame, the schedule
-control and both token lists), then why any other arm is not a PASS."""
+control, both token lists and, with trials, in how many it recurred), then why any other arm is not a PASS."""
 
 from __future__ import annotations
 
@@ -41,10 +41,11 @@ def _request_lines(report: Report, request: StepRequest, token_limit: int | None
         f", first diff @{request.first_diff}; {margin_text(request.margin)}" if request.first_diff is not None else ""
     )
     cls = f" ({request.cls})" if request.cls else ""
+    trials = f" {request.trial_mark}" if request.trial_mark else ""
     lines = [
         (
             f"- **{request.place}** ({request.role or '?'}, {request.hit_cell} cached tokens, {request.expect_text}): "
-            f"{request.verdict}{cls}{diff}"
+            f"{request.verdict}{cls}{trials}{diff}"
         )
     ]
     lines += [f"  - {text}" for text in (*request.reasons, request.note) if text]
@@ -74,8 +75,18 @@ def format_finding(report: Report, scenario: Scenario, arm: ScenarioArm, token_l
         f"- {arm.preemptions_text}",
         *([f"- {arm.copy_path_text}"] if arm.copy_path_text else []),
         *([f"- {arm.kv_text}"] if arm.kv is not None else []),
+        *([f"- trials: {arm.trials_text}"] if arm.trials_text else []),
         *(line for r in arm.failing for line in _request_lines(report, r, token_limit)),
+        *(f"- trials: {r.line}" for r in arm.later_rates),
     ]
+
+
+def _other_line(scenario: Scenario, arm: ScenarioArm) -> str:
+    """Why an arm that is no finding is not a PASS, or what only a later trial of it found."""
+    why = [arm.error_text or "; ".join(arm.reasons)]
+    if arm.later_rates:
+        why += [f"trials: {arm.trials_text}", *(r.line for r in arm.later_rates)]
+    return f"- **{scenario.name} · {arm.title}**: {arm.verdict_text} — {'; '.join(w for w in why if w) or 'no reason recorded'}"
 
 
 def format_scenarios(report: Report, token_limit: int | None) -> str:
@@ -90,10 +101,10 @@ def format_scenarios(report: Report, token_limit: int | None) -> str:
         parts.append(markdown_table(SCENARIO_HEADER, scenario_rows(report)))
     parts += ["\n".join(format_finding(report, s, a, token_limit)) for s, a in report.scenario_findings]
     others = [
-        f"- **{s.name} · {a.title}**: {a.verdict_text} — {a.error_text or '; '.join(a.reasons) or 'no reason recorded'}"
+        _other_line(s, a)
         for s in report.scenarios
         for a in s.arms
-        if not a.is_finding and (a.verdict != PASS or a.cls)
+        if not a.is_finding and (a.verdict != PASS or a.cls or a.later_rates)
     ]
     if others:
         parts.append("\n".join(others))

@@ -491,13 +491,19 @@ def _scenario_arm(arm: ScenarioArm) -> ScenarioArmBlock:
         title=arm.title,
         verdict=arm.verdict,
         cls=arm.cls,
-        facts=machine_path_name(
-            " · ".join(f for f in (arm.kv_text, arm.preemptions_text, arm.copy_path_text, arm.wall_text) if f)
-        ),
+        facts=machine_path_name(" · ".join(f for f in _arm_facts(arm) if f)),
         reasons=() if plain_pass else tuple(machine_path_name(r) for r in arm.reasons),
         error=error,
         rows=tuple(_scenario_row(r) for r in arm.requests),
     )
+
+
+def _arm_facts(arm: ScenarioArm) -> tuple[str, ...]:
+    """KV, preemptions, copy path, wall time; with trials, what they found and each request's rate."""
+    facts = (arm.kv_text, arm.preemptions_text, arm.copy_path_text, arm.wall_text)
+    if arm.trials is None:
+        return facts
+    return (*facts, f"trials: {arm.trials_text}", *(r.line for r in arm.trials.rates))
 
 
 def _scenario_block(scenario: Scenario, index: int) -> ScenarioBlock:
@@ -637,8 +643,8 @@ def build_index_row(report: Report | dict, *, stem: str, href: str) -> IndexRow:
 
 
 def _plain_pass(arm: ScenarioArm) -> bool:
-    """A scenario run with nothing to say: PASS, no class, no CORRUPT KV."""
-    return arm.verdict == PASS and not arm.cls and not arm.is_finding
+    """A scenario run with nothing to say: PASS, no class, no CORRUPT KV, no finding in a later trial."""
+    return arm.verdict == PASS and not arm.cls and not arm.is_finding and not (arm.trials and arm.trials.found)
 
 
 def _index_verdict(arm: Arm) -> IndexVerdict:

@@ -36,7 +36,8 @@ def _condition_lines(arm: Arm) -> list[str]:
 
 def _scenario_lines(scenario: Scenario) -> list[str]:
     """The control's line where it failed or differs from the plain baseline, then per arm a line (verdict,
-    class, KV, preemptions, hits), why where it has no requests, and a line per request that is not a PASS."""
+    class, KV, preemptions, hits, what its trials found), why where it has no requests, a line per request
+    that is not a PASS (in how many trials), and one per request only a later trial did not pass."""
     control = scenario.control.summary_line if scenario.control is not None else ""
     lines = [f"  {scenario.name} · {control}"] if control else []
     for arm in scenario.arms:
@@ -47,6 +48,7 @@ def _scenario_lines(scenario: Scenario) -> list[str]:
             continue
         lines += [f"      {r.line}" for r in arm.failing]
         lines += [f"      {r}" for r in arm.reasons if not r.startswith("step ")]  # a request's reason is on its line
+        lines += [f"      trials: {r.line}" for r in arm.later_rates]
     return [line[:400] for line in lines]
 
 

@@ -241,22 +241,131 @@ class ScenarioControl(_RunFacts):
 
 
 @dataclass(frozen=True)
+class RequestRate(_Placed):
+    """One request of a (scenario, arm) across its trials (one that was not a PASS, or had CORRUPT KV, in
+    some trial): its verdict, first diff and KV in each trial, how many FAILed and had CORRUPT KV, the class."""
+
+    data: Mapping[str, Any] = field(repr=False)
+
+    @property
+    def key(self) -> tuple:
+        return self.data.get("step"), self.data.get("probe"), _int(self.data.get("nth")) or 0
+
+    @property
+    def of(self) -> int | None:
+        return _int(self.data.get("of"))
+
+    def _each(self, key: str) -> list:
+        found = self.data.get(key)
+        return found if isinstance(found, list) else []
+
+    def count(self, verdict: str) -> int:
+        """The trials whose verdict of this request was this one."""
+        return sum(1 for v in self._each("verdicts") if v == verdict)
+
+    @property
+    def runs_text(self) -> str:
+        """'#1 FAIL @0 KV CORRUPT · #2 PASS · #3 not run' (not run: that trial recorded no such request)."""
+        verdicts, diffs, kvs = self._each("verdicts"), self._each("first_diffs"), self._each("kv")
+        parts = []
+        for i, verdict in enumerate(verdicts):
+            diff = diffs[i] if i < len(diffs) else None
+            kv = kvs[i] if i < len(kvs) else None
+            text = "not run" if verdict is None else str(verdict) + (f" @{diff}" if diff is not None else "")
+            parts.append(f"#{i + 1} {text}" + (" KV CORRUPT" if kv == CORRUPT else ""))
+        return " · ".join(parts)
+
+    @property
+    def line(self) -> str:
+        """'step 2 chat-512: #1 PASS · #2 FAIL @3 (intermittent)'."""
+        cls = str(self.data.get("class") or "")
+        return f"{self.place}: {self.runs_text}" + (f" ({cls})" if cls and cls != "none" else "")
+
+
+@dataclass(frozen=True)
+class ScenarioTrials:
+    """A (scenario, arm)'s trials (--trials N > 1): every run reduced to its verdicts, and the rates of the
+    requests that were not a PASS in some trial (repro.trials.scenario_trial_rates)."""
+
+    data: Mapping[str, Any] = field(repr=False)
+    rates: tuple[RequestRate, ...]
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ScenarioTrials:
+        found = data.get("rates")
+        return cls(data, tuple(RequestRate(r) for r in found if isinstance(r, dict)) if isinstance(found, list) else ())
+
+    @property
+    def runs(self) -> tuple[Mapping[str, Any], ...]:
+        found = self.data.get("runs")
+        return tuple(r for r in found if isinstance(r, dict)) if isinstance(found, list) else ()
+
+    @property
+    def n(self) -> int:
+        return _int(self.data.get("n")) or len(self.runs)
+
+    @property
+    def found(self) -> int:
+        """The trials that found something: a request FAIL, or CORRUPT KV."""
+        return sum(1 for run in self.runs if _run_found(run))
+
+    @property
+    def text(self) -> str:
+        """'found in 2 of 2 trials (FAIL, FAIL)', 'intermittent: found in 1 of 3 trials (FAIL, PASS, ERROR)',
+        'no finding in 2 trials (PASS, PASS)'."""
+        verdicts = ", ".join(str(run.get("verdict") or "?") for run in self.runs)
+        k, n = self.found, self.n
+        if k == 0:
+            return f"no finding in {n} trials ({verdicts})"
+        return ("intermittent: " if k < n else "") + f"found in {k} of {n} trials ({verdicts})"
+
+    def rate(self, key: tuple) -> RequestRate | None:
+        return next((r for r in self.rates if r.key == key), None)
+
+
+def _run_found(run: Mapping[str, Any]) -> bool:
+    if run.get("kv") == CORRUPT:
+        return True
+    requests = run.get("requests")
+    return any(
+        isinstance(r, dict) and (r.get("verdict") == FAIL or r.get("kv") == CORRUPT)
+        for r in (requests if isinstance(requests, list) else [])
+    )
+
+
+@dataclass(frozen=True)
 class StepRequest(KVCells, _Placed, _Judged, Request):
     """One request of a scenario arm: a Request (tokens, first diff, margin, replays) with its step, the
     expectation, its own verdict, its KV verdict and the control's request at the same place."""
 
     kv: ProbeKV | None = None  # None: not audited (a miss, the audit off)
     control: ControlRequest | None = None  # the control's request at the same step, probe and occurrence
+    rate: RequestRate | None = None  # the same request across the arm's trials; None: one trial, or PASS in all
 
     @classmethod
     def from_scenario(
-        cls, data: Mapping[str, Any], block_size: int | None, control: ControlRequest | None
+        cls,
+        data: Mapping[str, Any],
+        block_size: int | None,
+        control: ControlRequest | None,
+        rate: RequestRate | None = None,
     ) -> StepRequest:
         base = Request.from_json(data)
         kv = data.get("kv")
-        return cls(
-            data, base.kv_audit, base.replays, ProbeKV(kv, block_size) if isinstance(kv, dict) else None, control
-        )
+        kv_verdict = ProbeKV(kv, block_size) if isinstance(kv, dict) else None
+        return cls(data, base.kv_audit, base.replays, kv_verdict, control, rate)
+
+    @property
+    def trial_mark(self) -> str:
+        """'in 2 of 2 trials, KV CORRUPT in 2 of 2': how many trials gave this request its verdict (and its
+        CORRUPT KV); '' with one trial."""
+        rate = self.rate
+        if rate is None or rate.of is None:
+            return ""
+        mark = f"in {rate.count(self.verdict)} of {rate.of} trials"
+        if self.kv_verdict == CORRUPT:
+            mark += f", KV CORRUPT in {_int(rate.data.get('kv_corrupt')) or 0} of {rate.of}"
+        return mark
 
     @property
     def expect(self) -> str | None:
@@ -356,6 +465,7 @@ class StepRequest(KVCells, _Placed, _Judged, Request):
         · the cache-off control gave the plain baseline's tokens'."""
         head = f"{self.place} ({self.role or '?'}, {self.hit_cell} cached, {self.expect_text})"
         verdict = f"{self.verdict} {self.diff_cell}".rstrip() + (f" ({self.cls})" if self.cls else "")
+        verdict += f" {self.trial_mark}" if self.trial_mark else ""
         kv = f" · KV {self.kv_cell}" if self.kv is not None else ""
         why = f" — {'; '.join(self.reasons)}" if self.reasons else ""
         return f"{head}: {verdict}{kv} · {self.control_text}{why}"
@@ -369,6 +479,7 @@ class ScenarioArm(_Judged, _RunFacts):
     title: str
     requests: tuple[StepRequest, ...]
     kv: ProbeKV | None = None  # the arm's KV verdict over the scenario's reuses; None: not audited
+    trials: ScenarioTrials | None = None  # None: it ran once
 
     @classmethod
     def from_json(
@@ -376,15 +487,31 @@ class ScenarioArm(_Judged, _RunFacts):
     ) -> ScenarioArm:
         found = data.get("requests")
         items = [r for r in found if isinstance(r, dict)] if isinstance(found, list) else []
+        trials = ScenarioTrials.from_json(data["trials"]) if isinstance(data.get("trials"), dict) else None
         seen: dict[tuple, int] = {}
         requests = []
         for r in items:  # the n-th request of a probe in a step is the control's n-th there
             key = (r.get("step"), r.get("probe"))
             nth = seen[key] = seen.get(key, -1) + 1
-            requests.append(StepRequest.from_scenario(r, block_size, _control_at(control, key, nth)))
+            rate = trials.rate((*key, nth)) if trials is not None else None
+            requests.append(StepRequest.from_scenario(r, block_size, _control_at(control, key, nth), rate))
         kv = data.get("kv")
         kv_verdict = ProbeKV(kv, block_size) if isinstance(kv, dict) else None
-        return cls(data, title or str(data.get("arm", "?")), tuple(requests), kv_verdict)
+        return cls(data, title or str(data.get("arm", "?")), tuple(requests), kv_verdict, trials)
+
+    @property
+    def trials_text(self) -> str:
+        """'found in 2 of 2 trials (FAIL, FAIL)'; '' when it ran once."""
+        return self.trials.text if self.trials is not None else ""
+
+    @property
+    def later_rates(self) -> tuple[RequestRate, ...]:
+        """The trials' rates of requests its own run passed (a finding only a later trial made is a finding
+        all the same); the requests its own run did not pass carry their rate (StepRequest.trial_mark)."""
+        if self.trials is None:
+            return ()
+        own = {r.rate.key for r in self.failing if r.rate is not None}
+        return tuple(r for r in self.trials.rates if r.key not in own)
 
     @property
     def name(self) -> str:
@@ -425,10 +552,11 @@ class ScenarioArm(_Judged, _RunFacts):
 
     @property
     def summary_line(self) -> str:
-        """'PASS · KV EXACT · preemptions 0 · hits 0 0 0 992': the verdict and the facts a summary line shows."""
+        """'PASS · KV EXACT · preemptions 0 · hits 0 0 0 992': the verdict and the facts a summary line shows
+        (then, with trials, 'found in 2 of 2 trials (FAIL, FAIL)')."""
         facts = [self.verdict, self.cls, f"KV {self.kv_verdict}" if self.kv is not None else ""]
         facts += [f"preemptions {self.preemptions}" if self.preemptions is not None else ""]
-        facts += [f"hits {self.hits_text}" if self.requests else ""]
+        facts += [f"hits {self.hits_text}" if self.requests else "", self.trials_text]
         return " · ".join(f for f in facts if f)
 
     @property
