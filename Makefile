@@ -4,6 +4,7 @@ PROFILE ?= auto
 MODEL ?=
 DTYPE ?=
 REPORT ?=
+REPORTS ?=
 # PYTHON: an existing environment's interpreter (with vLLM, and LMCache for a GPU profile) that runs
 # the engines as it is; empty: the profile's own environment under .venvs/. BOOTSTRAP_PYTHON only
 # makes the tools environment that runs tasks.py.
@@ -27,8 +28,8 @@ repro: $(INV) ## Run the verification (PROFILE=cpu|gpu-lmcache-0.5.4|gpu-lmcache
 test: $(INV) ## Run all tests (unit, end-to-end on the real CPU engine)
 	@$(INV) test
 
-site: $(INV) ## Render site/ from reports/*.json (open site/index.html; works offline)
-	@$(INV) site
+site: $(INV) ## Render site/ from reports/*.json (open site/index.html; works offline; REPORTS=dir: another folder, e.g. a kit's evidence/raw)
+	@$(INV) site $(if $(REPORTS),--reports "$(REPORTS)",)
 
 bench: $(INV) ## Time the CPU acceptance: wall, summed engine starts, ratio (figures, not a test)
 	@$(INV) bench
@@ -60,10 +61,10 @@ detection-scenarios: $(INV) ## Run the detection study's scenario columns on the
 	@$(INV) detection-scenarios
 
 .PHONY: kit kit-check
-kit: $(INV) ## Build dist/kvkit-<version>-<commit>.tar.gz to attach to an upstream issue (REPORT=extra report.json)
+kit: $(INV) ## Build dist/kvkit-<version>-<commit>.tar.gz to attach to an upstream issue: the default reports (REPORT=another report.json)
 	@$(INV) kit --report "$(REPORT)"
 
-kit-check: kit ## Unpack the kit into a temp dir and run its CPU self-test and tests there (many minutes)
+kit-check: kit ## Unpack the kit into a temp dir and run its CPU self-test and tests there, then render its pages (many minutes)
 	@$(INV) kit-check
 
 .PHONY: lmcache-ops

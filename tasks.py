@@ -369,14 +369,14 @@ def clean(c):
 
 @task(
     help={
-        "report": "an extra report JSON to include, its cited logs read beside it (default: only the "
-        "committed reports/*.json)"
+        "report": "another report JSON to include, its cited logs read beside it (always: the default reports, "
+        "repro/kit/evidence.py's DEFAULT_REPORTS)"
     }
 )
 def kit(c, report=""):
-    """Build dist/kvkit-<version>-<commit>.tar.gz: HEAD's kit files, the reports, their logs and pages."""
+    """Build dist/kvkit-<version>-<commit>.tar.gz: HEAD's kit files, the default reports and REPORT, their logs."""
     args = "-m repro kit" + (f" --report {shlex.quote(report)}" if report else "")
-    result = run_py(c, venv_python("cpu"), args, warn=True)  # the CPU environment has the site renderer's jinja2
+    result = run_py(c, venv_python("cpu"), args, warn=True)  # the CPU environment has jinja2 for the README
     if result.exited != 0:
         raise Exit(code=result.exited)
 
@@ -385,7 +385,7 @@ def kit(c, report=""):
     help={"archive": "the kit to check (default: dist/kvkit-<version>-<HEAD>.tar.gz)", "keep": "keep the unpacked tree"}
 )
 def kit_check(c, archive="", keep=False):
-    """Unpack the kit into a temporary directory and run `make repro PROFILE=cpu` and `make test` there."""
+    """Unpack the kit into a temporary directory; run `make repro PROFILE=cpu`, `make test` and the pages there."""
     args = "-m repro kit-check" + (f" {shlex.quote(archive)}" if archive else "") + (" --keep" if keep else "")
     result = run_py(c, sys.executable, args, warn=True)  # standard library only: no environment to set up
     if result.exited != 0:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ARTIFACTS, ROOT
+from kvkit_testutil import committed_or_skip
 
 from repro.publish.site import render_site
 
@@ -432,6 +433,7 @@ MACHINE_PATH = re.compile(r"(^|[\s(=:'\"])/(tmp|root|home|work|opt|usr|var)/")
 @pytest.fixture(scope="module")
 def one_site(tmp_path_factory) -> Path:
     """The selftest report at the top, a committed matrix with its cells and the committed detection study."""
+    committed_or_skip(MATRIX.with_suffix(".json"), DETECTION)
     src = tmp_path_factory.mktemp("one-reports")
     shutil.copy(DATA / f"{STEM}.json", src / f"{STEM}.json")
     (src / "matrix").mkdir()

@@ -194,6 +194,7 @@ def test_committed_trained_page_is_the_rendering_of_the_committed_matrix():
     assert TRAINED_PAGE.read_text(encoding="utf-8") == render_page(load_matrix(TRAINED))
 
 
+@needs_trained
 def test_the_two_studies_are_told_apart_on_the_site_and_in_their_control_tables(tmp_path):
     """The site index names the trained model's study, and the controls column says which model each row ran on."""
     from repro.publish.catalog import _detection
@@ -201,7 +202,7 @@ def test_the_two_studies_are_told_apart_on_the_site_and_in_their_control_tables(
     written = {}
     tiny = _detection(ROOT / plan.DEFAULT_REPORT, tmp_path, lambda p, b: written.setdefault(p.name, b))
     trained = _detection(
-        ROOT / "reports" / "detection" / "detection-matrix-smollm2.json",
+        TRAINED,
         tmp_path,
         lambda p, b: written.setdefault(p.name, b),
     )

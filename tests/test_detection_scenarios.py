@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 from conftest import ROOT, have_vllm
+from kvkit_testutil import committed_or_skip
 
 from repro.detection import scenarios as study
 from repro.detection.commands import detection
@@ -311,6 +312,7 @@ def test_the_site_index_links_the_scenario_study(tmp_path):
     from repro.publish.catalog import _detection_scenarios, _is_detection_scenarios, _kind
 
     path = ROOT / "reports" / "detection" / "detection-scenarios.json"
+    committed_or_skip(path)
     assert _is_detection_scenarios(_kind(path))
     written = {}
     entry = _detection_scenarios(path, tmp_path, lambda p, b: written.setdefault(p.name, b))

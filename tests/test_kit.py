@@ -5,7 +5,9 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -19,9 +21,12 @@ from repro import __version__
 from repro.cli import selftest_cpu_argv
 from repro.commands import run_command
 from repro.errors import EXIT_USAGE, UsageError
-from repro.kit import archive, check, commands, evidence
+from repro.kit import EVIDENCE, PAGES_COMMAND, archive, check, commands, evidence, readme
+from repro.publish.site import render_site
+from repro.readmodel import as_report
 
 SAMPLE = ROOT / "tests" / "data" / "kit-sample-report.json"
+SELFTEST = {"reports/selftest.json": "the planted-fault self-test"}  # the fixture repository's default report
 HAVE_GIT = shutil.which("git") is not None
 needs_git = pytest.mark.skipif(not HAVE_GIT, reason="building a kit needs git")
 
@@ -45,8 +50,9 @@ def _write(path: Path, data: bytes | str) -> None:
 
 @pytest.fixture
 def repo(tmp_path) -> Path:
-    """A small committed checkout: kit files, a committed report with one cited and one stale log, a
-    tracked weights file, and ignored and untracked junk."""
+    """A small committed checkout: kit files, a committed report with one cited and one stale log, another
+    report with a writeup and a folder of reports (neither a default), a tracked weights file, and ignored
+    and untracked junk."""
     root = tmp_path / "repo"
     _write(root / ".gitignore", ".venvs/\n.cache/\n")
     _write(root / "Makefile", "help:\n\t@echo help\n")
@@ -62,6 +68,10 @@ def repo(tmp_path) -> Path:
     _write(root / "reports" / "selftest.json", SAMPLE.read_bytes())
     _write(root / "reports" / "selftest.logs" / "baseline.log", "INFO baseline log\n")
     _write(root / "reports" / "selftest.logs" / "stale.log", "not cited\n")
+    _write(root / "reports" / "older.json", SAMPLE.read_bytes())
+    _write(root / "reports" / "older.md", "## An older run, superseded\n\nText.\n")
+    _write(root / "reports" / "study" / "cell.json", SAMPLE.read_bytes())
+    _write(root / "reports" / "study" / "summary.json", "{}\n")
     _git(root, "init", "-q")
     _git(root, "add", ".")
     (root / "repro" / "tool.sh").chmod(0o755)
@@ -87,8 +97,8 @@ def read_member(tarball: Path, rel: str) -> bytes:
 
 @needs_git
 def test_same_commit_same_bytes(repo, tmp_path):
-    a = archive.build_kit(repo, tmp_path / "a")
-    b = archive.build_kit(repo, tmp_path / "b")
+    a = archive.build_kit(repo, tmp_path / "a", defaults=SELFTEST)
+    b = archive.build_kit(repo, tmp_path / "b", defaults=SELFTEST)
     assert a.name == b.name == f"kvkit-{__version__}-{_git(repo, 'rev-parse', 'HEAD').strip()[:7]}.tar.gz"
     assert hashlib.sha256(a.read_bytes()).hexdigest() == hashlib.sha256(b.read_bytes()).hexdigest()
     assert a.stat().st_size < archive.MAX_KIT_BYTES
@@ -96,7 +106,7 @@ def test_same_commit_same_bytes(repo, tmp_path):
 
 @needs_git
 def test_contents_and_exclusions(repo, tmp_path):
-    tarball = archive.build_kit(repo, tmp_path)
+    tarball = archive.build_kit(repo, tmp_path, defaults=SELFTEST)
     names = set(members(tarball))
     for rel in (
         "Makefile",
@@ -116,13 +126,14 @@ def test_contents_and_exclusions(repo, tmp_path):
     for rel in names:
         assert not rel.startswith((".venvs", ".cache", "docs", "reports/", ".git")), rel
         assert not rel.endswith((".safetensors", "stale.log", "untracked.py", "latest-cpu.json")), rel
+        assert not rel.endswith((".html", "older.json", "older.md", "cell.json")), rel  # no pages, no left-out report
     commit = _git(repo, "rev-parse", "HEAD").strip()
     assert read_member(tarball, "COMMIT").decode() == commit + "\n"
 
 
 @needs_git
 def test_entries_are_normalized(repo, tmp_path):
-    tarball = archive.build_kit(repo, tmp_path)
+    tarball = archive.build_kit(repo, tmp_path, defaults=SELFTEST)
     raw = tarball.read_bytes()
     assert raw[4:8] == b"\0\0\0\0" and not raw[3] & 0x08  # gzip: header time 0, no file name
     stamp = int(_git(repo, "show", "-s", "--format=%ct", "HEAD"))
@@ -136,7 +147,7 @@ def test_entries_are_normalized(repo, tmp_path):
 
 @needs_git
 def test_readme_tells_the_finding_and_the_limits(repo, tmp_path):
-    readme = read_member(archive.build_kit(repo, tmp_path), "README.md").decode()
+    readme = read_member(archive.build_kit(repo, tmp_path, defaults=SELFTEST), "README.md").decode()
     assert (
         "| PlantedFault (PlantedFaultConnector) | fixture | 1502 | 0→1488×3 | FAIL | @9 (decisive ×3, gap 0.682 nats) |"
         in readme
@@ -149,21 +160,72 @@ def test_readme_tells_the_finding_and_the_limits(repo, tmp_path):
     assert "(ERROR > FAIL > INCONCLUSIVE > PASS)" in readme and "&gt;" not in readme and "&#39;" not in readme
 
 
+def test_a_gpu_report_names_a_profile_only_when_the_profile_installs_its_stack():
+    sample = json.loads(SAMPLE.read_bytes())
+    files = {"requirements/gpu-lmcache-0.5.4.txt": b"# pins\nvllm==0.28.0\nlmcache==0.5.4\n"}
+
+    def profile(vllm: str, lmcache: str) -> str:
+        packages = {**sample["provenance"]["packages"], "vllm": vllm, "lmcache": lmcache}
+        report = {**sample, "config": {**sample["config"], "device": "cuda"}}
+        return readme.profile_for(
+            as_report({**report, "provenance": {**sample["provenance"], "packages": packages}}), files
+        )
+
+    assert profile("0.28.0", "0.5.4") == "gpu-lmcache-0.5.4"
+    assert profile("0.26.0", "0.5.4") == ""  # the profile installs vLLM 0.28.0: it does not rerun this stack
+    assert profile("0.28.0", "0.5.6") == ""
+    assert readme.profile_for(as_report(sample), {}) == readme.CPU_PROFILE
+
+
 @needs_git
-def test_pages_are_rendered_beside_the_raw_reports(repo, tmp_path):
-    tarball = archive.build_kit(repo, tmp_path)
-    names = set(members(tarball))
-    assert {"evidence/index.html", "evidence/selftest.html", "evidence/raw/selftest.json"} <= names
-    assert "Rendered pages: `evidence/index.html`" in read_member(tarball, "README.md").decode()
+def test_pages_are_not_packed_but_render_from_the_kits_evidence(repo, tmp_path):
+    tarball = archive.build_kit(repo, tmp_path, defaults=SELFTEST)
+    assert not [n for n in members(tarball) if n.endswith(".html")]
+    assert "Pages are not packed: `make site REPORTS=evidence/raw`" in read_member(tarball, "README.md").decode()
+    tree = check.unpack(tarball, tmp_path / "x")
+    assert check.check_commands(tree) == (*check.CHECK_COMMANDS, PAGES_COMMAND)
+    site = tmp_path / "site"
+    render_site(tree / EVIDENCE / "raw", site)  # what PAGES_COMMAND runs through tasks.py's site
+    assert {"index.html", "selftest.html"} <= {p.name for p in site.glob("*.html")}
+    assert (site / "raw" / "selftest.logs" / "baseline.log").is_file()
+
+
+@needs_git
+def test_left_out_reports_are_named_with_what_they_are(repo, tmp_path):
+    readme = read_member(archive.build_kit(repo, tmp_path, defaults=SELFTEST), "README.md").decode()
+    assert "- `evidence/raw/selftest.json`: the planted-fault self-test." in readme
+    assert "- `reports/older.json`: An older run, superseded\n" in readme
+    assert "- `reports/study/`: 2 JSON files left out\n" in readme
+    assert "`reports/selftest.json`" not in readme  # carried, so not left out
+    defaults = {"reports/study/cell.json": "a study's cell", **SELFTEST}
+    tarball = archive.build_kit(repo, tmp_path / "b", [str(repo / "reports" / "older.json")], defaults)
+    readme = read_member(tarball, "README.md").decode()
+    carried = [line for line in readme.splitlines() if line.startswith("- `evidence/raw/")]
+    assert carried == [
+        "- `evidence/raw/cell.json`: a study's cell.",  # the defaults in their order, then --report ones
+        "- `evidence/raw/selftest.json`: the planted-fault self-test.",
+        "- `evidence/raw/older.json`: chosen when the kit was built (--report).",
+    ]
+    assert "`reports/older.json`" not in readme and "- `reports/study/`: 1 JSON file left out\n" in readme
+    assert read_member(tarball, "evidence/raw/cell.json") == SAMPLE.read_bytes()
 
 
 @needs_git
 def test_readme_without_reports_says_so(repo, tmp_path):
-    tarball = archive.build_kit(repo, tmp_path, use_committed=False)
+    tarball = archive.build_kit(repo, tmp_path, defaults={})
     readme = read_member(tarball, "README.md").decode()
     assert "No report was chosen when this kit was built" in readme
-    assert "Rendered pages: none (no report chosen, so no pages)." in readme
+    assert "None: no report was chosen when this kit was built, so there are no pages either." in readme
+    assert "- `reports/selftest.json`\n" in readme  # a committed report the kit does not carry is still named
     assert not any(n.startswith("evidence/") for n in members(tarball))
+    assert check.check_commands(check.unpack(tarball, tmp_path / "x")) == check.CHECK_COMMANDS
+
+
+@needs_git
+def test_a_default_report_missing_from_the_commit_is_an_error(repo, tmp_path):
+    with pytest.raises(UsageError, match=r"default report reports/gone\.json is not in commit"):
+        archive.build_kit(repo, tmp_path, defaults={**SELFTEST, "reports/gone.json": "why"})
+    assert not list(tmp_path.glob("*.tar.gz"))
 
 
 @needs_git
@@ -171,18 +233,39 @@ def test_extra_report_with_logs_from_disk(repo, tmp_path):
     extra = tmp_path / "elsewhere" / "gpu-run.json"
     _write(extra, SAMPLE.read_bytes())
     _write(extra.parent / "selftest.logs" / "PlantedFault.log", "WARNING planted\n")
-    names = set(members(archive.build_kit(repo, tmp_path / "out", [str(extra)])))
+    names = set(members(archive.build_kit(repo, tmp_path / "out", [str(extra)], SELFTEST)))
     assert {"evidence/raw/gpu-run.json", "evidence/raw/selftest.logs/PlantedFault.log"} <= names
+    # A default report named again is carried once; another file of the same name is refused.
+    again = archive.build_kit(repo, tmp_path / "again", [str(repo / "reports" / "selftest.json")], SELFTEST)
+    assert read_member(again, "evidence/raw/selftest.json") == SAMPLE.read_bytes()
+    _write(tmp_path / "other" / "selftest.json", json.dumps({**json.loads(SAMPLE.read_bytes()), "x": 1}))
     with pytest.raises(UsageError, match="share a file name"):
-        archive.build_kit(repo, tmp_path / "out", [str(repo / "reports" / "selftest.json")])
+        archive.build_kit(repo, tmp_path / "out", [str(tmp_path / "other" / "selftest.json")], SELFTEST)
+    _write(extra.parent / "selftest.logs" / "baseline.log", "another baseline\n")  # the default brings its own
+    with pytest.raises(UsageError, match="bring selftest.logs/baseline.log with different bytes"):
+        archive.build_kit(repo, tmp_path / "out", [str(extra)], SELFTEST)
+    assert [p.name.endswith(".tar.gz") for p in (tmp_path / "out").iterdir()] == [True]  # the first kit, no temp file
 
 
 @needs_git
 def test_size_limit_is_enforced(repo, tmp_path, monkeypatch):
     monkeypatch.setattr(archive, "MAX_KIT_BYTES", 1000)
-    with pytest.raises(UsageError, match="limit 1000"):
-        archive.build_kit(repo, tmp_path)
+    with pytest.raises(UsageError, match=r"limit 1000\); largest parts, gzipped: evidence/raw/selftest\.json ≈"):
+        archive.build_kit(repo, tmp_path, defaults=SELFTEST)
     assert not list(tmp_path.glob("*.tar.gz"))
+
+
+def test_size_parts_group_a_report_with_what_it_brings():
+    report = evidence.ChosenReport("r.json", b"{}", {}, {"r.logs/a.log": b"log"}, (), b"# writeup")
+    entries = [archive.Entry(f"evidence/raw/{rel}", blob) for rel, blob in report.inputs().items()]
+    entries += [
+        archive.Entry("repro/a.py", b"a" * 5000),
+        archive.Entry("repro/b.py", b"b"),
+        archive.Entry("COMMIT", b"c"),
+    ]
+    parts = dict(archive.size_parts(entries, [report]))
+    assert sorted(parts) == ["COMMIT", "evidence/raw/r.json", "repro/"]
+    assert parts["evidence/raw/r.json"] == len(gzip.compress(b"{}log# writeup", compresslevel=9, mtime=0))
 
 
 def test_sums_catch_changed_missing_and_unlisted(tmp_path):
@@ -332,8 +415,8 @@ def _in_checkout() -> bool:
 
 @pytest.mark.skipif(not _in_checkout(), reason="building this kit needs its git checkout (an unpacked kit has none)")
 def test_this_repository_kit_is_small_and_reproducible(tmp_path):
-    a = archive.build_kit(ROOT, tmp_path / "a", [str(SAMPLE)], use_committed=False)
-    b = archive.build_kit(ROOT, tmp_path / "b", [str(SAMPLE)], use_committed=False)
+    a = archive.build_kit(ROOT, tmp_path / "a", [str(SAMPLE)], defaults={})
+    b = archive.build_kit(ROOT, tmp_path / "b", [str(SAMPLE)], defaults={})
     assert a.read_bytes() == b.read_bytes() and a.stat().st_size < archive.MAX_KIT_BYTES
     infos = members(a)
     names = set(infos)
@@ -344,6 +427,49 @@ def test_this_repository_kit_is_small_and_reproducible(tmp_path):
     assert not any(n.startswith((".venvs", ".cache", "dist", "tests/artifacts")) for n in names)
 
 
+def _committed_at_head(path: str) -> bool:
+    return bool(_git(ROOT, "ls-tree", "--name-only", "HEAD", "--", path).strip())
+
+
+@pytest.mark.skipif(not _in_checkout(), reason="building this kit needs its git checkout (an unpacked kit has none)")
+def test_this_repositorys_default_kit_carries_the_finding_under_the_limit(tmp_path, capsys):
+    """`make kit` on this checkout's HEAD: under the limit, with every default report, all the logs it cites and
+    its writeup, and nothing else in evidence/ (no pages); the README names each committed report left out."""
+    assert run_command(commands.kit, ["--out-dir", str(tmp_path)]) == 0, capsys.readouterr().err
+    assert f"(limit {archive.MAX_KIT_BYTES}); largest parts, gzipped: " in capsys.readouterr().err
+    (tarball,) = tmp_path.glob("*.tar.gz")
+    assert tarball.stat().st_size < archive.MAX_KIT_BYTES
+    want = set()
+    for path in evidence.DEFAULT_REPORTS:
+        report, base = json.loads(_git(ROOT, "show", f"HEAD:{path}")), Path(path).parent
+        cited = {a["log"] for a in report["arms"] if a.get("log")}
+        assert cited and all(_committed_at_head((base / rel).as_posix()) for rel in cited), path
+        writeup = [f"{Path(path).stem}.md"] if _committed_at_head(path.removesuffix(".json") + ".md") else []
+        want |= {f"{EVIDENCE}/raw/{rel}" for rel in [Path(path).name, *cited, *writeup]}
+    assert want and {n for n, m in members(tarball).items() if m.isfile() and n.startswith(EVIDENCE)} == want
+    readme = read_member(tarball, "README.md").decode()
+    committed = _git(ROOT, "ls-tree", "--name-only", "HEAD", "reports/").split()
+    left_out = [p for p in committed if p.endswith(".json") and p not in evidence.DEFAULT_REPORTS]
+    assert left_out and all(f"- `{p}`" in readme for p in left_out)
+
+
+@pytest.mark.skipif(not _in_checkout(), reason="building this kit needs its git checkout (an unpacked kit has none)")
+def test_a_report_too_big_for_the_kit_is_refused_in_one_line_and_keeps_the_kit_there(tmp_path, capsys):
+    out = tmp_path / "dist"
+    assert run_command(commands.kit, ["--out-dir", str(out)]) == 0, capsys.readouterr().err
+    (kit,) = out.glob("*.tar.gz")
+    before = kit.read_bytes()
+    huge = tmp_path / "elsewhere" / "huge-run.json"
+    _write(huge, SAMPLE.read_bytes())
+    _write(huge.parent / "selftest.logs" / "baseline.log", random.Random(0).randbytes(archive.MAX_KIT_BYTES))
+    capsys.readouterr()
+    assert run_command(commands.kit, ["--report", str(huge), "--out-dir", str(out)]) == EXIT_USAGE
+    lines = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("[kvkit] note:")]
+    assert len(lines) == 1 and lines[0].startswith("error: kit would be "), lines
+    assert f"(limit {archive.MAX_KIT_BYTES}); largest parts, gzipped: evidence/raw/huge-run.json ≈" in lines[0]
+    assert list(out.iterdir()) == [kit] and kit.read_bytes() == before
+
+
 @pytest.mark.e2e
 @pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")
 @pytest.mark.skipif(not _in_checkout(), reason="building this kit needs its git checkout (an unpacked kit has none)")
@@ -351,7 +477,7 @@ def test_this_repository_kit_is_small_and_reproducible(tmp_path):
 def test_kit_check_runs_the_self_test_from_the_unpacked_kit(tmp_path, capsys):
     """The unpacked kit (no .git, no checkout on PYTHONPATH) runs the CPU self-test from its own files
     and records the packed commit from COMMIT. `make kit-check` does this with fresh environments."""
-    tarball = archive.build_kit(ROOT, tmp_path, [str(SAMPLE)], use_committed=False)
+    tarball = archive.build_kit(ROOT, tmp_path, [str(SAMPLE)], defaults={})
     model = ".cache/models/kvkit-tiny-qwen3"
     steps = [
         (sys.executable, "-m", "repro", "make-model", model),

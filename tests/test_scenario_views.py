@@ -10,6 +10,7 @@ import re
 
 import pytest
 from conftest import ARTIFACTS, ROOT
+from kvkit_testutil import committed_or_skip
 from test_browser import CHROMIUM, FIT_JS, browser, render_reports  # noqa: F401 - browser is a fixture
 from test_issue_md import html_tables
 from test_render import XSS, Page
@@ -569,7 +570,9 @@ def test_a_reuse_that_differs_from_a_clean_control_is_never_shown_as_the_control
     plain baseline's tokens there (repro.verdict reads it so). On the H200's in-flight run LMCacheConnectorV1's
     reuses differ from the baseline @0 while the control matched it: the views must say the control was clean,
     not 'as the cache-off control' (which they said when they took the field for 'same tokens as the control')."""
-    report = read_report(ROOT / "reports" / "conditions" / "h200-conditions-tiny-scenarios-v028.json")
+    path = ROOT / "reports" / "conditions" / "h200-conditions-tiny-scenarios-v028.json"
+    committed_or_skip(path)
+    report = read_report(path)
     inflight = next(s for s in report.scenarios if s.name == "in-flight")
     failed = [r for r in inflight.arm("LMCacheConnectorV1").requests if r.first_diff is not None]
     assert len(failed) == 4 and all(r.data["control_matches"] is True for r in failed)

@@ -5,21 +5,21 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
-import shutil
 import sys
 import tarfile
-import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from repro.atomic import write_bytes_atomic
 from repro.errors import UsageError
 from repro.kit import archive_name
-from repro.kit.evidence import ChosenReport, evidence_files, gather_reports
+from repro.kit.evidence import DEFAULT_REPORTS, ChosenReport, LeftOut, evidence_files, gather_reports
 from repro.kit.git import committed_files, dirty_paths, head_commit, read_blob
 from repro.kit.readme import render_readme
 
 MAX_KIT_BYTES = 1_000_000
+SIZE_PARTS_SHOWN = 6  # the largest parts named in the size line and in the too-big error
 # What a maintainer needs to run the kit; everything else in the repository stays out.
 KIT_PATHS = (
     "Makefile",
@@ -60,17 +60,14 @@ def sums_entry(entries: list[Entry]) -> Entry:
     return Entry("SHA256SUMS", "".join(lines).encode())
 
 
-def collect_entries(root: Path, commit: str, reports: list[ChosenReport], scratch: Path) -> list[Entry]:
+def collect_entries(root: Path, commit: str, reports: list[ChosenReport], left_out: list[LeftOut]) -> list[Entry]:
     """HEAD's kit files, evidence/, README.md, COMMIT and SHA256SUMS, sorted by path."""
     kit_files = [(p, x) for p, x in committed_files(root, commit) if is_kit_path(p)]
     entries = [Entry(p, read_blob(root, commit, p), x) for p, x in kit_files]
-    evidence, pages_note = evidence_files(reports, scratch)
-    entries += [Entry(rel, blob) for rel, blob in evidence.items()]
-    readme = render_readme(commit, reports, {p for p, _ in kit_files}, pages_note)
+    readme = render_readme(commit, reports, left_out, {e.path: e.data for e in entries})
+    entries += [Entry(rel, blob) for rel, blob in evidence_files(reports).items()]
     entries += [Entry("README.md", readme.encode("utf-8")), Entry("COMMIT", f"{commit}\n".encode())]
     entries.append(sums_entry(entries))
-    if pages_note:
-        print(f"[kvkit] note: {pages_note}", file=sys.stderr)
     return sorted(entries, key=lambda e: e.path)
 
 
@@ -111,30 +108,53 @@ def archive_bytes(top: str, entries: list[Entry], mtime: int) -> bytes:
     return buf.getvalue()
 
 
-def check_size(data: bytes, entries: list[Entry]) -> None:
-    """Refuse a kit too big to attach, naming its largest entries."""
+def size_parts(entries: list[Entry], reports: list[ChosenReport]) -> list[tuple[str, int]]:
+    """What each part of the kit costs, largest first: a chosen report with its logs and writeup, or a
+    top-level folder or file, its entries gzipped together (the parts add up to about the archive's size)."""
+    owner = {f"{c.raw_path.rsplit('/', 1)[0]}/{rel}": c.raw_path for c in reports for rel in c.inputs()}
+    parts: dict[str, list[bytes]] = {}
+    for e in entries:
+        part = owner.get(e.path) or (e.path.split("/", 1)[0] + "/" if "/" in e.path else e.path)
+        parts.setdefault(part, []).append(e.data)
+    sizes = {part: len(gzip.compress(b"".join(blobs), compresslevel=9, mtime=0)) for part, blobs in parts.items()}
+    return sorted(sizes.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def describe_size(size: int, parts: list[tuple[str, int]]) -> str:
+    """'N bytes (limit M); largest parts, gzipped: a ≈n, b ≈n, ...': one line."""
+    shown = ", ".join(f"{name} ≈{n}" for name, n in parts[:SIZE_PARTS_SHOWN])
+    rest = sum(n for _, n in parts[SIZE_PARTS_SHOWN:])
+    return f"{size} bytes (limit {MAX_KIT_BYTES}); largest parts, gzipped: {shown}" + (
+        f", the other {len(parts) - SIZE_PARTS_SHOWN} ≈{rest}" if rest else ""
+    )
+
+
+def check_size(data: bytes, entries: list[Entry], reports: list[ChosenReport]) -> str:
+    """The kit's size line; a kit too big to attach is refused in one line naming its largest parts."""
+    line = describe_size(len(data), size_parts(entries, reports))
     if len(data) >= MAX_KIT_BYTES:
-        big = sorted(entries, key=lambda e: -len(e.data))[:5]
         raise UsageError(
-            f"kit would be {len(data)} bytes (limit {MAX_KIT_BYTES}); largest: "
-            + ", ".join(f"{e.path} ({len(e.data)})" for e in big)
+            f"kit would be {line}; carry fewer reports (REPORT=, or DEFAULT_REPORTS in repro/kit/evidence.py)"
         )
+    return line
 
 
-def build_kit(root: Path, out_dir: Path, extra_reports: list[str] | None = None, use_committed: bool = True) -> Path:
-    """Write out_dir/kvkit-<version>-<commit>.tar.gz from HEAD and the chosen reports; return its path."""
+def build_kit(
+    root: Path,
+    out_dir: Path,
+    extra_reports: list[str] | None = None,
+    defaults: Mapping[str, str] = DEFAULT_REPORTS,
+) -> Path:
+    """Write out_dir/kvkit-<version>-<commit>.tar.gz from HEAD, the default reports (defaults: repository
+    path -> why it is carried) and the extra ones; return its path. A kit over the limit writes nothing."""
     commit, mtime = head_commit(root)
-    reports = gather_reports(root, commit, list(extra_reports or []), use_committed)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # The site renderer writes files; its scratch space sits beside the output, not in /tmp.
-    scratch = Path(tempfile.mkdtemp(prefix=".kit-", dir=out_dir))
-    try:
-        entries = collect_entries(root, commit, reports, scratch)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    reports, left_out = gather_reports(root, commit, list(extra_reports or []), defaults)
+    entries = collect_entries(root, commit, reports, left_out)
     name = archive_name(commit)
     data = archive_bytes(name, entries, mtime)
-    check_size(data, entries)
+    line = check_size(data, entries, reports)
+    out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.tar.gz"
     write_bytes_atomic(path, data)
+    print(f"[kvkit] {line}", file=sys.stderr)
     return path

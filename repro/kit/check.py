@@ -15,6 +15,8 @@ import tempfile
 from pathlib import Path
 
 from repro.errors import EXIT_OK, EXIT_RUNTIME, UsageError
+from repro.kit import EVIDENCE, PAGES_COMMAND
+from repro.paths import RAW_DIR
 
 # Set by kit-check in the unpacked tree, so its tests do not build and check a kit again.
 NESTED_ENV = "KVKIT_KIT_CHECK"
@@ -119,8 +121,15 @@ def check_provenance(tree: Path) -> list[str]:
     return problems
 
 
+def check_commands(tree: Path) -> tuple[tuple[str, ...], ...]:
+    """CHECK_COMMANDS, then PAGES_COMMAND when the kit carries reports: its README says the pages render
+    from them on demand (in the CPU environment the self-test has set up)."""
+    return CHECK_COMMANDS + ((PAGES_COMMAND,) if (tree / EVIDENCE / RAW_DIR).is_dir() else ())
+
+
 def check_tree(tree: Path, commands, check_report: bool) -> str | None:
-    """Run the checks in an unpacked tree; the first failure as one line, or None when all pass."""
+    """Run the checks in an unpacked tree (commands None: check_commands); the first failure as one line,
+    or None when all pass."""
     problems = verify_sums(tree)
     print(f"[kvkit] SHA256SUMS: {'ok' if not problems else problems}", flush=True)
     if problems:
@@ -128,7 +137,7 @@ def check_tree(tree: Path, commands, check_report: bool) -> str | None:
     if (tree / ".git").exists():
         return "the kit must not carry a .git directory"
     env = check_env(tree)
-    for cmd in commands:
+    for cmd in commands if commands is not None else check_commands(tree):
         print(f"[kvkit] kit-check: {' '.join(cmd)}", flush=True)
         rc = subprocess.run(list(cmd), cwd=tree, env=env, check=False).returncode
         if rc != 0:
@@ -137,9 +146,10 @@ def check_tree(tree: Path, commands, check_report: bool) -> str | None:
     return "; ".join(problems) or None
 
 
-def check_kit(archive: Path, commands=CHECK_COMMANDS, keep: bool = False, check_report: bool = True) -> int:
-    """Unpack archive into a temporary directory, verify SHA256SUMS, run commands in the tree, then
-    check the self-test report they wrote (check_report). The tree is kept when a check fails."""
+def check_kit(archive: Path, commands=None, keep: bool = False, check_report: bool = True) -> int:
+    """Unpack archive into a temporary directory, verify SHA256SUMS, run commands in the tree (None:
+    check_commands), then check the self-test report they wrote (check_report). The tree is kept when a
+    check fails."""
     work = Path(tempfile.mkdtemp(prefix="kvkit-check-"))
     try:
         tree = unpack(archive, work)

@@ -17,9 +17,10 @@ DIST_DIR = "dist"
 
 
 def kit(argv: list[str]) -> int:
-    """`python -m repro kit [--report PATH ...] [--no-committed-reports] [--out-dir DIR]`."""
-    # Imported here: building needs the site renderer (jinja2, markdown), kit-check must not.
+    """`python -m repro kit [--report PATH ...] [--no-default-reports] [--out-dir DIR]`."""
+    # Imported here: building renders the README with jinja2, which kit-check must not need.
     from repro.kit.archive import build_kit, dirty_kit_paths
+    from repro.kit.evidence import DEFAULT_REPORTS
 
     parser = ArgumentParser(prog="python -m repro kit", description="Build the kit archive from HEAD.")
     parser.add_argument(
@@ -28,7 +29,11 @@ def kit(argv: list[str]) -> int:
         default=[],
         help="a report JSON to include (repeatable); its cited logs are read beside it",
     )
-    parser.add_argument("--no-committed-reports", action="store_true", help="leave out the committed reports/*.json")
+    parser.add_argument(
+        "--no-default-reports",
+        action="store_true",
+        help="leave out the default reports (repro/kit/evidence.py's DEFAULT_REPORTS); carry only --report ones",
+    )
     parser.add_argument(
         "--out-dir", default=str(KIT_ROOT / DIST_DIR), help="where to write the archive (default: dist)"
     )
@@ -40,7 +45,8 @@ def kit(argv: list[str]) -> int:
             + ", ".join(dirty),
             file=sys.stderr,
         )
-    path = build_kit(KIT_ROOT, Path(args.out_dir), [r for r in args.report if r], not args.no_committed_reports)
+    defaults = {} if args.no_default_reports else DEFAULT_REPORTS
+    path = build_kit(KIT_ROOT, Path(args.out_dir), [r for r in args.report if r], defaults)
     data = path.read_bytes()
     print(f"{path}  {len(data)} bytes  sha256 {hashlib.sha256(data).hexdigest()}")
     return EXIT_OK

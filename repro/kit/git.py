@@ -43,15 +43,6 @@ def committed_files(root: Path, commit: str) -> list[tuple[str, bool]]:
     return sorted(out)
 
 
-def committed_reports(root: Path, commit: str) -> list[str]:
-    """The commit's reports/*.json (not those in subfolders such as reports/detection/)."""
-    return [
-        p
-        for p, _ in committed_files(root, commit)
-        if p.startswith("reports/") and p.count("/") == 1 and p.endswith(".json")
-    ]
-
-
 def read_blob(root: Path, commit: str, path: str) -> bytes:
     return run_git(root, "show", f"{commit}:{path}")
 

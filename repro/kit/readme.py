@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from repro import __version__
-from repro.kit import KIT_NAME
-from repro.kit.evidence import EVIDENCE, ChosenReport
+from repro.kit import EVIDENCE, KIT_NAME, PAGES_COMMAND
+from repro.kit.evidence import ChosenReport, LeftOut
 from repro.paths import RAW_DIR
 from repro.publish import issue_md
 from repro.publish.environment import make_environment
@@ -22,13 +23,14 @@ class Finding:
     """One chosen report as the README shows it; every field is ready-made Markdown or plain text."""
 
     raw_path: str  # the report's path in the archive
+    why: str  # why the kit carries it
     hardware: str
     day: str
     table: str  # issue_md's verdict table (arm titles, cached and diff cells from repro.readmodel)
     verdicts: str
     diffs: str
     stack: str
-    profile: str  # the `make repro` profile matching the report's stack, or "" when none is packed
+    profile: str  # the packed `make repro` profile that installs the report's stack, or ""
     command: str  # the report's exact command, as a fenced sh block
     model_sha256: str
     missing_logs: tuple[str, ...]
@@ -38,18 +40,21 @@ class Finding:
         return self.profile == CPU_PROFILE
 
 
-def profile_for(report: Report, files: set[str]) -> str:
-    """The `make repro` profile that matches a report's stack, or "" when none is packed."""
+def profile_for(report: Report, files: Mapping[str, bytes]) -> str:
+    """The packed `make repro` profile that installs a report's stack (its vLLM and LMCache pins), or ""."""
     if report.config.get("device") == "cpu":
         return CPU_PROFILE
-    lmcache = str((report.provenance.get("packages") or {}).get("lmcache", ""))
-    return f"gpu-lmcache-{lmcache}" if f"requirements/gpu-lmcache-{lmcache}.txt" in files else ""
+    packages = report.provenance.get("packages") or {}
+    profile = f"gpu-lmcache-{packages.get('lmcache', '')}"
+    pins = files.get(f"requirements/{profile}.txt", b"").decode("utf-8", errors="replace").split()
+    return profile if f"vllm=={packages.get('vllm', '')}" in pins else ""
 
 
-def build_finding(c: ChosenReport, files: set[str]) -> Finding:
+def build_finding(c: ChosenReport, files: Mapping[str, bytes]) -> Finding:
     r = as_report(c.report)
     return Finding(
-        raw_path=f"{EVIDENCE}/{RAW_DIR}/{c.name}",
+        raw_path=c.raw_path,
+        why=c.why,
         hardware=r.hardware_label,
         day=r.day,
         table=issue_md.format_table(r),
@@ -63,11 +68,12 @@ def build_finding(c: ChosenReport, files: set[str]) -> Finding:
     )
 
 
-def render_readme(commit: str, reports: list[ChosenReport], files: set[str], pages_note: str | None) -> str:
-    """The README: what was found in each chosen report, the one command, verdicts, limits, integrity.
+def render_readme(commit: str, reports: list[ChosenReport], left_out: list[LeftOut], files: Mapping[str, bytes]) -> str:
+    """The README: what was found in each chosen report, the evidence carried and left out (with why and
+    where it is), the one command, verdicts, limits, integrity.
 
-    files are the packed kit paths (a report's profile counts only when its requirements are packed);
-    pages_note says why there are no rendered pages, or is None when there are."""
+    files are the packed kit files by path (a report's profile counts only when its requirements are packed
+    and pin the report's vLLM and LMCache)."""
     return (
         make_environment()
         .get_template(TEMPLATE)
@@ -76,8 +82,9 @@ def render_readme(commit: str, reports: list[ChosenReport], files: set[str], pag
             version=__version__,
             commit=commit,
             findings=[build_finding(c, files) for c in reports],
+            left_out=left_out,
             evidence=EVIDENCE,
             raw=RAW_DIR,
-            pages_note=pages_note,
+            pages_command=" ".join(PAGES_COMMAND),
         )
     )
