@@ -148,6 +148,16 @@ def copy_paths(engine_build: dict | None, engine_log: str, server: dict | None) 
     return out
 
 
+def arm_copy_paths(
+    connector: str | None, engine_build: dict | None, engine_log: str, server: dict | None
+) -> list[dict]:
+    """copy_paths for an arm of this connector: an LMCacheMPConnector arm without its server's path has that
+    server "not recorded"; an in-process arm has no server."""
+    if connector == MP_CONNECTOR and server is None:
+        server = {"path": "not recorded", "detail": "the kit passed no copy path for its MP server"}
+    return copy_paths(engine_build, engine_log, server if connector == MP_CONNECTOR else None)
+
+
 def copy_path_finding(paths: list[dict]) -> str:
     """The finding's text: engine compiled (wheel); MP server fallback (lmcache.cuda_ops: ImportError: ...)."""
     parts = []
@@ -243,9 +253,7 @@ def lmcache_evidence(
     in_process = connector != MP_CONNECTOR
     scan = scan_log(log_text)
     retrieves = len(scan["retrieves"])
-    if not in_process and server_copy_path is None:
-        server_copy_path = {"path": "not recorded", "detail": "the kit passed no copy path for its MP server"}
-    paths = copy_paths(engine_build, log_text, server_copy_path)
+    paths = arm_copy_paths(connector, engine_build, log_text, server_copy_path)
     signals = {
         "degraded_mode": bool(scan["degraded"]),
         "degraded_messages": scan["degraded"][:3],

@@ -21,8 +21,7 @@ from repro.contract import ArmResult, Failure, Job, ProbeJob, ScenarioJob, StepJ
 from repro.errors import UsageError
 from repro.evaluate import comparability_problems, margin_of
 from repro.fixtures import Fixture, Probe, Scenario
-from repro.lmcache_mp import CONNECTOR as MP_CONNECTOR
-from repro.lmcache_signals import copy_paths, scan_log
+from repro.lmcache_signals import arm_copy_paths, scan_log
 from repro.plan import PlannedArm, engine_config, materialize
 from repro.replays import find_replays
 from repro.runner import ArmOutcome
@@ -262,12 +261,8 @@ def lmcache_checks(entry: dict, arm: PlannedArm, outcome: ArmOutcome, verdict):
     start and silently recomputes: the arm is ERROR, never PASS). Returns the verdict, maybe ERROR."""
     if not is_lmcache(arm):
         return verdict
-    mp = arm.spec.connector.name == MP_CONNECTOR
-    server = outcome.server_copy_path
-    if mp and server is None:
-        server = {"path": "not recorded", "detail": "the kit passed no copy path for its MP server"}
     build = (outcome.result.versions or {}).get("lmcache_build") if outcome.result is not None else None
-    entry["copy_paths"] = copy_paths(build, outcome.log_text, server if mp else None)
+    entry["copy_paths"] = arm_copy_paths(arm.spec.connector.name, build, outcome.log_text, outcome.server_copy_path)
     degraded = scan_log(outcome.log_text)["degraded"]
     entry["lmcache_degraded"] = degraded[:3]
     verdict = decide_lmcache_degraded(verdict, degraded)
