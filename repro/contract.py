@@ -225,16 +225,24 @@ class StepJob:
 
     submit: tuple[str, ...]
     together: bool = False
+    wait_s: float = 0.0  # idle seconds before the step is submitted (repro.fixtures.ScenarioStep.wait_s)
 
     def to_json(self) -> dict:
-        return {"submit": list(self.submit), "together": self.together}
+        out = {"submit": list(self.submit), "together": self.together}
+        if self.wait_s:
+            out["wait_s"] = self.wait_s
+        return out
 
     @classmethod
     def from_json(cls, data: object, where: str = "step") -> StepJob:
         submit = _get(data, "submit", list, where)
         if not submit or not all(isinstance(n, str) for n in submit):
             raise ContractError(f"{where}.submit: must be a non-empty list of probe names")
-        return cls(submit=tuple(submit), together=bool(_get(data, "together", bool, where, optional=True)))
+        wait_s = _get(data, "wait_s", (int, float), where, optional=True) or 0.0
+        if wait_s < 0:
+            raise ContractError(f"{where}.wait_s: must not be negative")
+        together = bool(_get(data, "together", bool, where, optional=True))
+        return cls(submit=tuple(submit), together=together, wait_s=float(wait_s))
 
 
 @dataclass(frozen=True)

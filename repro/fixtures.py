@@ -71,7 +71,9 @@ SCENARIO_ENGINE_KEYS = {"kv_cache_tokens": int, "max_num_seqs": int, "max_num_ba
 # LMCache's MP server settings a scenario may set (repro.lmcache_mp.ServerSettings' fields).
 SCENARIO_MP_SERVER_KEYS = {"l1_size_gb": (int, float), "chunk_size": int, "eviction_policy": str}
 _SCENARIO_KEYS = ("name", "description", "engine", "lmcache", "mp_server", "steps")
-_STEP_KEYS = ("submit", "together", "expect")
+_STEP_KEYS = ("submit", "together", "expect", "wait_s")
+# The longest wait a step may ask for before it is submitted (seconds).
+MAX_STEP_WAIT_S = 300
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,9 @@ class ScenarioStep:
     submit: tuple[str, ...]
     together: bool = False
     expect: str | None = None  # "miss", "reuse", or None: either is correct
+    # seconds the engine sits idle before this step is submitted: time for a store's own background work
+    # (LMCache's MP server evicts from its L1 in a loop once a second, not when a write finds it full)
+    wait_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -338,7 +343,10 @@ def _parse_step(obj: object, where: str, path) -> ScenarioStep:
     expect = obj.get("expect")
     if expect is not None and expect not in SCENARIO_EXPECTS:
         raise _fail(path, f"{where}.expect: {expect!r} is not one of {', '.join(SCENARIO_EXPECTS)} (or absent)")
-    return ScenarioStep(tuple(submit), together, expect)
+    wait_s = obj.get("wait_s", 0)
+    if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not 0 <= wait_s <= MAX_STEP_WAIT_S:
+        raise _fail(path, f"{where}.wait_s: must be a number of seconds from 0 to {MAX_STEP_WAIT_S}, not {wait_s!r}")
+    return ScenarioStep(tuple(submit), together, expect, float(wait_s))
 
 
 def parse_scenario(obj: object, where: str, path) -> Scenario:

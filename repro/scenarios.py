@@ -175,7 +175,7 @@ def scenario_job(job: Job, scenario: Scenario, probes: list[Probe]) -> Job:
         max_num_seqs=eng.get("max_num_seqs", scenario.widest),
         max_num_batched_tokens=eng.get("max_num_batched_tokens"),
     )
-    steps = tuple(StepJob(s.submit, s.together) for s in scenario.steps)
+    steps = tuple(StepJob(s.submit, s.together, s.wait_s) for s in scenario.steps)
     return replace(
         job,
         probes=tuple(ProbeJob(n, by_name[n].prompt_spec(), 1) for n in scenario.probe_names),
@@ -395,6 +395,7 @@ def section(
         "mp_server": scenario.mp_server,
         "steps": [
             {"index": k, "submit": list(s.submit), "together": s.together, "expect": s.expect}
+            | ({"wait_s": s.wait_s} if s.wait_s else {})
             for k, s in enumerate(scenario.steps)
         ],
         "control": control,

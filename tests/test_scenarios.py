@@ -89,6 +89,16 @@ def test_the_cpu_fixture_declares_the_four_shipped_scenarios():
         (_scenario(steps=[{"submit": ["fixture"], "togther": True}]), r"unknown field togther"),
         (_scenario(steps=[{"submit": ["fixture", "fixture"], "together": True}]), "names each probe once"),
         (_scenario(steps=[{"submit": ["fixture"], "together": "yes"}]), "together: must be true or false"),
+        (
+            _scenario(steps=[{"submit": ["fixture"], "wait_s": -1}]),
+            r"steps\[0\].wait_s: must be a number of seconds from 0",
+        ),
+        (
+            _scenario(steps=[{"submit": ["fixture"], "wait_s": 301}]),
+            r"wait_s: must be a number of seconds from 0 to 300",
+        ),
+        (_scenario(steps=[{"submit": ["fixture"], "wait_s": "5"}]), r"wait_s: must be a number of seconds .*not '5'"),
+        (_scenario(steps=[{"submit": ["fixture"], "wait_s": True}]), r"wait_s: must be a number of seconds"),
         (_scenario(engine={"kv_cache_tokens": 0}), "engine.kv_cache_tokens: must be positive"),
         (_scenario(engine={"kv_cache_tokens": "2048"}), "engine.kv_cache_tokens: wrong type str"),
         (_scenario(engine={"preemption": 1}), "engine.preemption: wrong type int"),
@@ -249,6 +259,9 @@ def test_a_scenario_job_and_result_round_trip():
     job = Job(ArmSpec("native~scenario.s", "native"), engine, 16, 2, (ProbeJob("a", {"token_ids": [1, 2]}, 1),),
               scenario=ScenarioJob("s", (StepJob(("a",)), StepJob(("a", "b"), True))))  # fmt: skip
     assert Job.from_json(json.loads(json.dumps(job.to_json()))) == job
+    waits = StepJob(("a",), wait_s=5.0)
+    assert waits.to_json()["wait_s"] == 5.0 and "wait_s" not in StepJob(("a",)).to_json()  # old jobs unchanged
+    assert StepJob.from_json(json.loads(json.dumps(waits.to_json()))) == waits
     plain = Job(ArmSpec("native", "native"), EngineConfig("m", None, "float32", 0, 0.1, 2048, 16, "cpu"), 16, 2, ())
     assert (
         "scenario" not in plain.to_json() and "max_num_seqs" not in plain.to_json()["engine"]
@@ -271,6 +284,12 @@ def _report() -> dict:
 
 def test_the_example_report_with_scenarios_matches_the_schema():
     validate_report(_report())
+    report = _report()
+    report["scenarios"][0]["steps"][-1]["wait_s"] = 5.0  # a step that waited
+    validate_report(report)
+    report["scenarios"][0]["steps"][-1]["wait_s"] = -1.0
+    with pytest.raises(Exception, match="wait_s|-1"):
+        validate_report(report)
 
 
 def test_scenario_acceptance_is_checked_only_under_the_suite():
@@ -404,3 +423,55 @@ def test_an_lmcache_arm_gets_a_derived_yaml_and_its_mp_server_settings(tmp_path)
     assert prepare(native, eviction, tmp_path, [], tmp_path, None) == (native, None)
     assert ServerSettings(**mp_settings(eviction)).l1_size_gb == 0.003
     assert mp_settings(fixture.scenarios[0]) == {}
+
+
+def test_a_step_can_wait_idle_before_it_is_submitted(tmp_path):
+    """eviction-partial's last step waits 5 s (LMCache's MP server evicts in a loop once a second): the
+    fixture, the job the child gets, the report's step record and how a reader sees it all carry it."""
+    from repro.readmodel.scenarios import Step
+    from repro.scenarios import scenario_job, section
+
+    fixture = load_fixture(ROOT / "fixtures" / "scenarios-gpu-lmcache.json")
+    partial = next(sc for sc in fixture.scenarios if sc.name == "eviction-partial")
+    assert [(s.submit, s.expect, s.wait_s) for s in partial.steps] == [
+        (("fixture",), "miss", 0.0), (("fixture",), "reuse", 0.0), (("chat-512",), "miss", 0.0),
+        (("fixture",), "reuse", 5.0),
+    ]  # fmt: skip
+    assert partial.lmcache == {"max_local_cpu_size": 0.003} and partial.mp_server == {"l1_size_gb": 0.003}
+    probes = build_probes(fixture.probes, "acceptance")
+    engine = EngineConfig("m", None, "float16", 0, 0.45, 2048, 16, "cuda")
+    job = scenario_job(Job(ArmSpec("native~scenario.eviction-partial", "native"), engine, 16, 2, ()), partial, probes)
+    assert [s.wait_s for s in job.scenario.steps] == [0.0, 0.0, 0.0, 5.0]
+    assert Job.from_json(json.loads(json.dumps(job.to_json()))).scenario.steps[3].wait_s == 5.0
+    steps = section(partial, [], {}, None, "logs")["steps"]
+    assert "wait_s" not in steps[2] and steps[3]["wait_s"] == 5.0  # only a step that waits says so
+    record = steps[3]
+    assert Step(record).text == "after 5 s idle: fixture · " + Step({**record, "wait_s": 0}).text.split(" · ")[1]
+    assert Step({**record, "wait_s": 0}).text.startswith("fixture · ")
+
+
+def test_the_child_sits_idle_before_a_waiting_step(monkeypatch):
+    """run_scenario sleeps a step's wait_s after the step before it has finished and before it submits."""
+    from types import SimpleNamespace
+
+    from repro.engine import child
+
+    events: list = []
+
+    class FakeLLM:
+        def generate(self, prompts, sp, use_tqdm=False):
+            events.append(("generate", len(prompts)))
+            comp = SimpleNamespace(token_ids=[7], logprobs=None, finish_reason="length", text="x")
+            return [SimpleNamespace(outputs=[comp], num_cached_tokens=0, kv_transfer_params=None, request_id=str(i))
+                    for i, _ in enumerate(prompts)]  # fmt: skip
+
+    monkeypatch.setattr(child.time, "sleep", lambda s: events.append(("sleep", s)))
+    monkeypatch.setattr(child, "preemption_count", lambda: (None, "unavailable: test"))
+    engine = EngineConfig("m", None, "float32", 0, 0.1, 2048, 16, "cpu", 2048, 1)
+    steps = (StepJob(("a",)), StepJob(("b",)), StepJob(("a",), wait_s=5.0))
+    job = Job(ArmSpec("native~scenario.s", "native"), engine, 16, 2,
+              (ProbeJob("a", {"token_ids": [1, 2]}, 1), ProbeJob("b", {"token_ids": [3, 4]}, 1)),
+              scenario=ScenarioJob("s", steps))  # fmt: skip
+    _, result = child.run_scenario(FakeLLM(), job, None, None, child._AuditRecords(None))
+    assert events == [("generate", 1), ("generate", 1), ("sleep", 5.0), ("generate", 1)]
+    assert [(r.step, r.probe) for r in result.requests] == [(0, "a"), (1, "b"), (2, "a")]

@@ -549,6 +549,9 @@ def run_scenario(llm, job: Job, tokenizer, sp, audit: _AuditRecords) -> tuple[li
     requests = []
     steps = job.scenario.steps
     for k, step in enumerate(steps):
+        if step.wait_s:  # the engine idle, so the store's own background work (an eviction loop) can run
+            report_stage(job, f"step {k + 1} of {len(steps)}: waiting {step.wait_s:g} s", preflight_ok=True)
+            time.sleep(step.wait_s)
         report_stage(job, f"step {k + 1} of {len(steps)}", preflight_ok=True)
         calls = [list(step.submit)] if step.together else [[name] for name in step.submit]
         for names in calls:

@@ -64,11 +64,19 @@ class Step:
         return None if found is None else str(found)
 
     @property
+    def wait_s(self) -> float:
+        """Seconds the engine sat idle before the step (0 when the report has none)."""
+        found = self.data.get("wait_s")
+        return float(found) if isinstance(found, (int, float)) and not isinstance(found, bool) else 0.0
+
+    @property
     def text(self) -> str:
-        """'chat-511, chat-512, chat-513 in flight together · must reuse'; 'chat-512 · hit or miss'."""
+        """'chat-511, chat-512, chat-513 in flight together · must reuse'; 'chat-512 · hit or miss';
+        'after 5 s idle: fixture · hit or miss'."""
         probes = ", ".join(self.submit) or "nothing"
         how = " in flight together" if self.together and len(self.submit) > 1 else ""
-        return f"{probes}{how} · {EXPECT_TEXT.get(self.expect, f'expect {self.expect}')}"
+        idle = f"after {self.wait_s:g} s idle: " if self.wait_s else ""
+        return f"{idle}{probes}{how} · {EXPECT_TEXT.get(self.expect, f'expect {self.expect}')}"
 
 
 class _Placed:

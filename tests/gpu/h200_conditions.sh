@@ -44,6 +44,8 @@
 #   tests/gpu/h200_conditions.sh scenarios028d OUT
 #                                              the next runs: preemption (2 trials), in-flight+a-b-a (2 trials),
 #                                              in-flight with each child alone; start `monitor` beside it
+#   tests/gpu/h200_conditions.sh scenarios028e OUT
+#                                              eviction-partial (2 trials), then scenarios028d's three runs
 #   tests/gpu/h200_conditions.sh monitor OUT   host memory, load and GPU memory every 5 s (in the background)
 #   tests/gpu/h200_conditions.sh reference028 OUT
 #                                              on that stack, LMCache's ops as its wheel ships them: both
@@ -289,6 +291,17 @@ PY
       --scenarios in-flight,a-b-a
     SITE=$SITE028 "$0" step "$OUT" tiny-in-flight-alone-v028 "${fx[@]}" --jobs 1 --scenarios in-flight
     echo "scenarios028d done" >>"$OUT/progress.txt" ;;
+  scenarios028e)  # OUT: as scenarios028d, eviction-partial first (added 2026-12-01 evening: a partial hit for each
+    # connector, its design argued from LMCache 0.5.4's source before it ran), each step's report collectable as it ends
+    OUT=${2:?OUT}; mkdir -p "$OUT"
+    fx=(--fixture fixtures/scenarios-gpu-lmcache.json --timeout 300 --no-confirm)
+    SITE=$SITE028 "$0" step "$OUT" tiny-eviction-partial-v028 "${fx[@]}" --compare-native --trials 2 \
+      --scenarios eviction-partial
+    SITE=$SITE028 "$0" step "$OUT" tiny-preemption-v028 "${fx[@]}" --compare-native --trials 2 --scenarios preemption
+    SITE=$SITE028 "$0" step "$OUT" tiny-in-flight-aba-v028 "${fx[@]}" --compare-native --trials 2 \
+      --scenarios in-flight,a-b-a
+    SITE=$SITE028 "$0" step "$OUT" tiny-in-flight-alone-v028 "${fx[@]}" --jobs 1 --scenarios in-flight
+    echo "scenarios028e done" >>"$OUT/progress.txt" ;;
   monitor)  # OUT: every 5 s the host's memory, load and the GPU's memory into OUT/monitor.txt (started in the background)
     OUT=${2:?OUT}; mkdir -p "$OUT"
     while :; do
