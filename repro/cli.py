@@ -150,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
         "~4 GiB per GPU), so that a stream-ordering race in a connector shows by design; CUDA only",
     )
     p.add_argument(
+        "--cpu-load",
+        action="store_true",
+        help="keep every CPU core busy while the reuse arms run (one spinning process per core, at the kit's "
+        "niceness), so that a fault that needs a busy machine shows by design, not by how many arms share the "
+        "cores; stopped before any re-run alone; the CPU engine only",
+    )
+    p.add_argument(
         "--python",
         default=sys.executable,
         metavar="PATH",
@@ -235,17 +242,27 @@ def _check_batch_invariant(args: argparse.Namespace) -> None:
         raise UsageError(f"--batch-invariant: {BATCH_INVARIANT_DEVICES}, not with --device cpu")
 
 
-GPU_LOAD_NEEDS = "--gpu-load needs a CUDA GPU (it loads the GPUs the arms run on)"
+# A load neighbour loads the device the arms run on: flag -> (whether that is CUDA, what it needs, and
+# what is wrong when --device auto picks the other device).
+LOAD_NEEDS = {
+    "gpu_load": (True, "--gpu-load needs a CUDA GPU (it loads the GPUs the arms run on)",
+                 "no GPU is visible (--device auto)"),
+    "cpu_load": (False, "--cpu-load is for the CPU engine (it loads the CPU cores the arms run on)",
+                 "a GPU is visible (--device auto runs the arms there): add --device cpu"),
+}  # fmt: skip
 
 
-def _check_gpu_load(opts: Options) -> None:
-    """--gpu-load on the CPU: one line (the device is settled without torch, as for --batch-invariant)."""
-    if not getattr(opts.args, "gpu_load", False):
-        return
-    if opts.args.device == "cpu":
-        raise UsageError(f"{GPU_LOAD_NEEDS}, not with --device cpu")
-    if not devices.uses_cuda(opts.args.device):
-        raise UsageError(f"{GPU_LOAD_NEEDS}; no GPU is visible (--device auto)")
+def _check_loads(opts: Options) -> None:
+    """--gpu-load where the arms run on the CPU, --cpu-load where they run on a GPU: one line (the device
+    is settled without torch, as for --batch-invariant)."""
+    device = opts.args.device
+    for flag, (cuda, needs, auto_picks_other) in LOAD_NEEDS.items():
+        if not getattr(opts.args, flag, False):
+            continue
+        if device != "auto" and (device == "cuda") != cuda:
+            raise UsageError(f"{needs}, not with --device {device}")
+        if device == "auto" and devices.uses_cuda(device) != cuda:
+            raise UsageError(f"{needs}; {auto_picks_other}")
 
 
 def engine_python_problem(python: str, needs_lmcache: bool) -> str | None:
@@ -342,7 +359,7 @@ def validate(args: argparse.Namespace) -> Options:
     opts = Options(args=args, extra_config=extra, model_is_local=local)
     if getattr(args, "batch_invariant", False) and args.device == "auto" and not devices.uses_cuda(args.device):
         raise UsageError(f"--batch-invariant: {BATCH_INVARIANT_DEVICES}; no GPU is visible (--device auto)")
-    _check_gpu_load(opts)
+    _check_loads(opts)
     return opts
 
 

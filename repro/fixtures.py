@@ -27,7 +27,7 @@ _MAX_TOKEN_ID = 2**31  # the vocabulary check proper needs the model (check_prob
 # would share that arm's or file's log, result and KV directory (and native-matched would wait on
 # itself for ever). Trials and confirmations are `<arm>~trialK` and `<arm>~alone`: `~` is no name
 # character. tests/test_fixtures.py checks this list against the modules that make the names.
-RESERVED_ARM_NAMES = ("baseline", "native", "native-matched", "gpu-load", "kv-compare")
+RESERVED_ARM_NAMES = ("baseline", "native", "native-matched", "gpu-load", "cpu-load", "kv-compare")
 RESERVED_ARM_SUFFIXES = (".lmcache-server",)  # an MP server's log is <arm>.lmcache-server.log
 
 

@@ -11,7 +11,7 @@ Report schema (kind "kvkit-report"; JSON Schema in schemas/report.schema.json):
     say which check they are ("tokens" or "kv"). All four kv fields are required in version 2
     (null where there is nothing to say).
     Additions to version 2 that old readers may ignore and old files lack (no version bump): the
-    run's conditions (trials, confirm, lmcache_ops, gpu_load) and provenance.lmcache_ops; per arm
+    run's conditions (trials, confirm, lmcache_ops, gpu_load; cpu_load later) and provenance.lmcache_ops; per arm
     gpu, sharing (the other processes on its device and their overlap), copy_paths (each LMCache
     process: compiled ops or the torch fallback), trials (each run, rates per probe, the class) and
     confirmation (the same job re-run alone, and the class of the finding); diagnostics

@@ -1,9 +1,10 @@
 """Who shared a device with whom while a run lasted: the processes' windows and their overlaps (pure).
 
 Every process the run starts that can touch a device is a Window: each arm's engine child, an
-LMCacheMPConnector arm's MP server, the --gpu-load neighbour. An arm shared its device when another
-arm, another arm's MP server or the load neighbour used the same device while it ran; its own MP
-server is listed (it moves the arm's KV) but is part of the arm, so it does not count as sharing.
+LMCacheMPConnector arm's MP server, the --gpu-load or --cpu-load neighbour. An arm shared its device
+when another arm, another arm's MP server or the load neighbour used the same device while it ran;
+its own MP server is listed (it moves the arm's KV) but is part of the arm, so it does not count as
+sharing.
 On the CPU every arm uses the machine's cores, so any two arms that overlap in time shared them.
 """
 
@@ -13,7 +14,8 @@ from dataclasses import dataclass
 
 ARM = "arm"
 SERVER = "lmcache-server"
-GPU_LOAD = "gpu-load"
+GPU_LOAD = "gpu-load"  # repro.gpu_load's window: on the GPUs it loads
+CPU_LOAD = "cpu-load"  # repro.cpu_load's window: on CPU_CORES
 CPU_CORES = "CPU cores"
 
 
@@ -22,8 +24,8 @@ class Window:
     """One process: what it is, which arm it belongs to, the device it used, and when (seconds from
     the run's start)."""
 
-    process: str  # "arm native", "LMCache MP server of LMCacheMPConnector", "gpu-load"
-    kind: str  # ARM | SERVER | GPU_LOAD
+    process: str  # "arm native", "LMCache MP server of LMCacheMPConnector", "gpu-load", "cpu-load"
+    kind: str  # ARM | SERVER | GPU_LOAD | CPU_LOAD
     owner: str | None  # the arm it belongs to (None: the load neighbour)
     resources: tuple[str, ...]  # "GPU 0", ... or (CPU_CORES,)
     start: float

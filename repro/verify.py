@@ -16,6 +16,7 @@ from pathlib import Path
 from repro import (
     __version__,
     atomic,
+    cpu_load,
     gpu_load,
     kvaudit,
     lmcache_mp,
@@ -36,6 +37,7 @@ from repro.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, UsageError
 from repro.evaluate import judge_arm
 from repro.fixtures import Fixture, check_probes_fit, load_fixture
 from repro.lmcache_signals import lmcache_evidence
+from repro.neighbour import LoadError
 from repro.plan import (
     ArmSlot,
     PlannedArm,
@@ -69,7 +71,7 @@ from repro.runner import (
     run_arm,
 )
 from repro.scheduler import SlotPool
-from repro.sharing import ARM, CPU_CORES, GPU_LOAD, SERVER, Window, gpu_resource, sharing_of, who_shared
+from repro.sharing import ARM, CPU_CORES, CPU_LOAD, GPU_LOAD, SERVER, Window, gpu_resource, sharing_of, who_shared
 from repro.suite import build_probes
 from repro.verdict import (
     BATCH_INVARIANT_INACTIVE,
@@ -249,6 +251,7 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
                     run_trials(extra, a.trials, n_jobs, work, env, a, progress, clock)
             # recorded once it is stopped: its end, how it ended and its last counters
             load_record = load.record() if load is not None else None
+            load_name = load.kind.name if load is not None else None
             audit_all(entries + extra.entries, results | extra.results, baseline, work, env, a, progress)
             confirm = confirmations(entries, extra, clock, a)
             if confirm:
@@ -274,7 +277,8 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
             "trials": a.trials,
             "confirm": a.confirm,
             "lmcache_ops": a.lmcache_ops,
-            "gpu_load": load_record,
+            "gpu_load": load_record if load_name == gpu_load.KIND.name else None,
+            "cpu_load": load_record if load_name == cpu_load.KIND.name else None,
         }
         if ops is not None:
             report["provenance"]["lmcache_ops"] = ops.provenance
@@ -287,7 +291,7 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
         validate_report(report)
         data = dumps_json(report).encode("utf-8")
         with deferred_signals():  # logs and report are swapped in together, or not at all
-            logs = [e["name"] for e in entries] + extra.names() + (["gpu-load"] if load_record else []) + ran.names
+            logs = [e["name"] for e in entries] + extra.names() + ([load_name] if load_name else []) + ran.names
             logs += [server.stem for n in logs if (server := lmcache_mp.server_log_path(work, n)).exists()]
             with publish_logs(work, report_path.parent / logs_dir_name, logs):  # the previous ones back on failure
                 write_bytes_atomic(report_path, data)
@@ -355,18 +359,23 @@ def own_copy_paths(arms: list[PlannedArm], python: str, env: dict) -> tuple[list
 
 @contextlib.contextmanager
 def load_neighbour(opts: Options, env: dict, work: Path, clock: Clock):
-    """--gpu-load: the neighbour keeps every visible GPU busy while the arms and their trials run
-    (not the confirmations alone); its window is recorded like an arm's."""
-    if not opts.args.gpu_load:
+    """--gpu-load: the neighbour keeps every visible GPU busy; --cpu-load: every CPU core the kit may use.
+    Either runs while the arms and their trials run and is stopped and reaped on leaving, before any
+    confirmation alone; its window is recorded like an arm's, ending at its stop."""
+    if opts.args.gpu_load:
+        targets = visible_gpus() or ["0"]
+        module, kind, resources = gpu_load, GPU_LOAD, [gpu_resource(g) for g in targets]
+    elif getattr(opts.args, "cpu_load", False):
+        targets, module, kind, resources = cpu_load.cores(), cpu_load, CPU_LOAD, [CPU_CORES]
+    else:
         yield None
         return
-    gpus = visible_gpus() or ["0"]
     start = clock.now()
     try:
-        with gpu_load.neighbour(opts.args.python, gpus, env, work / "gpu-load.log", t0=clock.t0) as load:
+        with module.neighbour(opts.args.python, targets, env, module.load_log_path(work), t0=clock.t0) as load:
             yield load
     finally:
-        clock.record("gpu-load", GPU_LOAD, None, None, start, resources=[gpu_resource(g) for g in gpus])
+        clock.record(kind, kind, None, None, start, resources=resources)
 
 
 @dataclass
@@ -908,10 +917,10 @@ def _verify(argv: list[str]) -> int:
         return _interrupted(state, str(exc) or "SIGINT")
     except UsageError:
         raise  # repro.commands.run_command: one line, exit 2
-    except gpu_load.LoadError as exc:  # the neighbour did not start: no arm result is worth a report
+    except LoadError as exc:  # the neighbour did not start: no arm result is worth a report
         with contextlib.suppress(OSError, ValueError):
             print(exc.log_tail, file=sys.stderr)
-        say_error(f"--gpu-load: {exc}; no report written")
+        say_error(f"{exc.flag}: {exc}; no report written")
         return EXIT_RUNTIME
     except PermissionError as exc:  # a path the user gave that cannot be written: bad input, not a crash
         raise UsageError(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None

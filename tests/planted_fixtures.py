@@ -57,8 +57,9 @@ def _fault_extra(fault: str, **gate) -> dict:
 def contended_fixture(fault: str = "zero_blocks", **gate) -> dict:
     """A zero_blocks fault that applies only to a load whose stand-in copy waited on a run queue
     (when: contended), plus a faithful planted arm that keeps a core busy when arms run at once.
-    Alone (--jobs 1) the contended arm should PASS; with --jobs 4 --compare-native (baseline,
-    native and both arms sharing two cores) it should FAIL on at least one reuse."""
+    Alone (--jobs 1) the contended arm should PASS; beside --cpu-load (a spinning process on every
+    core) it should FAIL on at least one reuse, however many arms share the cores (other arms alone,
+    --jobs 4 --compare-native on two cores, made it fail only when they happened to hold its core)."""
     extra = _fault_extra(fault, when="contended", **gate)
     return _fixture(
         "planted-contended",

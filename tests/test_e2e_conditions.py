@@ -25,21 +25,30 @@ def _arm(report: dict, name: str) -> dict:
 
 
 def test_a_fault_that_needs_a_busy_machine_is_contention_dependent(tiny_model, tmp_path):
-    """Five arms on two cores at once: the contended arm's loads wait on a run queue and fault; the kit
-    re-runs it alone (nothing else running), where it is clean: contention-dependent, both results kept."""
+    """Five arms at once beside the --cpu-load neighbour (a spinning process on every core): the contended
+    arm's loads wait on a run queue and fault, however quiet the machine; the kit stops and reaps the
+    neighbour, then re-runs the arm alone (nothing of the kit's running), where it is clean:
+    contention-dependent, both results kept. Without the neighbour the shared run was busy only if the
+    other arms happened to hold the copy's core, which a quiet machine often did not."""
     report = tmp_path / "contended.json"
-    proc = run_cli(_argv(tiny_model, CONTENDED_FIXTURE, report, "--compare-native", "--jobs", "5"))
+    proc = run_cli(_argv(tiny_model, CONTENDED_FIXTURE, report, "--compare-native", "--jobs", "5", "--cpu-load"))
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     data = json.loads(report.read_text())
     arm = _arm(data, CONTENDED_ARM)
     assert arm["sharing"]["shared"] is True and arm["sharing"]["resource"] == "CPU cores"
+    # the neighbour ran through the shared run, and was gone, its group reaped, before the run alone began
+    load = data["conditions"]["cpu_load"]
+    assert load["ended"] == "stopped by the kit" and "failure" not in load and load["left_running"] == [], load
+    assert len(load["workers"]) == len(load["cores"]) and all(w["iterations"] > 0 for w in load["workers"]), load
+    assert any(o["kind"] == "cpu-load" and o["overlap_s"] > 0 for o in arm["sharing"]["others"]), arm["sharing"]
     assert arm["verdict"] == "FAIL" or any((p.get("kv") or {}).get("verdict") == "CORRUPT" for p in arm["probes"])
     conf = arm["confirmation"]
     assert conf["status"] == "ran" and conf["run"]["shared"] is False, conf
+    assert conf["sharing"]["others"] == [] and conf["sharing"]["window_s"][0] >= load["ended_s"] - 0.05, conf
     assert conf["run"]["verdict"] == "PASS" and all(p["kv"] in ("EXACT", None) for p in conf["run"]["probes"]), conf
     assert conf["class"] == "contention-dependent", conf
-    # the claim names its condition wherever the verdict is
-    assert "contention-dependent" in proc.stdout
+    # the claim names its condition wherever the verdict is, and the load it was found under
+    assert "contention-dependent" in proc.stdout and "cpu-load on cores" in proc.stdout
     # the faithful arms stayed clean, and their verdicts needed no confirming
     for name in ("PlantedFault-none", "native"):
         assert _arm(data, name)["verdict"] == "PASS" and _arm(data, name)["confirmation"]["status"] == "not needed"

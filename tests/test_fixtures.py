@@ -72,7 +72,7 @@ def test_every_name_the_kit_gives_an_arm_or_a_file_is_refused_as_an_arm_name():
     (and share its log, result file and KV directory). The names come from the modules that make them."""
     from pathlib import Path
 
-    from repro import gpu_load, lmcache_mp, plan
+    from repro import cpu_load, gpu_load, lmcache_mp, plan
     from repro.fixtures import RESERVED_ARM_NAMES, arm_name_problem
 
     kit_names = [
@@ -80,6 +80,7 @@ def test_every_name_the_kit_gives_an_arm_or_a_file_is_refused_as_an_arm_name():
         "native",
         plan.NATIVE_MATCHED,
         gpu_load.load_log_path(Path("w")).stem,  # gpu-load.log
+        cpu_load.load_log_path(Path("w")).stem,  # cpu-load.log
         "kv-compare",  # repro.kvaudit.run_compare's job, result and log
         lmcache_mp.server_log_path(Path("w"), "LMCacheMPConnector").stem,  # LMCacheMPConnector.lmcache-server.log
         "A~trial2",  # repro.verify.Extra.fresh: trials and confirmations
@@ -94,7 +95,7 @@ def test_every_name_the_kit_gives_an_arm_or_a_file_is_refused_as_an_arm_name():
     assert {"not": {"enum": list(RESERVED_ARM_NAMES)}} in rules  # the schema says the same
 
 
-@pytest.mark.parametrize("name", ["native-matched", "gpu-load", "A/B", "A~trial2"])
+@pytest.mark.parametrize("name", ["native-matched", "gpu-load", "cpu-load", "A/B", "A~trial2"])
 def test_a_fixture_arm_with_a_refused_name_is_one_line(name):
     arm = {"name": name, "connector": "ExampleConnector"}
     with pytest.raises(UsageError, match=r"arms\[0\]\.name: ") as caught:

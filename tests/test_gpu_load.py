@@ -1,7 +1,7 @@
 """--gpu-load's neighbour (repro.gpu_load) with a stand-in child (tests/stand_in_gpu_load.py): start, running,
 record, stop on leaving and on an exception; not running in time and an exit before running (gpu-load-start);
 a death under the arms (gpu-load-died); kill -9 of the kit. Every test ends with no process of the load's
-group left. And the flag's refusal on the CPU: one line, exit 2, nothing written."""
+group left. And the flag's refusal on the CPU (and --cpu-load's on a GPU): one line, exit 2, nothing written."""
 
 from __future__ import annotations
 
@@ -195,13 +195,16 @@ def test_kill_9_of_the_kit_takes_the_load_group_down(tmp_path, ignore_term):
 # ---- the flag: refused on the CPU, one line, exit 2, nothing written ---------------------------------
 
 
-def test_gpu_load_on_the_cpu_is_one_line_exit_2_and_writes_nothing(setup):  # noqa: F811
-    proc = run_cli(
-        _args(setup, "--kv-connector", "ExampleConnector", "--gpu-load", "--device", "cpu"), env=_env(setup), timeout=60
-    )
+@pytest.mark.parametrize(
+    "flag, device, says",
+    [("--gpu-load", "cpu", "--gpu-load needs a CUDA GPU"), ("--cpu-load", "cuda", "--cpu-load is for the CPU engine")],
+)
+def test_a_load_for_the_other_device_is_one_line_exit_2_and_writes_nothing(setup, flag, device, says):  # noqa: F811
+    proc = run_cli(_args(setup, "--kv-connector", "ExampleConnector", flag, "--device", device), env=_env(setup),
+                   timeout=60)  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: "), proc.stderr
-    assert "--gpu-load needs a CUDA GPU" in proc.stderr and "--device cpu" in proc.stderr
+    assert says in proc.stderr and f"not with --device {device}" in proc.stderr
     assert proc.stdout == "" and "Traceback" not in proc.stderr
     assert_untouched(setup)
 

@@ -15,7 +15,7 @@ package above it; a module on no floor fails the test: give it one.
              (tests/test_imports.py), above what it shares with the parent
   options    the verifier's command line: its flags checked into Options
   machinery  the parent side of a run: planning the arms, scheduling them, running children and MP
-             servers, their work directory, the load neighbour, the KV audit; the detection study's plan
+             servers, their work directory, the load neighbours, the KV audit; the detection study's plan
   read       reports read back: the read model (repro.readmodel), a matrix's cell states, the detection
              study's blame and matrix
   publish    what reports become: the text summary, pages, issue Markdown (repro.publish), and the
@@ -42,7 +42,8 @@ core       repro.verdict repro.wording repro.trials repro.fixtures repro.suite r
 engine     repro.engine
 options    repro.cli
 machinery  repro.plan repro.scheduler repro.runner repro.workdir repro.lmcache_ops repro.lmcache_mp
-           repro.lmcache_signals repro.gpu_load repro.kvaudit repro.scenarios repro.detection.plan
+           repro.lmcache_signals repro.neighbour repro.gpu_load repro.cpu_load repro.kvaudit repro.scenarios
+           repro.detection.plan
 read       repro.readmodel repro.matrix.status repro.detection.blame repro.detection.matrix
            repro.detection.scenario_cells
 publish    repro.publish repro.matrix.page repro.detection.page repro.detection.scenario_page

@@ -100,17 +100,26 @@ class DeviceLoad:
         }
 
 
-def status_document(state: str, started_utc: str, devices: list[dict], error: str | None = None) -> dict:
-    """The status file's content (the stand-in in tests/ writes the same)."""
+def status_document(
+    state: str,
+    started_utc: str,
+    devices: list[dict],
+    error: str | None = None,
+    *,
+    kind: str = STATUS_KIND,
+    key: str = "devices",
+) -> dict:
+    """The status file's content (the stand-in in tests/ writes the same; repro.engine.cpu_load too,
+    with its own kind and its `workers` for `devices`)."""
     doc = {
-        "kind": STATUS_KIND,
+        "kind": kind,
         "schema_version": STATUS_SCHEMA_VERSION,
         "tool_version": __version__,
         "state": state,
         "pid": os.getpid(),
         "started_utc": started_utc,
         "last_utc": utc_now(),
-        "devices": devices,
+        key: devices,
     }
     if error is not None:
         doc["error"] = error

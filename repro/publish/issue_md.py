@@ -175,7 +175,8 @@ def _arm_conditions(arm: Arm) -> list[str]:
 
 def format_conditions(report: Report) -> str:
     """What the verdicts were measured under: the run's trials, re-run alone, LMCache copy path and
-    gpu-load, then each arm's GPU, sharing (with the overlaps), copy path per process, trials and re-run alone."""
+    gpu-load or cpu-load, then each arm's GPU, sharing (with the overlaps), copy path per process, trials and
+    re-run alone."""
     lines = [f"- **{name}**: {text}" for name, text in report.run_conditions.pairs]
     for arm in report.arms:
         if arm.conditions.recorded:

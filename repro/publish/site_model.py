@@ -148,7 +148,7 @@ class ArmConditions:
 
 @dataclass(frozen=True)
 class Conditions:
-    run: tuple[tuple[str, str], ...]  # trials, re-run alone, lmcache-ops, gpu-load
+    run: tuple[tuple[str, str], ...]  # trials, re-run alone, lmcache-ops, gpu-load, cpu-load
     arms: tuple[ArmConditions, ...]
 
 

@@ -1,6 +1,6 @@
 """The conditions a verdict was measured under, as the read model holds them: an arm's GPU, who shared
-it, LMCache's copy path per process, its trials and its re-run alone; the run's trials, lmcache-ops
-and gpu-load. Every key is optional: a report without them shows none of this ("" or nothing)."""
+it, LMCache's copy path per process, its trials and its re-run alone; the run's trials, lmcache-ops,
+gpu-load and cpu-load. Every key is optional: a report without them shows none of this ("" or nothing)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ CONFIRMATION_MEANING = {
     UNCONFIRMED: "the re-run alone decided nothing",
 }
 SHARER_NOUNS = {"arm": ("arm", "arms"), "lmcache-server": ("MP server", "MP servers")}
+LOAD_KINDS = ("gpu-load", "cpu-load")  # the load neighbours (repro.sharing): one each, "the gpu-load"
 ARM_CONDITION_KEYS = ("gpu", "sharing", "copy_paths", "trials", "confirmation")
 
 
@@ -309,13 +310,13 @@ class ArmConditions:
 
 
 def _count_sharers(others: list[dict]) -> str:
-    """'3 arms', '2 arms, 1 MP server and the gpu-load'."""
+    """'3 arms', '2 arms, 1 MP server and the gpu-load', '4 arms and the cpu-load'."""
     counts: dict[str, int] = {}
-    order = {"arm": 0, "lmcache-server": 1, "gpu-load": 2}
-    for o in sorted(others, key=lambda o: order.get(str(o.get("kind")), 3)):
+    order = {"arm": 0, "lmcache-server": 1, "gpu-load": 2, "cpu-load": 3}
+    for o in sorted(others, key=lambda o: order.get(str(o.get("kind")), 4)):
         counts[str(o.get("kind"))] = counts.get(str(o.get("kind")), 0) + 1
     parts = [
-        "the gpu-load" if kind == "gpu-load" else f"{n} {SHARER_NOUNS.get(kind, (kind, kind))[n != 1]}"
+        f"the {kind}" if kind in LOAD_KINDS else f"{n} {SHARER_NOUNS.get(kind, (kind, kind))[n != 1]}"
         for kind, n in counts.items()
     ]
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + f" and {parts[-1]}"
@@ -323,7 +324,8 @@ def _count_sharers(others: list[dict]) -> str:
 
 @dataclass(frozen=True)
 class RunConditions:
-    """The run's conditions: trials, re-run alone, the --lmcache-ops choice and what ran, the gpu-load."""
+    """The run's conditions: trials, re-run alone, the --lmcache-ops choice and what ran, the gpu-load and
+    the cpu-load."""
 
     conditions: Mapping[str, Any] | None = field(repr=False)
     lmcache_ops: Mapping[str, Any] | None = field(repr=False)  # provenance.lmcache_ops
@@ -358,8 +360,32 @@ class RunConditions:
         return text + (f"; {failure.get('kind')}: {failure.get('detail')}" if failure else "")
 
     @property
+    def cpu_load_text(self) -> str:
+        """'on cores 0, 1: 2 workers at nice 0, 150.2 s CPU, 61.3 s waiting on a run queue; 3.1–80.2 s into the
+        run'; 'none'."""
+        load = (self.conditions or {}).get("cpu_load")
+        if not isinstance(load, dict):
+            return "none"
+        workers = [w for w in load.get("workers") or [] if isinstance(w, dict)]
+        nice = sorted({w.get("nice") for w in workers if isinstance(w.get("nice"), int)})
+        cores = ", ".join(str(c) for c in load.get("cores") or []) or "?"
+        figures = f"{len(workers)} worker{'s' if len(workers) != 1 else ''}"
+        figures += f" at nice {', '.join(str(n) for n in nice)}" if nice else ""
+        for key, what in (("cpu_s", "CPU"), ("wait_s", "waiting on a run queue")):
+            got = [w[key] for w in workers if isinstance(w.get(key), (int, float))]
+            figures += f", {sum(got):.1f} s {what}" if got else ""
+        span = f"{seconds(load.get('started_s'), unit=False)}–{seconds(load.get('ended_s'))} into the run"
+        text = f"on cores {cores}: {figures if workers else 'no worker reported'}; {span}"
+        left = load.get("left_running")
+        if isinstance(left, list) and left:
+            text += f"; {len(left)} of its processes still running after its stop"
+        failure = load.get("failure") if isinstance(load.get("failure"), dict) else None
+        return text + (f"; {failure.get('kind')}: {failure.get('detail')}" if failure else "")
+
+    @property
     def pairs(self) -> tuple[tuple[str, str], ...]:
-        """(name, text): trials, re-run alone, lmcache-ops, gpu-load; () when not recorded."""
+        """(name, text): trials, re-run alone, lmcache-ops, gpu-load, cpu-load (reports that record it); ()
+        when not recorded."""
         ops = self.lmcache_ops_text
         if self.conditions is None and not ops:
             return ()
@@ -369,6 +395,8 @@ class RunConditions:
         pairs.append(("re-run alone", NOT_RECORDED if confirm is None else "on" if confirm else "off (--no-confirm)"))
         pairs.append(("lmcache-ops", ops or NOT_RECORDED))
         pairs.append(("gpu-load", self.gpu_load_text if "gpu_load" in conditions else NOT_RECORDED))
+        if "cpu_load" in conditions:  # reports before --cpu-load say nothing of it
+            pairs.append(("cpu-load", self.cpu_load_text))
         return tuple(pairs)
 
     @property
