@@ -69,7 +69,7 @@ SCENARIO_EXPECTS = ("miss", "reuse")
 # A scenario's engine settings (repro.scenarios says what each does) and their types.
 SCENARIO_ENGINE_KEYS = {"kv_cache_tokens": int, "max_num_seqs": int, "max_num_batched_tokens": int, "preemption": bool}
 # LMCache's MP server settings a scenario may set (repro.lmcache_mp.ServerSettings' fields).
-SCENARIO_MP_SERVER_KEYS = {"l1_size_gb": (int, float), "chunk_size": int, "eviction_policy": str}
+SCENARIO_MP_SERVER_KEYS = {"l1_size_gb": (int, float), "chunk_size": int, "eviction_policy": str, "l1_use_lazy": bool}
 _SCENARIO_KEYS = ("name", "description", "engine", "lmcache", "mp_server", "steps")
 _STEP_KEYS = ("submit", "together", "expect", "wait_s")
 # The longest wait a step may ask for before it is submitted (seconds).

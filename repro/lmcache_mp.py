@@ -136,6 +136,10 @@ class ServerSettings:
     chunk_size: int = 256  # fixtures/lmcache-local-cpu.yaml's chunk_size
     l1_size_gb: float = 4.0  # its max_local_cpu_size: the same CPU pool as the in-process arm
     eviction_policy: str = "LRU"
+    # LMCache's default lazy L1 allocator rounds its size up to whole 64 MiB pinned chunks (LMCache 0.5.4:
+    # LazyMemoryAllocator.PIN_CHUNK_SIZE), so an L1 of a few MB is really 64 MiB; False passes
+    # --no-l1-use-lazy, an L1 of exactly l1_size_gb
+    l1_use_lazy: bool = True
     host: str = "127.0.0.1"
     module: str = SERVER_MODULE
     extra_args: tuple[str, ...] = ()
@@ -163,6 +167,7 @@ class ServerSettings:
             f"{self.l1_size_gb:g}",
             "--eviction-policy",
             self.eviction_policy,
+            *(() if self.l1_use_lazy else ("--no-l1-use-lazy",)),
             *self.extra_args,
         ]
 

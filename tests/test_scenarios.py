@@ -104,6 +104,7 @@ def test_the_cpu_fixture_declares_the_four_shipped_scenarios():
         (_scenario(engine={"preemption": 1}), "engine.preemption: wrong type int"),
         (_scenario(engine={"gpu_blocks": 4}), "engine: unknown field gpu_blocks"),
         (_scenario(mp_server={"cpu_pool_gb": 1}), "mp_server: unknown field cpu_pool_gb"),
+        (_scenario(mp_server={"l1_use_lazy": "no"}), "mp_server.l1_use_lazy: wrong type str"),
         (_scenario(lmcache={"x": [1]}), "lmcache: must be an object of LMCache YAML keys"),
         (
             _scenario(engine={"max_num_seqs": 1}, steps=[{"submit": ["fixture", "chat-511"], "together": True}]),
@@ -421,7 +422,11 @@ def test_an_lmcache_arm_gets_a_derived_yaml_and_its_mp_server_settings(tmp_path)
     assert record["overrides"] == {"max_local_cpu_size": 0.003}
     native = PlannedArm(ArmSpec("native~scenario.eviction", "native"))
     assert prepare(native, eviction, tmp_path, [], tmp_path, None) == (native, None)
-    assert ServerSettings(**mp_settings(eviction)).l1_size_gb == 0.003
+    server = ServerSettings(**mp_settings(eviction))
+    assert server.l1_size_gb == 0.003 and server.l1_use_lazy is False
+    command = server.command("python", 1, 2)
+    assert command[command.index("--l1-size-gb") + 1] == "0.003" and "--no-l1-use-lazy" in command
+    assert "--no-l1-use-lazy" not in ServerSettings().command("python", 1, 2)  # the plain arms' lazy 4 GB L1, as before
     assert mp_settings(fixture.scenarios[0]) == {}
 
 
@@ -437,7 +442,8 @@ def test_a_step_can_wait_idle_before_it_is_submitted(tmp_path):
         (("fixture",), "miss", 0.0), (("fixture",), "reuse", 0.0), (("chat-512",), "miss", 0.0),
         (("fixture",), "reuse", 5.0),
     ]  # fmt: skip
-    assert partial.lmcache == {"max_local_cpu_size": 0.003} and partial.mp_server == {"l1_size_gb": 0.003}
+    assert partial.lmcache == {"max_local_cpu_size": 0.003}
+    assert partial.mp_server == {"l1_size_gb": 0.003, "l1_use_lazy": False}  # an L1 of exactly 0.003 GB
     probes = build_probes(fixture.probes, "acceptance")
     engine = EngineConfig("m", None, "float16", 0, 0.45, 2048, 16, "cuda")
     job = scenario_job(Job(ArmSpec("native~scenario.eviction-partial", "native"), engine, 16, 2, ()), partial, probes)
