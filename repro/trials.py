@@ -113,11 +113,14 @@ def _overall(rates: list[dict]) -> str:
 
 def scenario_run_summary(entry: dict, trial: int, shared: bool | None) -> dict:
     """One run of a (scenario, arm) (a judged scenario arm entry, repro.scenarios.judge_run) as its `trials`
-    keep it: the arm's verdicts, and per request its step, probe, verdict, first diff, hit counter and KV."""
+    keep it: the arm's verdicts, why, and the engine's preemption count; per request its step, probe,
+    verdict and why, first diff, hit counter, generated tokens, KV verdict and the blocks it blames. Enough
+    to explain a later trial without trial 1's full record (a preemption scenario's PASS needs its count)."""
     kv = entry.get("kv")
     requests = []
     for r in entry.get("requests") or []:
         rkv = r.get("kv")
+        blame = rkv.get("blame") if isinstance(rkv, dict) else None
         requests.append(
             {
                 "step": r.get("step"),
@@ -126,6 +129,9 @@ def scenario_run_summary(entry: dict, trial: int, shared: bool | None) -> dict:
                 "first_diff": r.get("first_diff"),
                 "cached_tokens": r.get("cached_tokens"),
                 "kv": rkv.get("verdict") if isinstance(rkv, dict) else None,
+                "kv_blocks": blame.get("text") if isinstance(blame, dict) else None,
+                "reasons": list(r.get("reasons") or []),
+                "token_ids": r.get("token_ids"),
             }
         )
     return {
@@ -135,6 +141,8 @@ def scenario_run_summary(entry: dict, trial: int, shared: bool | None) -> dict:
         "error": _error(entry),
         "wall_s": entry.get("wall_s"),
         "shared": shared,
+        "reasons": list(entry.get("reasons") or []),
+        "preemptions": entry.get("preemptions"),
         "requests": requests,
     }
 

@@ -48,11 +48,30 @@ def test_a_scenario_run_is_reduced_to_its_requests():
         "error": None,
         "wall_s": 1.0,
         "shared": True,
+        "reasons": ["step 1 fixture: 32 cached tokens, differs from baseline @2"],
+        "preemptions": 0,
         "requests": [
-            {"step": 0, "probe": "fixture", "verdict": "PASS", "first_diff": None, "cached_tokens": 0, "kv": None},
-            {"step": 1, "probe": "fixture", "verdict": "FAIL", "first_diff": 2, "cached_tokens": 32, "kv": None},
+            {"step": 0, "probe": "fixture", "verdict": "PASS", "first_diff": None, "cached_tokens": 0, "kv": None,
+             "kv_blocks": None, "reasons": [], "token_ids": [5, 6, 7, 8]},
+            {"step": 1, "probe": "fixture", "verdict": "FAIL", "first_diff": 2, "cached_tokens": 32, "kv": None,
+             "kv_blocks": None, "reasons": ["32 cached tokens, differs from baseline @2"], "token_ids": [5, 6, 9, 9]},
         ],
-    }
+    }  # fmt: skip
+
+
+def test_a_later_trial_keeps_its_preemption_count_blamed_blocks_and_tokens():
+    """A later trial is all the report keeps of its run: its preemption count (a preemption scenario's PASS
+    needs one), why it has its verdict, and per request its tokens and the blocks the KV audit blamed."""
+    entry = copy.deepcopy(_judge(None, second=CHANGED))
+    entry["preemptions"] = 3
+    entry["requests"][1]["kv"] = {"verdict": "CORRUPT", "blame": {"text": "blocks 0–1 (tokens 0–31), K+V, layers 0–3"}}
+    summary = trials.scenario_run_summary(entry, 2, False)
+    assert summary["preemptions"] == 3 and summary["reasons"] == entry["reasons"]
+    second = summary["requests"][1]
+    assert (second["kv"], second["kv_blocks"]) == ("CORRUPT", "blocks 0–1 (tokens 0–31), K+V, layers 0–3")
+    assert second["token_ids"] == list(CHANGED) and summary["requests"][0]["kv_blocks"] is None
+    crashed = trials.scenario_run_summary(_crashed(), 3, False)
+    assert crashed["preemptions"] is None and crashed["requests"] == [] and crashed["reasons"]
 
 
 def test_a_finding_in_every_trial_is_consistent():
