@@ -40,6 +40,9 @@ def test_the_reference_recorder_does_not_change_the_baseline(tiny_model, tmp_pat
     audited = _baseline(tiny_model, tmp_path, str(tmp_path / "kv"))
     assert plain.effective_config["kv_transfer_config"] is None
     assert audited.effective_config["kv_transfer_config"]["kv_connector"] == "KVAuditObserver"
+    # a producer, not kv_both: vLLM's scheduler treats a consumer differently (kvaudit.OBSERVER_ROLE)
+    assert audited.effective_config["kv_transfer_config"]["kv_role"] == "kv_producer"
+    assert audited.effective_config["async_scheduling"] is False  # the CPU platform turns it off
     assert (
         [p.name for p in plain.probes]
         == [p.name for p in audited.probes]

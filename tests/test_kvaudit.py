@@ -373,3 +373,23 @@ def test_the_audit_stops_recording_at_its_write_limit_and_says_so(monkeypatch, t
     worker.wait_for_layer_load("model.layers.0.attn")
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".pt") == ["000000.reused.000.pt"]
     assert worker.bound == "inner"  # the connector still gets its own metadata: the engine goes on
+
+
+def test_the_observer_is_a_producer_that_hands_nothing_off():
+    """vLLM 0.28's scheduler reads a connector's role as what it does: a consumer (kv_consumer or kv_both)
+    under async scheduling defers every preempted or finished request's block frees by a step
+    (Scheduler.defer_block_free), and a connector that requires delivery drops a preempted request's
+    in-flight output. The observer loads and stores nothing, so it must claim neither; then the audited
+    control schedules as the unaudited one."""
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+
+    from repro.engine import kvaudit
+
+    ktc = KVTransferConfig(
+        kv_connector=kvaudit.OBSERVER, kv_role=kvaudit.OBSERVER_ROLE, kv_connector_module_path=kvaudit.MODULE
+    )
+    assert ktc.is_kv_transfer_instance and not ktc.is_kv_consumer
+    # the base class ties delivery to the producer role; the observer overrides it
+    assert isinstance(vars(KVConnectorBase_V1).get("requires_kv_delivery"), property)
+    assert kvaudit.KVAuditObserver.requires_kv_delivery.fget(object()) is False

@@ -167,6 +167,8 @@ def _effective_config(llm) -> dict:
         "enable_prefix_caching": bool(cfg.cache_config.enable_prefix_caching),
         "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
         "max_num_seqs": cfg.scheduler_config.max_num_seqs,
+        # with a consumer connector, async scheduling defers block frees (repro.engine.kvaudit.OBSERVER_ROLE)
+        "async_scheduling": getattr(cfg.scheduler_config, "async_scheduling", None),
         "kv_cache_memory_bytes": getattr(cfg.cache_config, "kv_cache_memory_bytes", None),
         "kv_transfer_config": None
         if ktc is None
@@ -328,7 +330,7 @@ def _engine_kwargs(job: Job) -> dict:
         from repro.engine import kvaudit
 
         if ktc is None:  # baseline and native: a connector that only records
-            ktc = {"kv_connector": kvaudit.OBSERVER, "kv_role": "kv_both"}
+            ktc = {"kv_connector": kvaudit.OBSERVER, "kv_role": kvaudit.OBSERVER_ROLE}
         else:  # the arm's connector, wrapped in the auditing subclass (see repro.engine.kvaudit)
             ktc["kv_connector"] = kvaudit.WRAPPED
         ktc["kv_connector_module_path"] = kvaudit.MODULE

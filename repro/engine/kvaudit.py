@@ -71,6 +71,14 @@ AUDIT_DIR_ENV = "KVKIT_KV_AUDIT_DIR"
 AUDIT_TARGET_ENV = "KVKIT_KV_AUDIT_TARGET"  # "Name" (vLLM's registry) or "module.path:Name"
 MODULE = "repro.engine.kvaudit"
 OBSERVER = "KVAuditObserver"
+# The observer's kv_role. Not "kv_both": vLLM reads a connector's role as what it does. A consumer
+# (kv_consumer, kv_both) under async scheduling makes vLLM 0.28's scheduler defer freeing a finished
+# or preempted request's blocks by a step (Scheduler.defer_block_free), and a producer's
+# requires_kv_delivery drops a preempted request's in-flight output (the observer says False below).
+# The observer loads and stores nothing, so as a producer that needs no delivery the scheduler of a
+# full-attention model runs as with no connector: the audited control is the unaudited control.
+# Partial-tail offloads, the producer role's other effect, are for Mamba groups only.
+OBSERVER_ROLE = "kv_producer"
 WRAPPED = "KVAuditWrapped"
 # How K and V sit in a layer's KV tensor (blocks on dim 0 unless said otherwise):
 #   cpu-rows   (num_blocks, kv_heads, block_size, 2*head_size), per head all K rows then all V rows
@@ -490,6 +498,10 @@ class KVAuditObserver(_Audit, KVConnectorBase_V1):
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         self._audit_init(vllm_config, role)
+
+    @property
+    def requires_kv_delivery(self) -> bool:  # it hands nothing off (see OBSERVER_ROLE)
+        return False
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
         self._audit_matched(request, num_computed_tokens, (0, False))

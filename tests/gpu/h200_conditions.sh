@@ -49,6 +49,9 @@
 #   tests/gpu/h200_conditions.sh scenarios028f OUT
 #                                              preemption without the KV audit; both evictions with an exact MP L1;
 #                                              in-flight with each child alone
+#   tests/gpu/h200_conditions.sh scenarios028g OUT
+#                                              preemption with the observer as a producer; both evictions with
+#                                              an exact MP L1; in-flight with each child alone
 #   tests/gpu/h200_conditions.sh monitor OUT   host memory, load and GPU memory every 5 s (in the background)
 #   tests/gpu/h200_conditions.sh reference028 OUT
 #                                              on that stack, LMCache's ops as its wheel ships them: both
@@ -317,6 +320,19 @@ PY
       --scenarios eviction,eviction-partial
     SITE=$SITE028 "$0" step "$OUT" tiny-in-flight-alone-v028 "${fx[@]}" --jobs 1 --scenarios in-flight
     echo "scenarios028f done" >>"$OUT/progress.txt" ;;
+  scenarios028g)  # OUT: the runs after the observer's role changed (kv_both -> kv_producer, 2026-12-01 night)
+    # 1. preemption, 2 trials, KV audit on: the control and native run the observer as a producer now, so
+    #    vLLM 0.28 no longer defers their block frees (Scheduler.defer_block_free); the LMCache arms keep kv_both;
+    # 2. both eviction scenarios with the MP server's L1 sized exactly (l1_use_lazy false in the fixture), 2 trials;
+    # 3. in-flight with every child alone on the GPU (--jobs 1), 1 trial.
+    OUT=${2:?OUT}; mkdir -p "$OUT"
+    fx=(--fixture fixtures/scenarios-gpu-lmcache.json --timeout 300 --no-confirm)
+    SITE=$SITE028 "$0" step "$OUT" tiny-preemption-producer-v028 "${fx[@]}" --compare-native --trials 2 \
+      --scenarios preemption
+    SITE=$SITE028 "$0" step "$OUT" tiny-evictions-exact-l1-v028 "${fx[@]}" --compare-native --trials 2 \
+      --scenarios eviction,eviction-partial
+    SITE=$SITE028 "$0" step "$OUT" tiny-in-flight-alone-v028 "${fx[@]}" --jobs 1 --scenarios in-flight
+    echo "scenarios028g done" >>"$OUT/progress.txt" ;;
   monitor)  # OUT: every 5 s the host's memory, load and the GPU's memory into OUT/monitor.txt (started in the background)
     OUT=${2:?OUT}; mkdir -p "$OUT"
     while :; do
