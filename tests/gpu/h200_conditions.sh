@@ -59,6 +59,8 @@
 #                                              trained model ($SMOLLM2: `SITE=$SITE028 ... smollm2` makes it)
 #                                              and on the tiny one; both at once on GPU 0 and 1 when GPUS=2
 # Then: python tests/gpu/import_conditions.py RAW_DIR NAME (into reports/conditions/ as h200-conditions-NAME).
+#   A log an engine that stopped making progress grew to tens of MB: python tests/gpu/trim_log.py LOG (head, tail,
+#   the cut counted; its size and SHA-256 kept).
 #   tests/gpu/h200_conditions.sh collect OUT DEST   pack what OUT holds so far into DEST/results.tar.xz
 # Every report goes to OUT with its logs as OUT/NAME.logs.tar.xz.
 set -euo pipefail
