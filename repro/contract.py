@@ -162,10 +162,12 @@ class EngineConfig:
     # a scenario's engine (repro.scenarios): requests in flight at once, and tokens one step schedules
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    # a scenario's engine may set vLLM's async scheduling (None: vLLM's default for the platform)
+    async_scheduling: bool | None = None
 
     def to_json(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        for key in ("kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens"):
+        for key in ("kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens", "async_scheduling"):
             if out[key] is None:
                 del out[key]
         return out
@@ -184,6 +186,7 @@ class EngineConfig:
             kv_cache_tokens=_get(data, "kv_cache_tokens", int, where, optional=True),
             max_num_seqs=_get(data, "max_num_seqs", int, where, optional=True),
             max_num_batched_tokens=_get(data, "max_num_batched_tokens", int, where, optional=True),
+            async_scheduling=_get(data, "async_scheduling", bool, where, optional=True),
         )
 
 

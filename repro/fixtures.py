@@ -67,7 +67,13 @@ LMCACHE_OPS_MODES = ("auto", "compiled", "fallback")
 
 SCENARIO_EXPECTS = ("miss", "reuse")
 # A scenario's engine settings (repro.scenarios says what each does) and their types.
-SCENARIO_ENGINE_KEYS = {"kv_cache_tokens": int, "max_num_seqs": int, "max_num_batched_tokens": int, "preemption": bool}
+SCENARIO_ENGINE_KEYS = {
+    "kv_cache_tokens": int,
+    "max_num_seqs": int,
+    "max_num_batched_tokens": int,
+    "preemption": bool,
+    "async_scheduling": bool,
+}
 # LMCache's MP server settings a scenario may set (repro.lmcache_mp.ServerSettings' fields).
 SCENARIO_MP_SERVER_KEYS = {"l1_size_gb": (int, float), "chunk_size": int, "eviction_policy": str, "l1_use_lazy": bool}
 _SCENARIO_KEYS = ("name", "description", "engine", "lmcache", "mp_server", "steps")

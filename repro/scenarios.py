@@ -174,6 +174,7 @@ def scenario_job(job: Job, scenario: Scenario, probes: list[Probe]) -> Job:
         kv_cache_tokens=eng.get("kv_cache_tokens"),
         max_num_seqs=eng.get("max_num_seqs", scenario.widest),
         max_num_batched_tokens=eng.get("max_num_batched_tokens"),
+        async_scheduling=eng.get("async_scheduling"),
     )
     steps = tuple(StepJob(s.submit, s.together, s.wait_s) for s in scenario.steps)
     return replace(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -481,3 +482,37 @@ def test_the_child_sits_idle_before_a_waiting_step(monkeypatch):
     _, result = child.run_scenario(FakeLLM(), job, None, None, child._AuditRecords(None))
     assert events == [("generate", 1), ("generate", 1), ("sleep", 5.0), ("generate", 1)]
     assert [(r.step, r.probe) for r in result.requests] == [(0, "a"), (1, "b"), (2, "a")]
+
+
+def test_a_scenario_may_turn_async_scheduling_off(tmp_path):
+    """preemption-sync is preemption with vLLM's async scheduling off: the fixture, the child's job and the
+    engine's kwargs carry it; absent, vLLM's platform default stands (no kwarg); a non-boolean is one line, exit 2."""
+    from repro.engine.child import _engine_kwargs
+    from repro.scenarios import scenario_job
+
+    fixture = load_fixture(ROOT / "fixtures" / "scenarios-gpu-lmcache.json")
+    by_name = {sc.name: sc for sc in fixture.scenarios}
+    sync, plain = by_name["preemption-sync"], by_name["preemption"]
+    assert sync.engine == {**plain.engine, "async_scheduling": False} and sync.steps == plain.steps
+    probes = build_probes(fixture.probes, "acceptance")
+    engine = EngineConfig("m", None, "float16", 0, 0.45, 2048, 16, "cuda")
+    jobs = {
+        sc.name: scenario_job(Job(ArmSpec(f"baseline~scenario.{sc.name}", "baseline"), engine, 16, 2, ()), sc, probes)
+        for sc in (sync, plain)
+    }
+    assert jobs["preemption-sync"].engine.async_scheduling is False
+    assert jobs["preemption"].engine.async_scheduling is None
+    assert "async_scheduling" not in jobs["preemption"].to_json()["engine"]
+    back = Job.from_json(json.loads(json.dumps(jobs["preemption-sync"].to_json())))
+    assert back.engine.async_scheduling is False
+    unsized = {"kv_cache_tokens": None}  # the kwargs without reading a model's config to size the cache
+    assert _engine_kwargs(replace(back, engine=replace(back.engine, **unsized)))["async_scheduling"] is False
+    job = jobs["preemption"]
+    assert "async_scheduling" not in _engine_kwargs(replace(job, engine=replace(job.engine, **unsized)))
+    data = json.loads((ROOT / "fixtures" / "scenarios-gpu-lmcache.json").read_text())
+    next(s for s in data["scenarios"] if s["name"] == "preemption-sync")["engine"]["async_scheduling"] = "no"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(UsageError) as err:  # the CLI prints it as one line and exits 2 (the test above)
+        load_fixture(bad)
+    assert "\n" not in str(err.value) and "engine.async_scheduling: wrong type str" in str(err.value)

@@ -315,6 +315,8 @@ def _engine_kwargs(job: Job) -> dict:
         "enable_prefix_caching": arm.mode == "native",
         "disable_log_stats": False,
     }
+    if e.async_scheduling is not None:  # a scenario's engine; else vLLM's default (on for CUDA, off on the CPU)
+        kwargs["async_scheduling"] = e.async_scheduling
     if e.kv_cache_tokens:
         kwargs["kv_cache_memory_bytes"] = e.kv_cache_tokens * kv_bytes_per_token(e.model, e.revision, e.dtype)
     ktc = None

@@ -52,6 +52,8 @@
 #   tests/gpu/h200_conditions.sh scenarios028g OUT
 #                                              preemption with the observer as a producer; both evictions with
 #                                              an exact MP L1; in-flight with each child alone
+#   tests/gpu/h200_conditions.sh scenarios028h OUT
+#                                              preemption with async scheduling off, then on (the mechanism test)
 #   tests/gpu/h200_conditions.sh monitor OUT   host memory, load and GPU memory every 5 s (in the background)
 #   tests/gpu/h200_conditions.sh reference028 OUT
 #                                              on that stack, LMCache's ops as its wheel ships them: both
@@ -335,6 +337,15 @@ PY
       --scenarios eviction,eviction-partial
     SITE=$SITE028 "$0" step "$OUT" tiny-in-flight-alone-v028 "${fx[@]}" --jobs 1 --scenarios in-flight
     echo "scenarios028g done" >>"$OUT/progress.txt" ;;
+  scenarios028h)  # OUT: the next GPU session (after scenarios028g, 2026-12-01 night)
+    # preemption-sync (async scheduling off) then preemption (on), 2 trials each, native beside: if the LMCache engines
+    # finish with it off and stop with it on, on one host, the deferred frees (vllm#49674) are the mechanism, and
+    # LMCacheConnectorV1 gets a judged result under preemption (with async scheduling off)
+    OUT=${2:?OUT}; mkdir -p "$OUT"
+    fx=(--fixture fixtures/scenarios-gpu-lmcache.json --timeout 300 --no-confirm --compare-native --trials 2)
+    SITE=$SITE028 "$0" step "$OUT" tiny-preemption-sync-v028 "${fx[@]}" --scenarios preemption-sync
+    SITE=$SITE028 "$0" step "$OUT" tiny-preemption-async-v028 "${fx[@]}" --scenarios preemption
+    echo "scenarios028h done" >>"$OUT/progress.txt" ;;
   monitor)  # OUT: every 5 s the host's memory, load and the GPU's memory into OUT/monitor.txt (started in the background)
     OUT=${2:?OUT}; mkdir -p "$OUT"
     while :; do
