@@ -221,3 +221,23 @@ def test_the_site_facts_say_in_how_many_trials():
     assert ("a-b-a · native prefix caching", "PASS") not in once.scenarios
     assert ("a-b-a · native prefix caching", "PASS") in entry.scenarios
     assert entry.scenario_passes == once.scenario_passes - 1
+
+
+def test_a_trial_that_ended_in_error_is_said_and_is_no_plain_pass():
+    """A scenario arm whose own run PASSed but whose trial 2 timed out (the H200 preemption run: an engine that
+    stopped making progress) found nothing in the trial that finished. The trials text says one trial ERRORed, and
+    the site's index lists the run with its ERROR count instead of counting it among the plain PASSes."""
+    report = scenario_report()
+    native = report["scenarios"][0]["arms"][1]
+    timed_out = {**copy.deepcopy(native), "verdict": "ERROR", "requests": [], "kv": None}
+    timed_out["error"] = {"kind": "timeout", "detail": "the arm ran past its time limit"}
+    native["trials"] = trials.scenario_trial_rates(_runs(native, timed_out))
+    validate_report(report)
+    arm = as_report(report).scenarios[0].arms[1]
+    assert arm.verdict == "PASS" and arm.trials.found == 0 and arm.trials.errors == 1
+    assert arm.trials.text == "no finding in the 1 of 2 trials that finished; 1 ERROR (PASS, ERROR)"
+    once = build_index_row(scenario_report(), stem="r", href="r.html")
+    entry = build_index_row(report, stem="r", href="r.html")
+    assert ("a-b-a · native prefix caching", "PASS, 1 of 2 trials ERROR") in entry.scenarios
+    assert entry.scenario_passes == once.scenario_passes - 1
+    assert "1 ERROR (PASS, ERROR)" in format_summary(report)

@@ -636,15 +636,26 @@ def build_index_row(report: Report | dict, *, stem: str, href: str) -> IndexRow:
         acceptance=report.acceptance_label(short=True),
         kv=_index_kv(report),
         scenarios=tuple(
-            (f"{s.name} · {a.title}", a.verdict_text) for s in report.scenarios for a in s.arms if not _plain_pass(a)
+            (f"{s.name} · {a.title}", _index_scenario_text(a))
+            for s in report.scenarios
+            for a in s.arms
+            if not _plain_pass(a)
         ),
         scenario_passes=sum(_plain_pass(a) for s in report.scenarios for a in s.arms),
     )
 
 
 def _plain_pass(arm: ScenarioArm) -> bool:
-    """A scenario run with nothing to say: PASS, no class, no CORRUPT KV, no finding in a later trial."""
-    return arm.verdict == PASS and not arm.cls and not arm.is_finding and not (arm.trials and arm.trials.found)
+    """A scenario run with nothing to say: PASS, no class, no CORRUPT KV, no finding or ERROR in a later trial."""
+    later = arm.trials and (arm.trials.found or arm.trials.errors)
+    return arm.verdict == PASS and not arm.cls and not arm.is_finding and not later
+
+
+def _index_scenario_text(arm: ScenarioArm) -> str:
+    """The index's word on a scenario run: its verdict, and how many of its trials ended in ERROR."""
+    if arm.trials and arm.trials.errors:
+        return f"{arm.verdict_text}, {arm.trials.errors} of {arm.trials.n} trials ERROR"
+    return arm.verdict_text
 
 
 def _index_verdict(arm: Arm) -> IndexVerdict:

@@ -14,7 +14,7 @@ from repro.readmodel.arms import floor_rel_text
 from repro.readmodel.conditions import ArmConditions
 from repro.readmodel.probes import KVCells, ProbeKV
 from repro.readmodel.requests import Divergence, Request
-from repro.verdict import CORRUPT, FAIL, PASS
+from repro.verdict import CORRUPT, ERROR, FAIL, PASS
 from repro.wording import NOT_RECORDED, seconds
 
 # What a step's expect means, as a reader needs it (the producer's words are "miss", "reuse" or null).
@@ -318,11 +318,18 @@ class ScenarioTrials:
         return sum(1 for run in self.runs if _run_found(run))
 
     @property
+    def errors(self) -> int:
+        """The trials that ended in ERROR (a timeout, a crash): they found nothing because they did not finish."""
+        return sum(1 for run in self.runs if run.get("verdict") == ERROR)
+
+    @property
     def text(self) -> str:
         """'found in 2 of 2 trials (FAIL, FAIL)', 'intermittent: found in 1 of 3 trials (FAIL, PASS, ERROR)',
-        'no finding in 2 trials (PASS, PASS)'."""
+        'no finding in 2 trials (PASS, PASS)', 'no finding in the 1 of 2 trials that finished; 1 ERROR (PASS, ERROR)'."""
         verdicts = ", ".join(str(run.get("verdict") or "?") for run in self.runs)
-        k, n = self.found, self.n
+        k, n, e = self.found, self.n, self.errors
+        if k == 0 and e:
+            return f"no finding in the {n - e} of {n} trials that finished; {e} ERROR ({verdicts})"
         if k == 0:
             return f"no finding in {n} trials ({verdicts})"
         return ("intermittent: " if k < n else "") + f"found in {k} of {n} trials ({verdicts})"
