@@ -46,9 +46,6 @@
 #                                              in-flight with each child alone; start `monitor` beside it
 #   tests/gpu/h200_conditions.sh scenarios028e OUT
 #                                              eviction-partial (2 trials), then scenarios028d's three runs
-#   tests/gpu/h200_conditions.sh scenarios028f OUT
-#                                              preemption without the KV audit; both evictions with an exact MP L1;
-#                                              in-flight with each child alone
 #   tests/gpu/h200_conditions.sh scenarios028g OUT
 #                                              preemption with the observer as a producer; both evictions with
 #                                              an exact MP L1; in-flight with each child alone
@@ -312,18 +309,6 @@ PY
       --scenarios in-flight,a-b-a
     SITE=$SITE028 "$0" step "$OUT" tiny-in-flight-alone-v028 "${fx[@]}" --jobs 1 --scenarios in-flight
     echo "scenarios028e done" >>"$OUT/progress.txt" ;;
-  scenarios028f)  # OUT: the next GPU session's runs, most needed first (after scenarios028e, 2026-12-01 evening)
-    # 1. preemption without the KV audit: does vLLM still stop making progress when no arm has the kit's observer?
-    # 2. both eviction scenarios with the MP server's L1 sized exactly (l1_use_lazy false in the fixture), 2 trials;
-    # 3. in-flight with every child alone on the GPU (--jobs 1), 1 trial.
-    OUT=${2:?OUT}; mkdir -p "$OUT"
-    fx=(--fixture fixtures/scenarios-gpu-lmcache.json --timeout 300 --no-confirm)
-    SITE=$SITE028 "$0" step "$OUT" tiny-preemption-noaudit-v028 "${fx[@]}" --compare-native --trials 2 --no-kv-audit \
-      --scenarios preemption
-    SITE=$SITE028 "$0" step "$OUT" tiny-evictions-exact-l1-v028 "${fx[@]}" --compare-native --trials 2 \
-      --scenarios eviction,eviction-partial
-    SITE=$SITE028 "$0" step "$OUT" tiny-in-flight-alone-v028 "${fx[@]}" --jobs 1 --scenarios in-flight
-    echo "scenarios028f done" >>"$OUT/progress.txt" ;;
   scenarios028g)  # OUT: the runs after the observer's role changed (kv_both -> kv_producer, 2026-12-01 night)
     # 1. preemption, 2 trials, KV audit on: the control and native run the observer as a producer now, so
     #    vLLM 0.28 no longer defers their block frees (Scheduler.defer_block_free); the LMCache arms keep kv_both;
