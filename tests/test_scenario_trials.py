@@ -241,3 +241,20 @@ def test_a_trial_that_ended_in_error_is_said_and_is_no_plain_pass():
     assert ("a-b-a · native prefix caching", "PASS, 1 of 2 trials ERROR") in entry.scenarios
     assert entry.scenario_passes == once.scenario_passes - 1
     assert "1 ERROR (PASS, ERROR)" in format_summary(report)
+
+
+def test_no_trial_finished_is_said_as_such():
+    """Both trials timed out (the H200 preemption run with async scheduling: both LMCache engines stopped making
+    progress in 2 of 2 trials): 'no finding in the 0 of 2 trials that finished' said nothing; the text now says
+    no trial finished, and the arm stays ERROR."""
+    report = scenario_report()
+    native = report["scenarios"][0]["arms"][1]
+    timed_out = {**copy.deepcopy(native), "verdict": "ERROR", "requests": [], "kv": None}
+    timed_out["error"] = {"kind": "timeout", "detail": "the arm ran past its time limit"}
+    native.update({k: v for k, v in timed_out.items() if k != "trials"})
+    native["trials"] = trials.scenario_trial_rates(_runs(timed_out, copy.deepcopy(timed_out)))
+    validate_report(report)
+    arm = as_report(report).scenarios[0].arms[1]
+    assert arm.verdict == "ERROR" and arm.trials.errors == 2 and arm.trials.found == 0
+    assert arm.trials.text == "no trial finished: 2 of 2 ERROR (ERROR, ERROR)"
+    assert "no trial finished: 2 of 2 ERROR (ERROR, ERROR)" in format_summary(report)

@@ -582,3 +582,34 @@ def test_a_reuse_that_differs_from_a_clean_control_is_never_shown_as_the_control
     assert {r.control_cell for r in clean} == {"same"} and {r.control_text for r in clean} == {
         "as the cache-off control"
     }
+
+
+def test_a_load_that_vllms_hit_counter_leaves_out_is_said_beside_the_verdict():
+    """vLLM 0.28.0 records a request's cached tokens at its first schedule only (scheduler.py: 'Track first
+    scheduled prefill, not post-preemption repeat prefills'). On the H200 (preemption-sync), LMCacheConnectorV1
+    reloaded 256 tokens of chat-511 when it resumed after a preemption in the cold step: vLLM's counter said 0
+    cached, LMCache's own count 256. The line, the issue and the page say so; the last prompt token that vLLM
+    never counts (512 against 511) is no disagreement, and nothing is said without LMCache's count."""
+    report = scenario_report()
+    planted = report["scenarios"][1]["arms"][0]["requests"]  # in-flight, PlantedFault
+    cold = planted[0]  # step 0 chat-511, 0 cached
+    cold.update(verdict="FAIL", first_diff=5, preemptions=1, kv_transfer_params={"num_lmcache_cached_tokens": 256})
+    cold["reasons"] = ["differs from baseline @5 in a call where the engine preempted requests"]
+    planted[5]["kv_transfer_params"] = {"num_lmcache_cached_tokens": 513}  # 512 cached: the last token only
+    planted[4]["kv_transfer_params"] = {"num_lmcache_cached_tokens": 512}  # 496 cached, no preemption
+    validate_report(report)
+    requests = as_report(report).scenarios[1].arms[0].requests
+    said = (
+        "LMCache reported 256 hit tokens where vLLM counted 0 cached: a load vLLM's counter leaves out (vLLM "
+        "records a request's cached tokens at its first schedule, not when it resumes after a preemption)"
+    )
+    assert requests[0].connector_hit_tokens == 256 and requests[0].counter_note == said
+    assert requests[0].line.endswith(" · " + said)
+    assert requests[4].counter_note == "LMCache reported 512 hit tokens where vLLM counted 496 cached"
+    assert requests[5].counter_note == "" and requests[1].counter_note == ""  # 513 vs 512; no count at all
+    assert requests[1].connector_hit_tokens is None
+    assert said in format_summary(report)
+    assert f"  - {said}" in _section(format_issue_md(report), "#### Scenarios")
+    rows = cell_rows(render_report_page(report, stem="r"), "scn-s1")  # in-flight: the note in the hit cell
+    assert rows[5][:5] == ["0", "chat-511", "must miss", f"0 miss{said}", "FAIL"]
+    assert rows[6][:4] == ["0", "chat-512", "must miss", "0 miss"]

@@ -48,7 +48,7 @@ def _request_lines(report: Report, request: StepRequest, token_limit: int | None
             f"{request.verdict}{cls}{trials}{diff}"
         )
     ]
-    lines += [f"  - {text}" for text in (*request.reasons, request.note) if text]
+    lines += [f"  - {text}" for text in (*request.reasons, request.note, request.counter_note) if text]
     if request.kv is not None:
         lines.append(f"  - KV: {request.kv_cell}")
     lines.append(f"  - control: {request.control_text}")

@@ -169,6 +169,7 @@ class ScenarioRow:
     control: str
     cls: str = ""  # the request's class ("schedule-numerics"); "" when none
     note: str = ""  # what qualifies its check, e.g. an expected reuse not enforced
+    counts: str = ""  # where the connector's own hit count disagrees with vLLM's (StepRequest.counter_note)
 
 
 @dataclass(frozen=True)
@@ -481,6 +482,7 @@ def _scenario_row(req: StepRequest) -> ScenarioRow:
         control=req.control_cell,
         cls=req.cls,
         note=machine_path_name(req.note),
+        counts=req.counter_note,
     )
 
 

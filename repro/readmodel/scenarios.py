@@ -325,9 +325,12 @@ class ScenarioTrials:
     @property
     def text(self) -> str:
         """'found in 2 of 2 trials (FAIL, FAIL)', 'intermittent: found in 1 of 3 trials (FAIL, PASS, ERROR)',
-        'no finding in 2 trials (PASS, PASS)', 'no finding in the 1 of 2 trials that finished; 1 ERROR (PASS, ERROR)'."""
+        'no finding in 2 trials (PASS, PASS)', 'no finding in the 1 of 2 trials that finished; 1 ERROR (PASS, ERROR)',
+        'no trial finished: 2 of 2 ERROR (ERROR, ERROR)'."""
         verdicts = ", ".join(str(run.get("verdict") or "?") for run in self.runs)
         k, n, e = self.found, self.n, self.errors
+        if k == 0 and e >= n:
+            return f"no trial finished: {e} of {n} ERROR ({verdicts})"
         if k == 0 and e:
             return f"no finding in the {n - e} of {n} trials that finished; {e} ERROR ({verdicts})"
         if k == 0:
@@ -399,6 +402,31 @@ class StepRequest(KVCells, _Placed, _Judged, Request):
     @property
     def preemptions(self) -> int | None:
         return _int(self.data.get("preemptions"))
+
+    @property
+    def connector_hit_tokens(self) -> int | None:
+        """The connector's own count of this request's hit tokens (LMCache's `num_lmcache_cached_tokens` in its
+        kv_transfer_params); None: not reported (native, LMCacheMPConnector)."""
+        found = self.data.get("kv_transfer_params")
+        return _int(found.get("num_lmcache_cached_tokens")) if isinstance(found, dict) else None
+
+    @property
+    def counter_note(self) -> str:
+        """Where the connector counted more hit tokens than vLLM, beyond the last prompt token that vLLM never
+        counts: 'LMCache reported 256 hit tokens where vLLM counted 0 cached'. With a preemption in its call,
+        the reason is named: vLLM (0.28.0's scheduler) records a request's cached tokens at its first schedule
+        only, so a load when a preempted request resumes is in LMCache's count and not in vLLM's. Evidence
+        beside the verdict, which vLLM's count and the tokens decide; '' when the counts agree."""
+        theirs, cached = self.connector_hit_tokens, self.cached_tokens
+        if theirs is None or cached is None or theirs <= cached + 1:
+            return ""
+        text = f"LMCache reported {theirs} hit tokens where vLLM counted {cached} cached"
+        if self.preemptions:
+            text += (
+                ": a load vLLM's counter leaves out (vLLM records a request's cached tokens at its first schedule, "
+                "not when it resumes after a preemption)"
+            )
+        return text
 
     @property
     def origin(self) -> str:
@@ -483,7 +511,8 @@ class StepRequest(KVCells, _Placed, _Judged, Request):
         verdict += f" {self.trial_mark}" if self.trial_mark else ""
         kv = f" · KV {self.kv_cell}" if self.kv is not None else ""
         why = f" — {'; '.join(self.reasons)}" if self.reasons else ""
-        return f"{head}: {verdict}{kv} · {self.control_text}{why}"
+        counts = f" · {self.counter_note}" if self.counter_note else ""
+        return f"{head}: {verdict}{kv} · {self.control_text}{why}{counts}"
 
 
 @dataclass(frozen=True)
