@@ -422,6 +422,8 @@ def run_arm(
     stopped = None if watch.stop is None else (watch.stop[0], watch.stop[1] + give_back(watch, log_path))
     text = redact_log(log_path, env)
     result, failure = collect_outcome(returncode, timed_out, oom_killed, text, out_path, stopped)
+    if failure is not None and failure[0] == TIMEOUT and (said := logscan.stall_text(text)):
+        failure = (TIMEOUT, f"{failure[1]}; {said}")  # a loop or a silence, told by its own lines
     if result is not None and job.fixture_sha256 and result.fixture_sha256 is None:
         result = replace(result, fixture_sha256=job.fixture_sha256)  # what this child was fed
     return ArmOutcome(

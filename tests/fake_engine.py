@@ -6,7 +6,8 @@ KVKIT_FAKE (JSON) tells it how to behave per arm:
   {"modes": {"ARM or *": MODE}, "pid_dir": DIR, "echo_env": [NAMES], "config": {"ARM": {...}},
    "sleep_s": S, "result_schema_version": N}
 MODE is one of ok, sigkill, segfault, hang, hang-ignore-term, oom, exit7, missing, garbage,
-wrong-kind, raise, raise-no-record, slow, linger (writes its result, then waits sleep_s before it
+wrong-kind, raise, raise-no-record, slow, spin (logs the same three lines, each with a time stamp and a
+request id that change, until it is killed: an engine that stopped making progress), linger (writes its result, then waits sleep_s before it
 exits: the chaos run damages the result file meanwhile), flood-kv and flood-log (a runaway writer:
 flood_mb_s MB a second, default 20, for ever, into files of its KV audit directory, or to its log;
 with pid_dir, the MB written so far in DIR/ARM.flooded, as the test's own count).
@@ -134,6 +135,14 @@ def main(argv: list[str]) -> int:
     if mode in ("hang", "hang-ignore-term"):
         while True:
             time.sleep(1)
+    if mode == "spin":
+        for i in range(10**9):
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S") + f",{i % 1000:03d}"
+            for total, hit in ((1504, 1280), (513, 256), (512, 512)):
+                print(
+                    f"[{stamp}] LMCache INFO: Reqid: {i}-{total:x}, Total tokens {total}, hit tokens: {hit}", flush=True
+                )
+            time.sleep(0.0002)
     if mode == "slow":
         time.sleep(float(spec.get("sleep_s", 30)))
     if mode in ("flood-kv", "flood-log"):

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from repro import runner
+from repro import logscan, runner
 from repro.contract import (
     CRASH,
     MISSING_OUTPUT,
@@ -122,6 +123,42 @@ def test_hang_past_timeout_kills_the_whole_group(tmp_path):
     assert "mode=hang" in out.failure.log_tail
     assert time.monotonic() - t0 < 15
     assert_no_leftovers(tmp_path)
+
+
+def test_a_timeout_says_what_the_log_ended_on(tmp_path):
+    """An engine that stopped making progress logs one iteration's lines until it is killed (on the H200, 46.8 MB
+    in 300 s); its timeout says so from its own lines: their count, and how few distinct lines the last 2,000
+    are once time stamps and request ids are masked. A silent hang ends on the lines it logged last."""
+    (tmp_path / "spin").mkdir()
+    (tmp_path / "hang").mkdir()
+    spun = run_fake(tmp_path / "spin", "spin", timeout_s=2)
+    assert spun.failure.kind == TIMEOUT
+    head, _, said = spun.failure.detail.partition("; its log: ")
+    assert head == "the arm ran past its time limit and was killed with its process group"
+    assert (
+        "; its last 2,000 lines are 3 distinct lines (times and request ids masked); the 3 most frequent make up "
+        in said
+    )
+    assert "2,000 of them, the first 66" in said  # 667 or 668: where the window starts in the three
+    assert said.endswith('times: "[' + said.split('times: "[', 1)[1])  # one quoted line, masked as below
+    assert re.search(r'"\[\d{4}-\d{2}-\d{2} T\] LMCache INFO: Reqid: X, Total tokens \d+, hit tokens: \d+"$', said)
+    hung = run_fake(tmp_path / "hang", "hang", timeout_s=2)
+    assert hung.failure.kind == TIMEOUT and "; its log: " in hung.failure.detail
+    assert "distinct lines" in hung.failure.detail and "fake-engine: arm=baseline mode=hang" in hung.failure.detail
+
+
+def test_stall_text_masks_times_and_request_ids_only():
+    vllm = "(EngineCore pid=7) INFO 12-02 02:38:30 [core.py:1] step {i}"
+    lmc = "[2026-12-02 02:38:30,{i:03d}] LMCache INFO: [req_id={i}-ab] Retrieved 256, cost 0.{i} ms"
+    text = "\n".join(line.format(i=i) for i in range(5) for line in (vllm, lmc)) + "\n\n"
+    said = logscan.stall_text(text, window=4)
+    assert said.startswith(f"its log: {len(text.encode())} bytes, 10 lines; its last 4 lines are 4 distinct lines")
+    same = "\n".join(f"INFO 12-02 02:38:{i:02d} [core.py:1] Reqid: {i}-x, hit 1280" for i in range(30))
+    assert logscan.stall_text(same).endswith(
+        "30 lines are 1 distinct lines (times and request ids masked); the 1 most frequent make up 30 of them, "
+        'the first 30 times: "INFO 12-02 T [core.py:1] Reqid: X, hit 1280"'
+    )
+    assert logscan.stall_text("") == "" and logscan.stall_text("\n \n") == ""
 
 
 def test_a_child_that_ignores_sigterm_gets_sigkill(tmp_path, monkeypatch):
