@@ -322,7 +322,7 @@ PY
       --scenarios eviction,eviction-partial
     SITE=$SITE028 "$0" step "$OUT" tiny-in-flight-alone-v028 "${fx[@]}" --jobs 1 --scenarios in-flight
     echo "scenarios028g done" >>"$OUT/progress.txt" ;;
-  scenarios028h)  # OUT: the next GPU session (after scenarios028g, 2026-12-01 night)
+  scenarios028h)  # OUT: ran 2026-12-02 at a36f1d3: reports/conditions/h200-conditions-tiny-preemption-{sync,async}-v028
     # preemption-sync (async scheduling off) then preemption (on), 2 trials each, native beside: if the LMCache engines
     # finish with it off and stop with it on, on one host, the deferred frees (vllm#49674) are the mechanism, and
     # LMCacheConnectorV1 gets a judged result under preemption (with async scheduling off)
