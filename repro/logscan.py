@@ -72,11 +72,15 @@ QUOTE = 160
 TOP = 10  # how many of the most frequent lines the diagnosis sums
 
 
-def _loop_key(line: str) -> str:
-    line = clean_line(line)
+def mask_times_and_ids(line: str) -> str:
+    """The line with its time stamps and request ids masked (_LOOP_MASKS): one loop iteration's lines alike."""
     for pattern, repl in _LOOP_MASKS:
         line = pattern.sub(repl, line)
-    return line.strip()
+    return line
+
+
+def _loop_key(line: str) -> str:
+    return mask_times_and_ids(clean_line(line)).strip()
 
 
 def stall_text(text: str, window: int = STALL_WINDOW) -> str:

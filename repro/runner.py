@@ -197,8 +197,11 @@ def classify_exit(
     without that count is a crash (whose detail mentions the OOM killer)."""
     if stopped is not None:
         return stopped
-    if timed_out:
-        return TIMEOUT, "the arm ran past its time limit and was killed with its process group"
+    if timed_out:  # what its log ended on (a loop or a silence), told by its own lines
+        said = logscan.stall_text(log_text)
+        return TIMEOUT, "the arm ran past its time limit and was killed with its process group" + (
+            f"; {said}" if said else ""
+        )
     if returncode == 0:
         return None
     low = log_text[-20000:].lower()
@@ -422,8 +425,6 @@ def run_arm(
     stopped = None if watch.stop is None else (watch.stop[0], watch.stop[1] + give_back(watch, log_path))
     text = redact_log(log_path, env)
     result, failure = collect_outcome(returncode, timed_out, oom_killed, text, out_path, stopped)
-    if failure is not None and failure[0] == TIMEOUT and (said := logscan.stall_text(text)):
-        failure = (TIMEOUT, f"{failure[1]}; {said}")  # a loop or a silence, told by its own lines
     if result is not None and job.fixture_sha256 and result.fixture_sha256 is None:
         result = replace(result, fixture_sha256=job.fixture_sha256)  # what this child was fed
     return ArmOutcome(

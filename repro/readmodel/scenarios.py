@@ -511,8 +511,8 @@ class StepRequest(KVCells, _Placed, _Judged, Request):
         verdict += f" {self.trial_mark}" if self.trial_mark else ""
         kv = f" · KV {self.kv_cell}" if self.kv is not None else ""
         why = f" — {'; '.join(self.reasons)}" if self.reasons else ""
-        counts = f" · {self.counter_note}" if self.counter_note else ""
-        return f"{head}: {verdict}{kv} · {self.control_text}{why}{counts}"
+        counts = self.counter_note
+        return f"{head}: {verdict}{kv} · {self.control_text}{why}" + (f" · {counts}" if counts else "")
 
 
 @dataclass(frozen=True)

@@ -15,24 +15,19 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import re
 import sys
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from anywhere: the kit's repro
+from repro.logscan import mask_times_and_ids  # after the kit's root is on the path
+
 WIDTH = 240
-_MASKS = (
-    (re.compile(r"(\d{4}-\d{2}-\d{2})[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?"), r"\1 T"),  # LMCache: 2026-12-01 19:50:37,523
-    (re.compile(r"\b(\d{2}-\d{2}) \d{2}:\d{2}:\d{2}\b"), r"\1 T"),  # vLLM: INFO 12-01 19:50:23
-    (re.compile(r"(Reqid:\s*|req_id=|request_id=|request id )[\w.:-]+"), r"\1X"),
-)
 
 
 def mask(line: str) -> str:
-    for pattern, repl in _MASKS:
-        line = pattern.sub(repl, line)
-    return line[:WIDTH]
+    return mask_times_and_ids(line)[:WIDTH]
 
 
 def trim(path: Path, head: int = 400, tail: int = 200, top: int = 30, day: str | None = None) -> bool:
