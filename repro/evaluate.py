@@ -17,6 +17,7 @@ from repro.verdict import (
     decide_baseline_probe,
     decide_incomparable,
     decide_missing_baseline_probe,
+    decide_missing_probe,
     decide_no_baseline,
     decide_probe,
     decide_shared_first_block,
@@ -136,7 +137,8 @@ def judge_probe(
     return entry, pv
 
 
-def _skipped_entry(name: str, why: str) -> dict:
+def _skipped_entry(name: str, why: str | None) -> dict:
+    """The entry of a probe with no result: skipped (why), or asked for and missing from the result (None)."""
     return {
         "name": name,
         "prompt_tokens": None,
@@ -153,8 +155,13 @@ def judge_arm(
     mode: str,
     block_size: int,
     skip_probes: dict[str, str] | None = None,
+    asked: Mapping[str, int] | None = None,
 ) -> tuple[list[dict], ArmVerdict]:
-    """(probe entries, arm verdict) for an arm whose child delivered a result."""
+    """(probe entries, arm verdict) for an arm whose child delivered a result.
+
+    asked: what its job asked for, probe name -> requests (cold + reuses). A probe asked for that the result
+    lacks is INCONCLUSIVE, and so is one with fewer requests than asked: an arm is judged on what it was
+    asked to run, never on the part of it that came back (None: not known, as for an old caller)."""
     if mode != "baseline":
         if baseline is None:
             return [], decide_no_baseline()
@@ -166,6 +173,15 @@ def judge_arm(
     judged = [judge_probe(p, base_probes.get(p.name), mode, answers) for p in result.probes]
     judged += [(_skipped_entry(name, why), decide_skipped(why)) for name, why in sorted((skip_probes or {}).items())]
     verdicts = {entry["name"]: pv for entry, pv in judged}
+    got = {p.name: len(p.requests) for p in result.probes}
+    for name, n in (asked or {}).items():
+        if name in (skip_probes or {}):
+            continue
+        if name not in got:
+            judged.append((_skipped_entry(name, None), decide_missing_probe(None, n)))
+            verdicts[name] = judged[-1][1]
+        elif got[name] < n:
+            verdicts[name] = decide_missing_probe(verdicts[name], n, got[name])
     for first, second in shared_first_blocks({p.name: list(p.prompt_token_ids) for p in result.probes}, block_size):
         verdicts[second] = decide_shared_first_block(verdicts[second], first)
     entries = []

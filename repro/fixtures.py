@@ -6,7 +6,12 @@ Fixture schema (kind "kvkit-fixture"; JSON Schema in schemas/fixture.schema.json
     audits KV; a kit older than the KV audit ignores it, as it makes no KV verdict). scenarios
     (named sequences of steps over the probes, each with its engine settings; run only when asked,
     --scenarios), expected_scenarios (arm -> {scenario: verdict}) and expected_scenarios_kv (arm ->
-    {scenario: KV verdict}); a kit older than scenarios ignores them, as it runs none.
+    {scenario: KV verdict}); a kit older than scenarios ignores them, as it runs none. Expectation
+    sets: in any of the four tables an expectation may be a non-empty list of distinct verdicts
+    (["EXACT", "NUMERIC"]: either holds) where a correct stack may legitimately give either, such as
+    KV that a prefill of another length or batch shape computed; a list never mixes a finding (FAIL,
+    CORRUPT) with a non-finding. A kit older than sets refuses such a fixture with a one-line error
+    (it checked each entry was one verdict), so nothing is read differently.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from repro.errors import UsageError
-from repro.verdict import KV_VERDICTS, VERDICTS
+from repro.verdict import KV_VERDICTS, VERDICTS, expectation_problem
 
 FIXTURE_KIND = "kvkit-fixture"
 FIXTURE_SCHEMA_VERSION = 1
@@ -124,7 +129,7 @@ class Fixture:
     tokenizer: dict
     probes: tuple[Probe, ...]
     arms: tuple[ArmSpec, ...]
-    expected: dict  # arm name -> {probe name -> verdict}
+    expected: dict  # arm name -> {probe name -> verdict, or a list of verdicts (a set)}
     raw: dict
     expected_kv: dict = field(default_factory=dict)  # arm name -> {probe name -> KV verdict}
     scenarios: tuple[Scenario, ...] = ()
@@ -390,16 +395,19 @@ def parse_scenario(obj: object, where: str, path) -> Scenario:
 
 
 def _parse_expected(data: dict, key: str, verdicts: tuple[str, ...], path) -> dict:
-    """An expectation table, arm -> {probe: verdict}, each verdict one of verdicts."""
+    """An expectation table, arm -> {probe: expectation}: one verdict of verdicts, or a set of them
+    (a non-empty list of distinct verdicts, never a finding beside its absence; repro.verdict
+    .expectation_problem). Kept as written: the report's checked items repeat it."""
     table_of = data.get(key, {})
     if not isinstance(table_of, dict):
         raise _fail(path, f"{key}: must be an object of arm -> {{probe: verdict}}")
     for arm, table in table_of.items():
         if not isinstance(table, dict):
             raise _fail(path, f"{key}.{_name(arm)}: must be an object of probe -> verdict")
-        for probe, verdict in table.items():
-            if not isinstance(verdict, str) or verdict not in verdicts:
-                raise _fail(path, f"{key}.{_name(arm)}.{_name(probe)}: {verdict!r} is not one of {', '.join(verdicts)}")
+        for probe, want in table.items():
+            problem = expectation_problem(want, verdicts)
+            if problem:
+                raise _fail(path, f"{key}.{_name(arm)}.{_name(probe)}: {problem}")
     return table_of
 
 

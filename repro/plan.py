@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -27,9 +29,38 @@ from repro.suite import requests_for
 
 # A connector setting with this value gets a fresh directory for its arm alone.
 TMPDIR_TOKEN = "@tmpdir"
-_SCRATCH_PREFIX = "kvkit-"  # materialize's directories: kvkit-<arm>-XXXXXXXX
+_SCRATCH_PREFIX = "kvkit-"  # materialize's directories: kvkit-<run>-XXXXXXXX
 PLANTED_FAULT_MODULE = "repro.engine.connectors.planted_fault"
 NATIVE_MATCHED = "native-matched"
+
+# Connector state between runs (docs/usage.md#connector-state-between-runs). Every run of an arm (its own, each
+# trial, the re-run alone, each scenario run) starts with an empty store: materialize gives each its own where the
+# kit knows where the store is, and records in the run's `store` what it rewrote, or why its state may persist.
+#
+# A directory the store lives in, named by any connector's setting: each run gets a fresh subfolder of it
+# (vLLM's ExampleConnector, SharedStorageConnector in older vLLM, reads shared_storage_path).
+STORE_DIR_KEYS = ("shared_storage_path",)
+# The planted connector's store; once_in is shared by an arm's engines on purpose (the claim that makes one
+# engine in N fault) and audit_path is a log: neither is a store.
+PLANTED_STORE_KEYS = ("store_dir",)
+PLANTED_NOT_STORES = ("once_in", "audit_path")
+# LMCache settings, read from its YAML, then its LMCACHE_<KEY> environment variables, then
+# kv_connector_extra_config's "lmcache.<key>" (each over the one before): a directory its store lives in gets
+# a fresh subfolder per run; a store outside any run (a remote server: lm://, redis://, fs://; a shared memory
+# device; storage plugins) cannot be made fresh.
+LMCACHE_DIR_KEYS = ("local_disk", "gds_path")
+LMCACHE_SHARED_KEYS = ("remote_url", "maru_path", "storage_plugins", "remote_storage_plugins", "external_backends")
+LMCACHE_CONFIG_ENV = "LMCACHE_CONFIG_FILE"
+LMCACHE_ENV_PREFIX = "LMCACHE_"
+LMCACHE_EXTRA_PREFIX = "lmcache."
+# repro.lmcache_mp.CONNECTOR (that module imports the runner, which imports this one): the kit starts its MP
+# server for each run, and its lmcache.mp.* settings point the connector at it.
+LMCACHE_MP_CONNECTOR = "LMCacheMPConnector"
+_FILE_URL = "file://"  # LMCache's local_disk form "file:///path/" (it strips the scheme where a "/" ends it)
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_LOCATION_KEY = re.compile(
+    r"(?:^|[_.-])(?:path|dir|directory|folder|root|url|uri|location|store|storage)$", re.IGNORECASE
+)
 
 
 @dataclass(frozen=True)
@@ -40,6 +71,8 @@ class PlannedArm:
     lmcache_ops: str | None = None  # the fixture arm's own LMCache copy path (else --lmcache-ops)
     env: dict = field(default_factory=dict)  # what its processes' environment holds apart (its copy path)
     skip_scenarios: dict = field(default_factory=dict)  # scenario name -> why this arm cannot run it
+    lmcache_config: str | None = None  # an LMCache arm: the YAML its processes read (--lmcache-config)
+    store: dict | None = None  # a materialized run: how its connector state was made fresh (the report's `store`)
 
     @property
     def name(self) -> str:
@@ -59,7 +92,7 @@ def plan_arms(opts: Options, fixture: Fixture) -> list[PlannedArm]:
         if a.kv_connector == "PlantedFaultConnector" and a.kv_connector_module_path == PLANTED_FAULT_MODULE:
             extra.setdefault("store_dir", TMPDIR_TOKEN)
         conn = ConnectorSpec(a.kv_connector, a.kv_connector_module_path, extra)
-        arms.append(PlannedArm(ArmSpec(a.kv_connector, "connector", conn)))
+        arms.append(PlannedArm(ArmSpec(a.kv_connector, "connector", conn), lmcache_config=_lmcache_yaml(conn, a)))
     else:
         for spec in fixture.arms:
             conn = ConnectorSpec(spec.connector, spec.module_path, dict(spec.extra_config))
@@ -69,6 +102,7 @@ def plan_arms(opts: Options, fixture: Fixture) -> list[PlannedArm]:
                     dict(spec.skip_probes),
                     lmcache_ops=spec.lmcache_ops,
                     skip_scenarios=dict(spec.skip_scenarios),
+                    lmcache_config=_lmcache_yaml(conn, a),
                 )
             )
     if a.compare_native:
@@ -84,19 +118,172 @@ def plan_arms(opts: Options, fixture: Fixture) -> list[PlannedArm]:
     return arms
 
 
+def _lmcache_connector(conn: ConnectorSpec | None) -> bool:
+    return conn is not None and "lmcache" in conn.name.lower()
+
+
+def _lmcache_yaml(conn: ConnectorSpec, a) -> str | None:
+    return a.lmcache_config if _lmcache_connector(conn) else None
+
+
 def materialize(arm: PlannedArm, scratch: list[str], root: str | Path | None = None) -> PlannedArm:
-    """Replace @tmpdir in connector settings with a fresh directory for this arm alone (listed in
-    scratch), under root (the run's scratch directory, repro.workdir) or else $TMPDIR."""
+    """This run of an arm with connector state of its own (fresh_state); what it did is the arm's `store`."""
+    return fresh_state(arm, scratch, root)[0]
+
+
+def fresh_state(
+    arm: PlannedArm,
+    scratch: list[str],
+    root: str | Path | None = None,
+    lmcache_overrides: dict | None = None,
+    yaml_dir: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[PlannedArm, dict | None]:
+    """This run of an arm (named as it runs) with connector state of its own: @tmpdir replaced by a fresh
+    directory under root (the run's scratch directory, repro.workdir; else $TMPDIR), a store directory the user
+    named by a fresh subfolder of it, kvkit-<run>-XXXXXXXX (each listed in scratch, removed with the run); for an
+    LMCache arm the same for the store directories its YAML, its environment (environ: the one its children
+    inherit, default os.environ) and its settings name, its YAML derived, with lmcache_overrides (a scenario's
+    keys) over it, into yaml_dir (else root) when anything in it changes. The arm's `store` says what was
+    rewritten, or why its state may persist between runs (`fresh` false). Returns the arm and, when its YAML
+    was derived, what the report records of it (base, overrides, yaml)."""
     conn = arm.spec.connector
     if conn is None:
-        return arm
-    extra = {}
-    for key, value in conn.extra_config.items():
+        return arm, None
+    run = _FreshRun(arm.name, scratch, root)
+    extra = {key: run.setting(conn, key, value) for key, value in conn.extra_config.items()}
+    env, record = dict(arm.env), None
+    if _lmcache_connector(conn):
+        environ = os.environ if environ is None else environ
+        own, record = run.lmcache(arm.lmcache_config or environ.get(LMCACHE_CONFIG_ENV), lmcache_overrides, environ,
+                                  yaml_dir)  # fmt: skip
+        env.update(own)
+    spec = replace(arm.spec, connector=replace(conn, extra_config=extra))
+    return replace(arm, spec=spec, env=env, store=run.record(conn)), record
+
+
+class _FreshRun:
+    """One run's connector state made fresh: the directories made, what was rewritten, what could not be."""
+
+    def __init__(self, name: str, scratch: list[str], root: str | Path | None) -> None:
+        self.name, self.scratch, self.root = name, scratch, root
+        self.rewritten: list[str] = []
+        self.persists: list[str] = []
+
+    def _mkdir(self, parent: str | Path | None) -> str:
+        if parent is not None:
+            os.makedirs(parent, exist_ok=True)
+        path = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{self.name}-", dir=parent)
+        self.scratch.append(path)
+        return path
+
+    def tmpdir(self, label: str) -> str:
+        path = self._mkdir(self.root)
+        self.rewritten.append(f"{label} {TMPDIR_TOKEN} -> {path}")
+        return path
+
+    def subfolder(self, label: str, value: str) -> str:
+        """A fresh subfolder of the directory a setting names (a path, or LMCache's file:///path/ form)."""
+        scheme = _FILE_URL if value.startswith(_FILE_URL) else ""
+        path = self._mkdir(value[len(scheme) :])
+        new = f"{scheme}{path}/" if scheme else path
+        self.rewritten.append(f"{label} {value} -> {new}")
+        return new
+
+    def persisting(self, label: str, value: object, why: str) -> None:
+        self.persists.append(f"{label} {value}: {why}")
+
+    def setting(self, conn: ConnectorSpec, key: str, value: object) -> object:
+        """One kv_connector_extra_config entry as this run gets it."""
         if value == TMPDIR_TOKEN:
-            value = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{arm.name}-", dir=root)
-            scratch.append(value)
-        extra[key] = value
-    return replace(arm, spec=replace(arm.spec, connector=replace(conn, extra_config=extra)))
+            return self.tmpdir(key)
+        kind = _store_kind(conn, key)
+        if kind == "dir" and isinstance(value, str) and value:
+            return self.subfolder(key, value)
+        if kind == "shared" and value:
+            self.persisting(key, value, "a store outside the run, shared by every run")
+        elif kind is None and _names_location(key, value):
+            self.persisting(
+                key, value, "a setting the kit does not know names a place outside the run; a store there persists"
+            )
+        return value
+
+    def lmcache(
+        self, base: str | None, overrides: dict | None, environ: Mapping[str, str], yaml_dir: str | Path | None
+    ) -> tuple[dict, dict | None]:
+        """An LMCache arm's store settings outside kv_connector_extra_config: its YAML's (derived when a store
+        directory in it is rewritten or a scenario overrides keys) and its environment's. Returns the arm's own
+        environment entries and the derived YAML's record (None when none was derived)."""
+        env: dict = {}
+        data = {**(_read_yaml(base) if base else {}), **(overrides or {})}
+        changed = overrides is not None
+        for key in LMCACHE_DIR_KEYS:
+            if isinstance(data.get(key), str) and data[key]:
+                data[key], changed = self.subfolder(f"{key} (LMCache YAML)", data[key]), True
+        for key in LMCACHE_SHARED_KEYS:
+            if data.get(key):
+                self.persisting(f"{key} (LMCache YAML)", data[key], "a store outside the run, shared by every run")
+        for key in LMCACHE_DIR_KEYS:
+            name = LMCACHE_ENV_PREFIX + key.upper()
+            if environ.get(name):
+                env[name] = self.subfolder(name, environ[name])
+        for key in LMCACHE_SHARED_KEYS:
+            name = LMCACHE_ENV_PREFIX + key.upper()
+            if environ.get(name):
+                self.persisting(name, environ[name], "a store outside the run, shared by every run")
+        if not changed:
+            return env, None
+        import yaml  # pure Python; installed with vLLM
+
+        text = yaml.safe_dump(data, sort_keys=True)
+        where = yaml_dir if yaml_dir is not None else self.root if self.root is not None else self._mkdir(None)
+        dest = Path(where) / f"{self.name}.lmcache.yaml"
+        dest.write_text(text, encoding="utf-8")
+        env[LMCACHE_CONFIG_ENV] = str(dest.resolve())
+        return env, {"base": base, "overrides": dict(overrides or {}), "yaml": text}
+
+    def record(self, conn: ConnectorSpec) -> dict:
+        """The run's `store`: fresh, what was rewritten, and why (always when it may persist)."""
+        out: dict = {"fresh": not self.persists, "rewritten": list(self.rewritten)}
+        if self.persists:
+            out["why"] = "; ".join(self.persists)
+        elif conn.name == LMCACHE_MP_CONNECTOR:
+            out["why"] = "its own LMCache MP server, started by the kit for this run alone"
+        elif not self.rewritten:
+            out["why"] = "no setting names a store outside its engine, whose state ends with it"
+        return out
+
+
+def _store_kind(conn: ConnectorSpec, key: str) -> str | None:
+    """What a connector setting is to the store: "dir" (a directory it lives in), "shared" (a store outside any
+    run), "none" (a setting the kit knows is no store) or None (one it does not know)."""
+    if key in STORE_DIR_KEYS:
+        return "dir"
+    if conn.module_path == PLANTED_FAULT_MODULE:
+        return "dir" if key in PLANTED_STORE_KEYS else "none" if key in PLANTED_NOT_STORES else None
+    if _lmcache_connector(conn) and key.startswith(LMCACHE_EXTRA_PREFIX):
+        sub = key[len(LMCACHE_EXTRA_PREFIX) :]
+        if conn.name == LMCACHE_MP_CONNECTOR:
+            return "none"  # the kit points lmcache.mp.* at the server it starts for the run
+        return "dir" if sub in LMCACHE_DIR_KEYS else "shared" if sub in LMCACHE_SHARED_KEYS else "none"
+    return None
+
+
+def _names_location(key: str, value: object) -> bool:
+    """A setting that may name where a store lives: a path or a URL, or a key named like one."""
+    if isinstance(value, dict):
+        return any(_names_location(str(k), v) for k, v in value.items())
+    if not isinstance(value, str) or not value:
+        return False
+    looks = os.path.isabs(value) or value.startswith(("~", "./", "../")) or _URL.match(value) is not None
+    return looks or _LOCATION_KEY.search(key.rsplit(".", 1)[-1]) is not None
+
+
+def _read_yaml(path: str) -> dict:
+    import yaml  # pure Python; installed with vLLM
+
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    return dict(data) if isinstance(data, dict) else {}
 
 
 def scratch_dirs(spec: ArmSpec) -> list[Path]:

@@ -29,9 +29,28 @@ ENV_ALLOW_PREFIXES = (
     "OMP_",
     "MKL_",
     "KVKIT_",
+    "TORCHINDUCTOR_",
 )
-ENV_ALLOW_NAMES = ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "DO_NOT_TRACK", "NVIDIA_VISIBLE_DEVICES", "LD_PRELOAD")
+# The variables that pick the CPU kernels an engine runs: ATen's vector ISA (avx512, avx2, default: its
+# portable loops) and oneDNN's ISA cap (its GEMMs). repro.runner.child_env hands the caller's environment to
+# every engine process; these are recorded, and a report names its kernel variant from them (kernel_variant).
+KERNEL_ENV_NAMES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+ENV_ALLOW_NAMES = (
+    "PYTHONHASHSEED",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "DO_NOT_TRACK",
+    "NVIDIA_VISIBLE_DEVICES",
+    "LD_PRELOAD",
+    *KERNEL_ENV_NAMES,
+)
 REDACTED = "<redacted>"
+# The kernel variants `make repro KERNELS=<name>` sets for the engines, by name (docs/usage.md#kernel-variants,
+# reports/kernels/ says what each changed on the machines measured). "default": nothing set, the machine's best.
+KERNEL_VARIANTS: dict[str, dict[str, str]] = {
+    "default": {},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "generic": {"ATEN_CPU_CAPABILITY": "default"},
+}
 
 
 def utc_now() -> str:
@@ -48,6 +67,15 @@ def allowed_env(env: dict[str, str]) -> dict[str, str]:
         if name.startswith(ENV_ALLOW_PREFIXES) or name in ENV_ALLOW_NAMES:
             out[name] = REDACTED if is_secret_name(name) else value
     return out
+
+
+def kernel_variant(env: dict[str, str]) -> dict:
+    """The CPU kernels a run asked its engines for: the kernel variables set (KERNEL_ENV_NAMES) and the name of
+    the KERNEL_VARIANTS entry that sets exactly those ("custom" when none does). What the engine then ran is
+    the libraries' choice: a capability the CPU lacks falls back to one it has."""
+    chosen = {name: env[name] for name in KERNEL_ENV_NAMES if env.get(name)}
+    name = next((n for n, variant in KERNEL_VARIANTS.items() if variant == chosen), "custom")
+    return {"name": name, "env": chosen}
 
 
 def redact_text(text: str, env: dict[str, str]) -> str:
@@ -327,5 +355,6 @@ def collect_provenance(
         if lmcache_config is None
         else {"path": lmcache_config, "sha256": sha256_file(lmcache_config)},
         "env": allowed_env(env),
+        "kernels": kernel_variant(env),
         "engine_environment": engine_environment(argv_python(argv)),
     }

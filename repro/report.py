@@ -22,7 +22,10 @@ Report schema (kind "kvkit-report"; JSON Schema in schemas/report.schema.json):
     the GGUF's SHA-256, dequantized_from); absent for other models. config.frontend (--frontend: sync
     or async; absent: sync) and per arm effective_config.frontend (the front end that drove its engine).
     The failure kinds disk-runaway and disk-low (repro.diskwatch: a child stopped, or not started, to
-    keep the disk from filling).
+    keep the disk from filling). Per connector arm and per (scenario, connector arm) store (repro.plan: how
+    its run's connector state was made fresh, each setting it rewrote to a directory of the run's own, or
+    fresh false and why when a store may persist between runs), and in a confirmation that ran, independent
+    (false when the run alone's store persisted; its reason then says so) and the run alone's store.
 The schema is authoritative: validate_report checks every report before it is written (and the
 cross-field shape of the KV audit, which JSON Schema cannot say).
 A newer file is refused ("upgrade the kit"). A version 1 file loads as it is: version 2 only added
@@ -37,7 +40,19 @@ from pathlib import Path
 
 from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME, UsageError
 from repro.paths import SCHEMAS_DIR
-from repro.verdict import CELL_CORRUPT, CELL_EXACT, CELL_NUMERIC, CORRUPT, ERROR, FAIL, PASS, SKIPPED
+from repro.verdict import (
+    CELL_CORRUPT,
+    CELL_EXACT,
+    CELL_NUMERIC,
+    CORRUPT,
+    ERROR,
+    FAIL,
+    PASS,
+    SKIPPED,
+    expectation_met,
+    expectation_states,
+    expectation_text,
+)
 
 REPORT_KIND = "kvkit-report"
 REPORT_SCHEMA_VERSION = 2
@@ -80,10 +95,12 @@ def check_acceptance(arms: list[dict], expected: dict, suite: str | None, expect
     """Observed verdicts against the fixture's expected ones; matched only if all were checked.
 
     expected: arm -> {probe: token verdict}; expected_kv: arm -> {probe: KV verdict}, given only
-    for a run that audited KV (a run without the audit checks no KV expectation). Each checked item
-    says its check, "tokens" or "kv"; a KV item observes probe["kv"]["verdict"] (None when the
-    probe has no KV verdict). An arm listed in expected_kv must list every probe that got a KV
-    verdict, as one listed in expected must list every probe it ran (else unchecked_probes)."""
+    for a run that audited KV (a run without the audit checks no KV expectation). An expectation is
+    one verdict or a set of them (a list: ["EXACT", "NUMERIC"]), met when the observed verdict is one
+    of them (repro.verdict.expectation_met); each checked item keeps it as the fixture wrote it. Each
+    checked item says its check, "tokens" or "kv"; a KV item observes probe["kv"]["verdict"] (None
+    when the probe has no KV verdict). An arm listed in expected_kv must list every probe that got a
+    KV verdict, as one listed in expected must list every probe it ran (else unchecked_probes)."""
     if suite != "acceptance":
         return {
             "suite": suite,
@@ -128,8 +145,17 @@ def check_acceptance(arms: list[dict], expected: dict, suite: str | None, expect
     }
 
 
-def _checked(check: str, arm: str, probe: str, want: str, got: str | None) -> dict:
-    return {"check": check, "arm": arm, "probe": probe, "expected": want, "observed": got, "ok": got == want}
+def _checked(check: str, arm: str, probe: str, want: str | list[str], got: str | None) -> dict:
+    """One checked item: the expectation as written (a verdict or a set), what was observed, and whether
+    the expectation accepts it."""
+    return {
+        "check": check,
+        "arm": arm,
+        "probe": probe,
+        "expected": want,
+        "observed": got,
+        "ok": expectation_met(want, got),
+    }
 
 
 def unexpected_kv_findings(report: dict) -> list[tuple[dict, dict]]:
@@ -140,27 +166,68 @@ def unexpected_kv_findings(report: dict) -> list[tuple[dict, dict]]:
 
 
 def excused_kv_findings(acceptance: dict) -> set[tuple[str, str]]:
-    """(arm, probe) names whose CORRUPT KV verdict the fixture stated and a matched acceptance checked."""
+    """(arm, probe) names whose CORRUPT KV verdict the fixture stated and a matched acceptance checked:
+    observed CORRUPT, and CORRUPT is what the expectation (a verdict or a set) states."""
+    return _excused(acceptance, "probe")
+
+
+def _excused(acceptance: dict, what: str) -> set[tuple[str, str]]:
+    """(arm, probe) ("probe") or (scenario, arm) ("scenario") of every KV item a matched acceptance checked
+    whose observed CORRUPT its expectation states."""
     if not acceptance.get("matched"):
         return set()
     return {
-        (c["arm"], c["probe"])
+        (c["arm"], c["probe"]) if what == "probe" else (c["scenario"], c["arm"])
         for c in acceptance.get("checked", [])
-        if c.get("check") == "kv" and c.get("expected") == CORRUPT and c.get("ok")
+        if c.get("check") == "kv"
+        and c.get("observed") == CORRUPT
+        and expectation_states(c.get("expected"), CORRUPT)
+        and c.get("ok")
     }
 
 
-def trial_findings(report: dict) -> list[tuple[str, str]]:
-    """(arm, probe) of a finding that only a later trial made (its own run passed the probe): a
-    finding all the same, never hidden behind the first trial's PASS."""
+def _kinds(verdict: object, kv: object) -> set[str]:
+    """The kinds of finding one probe (or one scenario run) shows: FAIL, CORRUPT."""
+    return ({FAIL} if verdict == FAIL else set()) | ({CORRUPT} if kv == CORRUPT else set())
+
+
+def _later_runs(arm: dict) -> list[tuple[str, dict]]:
+    """(label, run summary) of every run of a plain arm beyond its own: trials 2..N, then the re-run alone."""
+    runs = [(f"trial {r.get('trial')}", r) for r in (arm.get("trials") or {}).get("runs") or [] if r.get("trial") != 1]
+    alone = (arm.get("confirmation") or {}).get("run")
+    return runs + ([("alone", alone)] if isinstance(alone, dict) else [])
+
+
+def later_findings(report: dict) -> list[tuple[str, str, str, str]]:
+    """(arm, run, probe or scenario, kind) of every FAIL or CORRUPT that a later run (a trial 2..N, the re-run
+    alone) made and the arm's own run (trial 1) did not show of the same kind on the same probe (for a
+    scenario: the same (scenario, arm)). Whatever trial 1 was (PASS, an expected INCONCLUSIVE, a FAIL with KV
+    EXACT), a kind of finding it did not show is a finding all the same, never hidden behind it."""
     out = []
     for arm in report["arms"]:
-        own = {p["name"]: p for p in arm.get("probes") or []}
-        for rate in (arm.get("trials") or {}).get("rates") or []:
-            probe = own.get(rate["probe"]) or {}
-            own_found = probe.get("verdict") not in (PASS, SKIPPED, None) or kv_verdict(probe) == CORRUPT
-            if (rate["failed"] or rate["kv_corrupt"]) and not own_found:
-                out.append((arm["name"], rate["probe"]))
+        if arm.get("mode") == "baseline":
+            continue
+        own = {p["name"]: _kinds(p.get("verdict"), kv_verdict(p)) for p in arm.get("probes") or []}
+        for label, run in _later_runs(arm):
+            for p in run.get("probes") or []:
+                for kind in sorted(_kinds(p.get("verdict"), p.get("kv")) - own.get(p.get("name"), set())):
+                    out.append((arm["name"], label, str(p.get("name")), kind))
+    for sc, arm in scenario_arms(report):
+        own = _kinds(arm.get("verdict"), _scenario_kv(arm))
+        for run in (arm.get("trials") or {}).get("runs") or []:
+            if run.get("trial") == 1:
+                continue
+            for kind in sorted(_kinds(run.get("verdict"), run.get("kv")) - own):
+                out.append((str(arm.get("arm")), f"trial {run.get('trial')}", f"scenario {sc.get('name')}", kind))
+    return out
+
+
+def trial_findings(report: dict) -> list[tuple[str, str]]:
+    """(arm, probe) of a plain arm's finding that only a later run made (later_findings), once each."""
+    out = []
+    for arm, _, probe, _ in later_findings(report):
+        if not probe.startswith("scenario ") and (arm, probe) not in out:
+            out.append((arm, probe))
     return out
 
 
@@ -179,8 +246,9 @@ def check_scenario_acceptance(
 ) -> dict:
     """The scenarios' verdicts against the fixture's expected_scenarios (arm -> {scenario: verdict}) and, for
     a run that audited KV, expected_scenarios_kv (arm -> {scenario: KV verdict}); checked, like `expected`,
-    only under the acceptance suite. Matched only if something was checked and every (scenario, arm) that
-    was judged is listed (else `unchecked`)."""
+    only under the acceptance suite, an expectation being one verdict or a set (kept as written; met when
+    the observed verdict is one of it). Matched only if something was checked and every (scenario, arm)
+    that was judged is listed (else `unchecked`)."""
     if suite != "acceptance":
         return {"matched": None, "checked": [], "unchecked": [], "note": "no acceptance suite was run"}
     expected_kv = expected_kv or {}
@@ -209,72 +277,176 @@ def check_scenario_acceptance(
                         "scenario": scenario,
                         "expected": want,
                         "observed": got,
-                        "ok": got == want,
+                        "ok": expectation_met(want, got),
                     }
                 )
     matched = bool(checked) and all(c["ok"] for c in checked) and not unchecked
     return {"matched": matched, "checked": checked, "unchecked": unchecked}
 
 
+def excused_scenario_kv(acc: dict) -> set[tuple[str, str]]:
+    """(scenario, arm) whose CORRUPT KV verdict the fixture stated (expected_scenarios_kv: CORRUPT, or a set
+    of findings holding it) and a matched scenario acceptance checked: a planted fault the scenario is meant
+    to catch, as excused_kv_findings for the plain arms."""
+    return _excused(acc, "scenario")
+
+
 def scenario_trial_findings(report: dict) -> list[tuple[str, str]]:
-    """(scenario, arm) whose own run found nothing but a later trial did (a request FAIL or its KV CORRUPT):
-    a finding all the same, never hidden behind the first trial's PASS (as trial_findings for the arms)."""
+    """(scenario, arm) where a later trial found a kind of finding (a FAIL, a CORRUPT KV verdict) that its own
+    run did not show (later_findings)."""
     out = []
     for sc, arm in scenario_arms(report):
-        rates = (arm.get("trials") or {}).get("rates") or []
-        own = arm["verdict"] == FAIL or _scenario_kv(arm) == CORRUPT
-        if not own and any(r["failed"] or r["kv_corrupt"] for r in rates):
+        if any(
+            a == arm.get("arm") and where == f"scenario {sc.get('name')}" for a, _, where, _ in later_findings(report)
+        ):
             out.append((sc["name"], arm["arm"]))
     return out
 
 
-def scenario_exit(report: dict) -> int | None:
-    """The scenarios' part of the exit code (None: they have none, or all are good): 3 for an ERROR, 1 for
-    a CORRUPT KV verdict the acceptance did not expect, a finding only a later trial made, an acceptance not
-    matched, or a verdict other than PASS that no acceptance checked."""
+def run_errors(report: dict) -> list[str]:
+    """Every ERROR anywhere in the run, each once, as 'where: kind': an arm, a trial, the re-run alone, a scenario's
+    control, a (scenario, arm) or its trial, with or without an `error` object (an arm that could not be compared,
+    that had no baseline, a result without its scenario, is ERROR without one), and the report's own errors."""
+    found: dict[str, str] = {}
+    if not report.get("complete", False):
+        found["the run"] = "the report is not complete"
+    for arm in report["arms"]:
+        name = arm["name"]
+        if arm.get("verdict") == ERROR:
+            found.setdefault(name, _error_kind(arm))
+        for label, run in _later_runs(arm):
+            if run.get("verdict") == ERROR:
+                found.setdefault(f"{name} ({label})", _error_kind(run))
+    for where, kind in _scenario_errors(report).items():
+        found.setdefault(where, kind)
+    for e in report.get("errors") or []:
+        found.setdefault(str(e.get("arm")), str(e.get("kind")))
+    return [f"{where}: {kind}" for where, kind in found.items()]
+
+
+def _scenario_errors(report: dict) -> dict[str, str]:
+    """Where -> kind of every ERROR in the report's scenarios section (a control, a (scenario, arm), a trial)."""
+    found: dict[str, str] = {}
+    for sc in report.get("scenarios") or []:
+        control = sc.get("control") or {}
+        if control.get("status") == "error":
+            found.setdefault(f"baseline (scenario {sc.get('name')})", str(control.get("error") or ERROR).split(":")[0])
+        for arm in sc.get("arms") or []:
+            where = f"{arm.get('arm')} (scenario {sc.get('name')})"
+            if arm.get("verdict") == ERROR:
+                found.setdefault(where, _error_kind(arm))
+            for run in (arm.get("trials") or {}).get("runs") or []:
+                if run.get("trial") != 1 and run.get("verdict") == ERROR:
+                    found.setdefault(f"{where[:-1]}, trial {run.get('trial')})", _error_kind(run))
+    return found
+
+
+def _error_kind(entry: dict) -> str:
+    """An ERROR's kind ('timeout'), or the first reason of an ERROR that has no error object."""
+    error = entry.get("error")
+    if isinstance(error, dict) and error.get("kind"):
+        return str(error["kind"])
+    reasons = entry.get("reasons") or []
+    return f"{ERROR} ({reasons[0]})" if reasons else ERROR
+
+
+def _scenario_reason(report: dict) -> tuple[int, str] | None:
+    """The scenarios' own part of the exit rule beyond ERRORs and later findings: a CORRUPT KV verdict the
+    fixture did not state, an acceptance not matched, or without the acceptance suite a verdict other than
+    PASS or SKIPPED (None: nothing)."""
     pairs = scenario_arms(report)
     if not pairs:
         return None
-    if any(arm["verdict"] == ERROR for _, arm in pairs):
+    acc = (report.get("acceptance") or {}).get("scenarios") or {"matched": None}
+    excused = excused_scenario_kv(acc)
+    corrupt = [
+        f"{sc['name']} {arm['arm']}"
+        for sc, arm in pairs
+        if _scenario_kv(arm) == CORRUPT and (sc["name"], arm["arm"]) not in excused
+    ]
+    if corrupt:
+        return EXIT_MISMATCH, "scenario KV CORRUPT that the fixture does not state: " + _some(corrupt)
+    if acc.get("matched") is None:
+        bad = [
+            f"{sc['name']} {arm['arm']} {arm['verdict']}" for sc, arm in pairs if arm["verdict"] not in (PASS, SKIPPED)
+        ]
+        return (EXIT_MISMATCH, "no acceptance suite, and scenario verdicts not PASS: " + _some(bad)) if bad else None
+    if acc["matched"]:
+        return None
+    return EXIT_MISMATCH, "scenario acceptance not matched: " + _some(_acceptance_misses(acc, "scenario"))
+
+
+def scenario_exit(report: dict) -> int | None:
+    """The scenarios' part of the exit code (None: they have none, or all are good): the exit rule
+    (exit_reason) applied to the scenarios section alone."""
+    if not scenario_arms(report):
+        return None
+    if _scenario_errors(report):
         return EXIT_RUNTIME
     if scenario_trial_findings(report):
         return EXIT_MISMATCH
-    acc = (report.get("acceptance") or {}).get("scenarios") or {"matched": None}
-    excused = set()
-    if acc.get("matched"):
-        excused = {
-            (c["scenario"], c["arm"])
-            for c in acc.get("checked", [])
-            if c["check"] == "kv" and c["expected"] == CORRUPT and c["ok"]
-        }
-    if any(_scenario_kv(arm) == CORRUPT and (sc["name"], arm["arm"]) not in excused for sc, arm in pairs):
-        return EXIT_MISMATCH
-    if acc.get("matched") is None:
-        return EXIT_MISMATCH if any(arm["verdict"] not in (PASS, SKIPPED) for _, arm in pairs) else None
-    return None if acc["matched"] else EXIT_MISMATCH
+    found = _scenario_reason(report)
+    return found[0] if found else None
+
+
+def _some(items: list[str], n: int = 3) -> str:
+    return "; ".join(items[:n]) + (f"; and {len(items) - n} more" if len(items) > n else "")
+
+
+def _acceptance_misses(acc: dict, what: str) -> list[str]:
+    """What kept an acceptance from matching, as short phrases."""
+    key = "scenario" if what == "scenario" else "probe"
+    out = [
+        f"{c.get('arm')} {c.get(key)} {c.get('check', 'tokens')}: expected {expectation_text(c.get('expected'))}, observed {c.get('observed')}"
+        for c in acc.get("checked", [])
+        if not c.get("ok")
+    ]
+    out += [f"{a} not listed by the fixture" for a in acc.get("unchecked_arms", [])]
+    out += [
+        f"{u['arm']} {u.get(key)} {u.get('check')} not listed by the fixture (observed {u.get('observed')})"
+        for u in acc.get("unchecked_probes" if what != "scenario" else "unchecked", [])
+    ]
+    return out or ["nothing was checked"]
+
+
+def exit_reason(report: dict) -> tuple[int, str]:
+    """The exit code and why, one rule for plain arms and scenarios alike (docs/verdicts.md#exit-codes):
+    3 for any ERROR anywhere (an arm, a trial, the re-run alone, a scenario's control or run; run_errors);
+    1 for any FAIL or CORRUPT that a later run made and trial 1 did not already show of the same kind
+    (later_findings), for a CORRUPT KV verdict the fixture did not state (plain arms or scenarios), for an
+    acceptance not matched, and without the acceptance suite for a verdict other than PASS; else 0."""
+    errors = run_errors(report)
+    if errors:
+        return EXIT_RUNTIME, f"{len(errors)} ERROR{'s' if len(errors) > 1 else ''}: " + _some(errors)
+    later = later_findings(report)
+    if later:
+        found = [f"{arm} {run}: {what} {kind}" for arm, run, what, kind in later]
+        return EXIT_MISMATCH, "a later run found what the arm's own run did not show: " + _some(found)
+    kv = [f"{a['name']} {p['name']}" for a, p in unexpected_kv_findings(report)]
+    if kv:
+        return EXIT_MISMATCH, "KV CORRUPT that the fixture does not state: " + _some(kv)
+    scen = _scenario_reason(report)
+    if scen is not None:
+        return scen
+    acc = report["acceptance"]
+    if acc["matched"] is None:
+        bad = [f"{a['name']} {a['verdict']}" for a in report["arms"] if a["verdict"] != PASS]
+        if bad:
+            return EXIT_MISMATCH, "no acceptance suite, and verdicts not PASS: " + _some(bad)
+        return EXIT_OK, "every verdict PASS (no acceptance suite)"
+    if not acc["matched"]:
+        return EXIT_MISMATCH, "acceptance not matched: " + _some(_acceptance_misses(acc, "arms"))
+    unchecked = set(acc.get("unchecked_arms", []))
+    bad = [f"{a['name']} {a['verdict']}" for a in report["arms"] if a["name"] in unchecked and a["verdict"] != PASS]
+    if bad:
+        return EXIT_MISMATCH, "verdicts no fixture expectation covers: " + _some(bad)
+    return EXIT_OK, "acceptance matched: every verdict as the fixture states"
 
 
 def exit_code(report: dict) -> int:
-    """0 all good; 1 completed but acceptance not matched (or a non-PASS verdict outside it); 3 error.
-
-    A probe whose KV verdict is CORRUPT is a finding like a FAIL: exit 1, unless the fixture's
-    expected_kv stated CORRUPT for that arm and probe and acceptance matched (a planted fault the
-    audit is meant to catch). An error still exits 3 first. Scenarios (repro.scenarios) count the same
-    way (scenario_exit)."""
-    if not report.get("complete", False) or report["errors"] or any(a["verdict"] == ERROR for a in report["arms"]):
-        return EXIT_RUNTIME
-    scen = scenario_exit(report)
-    if scen == EXIT_RUNTIME:
-        return scen
-    if unexpected_kv_findings(report) or trial_findings(report) or scen == EXIT_MISMATCH:
-        return EXIT_MISMATCH
-    acc = report["acceptance"]
-    if acc["matched"] is None:
-        return EXIT_OK if all(a["verdict"] == PASS for a in report["arms"]) else EXIT_MISMATCH
-    if not acc["matched"]:
-        return EXIT_MISMATCH
-    unchecked = set(acc.get("unchecked_arms", []))
-    return EXIT_MISMATCH if any(a["verdict"] != PASS for a in report["arms"] if a["name"] in unchecked) else EXIT_OK
+    """0 all good; 1 a finding the fixture does not state, or acceptance not matched; 3 an ERROR anywhere
+    (exit_reason says why)."""
+    return exit_reason(report)[0]
 
 
 def format_summary(report: dict) -> str:

@@ -47,7 +47,7 @@ from repro.diskwatch import DiskLimits, DiskWatch, cut_log, empty_dir
 from repro.lifeline import group_members, launch_command
 from repro.paths import KIT_ROOT
 from repro.plan import scratch_dirs
-from repro.provenance import redact_text
+from repro.provenance import KERNEL_ENV_NAMES, redact_text
 
 INTERRUPTED = "interrupted"
 _OOM_MARKERS = (
@@ -75,6 +75,8 @@ class ArmOutcome:
     wall_s: float
     returncode: int | None = None
     server_copy_path: dict | None = None  # an LMCacheMPConnector arm: its MP server's (repro.lmcache_mp)
+    # what its job asked for: probe name -> requests (cold + reuses); judging holds the result to it
+    asked: dict[str, int] | None = None
 
 
 class Interrupted(Exception):
@@ -101,6 +103,12 @@ def child_env(base: dict[str, str], *, hashseed: str, extra: dict[str, str]) -> 
     # the baseline: different reduction orders, different bits. One reserved core for every arm
     # keeps the kernels the same (a user's own setting wins; it is recorded with the environment).
     env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
+    # A kernel variable (provenance.KERNEL_ENV_NAMES) passes through as the caller set it. With one set, the
+    # engines do not share inductor's FX graph and AOT caches: torch 2.13 keys them without the vector ISA,
+    # so vLLM's compiled sampler op (logprob ranks) built for AVX-512 ran 16-wide code on 8-wide vectors under
+    # ATEN_CPU_CAPABILITY=avx2 (wrong counts, both ways) and failed to build under `default`.
+    if any(env.get(name) for name in KERNEL_ENV_NAMES):
+        env.update({"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"})
     # the engine's front end is what the kit's flag says (the verifier passes it in extra), never what the
     # caller's shell holds: the detection study, the margins and the model checks run vLLM's LLM
     env.pop(FRONTEND_ENV, None)
@@ -435,6 +443,7 @@ def run_arm(
         log_text=text,
         wall_s=round(wall, 3),
         returncode=returncode,
+        asked=None if job.scenario is not None else {p.name: p.requests for p in job.probes},
     )
 
 

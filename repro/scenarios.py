@@ -22,7 +22,7 @@ from repro.errors import UsageError
 from repro.evaluate import comparability_problems, margin_of
 from repro.fixtures import Fixture, Probe, Scenario
 from repro.lmcache_signals import arm_copy_paths, scan_log
-from repro.plan import PlannedArm, engine_config, materialize
+from repro.plan import PlannedArm, engine_config, fresh_state
 from repro.replays import find_replays
 from repro.runner import ArmOutcome
 from repro.suite import BOUNDARY_LENGTHS
@@ -57,7 +57,11 @@ def run_name(arm: str, scenario: str) -> str:
 
 def trial_run(run: PlannedArm, trial: int) -> PlannedArm:
     """Trial k (2..N) of a (scenario, arm) run, named apart (its log, result and KV directory):
-    `<arm>~scenario.<name>~trial<k>`, as a plain arm's trial is `<arm>~trial<k>`."""
+    `<arm>~scenario.<name>~trial<k>`, as a plain arm's trial is `<arm>~trial<k>`. Made from the run before it is
+    prepared: prepare then gives the trial connector state of its own (its store starts empty, whatever trial 1
+    stored); a run already prepared would hand the trial trial 1's store, so it is refused."""
+    if run.store is not None:
+        raise ValueError(f"trial_run: {run.name} is already prepared; its trial {trial} would share its store")
     return replace(run, spec=replace(run.spec, name=f"{run.name}~trial{trial}"))
 
 
@@ -123,29 +127,17 @@ def is_lmcache(arm: PlannedArm) -> bool:
     return conn is not None and "lmcache" in conn.name.lower()
 
 
-def lmcache_yaml(base: str | None, overrides: dict, dest: Path) -> dict:
-    """The LMCache YAML of a scenario's LMCache arm: --lmcache-config's (if any) with the scenario's keys
-    over it, written to dest; returns what the report records of it."""
-    import yaml  # pure Python; installed with vLLM
-
-    data = yaml.safe_load(Path(base).read_text(encoding="utf-8")) if base else {}
-    data = {**(data or {}), **overrides}
-    text = yaml.safe_dump(data, sort_keys=True)
-    dest.write_text(text, encoding="utf-8")
-    return {"base": base, "overrides": dict(overrides), "yaml": text}
-
-
 def prepare(
     arm: PlannedArm, scenario: Scenario, work: Path, scratch: list[str], scratch_root, lmcache_base: str | None
 ) -> tuple[PlannedArm, dict | None]:
-    """A run's arm made ready: fresh @tmpdir directories (its store starts empty), and for an LMCache arm of
-    a scenario that overrides LMCache's settings, its own derived YAML in the work directory."""
-    arm = materialize(arm, scratch, scratch_root)
-    if not (is_lmcache(arm) and scenario.lmcache):
-        return arm, None
-    dest = work / f"{arm.name}.lmcache.yaml"
-    record = lmcache_yaml(lmcache_base, scenario.lmcache, dest)
-    return replace(arm, env={**arm.env, LMCACHE_CONFIG_ENV: str(dest.resolve())}), record
+    """A run's arm made ready: connector state of its own (repro.plan.fresh_state: @tmpdir directories, a fresh
+    subfolder of a store directory the user named; its store starts empty), and for an LMCache arm its YAML
+    (lmcache_base's, else the environment's) derived in the work directory with the scenario's LMCache keys over
+    it, when it has keys or a store directory to rewrite. Returns the arm and the derived YAML's record."""
+    overrides = (scenario.lmcache or None) if is_lmcache(arm) else None
+    if is_lmcache(arm) and lmcache_base:
+        arm = replace(arm, lmcache_config=lmcache_base)
+    return fresh_state(arm, scratch, scratch_root, lmcache_overrides=overrides, yaml_dir=work)
 
 
 def job_for(
@@ -384,6 +376,8 @@ def section(
         entry = judge_run(scenario, run, outcome, baseline, control, logs_rel)
         entry["arm"] = original.name
         entry["lmcache_config"] = lmcache_record
+        if run.store is not None:  # how its connector state was made fresh, or why it may persist
+            entry["store"] = run.store
         arms.append(entry)
     for name, (mode, why) in skipped.items():
         entry = _arm_entry_base(name, mode, None, logs_rel)
@@ -427,8 +421,9 @@ def compare_job(baseline: ArmResult, results: dict[str, ArmResult]) -> dict:
 
 
 def annotate_kv(entry: dict, result: ArmResult | None, raw: dict | None, problem: str | None, block_size: int) -> None:
-    """Fill one (scenario, arm) entry's KV fields: per hit request its KV verdict against the plain baseline's
-    KV (cells classed against the run's own floor: its misses' KV against the baseline's), and the arm's."""
+    """Fill one (scenario, arm) entry's KV fields: per request that reused (its hit counter above 0, or its audit
+    record says it reused blocks) its KV verdict against the plain baseline's KV (cells classed against the run's
+    own floor: its misses' KV against the baseline's), and the arm's."""
     if result is None or result.scenario is None or result.kv_audit is None:
         return
     runs = (raw or {}).get("arms", {}).get(result.arm)
@@ -444,9 +439,11 @@ def annotate_kv(entry: dict, result: ArmResult | None, raw: dict | None, problem
     )
     judged: list[tuple[str, KVVerdict]] = []
     for i, (r, sr) in enumerate(zip(entry["requests"], result.scenario.requests)):
-        if r["role"] != "reuse":
-            continue
         rec = sr.request.kv_audit_record
+        # every request the hit counter calls a reuse, and every one whose audit record says it reused blocks
+        # (a counter that is missing, or 0 where a connector loaded blocks, must not keep them from being classed)
+        if r["role"] != "reuse" and not _reused_blocks(rec):
+            continue
         got = per_index.get(str(i))
         why = problem or kvaudit._record_ok(rec) or (got or {}).get("error")
         if why is None and (rec or {}).get("reused_blocks", 0) == 0:
@@ -464,6 +461,12 @@ def annotate_kv(entry: dict, result: ArmResult | None, raw: dict | None, problem
         judged.append((_label(r["step"], r["probe"]), v))
     v = decide_scenario_kv(judged)
     entry["kv"] = {**_kv(v, block_size), "floor": {"rel": floor["rel"], "cells": floor["cells"]}}
+
+
+def _reused_blocks(record: dict | None) -> int:
+    """The blocks an audit record says its request reused (0: none, or no record)."""
+    n = (record or {}).get("reused_blocks") if isinstance(record, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
 
 
 def _kv(v: KVVerdict, block_size: int) -> dict:

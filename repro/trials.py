@@ -82,24 +82,35 @@ def _probe_found(run: dict, name: str) -> tuple[bool, bool]:
     return (p is not None and p["verdict"] == FAIL), (p is not None and p["kv"] == CORRUPT)
 
 
+def finished(run: dict) -> bool:
+    """A run that ended (any verdict but ERROR): a trial that crashed or timed out found nothing because it
+    did not finish, so it is set apart, never counted as a trial that did not find the finding."""
+    return run.get("verdict") != ERROR
+
+
 def trial_rates(runs: list[dict]) -> dict:
-    """The report's `trials` from every run of one arm (trial 1 is the arm's own run)."""
+    """The report's `trials` from every run of one arm (trial 1 is the arm's own run). Each rate counts its
+    finding over the runs that finished (`finished`; `of` is every run, `errors` those that ended in ERROR)."""
     names = []
     for run in runs:
         names += [p["name"] for p in run["probes"] if p["name"] not in names]
+    done = [run for run in runs if finished(run)]
     rates = []
     for name in names:
-        hits = [_probe_found(run, name) for run in runs]
+        hits = [_probe_found(run, name) for run in done]
         failed = sum(1 for tokens, _ in hits if tokens)
         corrupt = sum(1 for _, kv in hits if kv)
         either = sum(1 for tokens, kv in hits if tokens or kv)
-        cls = _class(either, len(runs))
-        rates.append({"probe": name, "failed": failed, "kv_corrupt": corrupt, "of": len(runs), "class": cls})
+        cls = _class(either, len(done))
+        rates.append(
+            {"probe": name, "failed": failed, "kv_corrupt": corrupt, "of": len(runs), "class": cls}
+            | ({"errors": len(runs) - len(done)} if len(done) < len(runs) else {})
+        )
     return {"n": len(runs), "runs": runs, "rates": rates, "class": _overall(rates)}
 
 
 def _class(found_in: int, of: int) -> str:
-    """A finding's class from the number of runs that made it."""
+    """A finding's class from the number of finished runs that made it, of those that finished."""
     return NONE if found_in == 0 else EVERY_TRIAL if found_in == of else INTERMITTENT
 
 
@@ -161,6 +172,7 @@ def scenario_trial_rates(runs: list[dict]) -> dict:
     PASS (or whose KV is CORRUPT) in some trial, its verdict, first diff and KV verdict in each trial (null where that trial has no such request:
     it failed), in how many it FAILed and had CORRUPT KV, and the class of that finding."""
     keyed = [_keyed(run) for run in runs]
+    done = sum(1 for run in runs if finished(run))
     keys: list[tuple] = []
     for by_key in keyed:
         keys += [k for k, r in by_key.items() if (r["verdict"] != PASS or r["kv"] == CORRUPT) and k not in keys]
@@ -182,8 +194,9 @@ def scenario_trial_rates(runs: list[dict]) -> dict:
                 "failed": failed,
                 "kv_corrupt": corrupt,
                 "of": len(runs),
-                "class": _class(either, len(runs)),
+                "class": _class(either, done),
             }
+            | ({"errors": len(runs) - done} if done < len(runs) else {})
         )
     return {"n": len(runs), "runs": runs, "rates": rates, "class": _overall(rates)}
 
@@ -234,11 +247,19 @@ def classify_confirmation(shared_runs: list[dict], alone: dict) -> tuple[str, st
     if findings(alone) == findings(target):
         return DETERMINISTIC, f"alone: {_run_text(alone)}, the same first diffs and KV blame as while sharing"
     if not has_finding(alone):
-        shared_clean = [r for r in shared_runs if decided(r) and not has_finding(r)]
+        wanted = _probes(target)
+        others = [r for r in shared_runs if not (_probes(r) & wanted)]  # shared runs that did not find it
+        shared_clean = [r for r in others if _clean_on(r, wanted)]
         if shared_clean:
             return NOT_REPRODUCED, (
                 f"alone: {_run_text(alone)}; {len(shared_clean)} of {len(shared_runs)} shared trials were clean too, "
                 "so one clean run alone does not tell contention from chance"
+            )
+        if others:
+            return UNCONFIRMED, (
+                f"alone: {_run_text(alone)}; {len(others)} of {len(shared_runs)} shared trials decided nothing on "
+                f"{', '.join(sorted(wanted))} ({', '.join(_run_text(r) for r in others)}), so a clean run alone "
+                "cannot say the finding needed the shared device"
             )
         return CONTENTION_DEPENDENT, f"alone: {_run_text(alone)}: the finding needed the shared device"
     again = sorted(_probes(alone) & _probes(target))
@@ -249,6 +270,12 @@ def classify_confirmation(shared_runs: list[dict], alone: dict) -> tuple[str, st
             "with other first diffs or KV blame than while sharing"
         )
     return NOT_REPRODUCED, f"alone: {_run_text(alone)}: a finding on other probes than the shared run's"
+
+
+def _clean_on(run: dict, names: set[str]) -> bool:
+    """The run ran every one of these probes to a PASS with no CORRUPT KV (whatever it said elsewhere)."""
+    by = {p["name"]: p for p in run.get("probes") or []}
+    return all(n in by and by[n]["verdict"] == PASS and by[n]["kv"] != CORRUPT for n in names)
 
 
 def _probes(run: dict) -> set[str]:

@@ -59,6 +59,28 @@ class Request:
     token_ids: tuple[int, ...]
     cached_tokens: int | None  # None: the engine reported nothing, which is never read as zero
 
+    @property
+    def hits(self) -> int | None:
+        """The hit counter when it is a count (an int >= 0), else None: missing (see counter_missing)."""
+        return hit_count(self.cached_tokens)
+
+
+def hit_count(value: object) -> int | None:
+    """A hit counter as a count, or None when it is missing. vLLM starts Request.num_cached_tokens at -1 ("not
+    checked yet"): a negative value, a bool or any non-integer is no count, and never read as a hit or a miss."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
+def counter_missing(value: object, whose: str = "") -> str:
+    """'[whose ]hit counter missing', with the value it had when there was one (-1: vLLM's 'not checked yet')."""
+    head = f"{whose} hit counter missing" if whose else "hit counter missing"
+    if value is None:
+        return head
+    note = " (vLLM's 'not checked yet')" if value == -1 and not isinstance(value, bool) else ""
+    return f"{head} ({value!r}{note}: not a count)"
+
 
 @dataclass(frozen=True)
 class ProbeVerdict:
@@ -115,6 +137,18 @@ def decide_missing_baseline_probe() -> ProbeVerdict:
     return ProbeVerdict(INCONCLUSIVE, ("the baseline has no result for this probe",), None)
 
 
+def decide_missing_probe(pv: ProbeVerdict | None, asked: int, got: int = 0) -> ProbeVerdict:
+    """A probe the arm's job asked for that its result lacks (pv None), or that came back with fewer
+    requests than asked: what did not run decides nothing, so the probe is INCONCLUSIVE at least (a FAIL
+    or an ERROR among the requests that did run stays)."""
+    if pv is None:
+        return ProbeVerdict(INCONCLUSIVE, ("the arm's result has no result for this probe",), None)
+    reason = f"the arm's result has {got} of the {asked} requests its job asked for"
+    if pv.verdict in (FAIL, ERROR):
+        return replace(pv, reasons=(*pv.reasons, reason))
+    return replace(pv, verdict=INCONCLUSIVE, reasons=(*pv.reasons, reason))
+
+
 def decide_child_failure(kind: str, detail: str) -> ArmVerdict:
     """An engine child that delivered no usable result (a repro.contract failure kind)."""
     return ArmVerdict(ERROR, (f"{kind}: {detail}",), kind, detail)
@@ -141,9 +175,10 @@ def decide_lmcache_degraded(current: ArmVerdict, degraded_messages: list[str] | 
 
 def decide_baseline_probe(cold: Request) -> ProbeVerdict:
     """The cache-disabled reference must itself report no reuse."""
-    if cold.cached_tokens is None:
-        return ProbeVerdict(INCONCLUSIVE, ("baseline hit counter missing: cannot confirm caching was off",), None)
-    if cold.cached_tokens > 0:
+    if cold.hits is None:
+        why = counter_missing(cold.cached_tokens, "baseline")
+        return ProbeVerdict(INCONCLUSIVE, (f"{why}: cannot confirm caching was off",), None)
+    if cold.hits > 0:
         return ProbeVerdict(
             INCONCLUSIVE, (f"baseline reported {cold.cached_tokens} cached tokens with caching off",), None
         )
@@ -166,9 +201,9 @@ def decide_probe(
     reasons: list[str] = []
     if baseline_verdict != PASS:
         reasons.append(f"the baseline's own probe is {baseline_verdict}: it is not a reference")
-    if cold.cached_tokens is None:
-        reasons.append("cold request hit counter missing: not a verified miss")
-    elif cold.cached_tokens > 0:
+    if cold.hits is None:
+        reasons.append(f"{counter_missing(cold.cached_tokens, 'cold request')}: not a verified miss")
+    elif cold.hits > 0:
         reasons.append(f"cold request reported {cold.cached_tokens} cached tokens: not a verified miss")
     if cold_diff is not None:
         reasons.append(f"cold miss differs from baseline @{cold_diff}: reuse cannot be blamed")
@@ -179,9 +214,9 @@ def decide_probe(
 
     failed, unproven = [], []
     for i, (req, diff) in enumerate(zip(reuses, diffs), start=1):
-        if req.cached_tokens is None:
-            unproven.append(f"reuse {i}: hit counter missing")
-        elif req.cached_tokens == 0:
+        if req.hits is None:
+            unproven.append(f"reuse {i}: {counter_missing(req.cached_tokens)}")
+        elif req.hits == 0:
             unproven.append(f"reuse {i}: zero cached tokens, reuse not exercised")
         elif diff is not None:
             failed.append(f"reuse {i}: {req.cached_tokens} cached tokens, differs from baseline @{diff}")
@@ -456,13 +491,13 @@ def decide_scenario_request(
     - a divergence with a hit, or in a call where the engine preempted (a resumed request reuses its
       KV), is a FAIL;
     - a divergence of a miss with no preemption is INCONCLUSIVE (no reuse to blame)."""
-    cached = req.cached_tokens
+    cached = req.hits
     role = REUSE if cached else MISS
     diff = first_diff(list(baseline), list(req.token_ids))
     found: list[tuple[str, str]] = []  # (verdict, reason)
     cls = None
     if cached is None:
-        found.append((INCONCLUSIVE, "hit counter missing"))
+        found.append((INCONCLUSIVE, counter_missing(req.cached_tokens)))
     if expect == MISS and cached:
         found.append((FAIL, f"expected a miss, reported {cached} cached tokens"))
     if expect == REUSE and cached == 0:
@@ -489,7 +524,7 @@ def decide_scenario_request(
 def decide_scenario_request_unbased(req: Request) -> ScenarioRequestVerdict:
     """A scenario request whose probe the plain baseline has no result for: nothing to compare with."""
     return ScenarioRequestVerdict(
-        INCONCLUSIVE, ("the baseline has no result for this probe",), REUSE if req.cached_tokens else MISS, None
+        INCONCLUSIVE, ("the baseline has no result for this probe",), REUSE if req.hits else MISS, None
     )
 
 
@@ -537,3 +572,53 @@ def decide_scenario_kv(requests: list[tuple[str, KVVerdict]] | tuple[tuple[str, 
                 tuple(sorted({p for v in hit for p in v.planes})),
             )
     return KVVerdict(EXACT, ())
+
+
+# ---- expectations: what a fixture states must hold on any machine ---------------------------------------
+# An expectation is one verdict ("PASS") or a set of them (["EXACT", "NUMERIC"]): a set states what must hold
+# where the numerics legitimately depend on the machine's kernels (a reused prefix computed by a prefill of
+# another length is bit-identical on one CPU and within the floor on the next). A set never mixes a finding
+# (FAIL, CORRUPT) with its absence: that would accept a finding and its absence alike (repro.fixtures refuses it).
+FINDINGS = (FAIL, CORRUPT)
+
+
+def expectation_values(want: object) -> tuple[str, ...]:
+    """The verdicts an expectation accepts: ("PASS",) for "PASS", the list's members for a list."""
+    if isinstance(want, str):
+        return (want,)
+    if isinstance(want, (list, tuple)):
+        return tuple(str(w) for w in want)
+    return ()
+
+
+def expectation_met(want: object, got: str | None) -> bool:
+    """Whether an observed verdict (None: none observed) is one the expectation accepts."""
+    return got is not None and got in expectation_values(want)
+
+
+def expectation_states(want: object, verdict: str) -> bool:
+    """Whether the expectation states this verdict (a stated CORRUPT or FAIL: a planted fault meant to be caught)."""
+    return verdict in expectation_values(want)
+
+
+def expectation_problem(want: object, allowed: tuple[str, ...]) -> str | None:
+    """Why an expectation is not one a fixture may state (None: it may): one verdict of allowed, or a
+    non-empty list of distinct ones that does not mix a finding with its absence."""
+    if isinstance(want, str):
+        return None if want in allowed else f"{want!r} is not one of {', '.join(allowed)}"
+    if not isinstance(want, list) or not want:
+        return f"{want!r} is neither a verdict nor a non-empty list of verdicts"
+    bad = [w for w in want if not isinstance(w, str) or w not in allowed]
+    if bad:
+        return f"{bad[0]!r} is not one of {', '.join(allowed)}"
+    if len(set(want)) != len(want):
+        return f"{want!r} lists a verdict twice"
+    found = [w for w in want if w in FINDINGS]
+    if found and len(found) != len(want):
+        return f"{want!r} mixes a finding ({found[0]}) with its absence: state one or the other"
+    return None
+
+
+def expectation_text(want: object) -> str:
+    """'PASS', or 'EXACT or NUMERIC' for a set."""
+    return " or ".join(expectation_values(want))

@@ -83,6 +83,8 @@ from repro.verdict import (
 )
 
 HASHSEED = "0"
+# A confirmation's reason when the run alone could read what the shared run stored (repro.plan's `store`).
+STORE_PERSISTED = "the store persisted: not independent"
 
 
 @dataclass
@@ -118,6 +120,8 @@ def arm_entry(
         "findings": [],
         "timing": {"wall_s": outcome.wall_s},
     }
+    if arm.store is not None:  # how this run's connector state was made fresh, or why it may persist (repro.plan)
+        entry["store"] = arm.store
     res = outcome.result
     if res is not None:
         entry.update(effective_config=res.effective_config, versions=res.versions)
@@ -126,7 +130,7 @@ def arm_entry(
         verdict = decide_child_failure(outcome.failure.kind, outcome.failure.detail)
         entry.update(error=outcome.failure.to_json(), verdict=verdict.verdict, reasons=list(verdict.reasons))
         return entry
-    probes, verdict = judge_arm(res, baseline, spec.mode, block_size, arm.skip_probes)
+    probes, verdict = judge_arm(res, baseline, spec.mode, block_size, arm.skip_probes, outcome.asked)
     entry["probes"] = probes
     if spec.connector is not None and "lmcache" in spec.connector.name.lower():
         evidence = lmcache_evidence(
@@ -406,9 +410,12 @@ class Extra:
         self.walls: dict[str, float] = {}
 
     def fresh(self, i: int, suffix: str) -> PlannedArm:
-        """Arm i again, with fresh @tmpdir directories (a fresh store: its cold request is cold again)."""
-        arm = materialize(self.originals[i], self.scratch, self.scratch_root)
-        return replace(arm, spec=replace(arm.spec, name=f"{arm.name}~{suffix}"), match_arm=None)
+        """Arm i again, named <arm>~<suffix>, with connector state of its own (repro.plan.materialize: fresh
+        @tmpdir directories, a fresh subfolder of a store directory the user named, LMCache's likewise), so its
+        cold request is cold again; its `store` says so, or why its state may persist (a remote server)."""
+        arm = self.originals[i]
+        arm = replace(arm, spec=replace(arm.spec, name=f"{arm.name}~{suffix}"), match_arm=None)
+        return materialize(arm, self.scratch, self.scratch_root)
 
     def run(
         self, runs: list[Run], slots: list[ArmSlot], n_jobs: int, work: Path, env: dict, a, progress, clock
@@ -460,13 +467,16 @@ class Extra:
 
 
 def run_trials(extra: Extra, n: int, n_jobs: int, work: Path, env: dict, a, progress: Progress, clock: Clock) -> None:
-    """Trials 2..n of every reuse arm, each a fresh engine (and MP server), as many at once as the
-    arms themselves ran, each in a free slot when it launches."""
+    """Trials 2..n of every reuse arm, each a fresh engine (and MP server) with connector state of its own
+    (Extra.fresh), as many at once as the arms themselves ran, each in a free slot when it launches."""
     todo = [(i, k) for i, arm in enumerate(extra.planned) if arm.spec.mode != "baseline" for k in range(2, n + 1)]
     if not todo:
         return
     slots = arm_slots(extra.opts, len(todo), n_jobs)  # shares for as many at once as --jobs allows
     runs = [Run(i, f"trial {k}", k, extra.fresh(i, f"trial{k}")) for i, k in todo]
+    for i in dict.fromkeys(i for i, _ in todo):
+        if (persists := _persisting_store(extra.planned[i])) is not None:
+            progress.note(f"{extra.planned[i].name}: its trials share a store that persists ({persists})")
     t = time.monotonic()
     extra.run(runs, slots, n_jobs, work, env, a, progress, clock)
     extra.walls["trials"] = time.monotonic() - t
@@ -480,8 +490,17 @@ def run_confirmations(extra: Extra, todo: list[tuple[int, Run | None]], work, en
         slot = shared_run.slot if shared_run is not None else extra.slots[i]  # the one the finding's run took
         progress.note(f"re-running {extra.planned[i].name} alone to confirm its finding")
         slots = [slot] if slot is not None else arm_slots(extra.opts, 1, 1)
-        extra.run([Run(i, "alone", None, extra.fresh(i, "alone"))], slots, 1, work, env, a, progress, clock)
+        alone = extra.fresh(i, "alone")  # connector state of its own: what the shared run stored is not read
+        if (persists := _persisting_store(alone)) is not None:
+            progress.note(f"{extra.planned[i].name}: the run alone reads a store that persists ({persists})")
+        extra.run([Run(i, "alone", None, alone)], slots, 1, work, env, a, progress, clock)
     extra.walls["confirm"] = time.monotonic() - t
+
+
+def _persisting_store(arm: PlannedArm) -> str | None:
+    """Why a run's connector state may persist between runs (repro.plan's `store`), or None: it is fresh."""
+    store = arm.store
+    return None if store is None or store.get("fresh") else str(store.get("why") or "not recorded")
 
 
 class ScenarioRuns:
@@ -667,7 +686,14 @@ def confirmation_of(named: list[tuple[str, dict]], alone: list[Run], clock: Cloc
     sharing = clock.sharing(r.arm.name)
     run = trials.run_summary(r.entry, None, (sharing or {}).get("shared"))
     cls, reason = trials.classify_confirmation([x for x in runs if x.get("shared")], run)
-    return {"status": "ran", "why": why, "run": run, "class": cls, "reason": reason, "sharing": sharing}
+    # Independent only when the run alone started with empty connector state: every run of an arm is made
+    # fresh the same way (repro.plan), so a store that persists did for the shared run too, and the run alone
+    # could read what it stored.
+    persists = _persisting_store(r.arm)
+    if persists is not None:
+        reason = f"{reason}; {STORE_PERSISTED} ({persists})"
+    out = {"status": "ran", "why": why, "run": run, "class": cls, "reason": reason, "sharing": sharing}
+    return out | {"independent": persists is None} | ({"store": r.arm.store} if r.arm.store is not None else {})
 
 
 def gpu_of(entry: dict, slot: ArmSlot | None, first_gpu: str) -> dict | None:

@@ -148,7 +148,8 @@ def test_kv_audit_verdicts_and_blame(selftest):
 def test_native_matched_reuses_what_the_connector_reused(selftest):
     """native-matched, primed before every reuse, reports the connector arm's cached counts on
     every block-aligned probe (here all of them) and passes; ExampleConnector's skipped probe is
-    skipped there too, with the reason."""
+    skipped there too, with the reason. Its KV is EXACT or NUMERIC, whichever this CPU's kernels give
+    for a prefill of another length, and never CORRUPT."""
     _, report = selftest
     arms = {a["name"]: a for a in json.loads(report.read_text())["arms"]}
     matched, conn = arms["native-matched"], arms["ExampleConnector"]
@@ -162,10 +163,14 @@ def test_native_matched_reuses_what_the_connector_reused(selftest):
         assert [r["cached_tokens"] for r in p["requests"]] == want  # 0 then the connector's counts
         assert p["match"]["matched_tokens"] == want[1:] and not any(p["match"]["aligned_down"])
         assert p["verdict"] == "PASS"
-        # the priming prefill is shorter than the baseline's: bit-exact on the chat probes, within
-        # the floor it measures on the fixture (layers 1-3 of its last blocks round differently)
-        assert p["kv"]["verdict"] == ("NUMERIC" if p["name"] == "fixture" else "EXACT"), p["kv"]
-    assert matched["kv_audit"]["floor"]["identical"] is False and matched["kv_audit"]["floor"]["rel"] < 1e-5
+        # the priming prefill is shorter than the baseline's: bit-exact or within the floor it measures,
+        # depending on the CPU (one gave EXACT on the chat probes, another NUMERIC: about 6e-7 relative)
+        assert p["kv"]["verdict"] in ("EXACT", "NUMERIC"), p["kv"]
+        for r in p["requests"][1:]:
+            assert r["kv_audit"]["counts"]["corrupt"] == 0, (p["name"], r["kv_audit"]["counts"])
+        if p["kv"]["verdict"] == "NUMERIC":
+            assert matched["kv_audit"]["floor"]["identical"] is False
+    assert matched["kv_audit"]["floor"]["rel"] < 1e-5  # 0 where every priming prefill was bit-exact
 
 
 def test_report_contract(selftest):

@@ -88,7 +88,9 @@ def test_the_planted_fault_is_found_in_both_trials(trials_run):
 def test_native_finds_nothing_in_both_trials(trials_run):
     proc, report, _ = trials_run
     trials = _arm(report, "native")["trials"]
-    assert [(r["verdict"], r["kv"]) for r in trials["runs"]] == [("PASS", "EXACT")] * 2
+    # the four prompts are prefilled together: KV EXACT or NUMERIC, whichever this CPU's kernels give
+    assert [r["verdict"] for r in trials["runs"]] == ["PASS"] * 2
+    assert all(r["kv"] in ("EXACT", "NUMERIC") for r in trials["runs"]), trials["runs"]
     assert (trials["rates"], trials["class"]) == ([], "clean")
     assert all(q["first_diff"] is None for r in trials["runs"] for q in r["requests"])
     assert "no finding in 2 trials (PASS, PASS)" in proc.stdout

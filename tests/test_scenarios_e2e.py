@@ -40,13 +40,16 @@ def test_native_and_example_connector_under_every_scenario(scenarios_run):
     assert [sc["name"] for sc in report["scenarios"]] == SCENARIOS
     arms = _arms(report)
     for name in SCENARIOS:
+        # bit-exact where each prompt is prefilled alone, as the baseline's; where prompts are prefilled beside
+        # one another, EXACT or NUMERIC, whichever this CPU's kernels give (the fixture says why)
+        kv_ok = ("EXACT",) if name in ("a-b-a", "eviction") else ("EXACT", "NUMERIC")
         assert arms[(name, "native")]["verdict"] == "PASS", arms[(name, "native")]["reasons"]
-        assert arms[(name, "native")]["kv"]["verdict"] == "EXACT"
+        assert arms[(name, "native")]["kv"]["verdict"] in kv_ok, (name, arms[(name, "native")]["kv"])
         example = arms[(name, "ExampleConnector")]
         if name == "preemption":  # the fixture's skip_scenarios: it crashes the engine there, and says why
             assert example["verdict"] == "SKIPPED" and "FileNotFoundError" in example["reasons"][0]
         else:
-            assert (example["verdict"], example["kv"]["verdict"]) == ("PASS", "EXACT"), example["reasons"]
+            assert example["verdict"] == "PASS" and example["kv"]["verdict"] in kv_ok, (name, example["reasons"])
         assert arms[(name, "native-matched")]["verdict"] == "SKIPPED"
     acc = report["acceptance"]["scenarios"]
     assert acc["matched"] is True and acc["unchecked"] == []

@@ -136,5 +136,7 @@ def test_native_passes_every_scenario_it_ran(planted_run):
         assert sc["control"]["status"] == "ok"
         assert all(r["matches_plain"] for r in sc["control"]["requests"]), sc["name"]
         native = _scenario_arm(report, sc["name"], "native")
-        assert (native["verdict"], native["kv"]["verdict"]) == ("PASS", "EXACT"), (sc["name"], native["reasons"])
+        # EXACT where each prompt is prefilled alone; in-flight prefills them together: EXACT or NUMERIC by CPU
+        kv_ok = ("EXACT",) if sc["name"] in ("a-b-a", "eviction") else ("EXACT", "NUMERIC")
+        assert native["verdict"] == "PASS" and native["kv"]["verdict"] in kv_ok, (sc["name"], native["reasons"])
         assert all(r["first_diff"] is None for r in native["requests"])

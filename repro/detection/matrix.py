@@ -9,7 +9,7 @@ from repro.contract import ArmResult, ProbeResult
 from repro.detection.blame import planted_fault, summarize_blame
 from repro.detection.plan import DECOY, WINDOWS
 from repro.replays import BASELINE
-from repro.verdict import FAIL, INCONCLUSIVE, PASS, Request, decide_probe
+from repro.verdict import FAIL, INCONCLUSIVE, PASS, Request, decide_probe, hit_count
 
 
 def window_verdicts(
@@ -257,7 +257,7 @@ def control_entry(arm: str, seed: int, result: dict | None, error: dict | None, 
         row = judge_probe(base[probe["name"]], probe, answers)
         entry["probes"].append(row)
         entry["reuses_compared"] += len(row["reuse_cached_tokens"])
-        entry["reuses_exercised"] += sum(1 for c in row["reuse_cached_tokens"] if c)
+        entry["reuses_exercised"] += sum(1 for c in row["reuse_cached_tokens"] if hit_count(c))
         for w, v in row["verdicts"].items():
             entry["false_positives"][w] += v == FAIL
             entry["inconclusive"][w] += v == INCONCLUSIVE

@@ -21,7 +21,7 @@ whether the outcome agrees: a catch must be caught, a miss must be not exercised
 from __future__ import annotations
 
 from repro.detection.plan import WINDOWS
-from repro.verdict import CORRUPT, FAIL, SCHEDULE_NUMERICS
+from repro.verdict import CORRUPT, FAIL, SCHEDULE_NUMERICS, hit_count
 
 # The study's report (written by repro.detection.scenarios, read by its page and the site's catalog, which must
 # not import the study's runner): its kind and version.
@@ -127,7 +127,7 @@ def plain_records(entry: dict, result: dict | None) -> list[dict]:
         kv = (row.get("kv") or {}).get("verdict")
         for k, req in enumerate(reuses):
             diff = row["reuse_first_diffs"][k]
-            hit = bool(row["reuse_cached_tokens"][k])
+            hit = bool(hit_count(row["reuse_cached_tokens"][k]))  # -1 or a non-integer is no hit
             mine = [w for w in fails if hit and diff is not None and diff < w]
             out.append(
                 record(f"{row['name']} reuse {k + 1}", hit, diff, mine, False, kv, req.get("kv_transfer_params"))

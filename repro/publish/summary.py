@@ -66,7 +66,8 @@ def format_summary(report: Report | Mapping[str, Any]) -> str:
     audit = report.kv_audit_state
     lines = [
         report.headline,
-        f"# {report.data['generations']} generations · acceptance.matched = {report.acceptance_label()}",
+        f"# {report.data['generations']} generations · acceptance.matched = {report.acceptance_label()} · "
+        + report.exit_text,
     ]
     if report.run_conditions.line:
         lines.append(report.run_conditions.line[:400])

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from repro.verdict import CORRUPT, FAIL
+from repro.verdict import CORRUPT, ERROR, FAIL
 from repro.wording import NOT_RECORDED, seconds, show
 
 # The classes the report's trials and confirmation carry (schemas/report.schema.json, repro.trials).
@@ -69,21 +69,39 @@ class TrialRate:
         return self.data.get("of", "?")
 
     @property
+    def errors(self) -> int:
+        """The trials that ended in ERROR (0 when none, or an older report that did not count them)."""
+        n = self.data.get("errors")
+        return n if isinstance(n, int) and not isinstance(n, bool) else 0
+
+    @property
+    def finished(self) -> object:
+        """The trials that finished: the rate's denominator ('of' less the ERRORs)."""
+        return self.of - self.errors if isinstance(self.of, int) else self.of
+
+    @property
     def cell(self) -> str:
-        """'FAIL 3/5', 'FAIL 0/5, KV CORRUPT 2/5'."""
-        text = f"FAIL {self.data.get('failed', '?')}/{self.of}"
-        return text + (f", KV CORRUPT {self.data['kv_corrupt']}/{self.of}" if self.data.get("kv_corrupt") else "")
+        """'FAIL 3/5', 'FAIL 0/5, KV CORRUPT 2/5', 'FAIL 1/1 (1 ERROR)' (of the trials that finished)."""
+        n = self.finished
+        text = f"FAIL {self.data.get('failed', '?')}/{n}"
+        text += f", KV CORRUPT {self.data['kv_corrupt']}/{n}" if self.data.get("kv_corrupt") else ""
+        return text + (f" ({self.errors} ERROR)" if self.errors else "")
 
     @property
     def mark(self) -> ConditionMark | None:
-        """'intermittent 3/5' or '5/5 trials' beside a FAIL; None for a probe clean in every trial."""
+        """'intermittent 3/5' or '5/5 trials' beside a FAIL ('1/1 finished trials, 1 ERROR': a trial that ended in
+        ERROR is set apart, never counted as one that did not find it); None for a probe clean in every trial."""
         if self.cls == CLEAN_RATE:
             return None
         hits = max(self.data.get("failed") or 0, self.data.get("kv_corrupt") or 0)
         intermittent = self.cls == INTERMITTENT
-        return ConditionMark(
-            f"{INTERMITTENT} {hits}/{self.of}" if intermittent else f"{hits}/{self.of} trials", intermittent
-        )
+        n = self.finished
+        text = f"{INTERMITTENT} {hits}/{n}" if intermittent else f"{hits}/{n} trials"
+        if self.errors:
+            text = (f"{INTERMITTENT} {hits}/{n} finished" if intermittent else f"{hits}/{n} finished trials") + (
+                f", {self.errors} ERROR"
+            )
+        return ConditionMark(text, intermittent)
 
 
 def run_probe_text(probe: Mapping[str, Any]) -> str:
@@ -213,6 +231,13 @@ class ArmConditions:
         runs = [r for r in trials.get("runs") or [] if isinstance(r, dict)]
         return sum(1 for r in runs if _has_finding(r)), int(trials.get("n") or len(runs))
 
+    @property
+    def errors(self) -> int:
+        """The trials that ended in ERROR: they found nothing because they did not finish (0 without trials)."""
+        trials = self._trials
+        runs = (trials or {}).get("runs") or []
+        return sum(1 for r in runs if isinstance(r, dict) and r.get("verdict") == ERROR)
+
     def trial_diffs_text(self, probe_name: str) -> str:
         """A probe across the trials: '#1 FAIL @6,7 (shared) · #2 PASS (shared) · #3 ERROR (timeout)'."""
         parts = []
@@ -241,14 +266,24 @@ class ArmConditions:
 
     @property
     def confirmation_text(self) -> str:
-        """'re-run alone: PASS → contention-dependent', 're-run alone: skipped (--no-confirm)'; '' without one."""
+        """'re-run alone: PASS → contention-dependent', 're-run alone: INCONCLUSIVE → unconfirmed, not independent' (its
+        store persisted), 're-run alone: skipped (--no-confirm)'; '' without one."""
         conf = self._confirmation
         if conf is None:
             return ""
         if conf.get("status") != "ran":
             return f"re-run alone: {conf.get('status')}" + (f" ({conf['why']})" if conf.get("why") else "")
         verdict = (conf.get("run") or {}).get("verdict") or "no result"
-        return f"re-run alone: {verdict} → {conf.get('class') or 'unclassed'}"
+        text = f"re-run alone: {verdict} → {conf.get('class') or 'unclassed'}"
+        return text + (", not independent" if self.confirmation_independent is False else "")
+
+    @property
+    def confirmation_independent(self) -> bool | None:
+        """False when the re-run alone could read what the shared run stored (its connector store persisted between
+        runs; the reason says which); True when every run had empty connector state; None when not recorded."""
+        conf = self._confirmation
+        value = conf.get("independent") if conf is not None else None
+        return value if isinstance(value, bool) else None
 
     @property
     def confirmation_reason(self) -> str:
@@ -283,7 +318,9 @@ class ArmConditions:
         found = self.trials_found
         if found and found[0]:
             k, n = found
-            parts.append(f"{INTERMITTENT}: findings in {k}/{n} trials" if k < n else f"findings in {k}/{n} trials")
+            e = self.errors  # set apart: a trial that ended in ERROR did not finish
+            done = f"findings in {k}/{n - e} finished trials, {e} ERROR" if e else f"findings in {k}/{n} trials"
+            parts.append(f"{INTERMITTENT}: {done}" if k < n - e else done)
         cls = self.confirmation_class
         if cls:
             parts.append(f"{cls}: {CONFIRMATION_MEANING.get(cls, 'see the re-run alone')}")
@@ -293,9 +330,11 @@ class ArmConditions:
     def qualified(self) -> bool:
         """The finding did not show every time, or not alone: a claim of it must carry its class."""
         found = self.trials_found
-        intermittent = found is not None and 0 < found[0] < found[1]
+        # of the trials that finished: a trial that ended in ERROR is set apart, not a trial that found nothing
+        intermittent = found is not None and 0 < found[0] < found[1] - self.errors
         cls = self.confirmation_class
-        return intermittent or cls in (REPRODUCED_VARYING, CONTENTION_DEPENDENT, NOT_REPRODUCED, UNCONFIRMED)
+        weak = cls in (REPRODUCED_VARYING, CONTENTION_DEPENDENT, NOT_REPRODUCED, UNCONFIRMED)
+        return intermittent or weak or self.confirmation_independent is False
 
     def marks(self, probe: str) -> tuple[ConditionMark, ...]:
         """The marks beside a probe's finding: 'intermittent 3/5', '5/5 trials', 'contention-dependent'."""
@@ -306,6 +345,8 @@ class ArmConditions:
         cls = self.confirmation_class
         if cls:
             marks.append(ConditionMark(cls, cls != DETERMINISTIC))
+        if cls and self.confirmation_independent is False:  # the run alone could read what the shared run stored
+            marks.append(ConditionMark("not independent", True))
         return tuple(marks)
 
 

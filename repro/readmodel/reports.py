@@ -13,8 +13,8 @@ from repro.readmodel.arms import Arm
 from repro.readmodel.conditions import RunConditions
 from repro.readmodel.probes import Probe
 from repro.readmodel.scenarios import Scenario, ScenarioArm
-from repro.report import excused_kv_findings
-from repro.verdict import CORRUPT
+from repro.report import excused_kv_findings, exit_reason
+from repro.verdict import CORRUPT, expectation_text
 from repro.wording import is_commit_hash
 
 NO_SUITE = "n/a (no acceptance suite)"
@@ -103,6 +103,17 @@ class Report:
     def headline(self) -> str:
         """'NVIDIA L4 · 1a2b3c4d5e6f · 2026-11-29': hardware, kit commit, date."""
         return f"{self.hardware_label} · {self.commit} · {self.day}"
+
+    @property
+    def exit_text(self) -> str:
+        """'exit 0: acceptance matched: every verdict as the fixture states', 'exit 1: KV CORRUPT that the fixture
+        does not state: …': the exit code the run ended with and why (repro.report.exit_reason), which the
+        headline shows beside acceptance.matched, since a matched acceptance alone can sit above exit 1."""
+        try:
+            code, why = exit_reason(self.data)
+        except (KeyError, TypeError, AttributeError):  # a report too old or too damaged to apply the rule to
+            return "exit code: not derivable from this report"
+        return f"exit {code}: {why}"
 
     def acceptance_label(self, short: bool = False) -> str:
         """'true', 'false', or 'n/a (no acceptance suite)' ('n/a' when short)."""
@@ -200,7 +211,7 @@ class Report:
         unchecked = [u for u in acc.get("unchecked") or [] if isinstance(u, Mapping)]
         notes = [
             "failed: " + "; ".join(f"{c.get('arm')} {c.get('scenario')} {c.get('check')} expected "
-                                   f"{c.get('expected')}, got {c.get('observed')}" for c in failed),
+                                   f"{expectation_text(c.get('expected'))}, got {c.get('observed')}" for c in failed),
             "unchecked: " + "; ".join(f"{u.get('arm')} {u.get('scenario')} {u.get('observed')}" for u in unchecked),
         ]  # fmt: skip
         shown = " · ".join(n for n, items in zip(notes, (failed, unchecked)) if items)

@@ -324,9 +324,11 @@ class ScenarioTrials:
 
     @property
     def text(self) -> str:
-        """'found in 2 of 2 trials (FAIL, FAIL)', 'intermittent: found in 1 of 3 trials (FAIL, PASS, ERROR)',
-        'no finding in 2 trials (PASS, PASS)', 'no finding in the 1 of 2 trials that finished; 1 ERROR (PASS, ERROR)',
-        'no trial finished: 2 of 2 ERROR (ERROR, ERROR)'."""
+        """'found in 2 of 2 trials (FAIL, FAIL)', 'intermittent: found in 1 of 3 trials (FAIL, PASS, PASS)',
+        'found in 1 of the 1 of 2 trials that finished; 1 ERROR (FAIL, ERROR)' (a trial that ended in ERROR is set
+        apart, never counted as one that did not find it), 'no finding in 2 trials (PASS, PASS)',
+        'no finding in the 1 of 2 trials that finished; 1 ERROR (PASS, ERROR)', 'no trial finished: 2 of 2 ERROR
+        (ERROR, ERROR)'."""
         verdicts = ", ".join(str(run.get("verdict") or "?") for run in self.runs)
         k, n, e = self.found, self.n, self.errors
         if k == 0 and e >= n:
@@ -335,6 +337,9 @@ class ScenarioTrials:
             return f"no finding in the {n - e} of {n} trials that finished; {e} ERROR ({verdicts})"
         if k == 0:
             return f"no finding in {n} trials ({verdicts})"
+        if e:
+            done = f"found in {k} of the {n - e} of {n} trials that finished; {e} ERROR ({verdicts})"
+            return ("intermittent: " if k < n - e else "") + done
         return ("intermittent: " if k < n else "") + f"found in {k} of {n} trials ({verdicts})"
 
     def rate(self, key: tuple) -> RequestRate | None:
