@@ -284,9 +284,21 @@ class RequestRate(_Placed):
         return " · ".join(parts)
 
     @property
+    def cls(self) -> str:
+        """'every trial', 'intermittent' or 'none', over the trials that ran this request: one that did not (it
+        ended in ERROR) is set apart, never counted as a trial that did not find it. Derived from the per-trial
+        lists, so a report written before trials were set apart reads the same; the stored class otherwise."""
+        verdicts, kvs = self._each("verdicts"), self._each("kv")
+        ran = [i for i, v in enumerate(verdicts) if v is not None]
+        if not ran:
+            return str(self.data.get("class") or "")
+        found = sum(1 for i in ran if verdicts[i] == FAIL or (i < len(kvs) and kvs[i] == CORRUPT))
+        return "none" if found == 0 else "every trial" if found == len(ran) else "intermittent"
+
+    @property
     def line(self) -> str:
         """'step 2 chat-512: #1 PASS · #2 FAIL @3 (intermittent)'."""
-        cls = str(self.data.get("class") or "")
+        cls = self.cls
         return f"{self.place}: {self.runs_text}" + (f" ({cls})" if cls and cls != "none" else "")
 
 
