@@ -73,8 +73,9 @@ COMMANDS = (
     ),
     Command(
         "margins",
-        "[--seeds 1-8]",
-        "per model seed, the smallest relative top-1/top-2 logit gap of the baseline",
+        "[--seeds 1-8 | --compare-kernels [--model DIR] [--fixture PATH]]",
+        "per model seed, the smallest relative top-1/top-2 logit gap of the baseline; or how far kernel variants "
+        "and float16 move the baseline's gaps (docs/verdicts.md#the-near-tie-line)",
         "repro.margins:main",
     ),
     Command(
