@@ -5,6 +5,8 @@ MODEL ?=
 DTYPE ?=
 REPORT ?=
 REPORTS ?=
+# KERNELS: the CPU engine's kernel variant (default, avx2, generic: repro/provenance.py KERNEL_VARIANTS).
+KERNELS ?=
 # PYTHON: an existing environment's interpreter (with vLLM, and LMCache for a GPU profile) that runs
 # the engines as it is; empty: the profile's own environment under .venvs/. BOOTSTRAP_PYTHON only
 # makes the tools environment that runs tasks.py.
@@ -22,8 +24,8 @@ $(INV): requirements/tools.txt
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-repro: $(INV) ## Run the verification (PROFILE=cpu|gpu-lmcache-0.5.4|gpu-lmcache-0.5.5rc5; default: by hardware; MODEL=smollm2: the trained model; PYTHON=your env's python, used as it is)
-	@$(INV) repro --profile "$(PROFILE)" --model "$(MODEL)" --python "$(PYTHON)"
+repro: $(INV) ## Run the verification (PROFILE=cpu|gpu-lmcache-0.5.4|gpu-lmcache-0.5.5rc5; default: by hardware; MODEL=smollm2: the trained model; PYTHON=your env's python, used as it is; KERNELS=avx2|generic: the CPU engine's kernels)
+	@$(INV) repro --profile "$(PROFILE)" --model "$(MODEL)" --python "$(PYTHON)" --kernels "$(KERNELS)"
 
 test: $(INV) ## Run all tests (unit, end-to-end on the real CPU engine)
 	@$(INV) test

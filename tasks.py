@@ -17,6 +17,7 @@ from invoke import Exit, task
 # Invoke puts this folder first on sys.path; repro.cli needs nothing outside the standard library.
 from repro.cli import engine_python_problem, selftest_cpu_argv
 from repro.models.registry import DEFAULT_DTYPE, DTYPES, MODELS, PackagedModel
+from repro.provenance import KERNEL_VARIANTS
 
 ROOT = Path(__file__).resolve().parent
 VENVS = ROOT / ".venvs"
@@ -132,8 +133,20 @@ def ensure_lmcache_ops(c, py: str, sdist: str = "") -> None:
         raise Exit(code=result.exited)
 
 
-def run_py(c, py: str, args: str, warn: bool = False):
-    return c.run(f"{py} {args}", pty=False, warn=warn, env={"PYTHONPATH": str(ROOT)})
+def run_py(c, py: str, args: str, warn: bool = False, env: dict[str, str] | None = None):
+    return c.run(f"{py} {args}", pty=False, warn=warn, env={**(env or {}), "PYTHONPATH": str(ROOT)})
+
+
+def kernel_env(kernels: str, profile: str) -> dict[str, str]:
+    """KERNELS=<name>: the variables that pick the CPU engine's kernels (repro.provenance.KERNEL_VARIANTS),
+    which the engines inherit and the report records; one line and exit 2 for an unknown name or a GPU profile."""
+    if kernels in ("", "default"):
+        return {}
+    if kernels not in KERNEL_VARIANTS:
+        raise Exit(f"unknown KERNELS={kernels}; choose one of: {', '.join(KERNEL_VARIANTS)}", code=2)
+    if profile != "cpu":
+        raise Exit(f"KERNELS={kernels} picks the CPU engine's kernels: use it with PROFILE=cpu", code=2)
+    return dict(KERNEL_VARIANTS[kernels])
 
 
 def make_model(c, py: str) -> str:
@@ -194,24 +207,29 @@ def reference_args(profile: str, model: str, report: str, packaged: PackagedMode
         "connectors), a local directory or a hub name (GPU profiles; default Qwen/Qwen3-0.6B, on the CPU the tiny model)",
         "python": "an existing environment's interpreter with vLLM (and LMCache for a GPU profile): it runs the "
         "verifier and its engines as it is, nothing is installed into it (default: the profile's own .venvs/)",
+        "kernels": f"the CPU engine's kernel variant: {', '.join(KERNEL_VARIANTS)} (default: the machine's best; "
+        "docs/usage.md#kernel-variants); its report is reports/latest-cpu-<variant>.json",
     }
 )
-def repro(c, profile="auto", model="", python=""):
+def repro(c, profile="auto", model="", python="", kernels=""):
     """Run the reference verification for a profile and print its summary."""
     profile = resolve_profile(profile)
     check_model_name(model)
+    env = kernel_env(kernels, profile)
     py = existing_python(python, profile) if python else venv_python(profile)
     if profile != "cpu" and (not python or os.environ.get("LMCACHE_OPS_SDIST")):
         ensure_lmcache_ops(c, py)  # the verifier's default --lmcache-ops auto then finds the build
     packaged = MODELS.get(model)
-    report = f"reports/latest-{profile}{f'-{model}' if packaged else ''}.json"
+    report = f"reports/latest-{profile}{f'-{model}' if packaged else ''}{f'-{kernels}' if env else ''}.json"
     if packaged:  # converted in the CPU environment; the folder serves any profile
         model = make_trained_model(c, packaged.name)
     if profile == "cpu":
         model = model or make_model(c, py)
     model = model or REFERENCE_MODEL
     args = reference_args(profile, model, report, packaged) + f" --python {shlex.quote(py)}"
-    result = run_py(c, shlex.quote(py), "-m repro.verify_kv_reuse " + args, warn=True)
+    if env:
+        print(f"[kvkit] kernels {kernels}: {' '.join(f'{k}={v}' for k, v in env.items())}", file=sys.stderr, flush=True)
+    result = run_py(c, shlex.quote(py), "-m repro.verify_kv_reuse " + args, warn=True, env=env)
     if result.exited != 0:
         raise Exit(code=result.exited)
 

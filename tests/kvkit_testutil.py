@@ -60,3 +60,14 @@ def run_test_connector(model: str, name: str, extra_config: dict, report: Path) 
         argv,
         env={"PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'connectors'}"},
     )
+
+
+# The CPU self-test's arm verdicts (fixtures/selftest-cpu.json), on any machine and under any kernel variant.
+SELFTEST_VERDICTS = {
+    "baseline": "PASS",
+    "ExampleConnector": "PASS",
+    "PlantedFault": "FAIL",
+    "PlantedFault-none": "PASS",
+    "native": "PASS",
+    "native-matched": "PASS",
+}

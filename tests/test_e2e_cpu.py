@@ -6,7 +6,7 @@ import json
 
 import pytest
 from conftest import have_vllm, run_cli
-from kvkit_testutil import run_test_connector
+from kvkit_testutil import SELFTEST_VERDICTS, run_test_connector
 
 from repro.atomic import dumps_json
 from repro.cli import selftest_cpu_argv
@@ -77,14 +77,7 @@ def test_five_arms_verdicts(selftest):
     _, report = selftest
     data = json.loads(report.read_text())
     verdicts = {a["name"]: a["verdict"] for a in data["arms"]}
-    assert verdicts == {
-        "baseline": "PASS",
-        "ExampleConnector": "PASS",
-        "PlantedFault": "FAIL",
-        "PlantedFault-none": "PASS",
-        "native": "PASS",
-        "native-matched": "PASS",
-    }
+    assert verdicts == SELFTEST_VERDICTS
     assert data["acceptance"]["matched"] is True
     planted = next(a for a in data["arms"] if a["name"] == "PlantedFault")
     for probe in planted["probes"]:

@@ -20,3 +20,18 @@ def test_cuda_visible_devices_picks_the_gpus_by_index_or_uuid_in_its_order():
     assert visible_gpus(ROWS, "") == [] and visible_gpus(ROWS, "-1") == []
     assert visible_gpus(ROWS, "0,7,1") == ["NVIDIA H200"]  # CUDA stops at the first invalid entry
     assert hardware_label({"gpus": visible_gpus(ROWS, "1")}) == "NVIDIA H200"
+
+
+def test_kernel_variables_are_recorded_and_name_the_variant():
+    """The variables that pick the CPU kernels are kept with the environment, and a report names its variant:
+    the KERNEL_VARIANTS entry that sets exactly those, "default" for none, "custom" for any other mix."""
+    from repro.provenance import KERNEL_VARIANTS, allowed_env, kernel_variant
+
+    env = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "X": "1"}
+    assert allowed_env(env) == {k: v for k, v in env.items() if k != "X"}
+    assert kernel_variant(env) == {"name": "avx2", "env": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
+    assert kernel_variant({"PATH": "/bin"}) == {"name": "default", "env": {}}
+    assert kernel_variant({"ATEN_CPU_CAPABILITY": ""}) == {"name": "default", "env": {}}  # empty: not set
+    assert kernel_variant({"DNNL_MAX_CPU_ISA": "SSE41"}) == {"name": "custom", "env": {"DNNL_MAX_CPU_ISA": "SSE41"}}
+    for name, variant in KERNEL_VARIANTS.items():
+        assert kernel_variant(variant)["name"] == name

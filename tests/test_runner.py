@@ -301,3 +301,14 @@ def test_a_child_starting_while_the_run_stops_is_stopped_with_the_others(tmp_pat
     child = tmp_path / "pids" / "baseline.child.pid"
     if child.exists():  # it started before the sweep took the lock: the sweep stopped its group
         assert runner.group_members(int(child.read_text())) == []
+
+
+def test_kernel_variables_reach_the_engines_with_inductor_caches_off():
+    """ATEN_CPU_CAPABILITY and oneDNN's ISA cap pass through to every engine as the caller set them; with one set,
+    inductor's FX graph and AOT caches are off (torch 2.13 keys them without the vector ISA). Without one,
+    the environment stays as it was."""
+    env = child_env({"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}, hashseed="0", extra={})
+    assert env["ATEN_CPU_CAPABILITY"] == "avx2" and env["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    assert env["TORCHINDUCTOR_FX_GRAPH_CACHE"] == "0" and env["TORCHINDUCTOR_AUTOGRAD_CACHE"] == "0"
+    plain = child_env({"PATH": "/bin"}, hashseed="0", extra={})
+    assert not any(name.startswith(("ATEN_", "ONEDNN_", "TORCHINDUCTOR_")) for name in plain)

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+from invoke import Exit
 from kvkit_testutil import ROOT
 
 
@@ -36,3 +38,23 @@ def test_unknown_profile_is_refused():
     proc = _inv("repro", "--profile", "nonsense")
     assert proc.returncode == 2
     assert "unknown PROFILE=nonsense" in proc.stdout + proc.stderr
+
+
+def test_an_unknown_kernel_variant_is_refused_before_any_setup():
+    proc = _inv("repro", "--profile", "cpu", "--kernels", "avx9")
+    assert proc.returncode == 2
+    out = (proc.stdout + proc.stderr).strip()
+    assert len(out.splitlines()) == 1 and "unknown KERNELS=avx9" in out and "avx2" in out
+
+
+def test_kernel_variants_set_the_engines_environment_on_the_cpu_profile_only():
+    """KERNELS=<name> (`make repro KERNELS=avx2`): the variant's variables, nothing for the default; a GPU profile
+    is refused in one line (the variants pick the CPU engine's kernels)."""
+    sys.path.insert(0, str(ROOT))
+    import tasks
+    from repro.provenance import KERNEL_VARIANTS
+
+    assert tasks.kernel_env("", "cpu") == tasks.kernel_env("default", "cpu") == {}
+    assert tasks.kernel_env("avx2", "cpu") == KERNEL_VARIANTS["avx2"] and KERNEL_VARIANTS["avx2"]
+    with pytest.raises(Exit, match="PROFILE=cpu"):
+        tasks.kernel_env("avx2", "gpu-lmcache-0.5.4")
