@@ -118,12 +118,12 @@ def plan_arms(opts: Options, fixture: Fixture) -> list[PlannedArm]:
     return arms
 
 
-def _lmcache_connector(conn: ConnectorSpec | None) -> bool:
+def is_lmcache_connector(conn: ConnectorSpec | None) -> bool:
     return conn is not None and "lmcache" in conn.name.lower()
 
 
 def _lmcache_yaml(conn: ConnectorSpec, a) -> str | None:
-    return a.lmcache_config if _lmcache_connector(conn) else None
+    return a.lmcache_config if is_lmcache_connector(conn) else None
 
 
 def materialize(arm: PlannedArm, scratch: list[str], root: str | Path | None = None) -> PlannedArm:
@@ -153,7 +153,7 @@ def fresh_state(
     run = _FreshRun(arm.name, scratch, root)
     extra = {key: run.setting(conn, key, value) for key, value in conn.extra_config.items()}
     env, record = dict(arm.env), None
-    if _lmcache_connector(conn):
+    if is_lmcache_connector(conn):
         environ = os.environ if environ is None else environ
         own, record = run.lmcache(arm.lmcache_config or environ.get(LMCACHE_CONFIG_ENV), lmcache_overrides, environ,
                                   yaml_dir)  # fmt: skip
@@ -261,7 +261,7 @@ def _store_kind(conn: ConnectorSpec, key: str) -> str | None:
         return "dir"
     if conn.module_path == PLANTED_FAULT_MODULE:
         return "dir" if key in PLANTED_STORE_KEYS else "none" if key in PLANTED_NOT_STORES else None
-    if _lmcache_connector(conn) and key.startswith(LMCACHE_EXTRA_PREFIX):
+    if is_lmcache_connector(conn) and key.startswith(LMCACHE_EXTRA_PREFIX):
         sub = key[len(LMCACHE_EXTRA_PREFIX) :]
         if conn.name == LMCACHE_MP_CONNECTOR:
             return "none"  # the kit points lmcache.mp.* at the server it starts for the run

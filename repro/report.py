@@ -199,10 +199,17 @@ def _later_runs(arm: dict) -> list[tuple[str, dict]]:
 
 
 def later_findings(report: dict) -> list[tuple[str, str, str, str]]:
-    """(arm, run, probe or scenario, kind) of every FAIL or CORRUPT that a later run (a trial 2..N, the re-run
-    alone) made and the arm's own run (trial 1) did not show of the same kind on the same probe (for a
+    """(arm, run, probe or "scenario <name>", kind) of every FAIL or CORRUPT that a later run (a trial 2..N, the
+    re-run alone) made and the arm's own run (trial 1) did not show of the same kind on the same probe (for a
     scenario: the same (scenario, arm)). Whatever trial 1 was (PASS, an expected INCONCLUSIVE, a FAIL with KV
     EXACT), a kind of finding it did not show is a finding all the same, never hidden behind it."""
+    return [(arm, run, probe, kind) for arm, run, probe, kind in _plain_later(report)] + [
+        (arm, run, f"scenario {scenario}", kind) for scenario, arm, run, kind in _scenario_later(report)
+    ]
+
+
+def _plain_later(report: dict) -> list[tuple[str, str, str, str]]:
+    """(arm, run, probe, kind) of later_findings for the plain arms."""
     out = []
     for arm in report["arms"]:
         if arm.get("mode") == "baseline":
@@ -212,23 +219,25 @@ def later_findings(report: dict) -> list[tuple[str, str, str, str]]:
             for p in run.get("probes") or []:
                 for kind in sorted(_kinds(p.get("verdict"), p.get("kv")) - own.get(p.get("name"), set())):
                     out.append((arm["name"], label, str(p.get("name")), kind))
+    return out
+
+
+def _scenario_later(report: dict) -> list[tuple[str, str, str, str]]:
+    """(scenario, arm, run, kind) of later_findings for the scenarios."""
+    out = []
     for sc, arm in scenario_arms(report):
         own = _kinds(arm.get("verdict"), _scenario_kv(arm))
         for run in (arm.get("trials") or {}).get("runs") or []:
             if run.get("trial") == 1:
                 continue
             for kind in sorted(_kinds(run.get("verdict"), run.get("kv")) - own):
-                out.append((str(arm.get("arm")), f"trial {run.get('trial')}", f"scenario {sc.get('name')}", kind))
+                out.append((str(sc.get("name")), str(arm.get("arm")), f"trial {run.get('trial')}", kind))
     return out
 
 
 def trial_findings(report: dict) -> list[tuple[str, str]]:
     """(arm, probe) of a plain arm's finding that only a later run made (later_findings), once each."""
-    out = []
-    for arm, _, probe, _ in later_findings(report):
-        if not probe.startswith("scenario ") and (arm, probe) not in out:
-            out.append((arm, probe))
-    return out
+    return list(dict.fromkeys((arm, probe) for arm, _, probe, _ in _plain_later(report)))
 
 
 def scenario_arms(report: dict) -> list[tuple[dict, dict]]:
@@ -294,13 +303,7 @@ def excused_scenario_kv(acc: dict) -> set[tuple[str, str]]:
 def scenario_trial_findings(report: dict) -> list[tuple[str, str]]:
     """(scenario, arm) where a later trial found a kind of finding (a FAIL, a CORRUPT KV verdict) that its own
     run did not show (later_findings)."""
-    out = []
-    for sc, arm in scenario_arms(report):
-        if any(
-            a == arm.get("arm") and where == f"scenario {sc.get('name')}" for a, _, where, _ in later_findings(report)
-        ):
-            out.append((sc["name"], arm["arm"]))
-    return out
+    return list(dict.fromkeys((scenario, arm) for scenario, arm, _, _ in _scenario_later(report)))
 
 
 def run_errors(report: dict) -> list[str]:

@@ -22,7 +22,7 @@ from repro.errors import UsageError
 from repro.evaluate import comparability_problems, margin_of
 from repro.fixtures import Fixture, Probe, Scenario
 from repro.lmcache_signals import arm_copy_paths, scan_log
-from repro.plan import PlannedArm, engine_config, fresh_state
+from repro.plan import PlannedArm, engine_config, fresh_state, is_lmcache_connector
 from repro.replays import find_replays
 from repro.runner import ArmOutcome
 from repro.suite import BOUNDARY_LENGTHS
@@ -48,7 +48,6 @@ from repro.verdict import (
 # A scenario run's name (its log, result and KV directory): `<arm>~scenario.<name>`; `~` is no name character.
 SEPARATOR = "~scenario."
 ALL = "all"
-LMCACHE_CONFIG_ENV = "LMCACHE_CONFIG_FILE"
 
 
 def run_name(arm: str, scenario: str) -> str:
@@ -123,8 +122,7 @@ def runs_of(
 
 
 def is_lmcache(arm: PlannedArm) -> bool:
-    conn = arm.spec.connector
-    return conn is not None and "lmcache" in conn.name.lower()
+    return is_lmcache_connector(arm.spec.connector)
 
 
 def prepare(
@@ -446,7 +444,7 @@ def annotate_kv(entry: dict, result: ArmResult | None, raw: dict | None, problem
             continue
         got = per_index.get(str(i))
         why = problem or kvaudit._record_ok(rec) or (got or {}).get("error")
-        if why is None and (rec or {}).get("reused_blocks", 0) == 0:
+        if why is None and not _reused_blocks(rec):
             why = "no full block was reused: nothing to audit"
         if why is None and (got is None or got.get("kind") != "reused"):
             why = "the comparison has no figures for this request"

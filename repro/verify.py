@@ -39,6 +39,7 @@ from repro.fixtures import Fixture, check_probes_fit, load_fixture
 from repro.lmcache_signals import lmcache_evidence
 from repro.neighbour import LoadError
 from repro.plan import (
+    LMCACHE_CONFIG_ENV,
     ArmSlot,
     PlannedArm,
     arm_job,
@@ -183,7 +184,7 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
         FRONTEND_ENV: a.frontend,  # the engine child's front end (repro.engine.frontend); the flag decides
     }
     if a.lmcache_config:
-        extra_env[scenarios.LMCACHE_CONFIG_ENV] = str(Path(a.lmcache_config).resolve())
+        extra_env[LMCACHE_CONFIG_ENV] = str(Path(a.lmcache_config).resolve())
     env = child_env(dict(os.environ), hashseed=HASHSEED, extra=extra_env)
     arms, arms_ops = own_copy_paths(arms, a.python, env)
     ops = None

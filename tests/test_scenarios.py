@@ -411,8 +411,8 @@ def test_an_lmcache_arm_gets_a_derived_yaml_and_its_mp_server_settings(tmp_path)
 
     from repro.contract import ConnectorSpec
     from repro.lmcache_mp import ServerSettings
-    from repro.plan import PlannedArm
-    from repro.scenarios import LMCACHE_CONFIG_ENV, mp_settings, prepare
+    from repro.plan import LMCACHE_CONFIG_ENV, PlannedArm
+    from repro.scenarios import mp_settings, prepare
 
     fixture = load_fixture(ROOT / "fixtures" / "scenarios-gpu-lmcache.json")
     eviction = next(sc for sc in fixture.scenarios if sc.name == "eviction")

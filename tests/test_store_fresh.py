@@ -175,7 +175,8 @@ def test_a_scenario_run_derives_its_yaml_with_its_keys_and_a_fresh_local_disk(tm
     import yaml
 
     from repro.fixtures import Scenario
-    from repro.scenarios import LMCACHE_CONFIG_ENV, prepare, section, trial_run
+    from repro.plan import LMCACHE_CONFIG_ENV
+    from repro.scenarios import prepare, section, trial_run
 
     base = tmp_path / "lmcache.yaml"
     base.write_text(f"chunk_size: 256\nlocal_disk: {tmp_path / 'disk'}\n")
