@@ -5,7 +5,7 @@ MODEL ?=
 DTYPE ?=
 REPORT ?=
 REPORTS ?=
-# KERNELS: the CPU engine's kernel variant (default, avx2, generic: repro/provenance.py KERNEL_VARIANTS).
+# KERNELS: the CPU engine's kernel variant (default, avx2, generic: repro/record/provenance.py KERNEL_VARIANTS).
 KERNELS ?=
 # PYTHON: an existing environment's interpreter (with vLLM, and LMCache for a GPU profile) that runs
 # the engines as it is; empty: the profile's own environment under .venvs/. BOOTSTRAP_PYTHON only

@@ -14,10 +14,11 @@ from pathlib import Path
 
 from invoke import Exit, task
 
-# Invoke puts this folder first on sys.path; repro.cli needs nothing outside the standard library.
-from repro.cli import engine_python_problem, selftest_cpu_argv
 from repro.models.registry import DEFAULT_DTYPE, DTYPES, MODELS, PackagedModel
-from repro.provenance import KERNEL_VARIANTS
+
+# Invoke puts this folder first on sys.path; repro.plan.options needs nothing outside the standard library.
+from repro.plan.options import engine_python_problem, selftest_cpu_argv
+from repro.record.provenance import KERNEL_VARIANTS
 
 ROOT = Path(__file__).resolve().parent
 VENVS = ROOT / ".venvs"
@@ -138,7 +139,7 @@ def run_py(c, py: str, args: str, warn: bool = False, env: dict[str, str] | None
 
 
 def kernel_env(kernels: str, profile: str) -> dict[str, str]:
-    """KERNELS=<name>: the variables that pick the CPU engine's kernels (repro.provenance.KERNEL_VARIANTS),
+    """KERNELS=<name>: the variables that pick the CPU engine's kernels (repro.record.provenance.KERNEL_VARIANTS),
     which the engines inherit and the report records; one line and exit 2 for an unknown name or a GPU profile."""
     if kernels in ("", "default"):
         return {}

@@ -46,7 +46,7 @@ COMMANDS = (
         "make-model",
         "DIR",
         "write the tiny Qwen3-architecture CPU model into DIR, print its SHA-256",
-        "repro.tinymodel:main",
+        "repro.models.tiny:main",
     ),
     Command(
         "convert-model",
@@ -62,21 +62,24 @@ COMMANDS = (
         "repro.models.check:main",
     ),
     Command(
-        "bench", "--model DIR", "run the CPU acceptance and print wall time vs summed engine starts", "repro.bench:main"
+        "bench",
+        "--model DIR",
+        "run the CPU acceptance and print wall time vs summed engine starts",
+        "repro.measure.bench:main",
     ),
     Command(
         "bench-figures",
         "REPORT | MATRIX MATRIX-ONE-AT-A-TIME",
         "print the concurrency figures of a run made elsewhere: a report's wall vs its slowest arm, "
         "or a matrix's cells at once vs one after another",
-        "repro.bench:figures",
+        "repro.measure.bench:figures",
     ),
     Command(
         "margins",
         "[--seeds 1-8 | --compare-kernels [--model DIR] [--fixture PATH]]",
         "per model seed, the smallest relative top-1/top-2 logit gap of the baseline; or how far kernel variants "
         "and float16 move the baseline's gaps (docs/verdicts.md#the-near-tie-line)",
-        "repro.margins:main",
+        "repro.measure.margins:main",
     ),
     Command(
         "detection",
@@ -114,7 +117,7 @@ COMMANDS = (
         "build --python PY --sdist FILE [--arch 9.0] | show --python PY",
         "build LMCache's compiled ops from its sdist for PY's torch (into .cache/lmcache-ops), or show which "
         "copy path an LMCache arm run with PY gets",
-        "repro.lmcache_ops:main",
+        "repro.lmcache.ops:main",
     ),
     Command(
         "chaos",

@@ -35,11 +35,11 @@ MISSING_OUTPUT = "missing-output"
 UNPARSABLE_OUTPUT = "unparsable-output"
 RESULT_VERSION = "result-version-mismatch"
 RAISED = "raised"
-# The parent stopped the child, or never started it, to keep the disk from filling (repro.diskwatch):
+# The parent stopped the child, or never started it, to keep the disk from filling (repro.run.diskwatch):
 # its own files grew past the per-child cap, or the free space where it writes fell under the floor.
 DISK_RUNAWAY = "disk-runaway"
 DISK_LOW = "disk-low"
-# LMCache's MP server (repro.lmcache_mp), started by the kit for an LMCacheMPConnector arm
+# LMCache's MP server (repro.lmcache.mp), started by the kit for an LMCacheMPConnector arm
 LMCACHE_SERVER_START = "lmcache-server-start"
 LMCACHE_SERVER_DIED = "lmcache-server-died"
 FAILURE_KINDS = (
@@ -157,9 +157,9 @@ class EngineConfig:
     max_model_len: int
     block_size: int
     device: str
-    # set where arms share a GPU: the KV cache holds this many tokens (repro.plan.arm_slots); a scenario's own
+    # set where arms share a GPU: the KV cache holds this many tokens (repro.plan.arms.arm_slots); a scenario's own
     kv_cache_tokens: int | None = None
-    # a scenario's engine (repro.scenarios): requests in flight at once, and tokens one step schedules
+    # a scenario's engine (repro.run.scenarios): requests in flight at once, and tokens one step schedules
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     # a scenario's engine may set vLLM's async scheduling (None: vLLM's default for the platform)
@@ -228,7 +228,7 @@ class StepJob:
 
     submit: tuple[str, ...]
     together: bool = False
-    wait_s: float = 0.0  # idle seconds before the step is submitted (repro.fixtures.ScenarioStep.wait_s)
+    wait_s: float = 0.0  # idle seconds before the step is submitted (repro.plan.fixtures.ScenarioStep.wait_s)
 
     def to_json(self) -> dict:
         out = {"submit": list(self.submit), "together": self.together}
@@ -250,7 +250,7 @@ class StepJob:
 
 @dataclass(frozen=True)
 class ScenarioJob:
-    """A scenario's steps (repro.scenarios); the job's probes are the prompts they name."""
+    """A scenario's steps (repro.run.scenarios); the job's probes are the prompts they name."""
 
     name: str
     steps: tuple[StepJob, ...]

@@ -13,32 +13,24 @@ import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from repro import (
-    __version__,
-    atomic,
-    cpu_load,
-    gpu_load,
-    kvaudit,
-    lmcache_mp,
-    lmcache_ops,
-    logscan,
-    scenarios,
-    scheduler,
-    trials,
-    workdir,
-)
-from repro.atomic import dumps_json, write_bytes_atomic
-from repro.cli import FRONTEND_ENV, Options, parse_args
+from repro import __version__
 from repro.commands import run_command, say_error
 from repro.contract import ArmResult, Failure, Job
-from repro.devices import uses_cuda, visible_gpus
-from repro.diskwatch import DiskLimits
 from repro.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, UsageError
-from repro.evaluate import judge_arm
-from repro.fixtures import Fixture, check_probes_fit, load_fixture
-from repro.lmcache_signals import lmcache_evidence
-from repro.neighbour import LoadError
-from repro.plan import (
+from repro.judge import kvaudit, trials
+from repro.judge.evaluate import judge_arm
+from repro.judge.verdict import (
+    BATCH_INVARIANT_INACTIVE,
+    LMCACHE_DEGRADED,
+    batch_invariance_state,
+    decide_batch_invariance,
+    decide_child_failure,
+    decide_lmcache_degraded,
+)
+from repro.lmcache import mp as lmcache_mp
+from repro.lmcache import ops as lmcache_ops
+from repro.lmcache.signals import lmcache_evidence
+from repro.plan.arms import (
     LMCACHE_CONFIG_ENV,
     ArmSlot,
     PlannedArm,
@@ -51,19 +43,28 @@ from repro.plan import (
     preflight_for,
     vocab_size,
 )
-from repro.progress import Progress, choose_mode
-from repro.provenance import collect_provenance, hardware_label, utc_now
-from repro.report import (
+from repro.plan.devices import uses_cuda, visible_gpus
+from repro.plan.fixtures import Fixture, check_probes_fit, load_fixture
+from repro.plan.options import FRONTEND_ENV, Options, parse_args
+from repro.plan.suite import build_probes
+from repro.publish.summary import format_summary
+from repro.record import atomic
+from repro.record.atomic import dumps_json, write_bytes_atomic
+from repro.record.provenance import collect_provenance, hardware_label, utc_now
+from repro.record.report import (
     REPORT_KIND,
     REPORT_SCHEMA_VERSION,
     check_acceptance,
     check_scenario_acceptance,
     exit_code,
-    format_summary,
     generations,
     validate_report,
 )
-from repro.runner import (
+from repro.run import cpu_load, gpu_load, logscan, scenarios, scheduler, workdir
+from repro.run.diskwatch import DiskLimits
+from repro.run.neighbour import LoadError
+from repro.run.progress import Progress, choose_mode
+from repro.run.runner import (
     INTERRUPTED,
     ArmOutcome,
     Interrupted,
@@ -71,20 +72,11 @@ from repro.runner import (
     deferred_signals,
     run_arm,
 )
-from repro.scheduler import SlotPool
-from repro.sharing import ARM, CPU_CORES, CPU_LOAD, GPU_LOAD, SERVER, Window, gpu_resource, sharing_of, who_shared
-from repro.suite import build_probes
-from repro.verdict import (
-    BATCH_INVARIANT_INACTIVE,
-    LMCACHE_DEGRADED,
-    batch_invariance_state,
-    decide_batch_invariance,
-    decide_child_failure,
-    decide_lmcache_degraded,
-)
+from repro.run.scheduler import SlotPool
+from repro.run.sharing import ARM, CPU_CORES, CPU_LOAD, GPU_LOAD, SERVER, Window, gpu_resource, sharing_of, who_shared
 
 HASHSEED = "0"
-# A confirmation's reason when the run alone could read what the shared run stored (repro.plan's `store`).
+# A confirmation's reason when the run alone could read what the shared run stored (repro.plan.arms's `store`).
 STORE_PERSISTED = "the store persisted: not independent"
 
 
@@ -121,7 +113,7 @@ def arm_entry(
         "findings": [],
         "timing": {"wall_s": outcome.wall_s},
     }
-    if arm.store is not None:  # how this run's connector state was made fresh, or why it may persist (repro.plan)
+    if arm.store is not None:  # how this run's connector state was made fresh, or why it may persist (repro.plan.arms)
         entry["store"] = arm.store
     res = outcome.result
     if res is not None:
@@ -314,7 +306,7 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
 
 
 class Clock:
-    """Seconds since the run's start, and every device-using process's window (repro.sharing)."""
+    """Seconds since the run's start, and every device-using process's window (repro.run.sharing)."""
 
     def __init__(self, t0: float, resource_of):
         self.t0 = t0
@@ -397,7 +389,7 @@ class Run:
 
 class Extra:
     """The runs beyond each arm's own: trials and confirmations, judged like arms, folded into their
-    arm's entry at the end (repro.trials)."""
+    arm's entry at the end (repro.judge.trials)."""
 
     def __init__(
         self, opts, originals, planned, outcomes, slots, job_for, baseline, logs_rel, scratch, scratch_root=None
@@ -411,7 +403,7 @@ class Extra:
         self.walls: dict[str, float] = {}
 
     def fresh(self, i: int, suffix: str) -> PlannedArm:
-        """Arm i again, named <arm>~<suffix>, with connector state of its own (repro.plan.materialize: fresh
+        """Arm i again, named <arm>~<suffix>, with connector state of its own (repro.plan.arms.materialize: fresh
         @tmpdir directories, a fresh subfolder of a store directory the user named, LMCache's likewise), so its
         cold request is cold again; its `store` says so, or why its state may persist (a remote server)."""
         arm = self.originals[i]
@@ -499,7 +491,7 @@ def run_confirmations(extra: Extra, todo: list[tuple[int, Run | None]], work, en
 
 
 def _persisting_store(arm: PlannedArm) -> str | None:
-    """Why a run's connector state may persist between runs (repro.plan's `store`), or None: it is fresh."""
+    """Why a run's connector state may persist between runs (repro.plan.arms's `store`), or None: it is fresh."""
     store = arm.store
     return None if store is None or store.get("fresh") else str(store.get("why") or "not recorded")
 
@@ -508,7 +500,7 @@ class ScenarioRuns:
     """The scenarios a run asked for (--scenarios): each (scenario, arm) one child in a fresh engine with the
     scenario's settings, run by the scheduler like the arms, and with --trials N each (scenario, reuse arm)
     N times (the schedule control once); then the KV audit of their requests and the report's sections
-    (repro.scenarios judges, repro.trials reduces the trials)."""
+    (repro.run.scenarios judges, repro.judge.trials reduces the trials)."""
 
     def __init__(self, opts, fixture, probes, arms, work, env, scratch, scratch_root, logs_rel) -> None:
         self.opts, self.fixture, self.probes, self.arms = opts, fixture, probes, arms
@@ -584,7 +576,7 @@ class ScenarioRuns:
 
     def _trials(self, sc, entry: dict, name: str, more, baseline, control, audit, clock: Clock) -> dict[str, str]:
         """Trials 2..N of one (scenario, arm), each judged and audited exactly as its own run was, reduced to
-        the entry's `trials` (repro.trials; its verdict stays its own run's). Returns each trial's verdict."""
+        the entry's `trials` (repro.judge.trials; its verdict stays its own run's). Returns each trial's verdict."""
         results, raw, problem = audit
         shared = (clock.sharing(name) or {}).get("shared")
         runs = [trials.scenario_run_summary(entry, 1, shared)]
@@ -627,7 +619,7 @@ def audit_all(entries, results, baseline, work, env, a, progress) -> None:
 
 
 def _summaries(entries: list[dict], extra: Extra, clock: Clock) -> dict[int, list[tuple[str, dict]]]:
-    """Per reuse arm (by index), its runs as (run name, repro.trials summary): its own run first."""
+    """Per reuse arm (by index), its runs as (run name, repro.judge.trials summary): its own run first."""
     out = {}
     for i, e in enumerate(entries):
         if e["mode"] == "baseline":
@@ -669,7 +661,7 @@ def _no_run(status: str, why: str) -> dict:
 
 
 def confirmation_of(named: list[tuple[str, dict]], alone: list[Run], clock: Clock, a) -> dict:
-    """The report's `confirmation` of one reuse arm (repro.trials classes the finding)."""
+    """The report's `confirmation` of one reuse arm (repro.judge.trials classes the finding)."""
     runs = [run for _, run in named]
     found = trials.needs_confirmation(runs)
     if found is None:
@@ -688,7 +680,7 @@ def confirmation_of(named: list[tuple[str, dict]], alone: list[Run], clock: Cloc
     run = trials.run_summary(r.entry, None, (sharing or {}).get("shared"))
     cls, reason = trials.classify_confirmation([x for x in runs if x.get("shared")], run)
     # Independent only when the run alone started with empty connector state: every run of an arm is made
-    # fresh the same way (repro.plan), so a store that persists did for the shared run too, and the run alone
+    # fresh the same way (repro.plan.arms), so a store that persists did for the shared run too, and the run alone
     # could read what it stored.
     persists = _persisting_store(r.arm)
     if persists is not None:
@@ -745,11 +737,11 @@ def run_arms(
     clock: Clock | None = None,
     server_settings: dict[str, dict] | None = None,
 ) -> list[ArmOutcome | None]:
-    """The arms run by the scheduler (repro.scheduler: slots, the preflight gate, native-matched's probes,
+    """The arms run by the scheduler (repro.run.scheduler: slots, the preflight gate, native-matched's probes,
     the stop flag), each the way this run runs one: its engine child, or, for an LMCacheMPConnector arm,
     its MP server and child. Outcomes in plan order. clock, when given, records every child's and MP
-    server's window (repro.sharing). server_settings: an MP arm's own server settings by arm name (a
-    scenario's, repro.lmcache_mp.ServerSettings fields)."""
+    server's window (repro.run.sharing). server_settings: an MP arm's own server settings by arm name (a
+    scenario's, repro.lmcache.mp.ServerSettings fields)."""
 
     def run_one(arm: PlannedArm, job: Job, arm_env: dict, slot: ArmSlot) -> ArmOutcome:
         def launch(job: Job) -> ArmOutcome:
@@ -788,7 +780,7 @@ def _run_with_mp_server(
     slot=None,
     settings_over: dict | None = None,
 ) -> ArmOutcome:
-    """An LMCacheMPConnector arm: the kit starts LMCache's MP server (repro.lmcache_mp) for this arm
+    """An LMCacheMPConnector arm: the kit starts LMCache's MP server (repro.lmcache.mp) for this arm
     alone, points the connector at it, runs the arm, and stops the server whatever happens. A server
     that does not start, or dies while the arm runs, is the arm's named failure: a result made
     against a dead server is no evidence (the connector silently recomputes then)."""

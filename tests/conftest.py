@@ -21,7 +21,7 @@ from kvkit_testutil import ARTIFACTS, ROOT, have_vllm, run_cli  # noqa: F401
 
 @pytest.fixture(scope="session")
 def tiny_model() -> str:
-    from repro.tinymodel import make_tiny_model
+    from repro.models.tiny import make_tiny_model
 
     path = ROOT / ".cache" / "models" / "kvkit-tiny-qwen3"
     make_tiny_model(path)
@@ -30,9 +30,9 @@ def tiny_model() -> str:
 
 @pytest.fixture(autouse=True)
 def _children_may_start():
-    """A test that stopped a run in this process (repro.runner.stop_all_children, or the MP servers')
+    """A test that stopped a run in this process (repro.run.runner.stop_all_children, or the MP servers')
     leaves the next test free to start children."""
     yield
-    from repro import runner
+    from repro.run import runner
 
     runner.allow_children()

@@ -25,8 +25,8 @@ import subprocess
 import sys
 import time
 
-from repro.atomic import write_json_atomic
 from repro.contract import ARM_RESULT_SCHEMA_VERSION
+from repro.record.atomic import write_json_atomic
 
 
 def _result(job: dict, config: dict) -> dict:

@@ -50,7 +50,7 @@ def run_test_connector(model: str, name: str, extra_config: dict, report: Path) 
     the self-test fixture's first probe, cold + 2 reuses: how a user's own connector is run."""
     import json
 
-    from repro.cli import CPU_ENGINE_FLAGS
+    from repro.plan.options import CPU_ENGINE_FLAGS
 
     module = {"NoisyReloadConnector": "noisy_connector", "ScaledBlockConnector": "subtle_connector"}[name]
     argv = ["--model", model, *CPU_ENGINE_FLAGS, "--kv-connector", name, "--kv-connector-module-path", module,

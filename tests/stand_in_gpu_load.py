@@ -1,4 +1,4 @@
-"""A stand-in for the GPU-load neighbour (repro.engine.gpu_load), for the lifecycle tests of repro.gpu_load
+"""A stand-in for the GPU-load neighbour (repro.engine.gpu_load), for the lifecycle tests of repro.run.gpu_load
 only: it loads nothing and needs no torch, but writes the same status file.
 
 Run as `python -m tests.stand_in_gpu_load` with the child's flags (--devices, --status,

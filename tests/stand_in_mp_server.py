@@ -1,4 +1,4 @@
-"""A stand-in for LMCache's MP server, for the lifecycle tests of repro.lmcache_mp only; it caches nothing.
+"""A stand-in for LMCache's MP server, for the lifecycle tests of repro.lmcache.mp only; it caches nothing.
 
 Run as `python -m tests.stand_in_mp_server` with the flags the kit gives the real server
 (`--host --port --http-host --http-port`; the others are accepted and ignored). Once ready it

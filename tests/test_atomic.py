@@ -14,12 +14,12 @@ import time
 import pytest
 from kvkit_testutil import ROOT
 
-from repro.atomic import dumps_json, write_json_atomic
+from repro.record.atomic import dumps_json, write_json_atomic
 
 # The child alternates two large, distinct documents into one path as fast as it can.
 WRITER = """
 import sys
-from repro.atomic import write_json_atomic
+from repro.record.atomic import write_json_atomic
 path = sys.argv[1]
 docs = [{"kind": "doc", "which": w, "payload": [w * 7] * 200000} for w in (1, 2)]
 write_json_atomic(path, docs[0])
@@ -77,7 +77,7 @@ def test_writes_are_deterministic_and_refuse_unknown_types(tmp_path):
 def test_arrays_of_plain_numbers_stay_on_one_line_and_the_text_parses_back_exactly():
     import random
 
-    from repro.atomic import dumps_json
+    from repro.record.atomic import dumps_json
 
     sample = {"ids": [3, -1, 2**40], "grid": [[0.5, None], [True, 1e-7]], "s": "[1,  2]", "e": [], "d": {}}
     assert dumps_json(sample) == (

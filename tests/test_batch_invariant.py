@@ -12,13 +12,11 @@ from types import SimpleNamespace
 import pytest
 from kvkit_testutil import have_vllm, run_cli
 
-from repro.cli import parse_args
 from repro.contract import ProbeResult, RequestResult
 from repro.engine import child
 from repro.engine.preflight import batch_invariant_requested, check_batch_invariant
 from repro.errors import UsageError
-from repro.report import validate_report
-from repro.verdict import (
+from repro.judge.verdict import (
     BATCH_INVARIANT_INACTIVE,
     ERROR,
     FAIL,
@@ -28,6 +26,8 @@ from repro.verdict import (
     batch_invariance_state,
     decide_batch_invariance,
 )
+from repro.plan.options import parse_args
+from repro.record.report import validate_report
 
 FAKE = ["--engine-module", "tests.fake_engine"]
 
@@ -46,7 +46,7 @@ def worker(pid=11, platform="cuda", capability="9.0", mode=True, env=True, backe
     }
 
 
-# ---- repro.verdict: active, inactive or unknown, from the workers' own facts -----------------------
+# ---- repro.judge.verdict: active, inactive or unknown, from the workers' own facts -----------------------
 
 
 def test_active_only_when_every_worker_confirms_mode_device_and_backend():
@@ -297,8 +297,8 @@ def test_the_verifier_makes_an_unconfirmed_arm_an_error_and_leaves_others_alone(
     """repro.verify.arm_entry: with --batch-invariant an arm whose workers did not confirm the kernels
     is ERROR batch-invariant-inactive; without the flag the same arm keeps its verdict."""
     from repro.contract import ArmResult, ArmSpec
-    from repro.plan import PlannedArm
-    from repro.runner import ArmOutcome
+    from repro.plan.arms import PlannedArm
+    from repro.run.runner import ArmOutcome
     from repro.verify import arm_entry
 
     req = RequestResult("cold", 0, (1, 2), (), "length", None, "")

@@ -9,8 +9,8 @@ import json
 import pytest
 from kvkit_testutil import ROOT
 
-from repro.bench import figures, matrix_figures, report_figures
 from repro.errors import UsageError
+from repro.measure.bench import figures, matrix_figures, report_figures
 
 # The kit to attach to an issue carries no reports/: skip there, never in a checkout
 pytestmark = pytest.mark.skipif(

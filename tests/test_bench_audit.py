@@ -23,7 +23,7 @@ def _audit_run(walls: dict[str, float], gens: dict[str, float], compare_s: float
 
 
 def test_the_audit_cost_of_a_synchronous_and_an_asynchronous_arm(capsys):
-    from repro.bench import audit_figures
+    from repro.measure.bench import audit_figures
 
     names = ("baseline", "ExampleConnector", "AsyncLoadConnector")
     off = [_audit_run(dict.fromkeys(names, 40.0), dict.fromkeys(names, 4.0), None) for _ in range(2)]
@@ -44,7 +44,7 @@ def test_the_audit_cost_of_a_synchronous_and_an_asynchronous_arm(capsys):
 
 
 def test_an_audit_cost_under_the_noise_says_so(capsys):
-    from repro.bench import audit_figures
+    from repro.measure.bench import audit_figures
 
     names = ("baseline", "ExampleConnector", "AsyncLoadConnector")
     off = [_audit_run(dict.fromkeys(names, w), dict.fromkeys(names, 4.0), None) for w in (40.0, 60.0)]
@@ -56,8 +56,8 @@ def test_an_audit_cost_under_the_noise_says_so(capsys):
 
 
 def test_the_audit_runs_fixture_has_a_synchronous_and_an_asynchronous_arm(tmp_path):
-    from repro.bench import ASYNC_CONNECTORS_DIR, audit_fixture
-    from repro.fixtures import load_fixture
+    from repro.measure.bench import ASYNC_CONNECTORS_DIR, audit_fixture
+    from repro.plan.fixtures import load_fixture
 
     path, has_async = audit_fixture(str(ROOT / "fixtures" / "selftest-cpu.json"), tmp_path)
     assert has_async and (ASYNC_CONNECTORS_DIR / "async_connector.py").is_file()

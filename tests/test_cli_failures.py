@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from kvkit_testutil import ROOT, run_cli
 
-from repro import lifeline
-from repro.lifeline import group_members
+from repro.run import lifeline
+from repro.run.lifeline import group_members
 
 FAKE = ["--engine-module", "tests.fake_engine"]
 OLD_REPORT = b'{"kind": "kvkit-report", "old": true}\n'
@@ -199,7 +199,7 @@ def test_interrupt_mid_arm_kills_children_and_leaves_the_old_report(setup, sig, 
 
 @pytest.mark.parametrize("jobs", JOBS)
 def test_kill_9_of_the_kit_stops_its_children_and_leaves_the_old_report(setup, jobs):
-    """Nothing runs in a SIGKILLed kit: each child's lifeline watcher stops its group (repro.lifeline)."""
+    """Nothing runs in a SIGKILLed kit: each child's lifeline watcher stops its group (repro.run.lifeline)."""
     proc, pid_files = _kit_mid_arm(setup, jobs)
     proc.kill()
     proc.communicate(timeout=60)
@@ -404,10 +404,10 @@ def test_a_kit_error_in_the_first_arms_thread_never_hangs_the_others(setup, monk
     """run_arms: the first arm's thread raising (here: its interpreter cannot be started) must not
     leave the waiting arms waiting for a preflight; the error reaches the caller."""
     from repro import verify
-    from repro.cli import parse_args
     from repro.contract import ArmSpec, EngineConfig, Preflight, ProbeJob, build_job
-    from repro.plan import PlannedArm, arm_slots
-    from repro.progress import Progress
+    from repro.plan.arms import PlannedArm, arm_slots
+    from repro.plan.options import parse_args
+    from repro.run.progress import Progress
 
     opts = parse_args(_args(setup, "--kv-connector", "ExampleConnector", "--jobs", "2"))
     arms = [PlannedArm(ArmSpec("baseline", "baseline")), PlannedArm(ArmSpec("native", "native"))]
@@ -437,13 +437,13 @@ def test_arms_start_during_the_preflight_and_wait_at_the_gate_for_its_word(setup
     import time
 
     from repro import verify
-    from repro.atomic import write_json_atomic
-    from repro.cli import parse_args
     from repro.contract import PREFLIGHT_GATE_ENV, ArmResult, ArmSpec, EngineConfig, Preflight, ProbeJob, build_job
     from repro.contract import progress_path as progress_of
-    from repro.plan import PlannedArm, arm_slots
-    from repro.progress import Progress
-    from repro.runner import ArmOutcome
+    from repro.plan.arms import PlannedArm, arm_slots
+    from repro.plan.options import parse_args
+    from repro.record.atomic import write_json_atomic
+    from repro.run.progress import Progress
+    from repro.run.runner import ArmOutcome
 
     opts = parse_args(_args(setup, "--kv-connector", "ExampleConnector", "--jobs", "2"))
     arms = [PlannedArm(ArmSpec("baseline", "baseline")), PlannedArm(ArmSpec("native", "native"))]
@@ -495,7 +495,7 @@ def test_arms_start_during_the_preflight_and_wait_at_the_gate_for_its_word(setup
 def test_a_fixture_arm_runs_its_own_lmcache_copy_path_and_the_report_says_so(setup):
     """One connector twice, once per copy path: the arm naming `lmcache_ops: fallback` runs with the
     kit's blocker on its PYTHONPATH (it blocks lmcache.cuda_ops), the other arm without it."""
-    from repro.lmcache_ops import FALLBACK_DIR
+    from repro.lmcache.ops import FALLBACK_DIR
 
     arms = [
         {"name": "ex-fallback", "connector": "ExampleConnector", "lmcache_ops": "fallback"},

@@ -1,4 +1,4 @@
-from repro.compare import NEAR_TIE_NATS, first_diff, margin_at
+from repro.judge.compare import NEAR_TIE_NATS, first_diff, margin_at
 
 
 def test_identical_sequences_have_no_diff():

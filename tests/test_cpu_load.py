@@ -1,4 +1,4 @@
-"""--cpu-load's neighbour (repro.cpu_load over repro.neighbour) with its real child (repro.engine.cpu_load: pure
+"""--cpu-load's neighbour (repro.run.cpu_load over repro.run.neighbour) with its real child (repro.engine.cpu_load: pure
 Python, one spinning worker per core): start, running, record, stop on leaving; a worker's death under the arms
 (cpu-load-died); not running in time, an exit before running and a child that cannot start (cpu-load-start);
 kill -9 of the child and of the kit. Every test ends with no process of the load's group left, workers
@@ -21,13 +21,13 @@ from kvkit_testutil import ROOT, run_cli
 from test_cli_failures import _alive, _args, _env, assert_untouched, setup  # noqa: F401 (setup is a fixture)
 from test_lifeline import _wait_gone
 
-from repro import cpu_load, lifeline, neighbour
-from repro.cli import parse_args
 from repro.engine import cpu_load as child
 from repro.errors import UsageError
-from repro.neighbour import STATUS_SCHEMA_VERSION, LoadError
-from repro.runner import child_env
-from repro.sharing import CPU_LOAD
+from repro.plan.options import parse_args
+from repro.run import cpu_load, lifeline, neighbour
+from repro.run.neighbour import STATUS_SCHEMA_VERSION, LoadError
+from repro.run.runner import child_env
+from repro.run.sharing import CPU_LOAD
 
 CPU_LOAD_START, CPU_LOAD_DIED = cpu_load.CPU_LOAD_START, cpu_load.CPU_LOAD_DIED
 CORES = cpu_load.cores()
@@ -35,8 +35,8 @@ CORES = cpu_load.cores()
 DRIVER = """
 import os, sys, time
 from pathlib import Path
-from repro import cpu_load
-from repro.runner import child_env
+from repro.run import cpu_load
+from repro.run.runner import child_env
 tmp = Path(sys.argv[1])
 env = child_env(dict(os.environ), hashseed="0", extra={})
 with cpu_load.neighbour(sys.executable, ["0"], env, tmp / "cpu-load.log", ready_timeout_s=30) as load:

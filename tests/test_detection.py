@@ -25,8 +25,8 @@ from repro.detection.matrix import (
 )
 from repro.detection.page import load_matrix, page_model, render_page
 from repro.errors import UsageError
-from repro.tinymodel import MODEL_SEED
-from repro.verdict import FAIL, INCONCLUSIVE, PASS, Request
+from repro.judge.verdict import FAIL, INCONCLUSIVE, PASS, Request
+from repro.models.tiny import MODEL_SEED
 
 COMMITTED = ROOT / plan.DEFAULT_REPORT
 COMMITTED_PAGE = ROOT / plan.DEFAULT_SITE

@@ -12,7 +12,7 @@ from repro.detection import plan
 from repro.detection.blame import blame_outcome, control_blame, drop_unreferenced, fault_blame, summarize_blame
 from repro.detection.matrix import summarize
 from repro.detection.page import load_matrix, page_model, render_page
-from repro.verdict import CORRUPT, EXACT, FAIL, PASS, UNAVAILABLE
+from repro.judge.verdict import CORRUPT, EXACT, FAIL, PASS, UNAVAILABLE
 
 BLOCKS, LAYERS = 3, 2
 WINDOWS = [str(w) for w in plan.WINDOWS]
@@ -280,7 +280,7 @@ def test_the_page_shows_the_audit_column_and_the_false_blames():
     assert '<td class="partial"><span class="mono">1/2 blamed exactly</span>' in html
     assert "bravo: over (blamed 0,1, planted 0)" in html
     assert "tokens never changed, blamed exactly: alpha" in html
-    blame = control["kv_blame"]["false_blames"][0]["blame"]  # repro.kvaudit.blame's wording
+    blame = control["kv_blame"]["false_blames"][0]["blame"]  # repro.judge.kvaudit.blame's wording
     assert blame and f'<td class="missed"><span class="mono">1/1; alpha: {blame}</span>' in html
     assert 'KV audit: <span class="bad">1 of 2</span> fault probes blamed exactly' in html
     assert (

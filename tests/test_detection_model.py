@@ -18,7 +18,7 @@ from repro.detection.commands import detection
 from repro.detection.matrix import summarize
 from repro.detection.page import load_matrix, render_page
 from repro.models.registry import SMOLLM2, SOURCE_FILE
-from repro.runner import ArmOutcome
+from repro.run.runner import ArmOutcome
 
 SOURCE = {
     "kind": "kvkit-model-source",

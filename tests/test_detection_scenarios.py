@@ -27,8 +27,8 @@ from repro.detection.scenario_cells import (
 )
 from repro.detection.scenario_page import render_page
 from repro.errors import UsageError
-from repro.verdict import CORRUPT, EXACT, FAIL, PASS, SCHEDULE_NUMERICS
-from repro.verdict import INCONCLUSIVE as V_INCONCLUSIVE
+from repro.judge.verdict import CORRUPT, EXACT, FAIL, PASS, SCHEDULE_NUMERICS
+from repro.judge.verdict import INCONCLUSIVE as V_INCONCLUSIVE
 
 
 def pf(loaded: int, faulted: list[int], gate: dict | None = None, **extra) -> dict:
@@ -48,7 +48,7 @@ IN_FLIGHT_OPEN = {"apply": True, "in_flight": {"scheduled": 5, "unfinished": 5, 
 
 
 def request(step, probe, role, verdict, first_diff=None, params=None, cls=None, kv=None) -> dict:
-    """One request of a (scenario, arm) entry, shaped as repro.scenarios.judge_run writes it."""
+    """One request of a (scenario, arm) entry, shaped as repro.run.scenarios.judge_run writes it."""
     return {
         "step": step,
         "probe": probe,
@@ -94,7 +94,7 @@ def test_a_faulted_request_that_fails_is_caught_per_window():
 
 
 def test_schedule_numerics_is_never_caught():
-    # the control diverged at the same request: repro.verdict classes it schedule-numerics (INCONCLUSIVE)
+    # the control diverged at the same request: repro.judge.verdict classes it schedule-numerics (INCONCLUSIVE)
     reqs = [request(1, "alpha", "reuse", V_INCONCLUSIVE, 3, pf(384, [0], IN_FLIGHT_OPEN), SCHEDULE_NUMERICS)]
     cell = fault_cell(scenario_records({"requests": reqs}), "catch")
     assert cell["status"] == INCONCLUSIVE and cell["held"] is None
@@ -185,7 +185,7 @@ def test_the_plan_rows_columns_and_hypothesis():
 
 
 def test_the_scenario_jobs_are_the_verifiers_over_the_studys_engine(tmp_path):
-    from repro import scenarios as machinery
+    from repro.run import scenarios as machinery
 
     model = str(tmp_path)
     engine = study.plan.engine_config(model)
@@ -286,8 +286,8 @@ def test_the_in_flight_gate_is_caught_by_the_in_flight_scenario_on_the_real_engi
 
     from repro.detection import plan
     from repro.detection.run import Runner
-    from repro.runner import child_env
-    from repro.tinymodel import MODEL_SEED
+    from repro.models.tiny import MODEL_SEED
+    from repro.run.runner import child_env
 
     model = str(Path(tiny_model).resolve())
     env = child_env(dict(os.environ), hashseed="0", extra={})

@@ -1,4 +1,4 @@
-"""A child's disk use, watched (repro.diskwatch, repro.runner): a child that writes past the cap is killed
+"""A child's disk use, watched (repro.run.diskwatch, repro.run.runner): a child that writes past the cap is killed
 with its group and named disk-runaway with the figures; no child starts, and a running one is stopped, where
 the free space is under the floor (disk-low). After an H200 run's preemption children grew their work
 directory at ~450 MB/s until the 64 GiB disk was full and the run lost everything. The engine child here is
@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from test_runner import _alive, run_fake
 
-from repro import diskwatch, runner
 from repro.contract import DISK_LOW, DISK_RUNAWAY, FAILURE_KINDS, ArmSpec, EngineConfig, ProbeJob, build_job
-from repro.diskwatch import GB, DiskLimits, DiskWatch, cut_log, floor_for, measure
 from repro.paths import SCHEMAS_DIR
+from repro.run import diskwatch, runner
+from repro.run.diskwatch import GB, DiskLimits, DiskWatch, cut_log, floor_for, measure
 
 MB = 10**6
 CAP = 20 * MB  # the fake floods at 20 MB a second: past the cap in about a second

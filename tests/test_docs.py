@@ -91,7 +91,7 @@ def test_each_topic_kept_its_figures_on_its_page():
         "gpu.md": ["reports/conditions/", "FAIL 4/5, KV CORRUPT 5/5", "## H200 results", "## Stacks validated"],
         "reliability.md": ["| 130 |", "make chaos SEED=2101", "**2 shortfalls**"],
         "smollm2.md": ["272/272 tensors bit-identical", "762 s (12 min 42 s)"],
-        "usage.md": ["--batch-invariant", "repro.atomic.dumps_json"],
+        "usage.md": ["--batch-invariant", "repro.record.atomic.dumps_json"],
     }
     for name, needles in facts.items():
         text = (DOCS / name).read_text(encoding="utf-8")

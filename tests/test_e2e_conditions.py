@@ -10,7 +10,7 @@ import pytest
 from conftest import have_vllm, run_cli
 from planted_fixtures import CONTENDED_ARM, CONTENDED_FIXTURE, INTERMITTENT_ARM, write_intermittent_fixture
 
-from repro.cli import CPU_ENGINE_FLAGS
+from repro.plan.options import CPU_ENGINE_FLAGS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
 

@@ -8,9 +8,9 @@ import pytest
 from conftest import have_vllm, run_cli
 from kvkit_testutil import SELFTEST_VERDICTS, run_test_connector
 
-from repro.atomic import dumps_json
-from repro.cli import selftest_cpu_argv
-from repro.report import REPORT_SCHEMA_VERSION
+from repro.plan.options import selftest_cpu_argv
+from repro.record.atomic import dumps_json
+from repro.record.report import REPORT_SCHEMA_VERSION
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
 

@@ -11,7 +11,7 @@ import json
 import pytest
 from conftest import ROOT, have_vllm, run_cli
 
-from repro.cli import CPU_ENGINE_FLAGS, SELFTEST_CPU_FIXTURE
+from repro.plan.options import CPU_ENGINE_FLAGS, SELFTEST_CPU_FIXTURE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
 

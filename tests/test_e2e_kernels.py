@@ -9,8 +9,8 @@ import pytest
 from conftest import have_vllm, run_cli
 from kvkit_testutil import SELFTEST_VERDICTS
 
-from repro.cli import selftest_cpu_argv
-from repro.provenance import KERNEL_VARIANTS
+from repro.plan.options import selftest_cpu_argv
+from repro.record.provenance import KERNEL_VARIANTS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
 
@@ -39,7 +39,7 @@ def test_the_selftest_holds_under_the_variant(selftest):
 
 def test_the_report_names_the_kernels_it_asked_for(selftest):
     """The variant reached the engines' environment and is recorded: by name, with its variables, and with the
-    inductor caches off that torch 2.13 shares across vector ISAs (repro.runner.child_env)."""
+    inductor caches off that torch 2.13 shares across vector ISAs (repro.run.runner.child_env)."""
     _, data = selftest
     prov = data["provenance"]
     assert prov["kernels"] == {"name": VARIANT, "env": KERNEL_VARIANTS[VARIANT]}

@@ -12,9 +12,9 @@ from conftest import ROOT, have_vllm
 from kvkit_testutil import run_test_connector
 
 from repro.contract import ArmSpec, EngineConfig, ProbeJob, build_job
-from repro.fixtures import load_fixture
-from repro.runner import child_env, run_arm
-from repro.suite import build_probes
+from repro.plan.fixtures import load_fixture
+from repro.plan.suite import build_probes
+from repro.run.runner import child_env, run_arm
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
 

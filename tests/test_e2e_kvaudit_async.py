@@ -19,7 +19,7 @@ LAYERS = [0, 1, 2, 3]
 
 
 def _verify(model: str, tmp_path, name: str, extra: dict, *flags: str) -> tuple[int, dict, str]:
-    from repro.cli import CPU_ENGINE_FLAGS
+    from repro.plan.options import CPU_ENGINE_FLAGS
 
     config = {"shared_storage_path": str(tmp_path / f"{name}-store"), **extra}
     report = tmp_path / f"{name}.json"

@@ -36,11 +36,11 @@ import json
 import pytest
 from conftest import ARTIFACTS, ROOT, have_vllm, run_cli
 
-from repro.cli import CPU_ENGINE_FLAGS
+from repro.judge.verdict import FAIL, NEAR_TIE, classify_divergence
+from repro.plan.options import CPU_ENGINE_FLAGS
 from repro.publish.issue_md import format_issue_md
 from repro.publish.site import render_report_page
 from repro.readmodel import Arm, Probe, margin_class
-from repro.verdict import FAIL, NEAR_TIE, classify_divergence
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
 

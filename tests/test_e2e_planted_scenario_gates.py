@@ -24,7 +24,7 @@ import pytest
 from conftest import have_vllm, run_cli
 from planted_fixtures import _fixture, _planted_arm, write_fixture
 
-from repro.cli import CPU_ENGINE_FLAGS
+from repro.plan.options import CPU_ENGINE_FLAGS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
 
@@ -195,7 +195,7 @@ def main(config: dict) -> None:
     from vllm.config import KVTransferConfig
 
     from repro.engine.child import build_chat_prompt, kv_bytes_per_token
-    from repro.suite import boundary_probe
+    from repro.plan.suite import boundary_probe
 
     sized = {}
     if config.get("kv_cache_tokens"):

@@ -12,8 +12,8 @@ import pytest
 from conftest import have_vllm, run_cli
 from planted_fixtures import REPLAY_ARM, replay_fixture, write_fixture
 
-from repro.cli import CPU_ENGINE_FLAGS
-from repro.replays import MIN_REPLAY_TOKENS
+from repro.judge.replays import MIN_REPLAY_TOKENS
+from repro.plan.options import CPU_ENGINE_FLAGS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from kvkit_testutil import ROOT
 
-from repro.cli import engine_python_problem
-from repro.provenance import argv_python, collect_provenance, engine_environment
+from repro.plan.options import engine_python_problem
+from repro.record.provenance import argv_python, collect_provenance, engine_environment
 
 SELFTEST = "fixtures/selftest-cpu.json"
 

@@ -12,9 +12,10 @@ import pytest
 from conftest import ROOT
 
 from repro.errors import EXIT_MISMATCH, EXIT_OK, UsageError
-from repro.fixtures import load_fixture, parse_fixture
+from repro.judge.verdict import CORRUPT, EXACT, NUMERIC, UNAVAILABLE
+from repro.plan.fixtures import load_fixture, parse_fixture
 from repro.readmodel import as_report
-from repro.report import (
+from repro.record.report import (
     ReportInvalid,
     check_acceptance,
     check_scenario_acceptance,
@@ -24,7 +25,6 @@ from repro.report import (
     unexpected_kv_findings,
     validate_report,
 )
-from repro.verdict import CORRUPT, EXACT, NUMERIC, UNAVAILABLE
 
 FIXTURES = ROOT / "fixtures"
 DATA = ROOT / "tests" / "data"

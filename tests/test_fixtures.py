@@ -1,4 +1,4 @@
-"""Fixture expectations (repro.fixtures): expected token verdicts and expected KV verdicts, each
+"""Fixture expectations (repro.plan.fixtures): expected token verdicts and expected KV verdicts, each
 checked against its own list of verdicts, every bad entry a one-line UsageError."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from conftest import ROOT
 
 from repro.errors import UsageError
-from repro.fixtures import load_fixture, parse_fixture
-from repro.verdict import CORRUPT, EXACT, KV_VERDICTS, UNAVAILABLE, expectation_values
+from repro.judge.verdict import CORRUPT, EXACT, KV_VERDICTS, UNAVAILABLE, expectation_values
+from repro.plan.fixtures import load_fixture, parse_fixture
 
 SELFTEST = ROOT / "fixtures" / "selftest-cpu.json"
 
@@ -73,8 +73,10 @@ def test_every_name_the_kit_gives_an_arm_or_a_file_is_refused_as_an_arm_name():
     (and share its log, result file and KV directory). The names come from the modules that make them."""
     from pathlib import Path
 
-    from repro import cpu_load, gpu_load, lmcache_mp, plan
-    from repro.fixtures import RESERVED_ARM_NAMES, arm_name_problem
+    from repro.lmcache import mp as lmcache_mp
+    from repro.plan import arms as plan
+    from repro.plan.fixtures import RESERVED_ARM_NAMES, arm_name_problem
+    from repro.run import cpu_load, gpu_load
 
     kit_names = [
         "baseline",
@@ -82,7 +84,7 @@ def test_every_name_the_kit_gives_an_arm_or_a_file_is_refused_as_an_arm_name():
         plan.NATIVE_MATCHED,
         gpu_load.load_log_path(Path("w")).stem,  # gpu-load.log
         cpu_load.load_log_path(Path("w")).stem,  # cpu-load.log
-        "kv-compare",  # repro.kvaudit.run_compare's job, result and log
+        "kv-compare",  # repro.judge.kvaudit.run_compare's job, result and log
         lmcache_mp.server_log_path(Path("w"), "LMCacheMPConnector").stem,  # LMCacheMPConnector.lmcache-server.log
         "A~trial2",  # repro.verify.Extra.fresh: trials and confirmations
         "A~alone",

@@ -12,9 +12,9 @@ import pytest
 from kvkit_testutil import ROOT, have_vllm, run_cli
 from test_cli_failures import _args, _env, assert_untouched, setup  # noqa: F401 - setup is a fixture
 
-from repro import cli
 from repro.engine import frontend
-from repro.report import ReportInvalid, validate_report
+from repro.plan import options as cli
+from repro.record.report import ReportInvalid, validate_report
 
 
 def test_the_parent_and_the_child_name_the_same_front_ends_and_variable():
@@ -187,7 +187,7 @@ def test_the_sync_front_end_is_llm_and_its_config_is_its_engines():
 def test_a_front_end_in_the_callers_environment_never_reaches_a_child_the_kit_did_not_tell():
     """The detection study, the margins and the model checks build their children's environment with
     child_env and no front end: a KVKIT_FRONTEND in the caller's shell must not switch their engines."""
-    from repro.runner import child_env
+    from repro.run.runner import child_env
 
     env = child_env({cli.FRONTEND_ENV: "async", "PATH": "/bin"}, hashseed="0", extra={})
     assert cli.FRONTEND_ENV not in env and env["PATH"] == "/bin"

@@ -1,4 +1,4 @@
-"""--gpu-load's neighbour (repro.gpu_load) with a stand-in child (tests/stand_in_gpu_load.py): start, running,
+"""--gpu-load's neighbour (repro.run.gpu_load) with a stand-in child (tests/stand_in_gpu_load.py): start, running,
 record, stop on leaving and on an exception; not running in time and an exit before running (gpu-load-start);
 a death under the arms (gpu-load-died); kill -9 of the kit. Every test ends with no process of the load's
 group left. And the flag's refusal on the CPU (and --cpu-load's on a GPU): one line, exit 2, nothing written."""
@@ -19,21 +19,21 @@ from test_cli_failures import _args, _env, assert_untouched, setup  # noqa: F401
 from test_lifeline import _wait_gone
 from test_lmcache_mp import _no_leftovers, _wait_for
 
-from repro import gpu_load, lifeline
-from repro.cli import parse_args
 from repro.contract import Failure
 from repro.engine import gpu_load as child
 from repro.errors import UsageError
-from repro.gpu_load import GPU_LOAD_DIED, GPU_LOAD_START, LoadError, neighbour, overlap_s
-from repro.runner import child_env
+from repro.plan.options import parse_args
+from repro.run import gpu_load, lifeline
+from repro.run.gpu_load import GPU_LOAD_DIED, GPU_LOAD_START, LoadError, neighbour, overlap_s
+from repro.run.runner import child_env
 
 STAND_IN = "tests.stand_in_gpu_load"
 # A kit that holds a load on its lifeline and never lets go (the test kills it with SIGKILL).
 DRIVER = """
 import os, sys, time
 from pathlib import Path
-from repro.gpu_load import neighbour
-from repro.runner import child_env
+from repro.run.gpu_load import neighbour
+from repro.run.runner import child_env
 tmp, spec = Path(sys.argv[1]), sys.argv[2]
 env = child_env(dict(os.environ), hashseed="0", extra={"KVKIT_STAND_IN_LOAD": spec})
 with neighbour(sys.executable, ["0"], env, tmp / "gpu-load.log", "tests.stand_in_gpu_load", ready_timeout_s=30) as load:

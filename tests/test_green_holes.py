@@ -1,6 +1,6 @@
 """No finding behind a green exit (issue 33): the seven holes a review found in the verdict, trials, scenario
 and KV code, each pinned by a test that failed on the code before its fix (d4dcb7f), and the one exit rule
-(repro.report.exit_reason) that plain arms and scenarios share. No engine: judged entries and results are
+(repro.record.report.exit_reason) that plain arms and scenarios share. No engine: judged entries and results are
 built as the parent and the child build them."""
 
 from __future__ import annotations
@@ -12,17 +12,11 @@ from test_kvaudit import _planes, _record
 from test_scenario_lmcache_checks import BASE, _baseline, _control, _scenario
 from test_scenario_views import scenario_report
 
-from repro import trials
 from repro.contract import ArmResult, ArmSpec, ProbeResult, RequestResult, ScenarioResult, StepRequest
 from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME
-from repro.evaluate import judge_arm
-from repro.plan import PlannedArm
-from repro.publish.summary import format_summary
-from repro.readmodel.conditions import TrialRate
-from repro.report import check_acceptance, exit_code, exit_reason, scenario_exit
-from repro.runner import ArmOutcome
-from repro.scenarios import annotate_kv, judge_run
-from repro.verdict import (
+from repro.judge import trials
+from repro.judge.evaluate import judge_arm
+from repro.judge.verdict import (
     FAIL,
     INCONCLUSIVE,
     MISS,
@@ -32,6 +26,12 @@ from repro.verdict import (
     decide_probe,
     decide_scenario_request,
 )
+from repro.plan.arms import PlannedArm
+from repro.publish.summary import format_summary
+from repro.readmodel.conditions import TrialRate
+from repro.record.report import check_acceptance, exit_code, exit_reason, scenario_exit
+from repro.run.runner import ArmOutcome
+from repro.run.scenarios import annotate_kv, judge_run
 
 TOKENS = (5, 6, 7, 8)
 OTHER = (5, 6, 9, 9)  # differs from TOKENS @2

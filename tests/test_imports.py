@@ -1,4 +1,4 @@
-"""The engine boundary: only repro.engine imports vllm, torch or lmcache, and only repro.verdict writes a verdict.
+"""The engine boundary: only repro.engine imports vllm, torch or lmcache, and only repro.judge.verdict writes a verdict.
 
 Every module of the package is found by walking the source tree (no hand-kept list) and read as
 a syntax tree, so an import inside a function counts as much as one at the top of the module.
@@ -17,10 +17,17 @@ HEAVY = ("vllm", "torch", "lmcache")
 ENGINE = "repro.engine"
 # What the engine child may take from the parent's side: the contract and leaf helpers, never
 # the parent's machinery (the runner, the verifier, the planner, the command line).
-PARENT_ONLY = ("repro.runner", "repro.verify", "repro.plan", "repro.cli", "repro.commands", "repro.report")
+PARENT_ONLY = (
+    "repro.run.runner",
+    "repro.verify",
+    "repro.plan.arms",
+    "repro.plan.options",
+    "repro.commands",
+    "repro.record.report",
+)
 VERDICT_NAMES = {"PASS", "FAIL", "INCONCLUSIVE", "ERROR", "SKIPPED", "EXACT", "NUMERIC", "CORRUPT", "UNAVAILABLE"}
 # The same words that are not verdicts: logscan reads log levels (WARNING, ERROR, CRITICAL).
-NOT_VERDICTS = {"repro.logscan": {"ERROR"}}
+NOT_VERDICTS = {"repro.run.logscan": {"ERROR"}}
 
 
 def package_modules() -> dict[str, ast.Module]:
@@ -56,7 +63,7 @@ def test_the_scan_sees_every_module_and_every_kind_of_import():
     assert {
         "repro.verify",
         "repro.contract",
-        "repro.verdict",
+        "repro.judge.verdict",
         "repro.engine.child",
         "repro.kit.archive",
         "repro.detection.run",
@@ -98,10 +105,10 @@ def test_light_modules_import_without_a_heavy_stack_in_a_fresh_interpreter():
 
 
 def test_only_the_verdict_module_writes_a_verdict():
-    """Verdict names are imported from repro.verdict everywhere else (docstrings and longer text aside)."""
+    """Verdict names are imported from repro.judge.verdict everywhere else (docstrings and longer text aside)."""
     offenders = {}
     for module, tree in package_modules().items():
-        if module == "repro.verdict":
+        if module == "repro.judge.verdict":
             continue
         found = sorted(
             f"line {node.lineno}: {node.value!r}"

@@ -15,7 +15,7 @@ from conftest import ROOT
 
 from repro.errors import UsageError
 from repro.publish.issue_md import GITHUB_BODY_LIMIT, format_issue_md, format_table
-from repro.report import CLAIM_LINE
+from repro.record.report import CLAIM_LINE
 
 SAMPLE = ROOT / "tests" / "data" / "kit-sample-report.json"
 

@@ -18,10 +18,10 @@ import pytest
 from conftest import ROOT, have_vllm
 
 from repro import __version__
-from repro.cli import selftest_cpu_argv
 from repro.commands import run_command
 from repro.errors import EXIT_USAGE, UsageError
 from repro.kit import EVIDENCE, PAGES_COMMAND, archive, check, commands, evidence, readme
+from repro.plan.options import selftest_cpu_argv
 from repro.publish.site import render_site
 from repro.readmodel import as_report
 

@@ -2,7 +2,7 @@
 site's KV column and heatmaps, and the issue Markdown; a schema-1 report shows none of it.
 
 The v2 reports here are synthetic: tests/data/render-selftest.json (a real CPU self-test, schema 1)
-with the KV audit's fields added the way repro.kvaudit writes them (build_v2_report)."""
+with the KV audit's fields added the way repro.judge.kvaudit writes them (build_v2_report)."""
 
 from __future__ import annotations
 
@@ -17,13 +17,14 @@ from test_issue_md import html_tables
 from test_render import Page
 
 from repro.errors import UsageError
+from repro.judge.verdict import CELL_CORRUPT, CELL_EXACT, CELL_NUMERIC, CORRUPT, EXACT, NUMERIC, UNAVAILABLE
+from repro.judge.wording import spans
 from repro.publish.heatmap import cell_fill
 from repro.publish.issue_md import format_issue_md
 from repro.publish.site import render_report_page, render_site
+from repro.publish.summary import format_summary
 from repro.readmodel import Probe, kv_blame_text
-from repro.report import ReportInvalid, check_acceptance, format_summary, load_report, validate_report
-from repro.verdict import CELL_CORRUPT, CELL_EXACT, CELL_NUMERIC, CORRUPT, EXACT, NUMERIC, UNAVAILABLE
-from repro.wording import spans
+from repro.record.report import ReportInvalid, check_acceptance, load_report, validate_report
 
 DATA = ROOT / "tests" / "data"
 SELFTEST = DATA / "render-selftest.json"

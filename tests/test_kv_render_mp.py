@@ -18,7 +18,8 @@ from test_issue_md import html_tables
 
 from repro.publish.issue_md import CHUNK_HEADER, chunk_rows, format_issue_md
 from repro.publish.site_model import build_report_page
-from repro.report import format_summary, load_report, validate_report
+from repro.publish.summary import format_summary
+from repro.record.report import load_report, validate_report
 
 MP_REPORT = ROOT / "tests" / "data" / "h200-mp-kvaudit-trimmed.json"
 MP = "LMCacheMPConnector"

@@ -1,5 +1,5 @@
 """The KV audit without an engine: K/V plane splitting per layout, the comparison's figures and the
-sources it names on real tensors, the parent's classes, floor and verdicts (repro.kvaudit), and the
+sources it names on real tensors, the parent's classes, floor and verdicts (repro.judge.kvaudit), and the
 recorder's bookkeeping of an asynchronous load across vLLM's calls (scheduler and worker halves)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ pytest.importorskip("vllm")
 from repro.contract import ArmResult, ProbeResult, RequestResult
 from repro.engine import kvcompare
 from repro.engine.kvaudit import AuditRequest, detect_layout, split_planes
-from repro.kvaudit import annotate, arm_floor, compare_job
+from repro.judge.kvaudit import annotate, arm_floor, compare_job
 
 H, BS, D, NB = 2, 4, 3, 10
 

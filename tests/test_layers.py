@@ -35,19 +35,19 @@ from test_imports import package_modules
 
 # Each floor and the names on it, lowest first; a line that starts with spaces goes on with the floor above.
 FLOOR_TABLE = """
-base       repro repro.errors repro.paths repro.atomic repro.contract repro.compare repro.logscan repro.lifeline
-           repro.progress repro.prompts repro.replays repro.sharing repro.devices repro.commands
-core       repro.verdict repro.wording repro.trials repro.fixtures repro.suite repro.evaluate repro.report
-           repro.models repro.tinymodel repro.provenance repro.matrix.spec repro.matrix.cell
+base       repro repro.errors repro.paths repro.record.atomic repro.contract repro.judge.compare repro.run.logscan repro.run.lifeline
+           repro.run.progress repro.plan.prompts repro.judge.replays repro.run.sharing repro.plan.devices repro.commands
+core       repro.judge.verdict repro.judge.wording repro.judge.trials repro.plan.fixtures repro.plan.suite repro.judge.evaluate repro.record.report
+           repro.models repro.models.tiny repro.record.provenance repro.matrix.spec repro.matrix.cell
 engine     repro.engine
-options    repro.cli
-machinery  repro.plan repro.scheduler repro.runner repro.workdir repro.lmcache_ops repro.lmcache_mp
-           repro.lmcache_signals repro.neighbour repro.gpu_load repro.cpu_load repro.kvaudit repro.scenarios
+options    repro.plan.options
+machinery  repro.plan.arms repro.run.scheduler repro.run.runner repro.run.workdir repro.lmcache.ops repro.lmcache.mp
+           repro.lmcache.signals repro.run.neighbour repro.run.gpu_load repro.run.cpu_load repro.judge.kvaudit repro.run.scenarios
            repro.detection.plan
 read       repro.readmodel repro.matrix.status repro.detection.blame repro.detection.matrix
            repro.detection.scenario_cells
 publish    repro.publish repro.matrix.page repro.detection.page repro.detection.scenario_page
-commands   repro.verify repro.verify_kv_reuse repro.__main__ repro.bench repro.margins repro.matrix
+commands   repro.verify repro.verify_kv_reuse repro.__main__ repro.measure.bench repro.measure.margins repro.matrix
            repro.detection repro.kit repro.chaos repro.models.convert repro.models.check
 """
 
@@ -66,10 +66,7 @@ def parse_floors(table: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
 FLOORS = parse_floors(FLOOR_TABLE)
 # Known imports from a lower floor to a higher one, each with why it is still there and what removes it.
 # An entry that no longer matches an import fails the test: take it out.
-KNOWN_UPWARD = {
-    ("repro.report", "repro.publish.summary"): "report.format_summary, kept for its callers while the read model "
-    "lands (issue 22 item 1): they move to repro.publish.summary, then it goes",
-}
+KNOWN_UPWARD = {}
 NAMES = {name: floor for floor, (_, names) in enumerate(FLOORS) for name in names}
 
 
@@ -164,7 +161,7 @@ def test_no_module_imports_from_a_floor_above_its_own():
 
 
 def test_no_import_cycle():
-    """Issue 22 (2): repro.cli and repro.plan imported each other (Options and DEFAULT_ENGINE_MODULE one
+    """Issue 22 (2): repro.plan.options and repro.plan.arms imported each other (Options and DEFAULT_ENGINE_MODULE one
     way, uses_cuda the other, deferred into a function); the devices now sit below both."""
     g = graph()
     for m, d in KNOWN_UPWARD:  # a known upward import closes a cycle of its own: it goes with it
@@ -186,6 +183,6 @@ def test_the_cycle_finder_finds_cycles_through_any_number_of_modules(edges, cycl
 
 def test_the_graph_sees_an_import_inside_a_function_and_a_name_taken_from_a_module():
     g = graph()
-    assert "repro.scheduler" in g["repro.verify"]  # `from repro import ..., scheduler, ...`
-    assert "repro.devices" in g["repro.cli"] and "repro.cli" in g["repro.plan"]
-    assert "repro.publish.summary" in g["repro.report"]  # deferred, inside format_summary
+    assert "repro.run.scheduler" in g["repro.verify"]  # `from repro import ..., scheduler, ...`
+    assert "repro.plan.devices" in g["repro.plan.options"] and "repro.plan.options" in g["repro.plan.arms"]
+    assert "repro.publish.summary" not in g["repro.record.report"]  # issue 34: the circle through the read model

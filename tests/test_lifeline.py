@@ -1,4 +1,4 @@
-"""The lifeline (repro.lifeline): a child's whole process group dies when the kit dies, however it
+"""The lifeline (repro.run.lifeline): a child's whole process group dies when the kit dies, however it
 dies (kill -9 too), whichever thread started the child; and never while the kit is alive. Uses
 tests/fake_engine.py, whose child starts a grandchild in its group like vLLM's engine core."""
 
@@ -20,10 +20,10 @@ import pytest
 from kvkit_testutil import ROOT
 from test_runner import FAKE, _alive, _job
 
-from repro import lifeline, runner
-from repro.atomic import write_json_atomic
 from repro.contract import NONZERO_EXIT, TIMEOUT
-from repro.runner import child_env, run_arm, start_child
+from repro.record.atomic import write_json_atomic
+from repro.run import lifeline, runner
+from repro.run.runner import child_env, run_arm, start_child
 
 FIRED = "kvkit lifeline: the kit is gone"
 # A kit that starts every arm from a worker thread of its own, as the concurrent verifier does.
@@ -31,7 +31,7 @@ DRIVER = """
 import json, os, sys, threading
 from pathlib import Path
 from test_runner import _job
-from repro.runner import child_env, run_arm
+from repro.run.runner import child_env, run_arm
 work, spec = Path(sys.argv[1]), json.loads(sys.argv[2])
 env = child_env(dict(os.environ), hashseed="0", extra={"KVKIT_FAKE": json.dumps(spec)})
 threads = [

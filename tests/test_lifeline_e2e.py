@@ -1,5 +1,5 @@
 """End to end on the real vLLM CPU engine: kill -9 of the kit mid-run takes every arm's engine
-child, vLLM's engine core and the lifeline watchers with it (repro.lifeline)."""
+child, vLLM's engine core and the lifeline watchers with it (repro.run.lifeline)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, have_vllm
 
-from repro import lifeline
-from repro.cli import selftest_cpu_argv
+from repro.plan.options import selftest_cpu_argv
+from repro.run import lifeline
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
 

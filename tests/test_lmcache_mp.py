@@ -1,4 +1,4 @@
-"""The LMCache MP server's lifecycle (repro.lmcache_mp) with a stand-in server (tests/stand_in_mp_server.py):
+"""The LMCache MP server's lifecycle (repro.lmcache.mp) with a stand-in server (tests/stand_in_mp_server.py):
 start, ready, stop; a readiness timeout and an exit before ready (lmcache-server-start); a crash under
 the arm (lmcache-server-died); Ctrl-C in the block; kill -9 of the kit. Every test ends with no process
 of the server's group left: the server, its grandchild and its lifeline watcher."""
@@ -20,9 +20,8 @@ from kvkit_testutil import ROOT
 from test_lifeline import _wait_gone
 from test_runner import _alive
 
-from repro import lifeline
 from repro.contract import Failure
-from repro.lmcache_mp import (
+from repro.lmcache.mp import (
     LMCACHE_SERVER_DIED,
     LMCACHE_SERVER_START,
     SERVER_MODULE,
@@ -34,15 +33,16 @@ from repro.lmcache_mp import (
     server_log_path,
     stop_all_servers,
 )
-from repro.runner import child_env
+from repro.run import lifeline
+from repro.run.runner import child_env
 
 STAND_IN = ServerSettings(module="tests.stand_in_mp_server")
 # A kit that holds a server on its lifeline and never lets go (the test kills it with SIGKILL).
 DRIVER = """
 import json, os, sys, time
 from pathlib import Path
-from repro.lmcache_mp import ServerSettings, mp_server
-from repro.runner import child_env
+from repro.lmcache.mp import ServerSettings, mp_server
+from repro.run.runner import child_env
 tmp, spec = Path(sys.argv[1]), sys.argv[2]
 env = child_env(dict(os.environ), hashseed="0", extra={"KVKIT_STAND_IN": spec})
 with mp_server(sys.executable, tmp / "arm.lmcache-server.log", env, ready_timeout_s=30,
@@ -239,7 +239,7 @@ def test_kill_9_of_the_kit_takes_the_server_group_down(tmp_path, ignore_term):
 def test_no_server_starts_once_the_run_is_stopping(tmp_path):
     """Issue 21 (3): a server registered only after it started, so one starting during the verifier's
     stop sweep was missed; the stop is checked under the lock where a server registers."""
-    from repro import runner
+    from repro.run import runner
 
     try:
         stop_all_servers()
@@ -254,7 +254,7 @@ def test_a_server_the_kit_did_not_start_is_never_taken_for_its_own(tmp_path, mon
     """Issue 21 (7): the kit picks free ports and releases them; another process (another cell's
     server) may bind one first. The readiness probe used to accept whoever answered healthy there;
     it now checks that the listening sockets belong to the group the kit started."""
-    from repro import lmcache_mp
+    from repro.lmcache import mp as lmcache_mp
 
     ports = free_ports("127.0.0.1", 2)
     other = subprocess.Popen(
@@ -284,7 +284,7 @@ def test_a_server_the_kit_did_not_start_is_never_taken_for_its_own(tmp_path, mon
     assert f"pid {other.pid}" in err.detail and "not the server the kit started" in err.detail, err.detail
 
 
-# ---- the server's copy path (repro.lmcache_ops): its import probe and its log --------------------
+# ---- the server's copy path (repro.lmcache.ops): its import probe and its log --------------------
 
 WARNING_LINE = (
     "[2026-11-30 12:24:29,515] LMCache WARNING: lmcache.cuda_ops compiled extension not found; CudaDeviceOps stays "
@@ -295,7 +295,7 @@ WARNING_LINE = (
 def test_server_copy_path_from_its_log_and_its_probe(tmp_path):
     from test_lmcache_ops import UNDEFINED
 
-    from repro.lmcache_mp import ops_source, server_copy_path
+    from repro.lmcache.mp import ops_source, server_copy_path
 
     failed = {"ops": {"lmcache_imports": True, "imports": False, "error": f"ImportError: {UNDEFINED}"}}
     assert server_copy_path(failed, WARNING_LINE) == {
@@ -323,7 +323,7 @@ def test_a_served_arm_records_the_servers_copy_path_from_its_env(tmp_path):
     """The probe runs in the server's interpreter and env while it starts: a fake lmcache whose ops raise."""
     from test_lmcache_ops import UNDEFINED, fake_site
 
-    from repro.lmcache_ops import with_pythonpath
+    from repro.lmcache.ops import with_pythonpath
 
     env = with_pythonpath(_env(), fake_site(tmp_path / "site", ops="raises"))
     with mp_server(sys.executable, tmp_path / "arm.lmcache-server.log", env, settings=STAND_IN) as server:

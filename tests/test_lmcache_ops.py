@@ -1,4 +1,4 @@
-"""LMCache's compiled ops (repro.lmcache_ops) against fake interpreters: a fake torch and a fake lmcache
+"""LMCache's compiled ops (repro.lmcache.ops) against fake interpreters: a fake torch and a fake lmcache
 package made in tmp_path, whose cuda_ops imports or raises as the real wheel's does under another torch.
 The fallback blocker, resolve() in each mode, build() from a fake sdist whose setup.py writes the ops,
 and the command line; no real LMCache, torch build or GPU."""
@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from kvkit_testutil import ROOT
 
-from repro import lmcache_ops
-from repro.cli import build_parser
 from repro.engine import child
 from repro.errors import UsageError
-from repro.lmcache_ops import BLOCKED_ERROR, FALLBACK_DIR, MANIFEST_NAME, BuildError, apply, build, resolve
+from repro.lmcache import ops as lmcache_ops
+from repro.lmcache.ops import BLOCKED_ERROR, FALLBACK_DIR, MANIFEST_NAME, BuildError, apply, build, resolve
+from repro.plan.options import build_parser
 
 UNDEFINED = "undefined symbol: _ZN3c1017RegisterOperatorsD1Ev"
 TORCH = "2.11.0+cu130"

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from repro.lmcache_signals import copy_paths, cross_check, lmcache_evidence, scan_log
-from repro.verdict import ERROR, INCONCLUSIVE, PASS, ArmVerdict, decide_lmcache_degraded
+from repro.judge.verdict import ERROR, INCONCLUSIVE, PASS, ArmVerdict, decide_lmcache_degraded
+from repro.lmcache.signals import copy_paths, cross_check, lmcache_evidence, scan_log
 
 DATA = Path(__file__).parent / "data" / "lmcache"
 HITS = (DATA / "h200-v026-l054-hits.log").read_text()
@@ -45,7 +45,7 @@ def test_health_monitor_degraded_mode_is_detected_and_makes_the_arm_error():
 
 def test_degraded_mode_never_leaves_a_pass_and_the_scan_never_decides():
     evidence = lmcache_evidence([], DEGRADED)
-    assert not hasattr(evidence, "verdict")  # the log scan reports; repro.verdict decides
+    assert not hasattr(evidence, "verdict")  # the log scan reports; repro.judge.verdict decides
     assert decide_lmcache_degraded(ArmVerdict(PASS, ()), evidence.degraded).verdict == ERROR
     healthy = lmcache_evidence([], HITS)
     assert healthy.degraded == () and decide_lmcache_degraded(ArmVerdict(PASS, ()), healthy.degraded).verdict == PASS

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from kvkit_testutil import ROOT
 
 from repro.errors import UsageError
-from repro.fixtures import load_fixture, parse_fixture
-from repro.report import load_report
+from repro.plan.fixtures import load_fixture, parse_fixture
+from repro.record.report import load_report
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 JSON = st.recursive(

@@ -1,4 +1,4 @@
-"""The calibration's pure half (repro.margins): float16 ULPs, steps compared up to a flipped token, the
+"""The calibration's pure half (repro.measure.margins): float16 ULPs, steps compared up to a flipped token, the
 summary of how far gaps moved, the table, and the line the engine child prints. No engine."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from repro import margins
 from repro.engine import margins as engine_margins
-from repro.margins import Step, compare_steps, format_comparison, parse_steps, summarize, ulp
+from repro.measure import margins
+from repro.measure.margins import Step, compare_steps, format_comparison, parse_steps, summarize, ulp
 
 
 def run(**probes) -> dict:

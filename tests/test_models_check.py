@@ -42,7 +42,7 @@ def check_model(folder, *args: str, tmp_path) -> tuple[subprocess.CompletedProce
 
 
 def test_the_folder_names_its_package_and_digest(converted):
-    from repro.provenance import model_record
+    from repro.record.provenance import model_record
 
     source = model_record(str(converted))["source"]
     version, wheel = SMOLLM2.pin()

@@ -121,7 +121,7 @@ def test_the_tokenizer_splits_digits_and_keeps_the_chat_template(small_gguf, tmp
 def test_source_record_and_provenance(small_gguf, tmp_path):
     import jsonschema
 
-    from repro.provenance import model_record
+    from repro.record.provenance import model_record
 
     path, _ = small_gguf
     convert(SMOLLM2, path, None, tmp_path / "m", "float16")

@@ -1,10 +1,10 @@
 """Near-tie classes: every divergence is decisive or near-tie by the baseline's top-1/top-2 gap at
-its index (repro.verdict.classify_divergence), worded once (repro.readmodel) for the text summary,
+its index (repro.judge.verdict.classify_divergence), worded once (repro.readmodel) for the text summary,
 the site's table and index, and the issue Markdown. The verdict never changes: a FAIL stays a FAIL.
 
 The reports here are synthetic: tests/data/render-selftest.json (a real CPU self-test, schema 1;
 every divergence decisive) with the PlantedFault arm's reuses given other first diffs and margins,
-the fields repro.evaluate writes (repro.compare.margin_at(...).as_dict()).
+the fields repro.judge.evaluate writes (repro.judge.compare.margin_at(...).as_dict()).
 """
 
 from __future__ import annotations
@@ -20,13 +20,8 @@ from conftest import ROOT
 from test_issue_md import html_tables
 from test_render import Page
 
-from repro.compare import NEAR_TIE_NATS, margin_at
-from repro.publish.issue_md import format_issue_md
-from repro.publish.site import render_index, render_report_page, render_site
-from repro.publish.site_model import build_index_row
-from repro.readmodel import Arm, Probe, Request, margin_class
-from repro.report import format_summary, load_report
-from repro.verdict import (
+from repro.judge.compare import NEAR_TIE_NATS, margin_at
+from repro.judge.verdict import (
     DECISIVE,
     FAIL,
     INCONCLUSIVE,
@@ -36,7 +31,13 @@ from repro.verdict import (
     classify_divergence,
     tally_divergences,
 )
-from repro.wording import gap_text
+from repro.judge.wording import gap_text
+from repro.publish.issue_md import format_issue_md
+from repro.publish.site import render_index, render_report_page, render_site
+from repro.publish.site_model import build_index_row
+from repro.publish.summary import format_summary
+from repro.readmodel import Arm, Probe, Request, margin_class
+from repro.record.report import load_report
 
 
 # The read model's records, built from the dicts these tests make (repro.readmodel is the one door).
@@ -83,7 +84,7 @@ PLANTED = "PlantedFault (PlantedFaultConnector)"
 
 
 def margin(index: int, gap: float | None) -> dict:
-    """A margin as repro.compare writes it, with the baseline's top-1/top-2 gap at the divergence."""
+    """A margin as repro.judge.compare writes it, with the baseline's top-1/top-2 gap at the divergence."""
     top = [] if gap is None else [[7, -0.5], [9, -0.5 - gap]]
     return margin_at(index, [7] * 16, [7] * index + [9] * (16 - index), top, [[9, -0.4], [7, -1.9]]).as_dict()
 
@@ -131,7 +132,7 @@ def planted(report: dict) -> dict:
     return next(a for a in report["arms"] if a["name"] == "PlantedFault")
 
 
-# --- the decision (repro.verdict) ---
+# --- the decision (repro.judge.verdict) ---
 
 
 @pytest.mark.parametrize(
@@ -178,7 +179,7 @@ def test_tally_divergences():
         tally_divergences([FAIL])
 
 
-# --- the wording (repro.readmodel, repro.wording) ---
+# --- the wording (repro.readmodel, repro.judge.wording) ---
 
 
 def test_gap_text_never_prints_a_number_of_the_other_class():

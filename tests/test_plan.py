@@ -1,4 +1,4 @@
-"""Arm planning and job building (repro.plan, repro.contract.build_job): pure, no engine."""
+"""Arm planning and job building (repro.plan.arms, repro.contract.build_job): pure, no engine."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from repro.cli import parse_args
 from repro.contract import Job
 from repro.errors import UsageError
-from repro.fixtures import load_fixture
-from repro.plan import PLANTED_FAULT_MODULE, TMPDIR_TOKEN, arm_job, materialize, plan_arms, preflight_for
-from repro.suite import build_probes
+from repro.plan.arms import PLANTED_FAULT_MODULE, TMPDIR_TOKEN, arm_job, materialize, plan_arms, preflight_for
+from repro.plan.fixtures import load_fixture
+from repro.plan.options import parse_args
+from repro.plan.suite import build_probes
 
 SELFTEST = "fixtures/selftest-cpu.json"
 
@@ -104,7 +104,7 @@ def test_the_job_round_trips_through_json_and_only_the_first_child_gets_the_pref
 
 def test_native_matched_copies_the_connector_arms_reuse_lengths_aligned_down(model, tmp_path):
     from repro.contract import ArmResult, ProbeResult, RequestResult
-    from repro.plan import matched_probes
+    from repro.plan.arms import matched_probes
 
     opts = _opts(model, tmp_path, "--compare-native")
     fixture = load_fixture(SELFTEST)
@@ -143,7 +143,8 @@ def test_arms_sharing_a_gpu_get_a_fixed_kv_cache_and_the_job_carries_it(model, t
     building at once on one H200 did): arms that share a GPU get kv_cache_memory_bytes instead."""
     from dataclasses import replace
 
-    from repro import devices, plan
+    from repro.plan import arms as plan
+    from repro.plan import devices
 
     opts = _opts(model, tmp_path, "--device", "cuda", "--max-model-len", "2048", "--gpu-memory-utilization", "0.5")
     monkeypatch.setattr(devices, "visible_gpus", lambda: ["0"])
@@ -193,7 +194,8 @@ def test_cpu_arms_bind_to_the_cores_this_process_may_use(model, tmp_path, monkey
     """Issue 21 (6): the cores came from os.cpu_count(), so a cpuset-limited container (or a matrix
     cell pinned to its own cores) ran more arms than it had cores and bound them to cores 0..n-1,
     which it may not use. They come from the process's affinity set."""
-    from repro import devices, plan
+    from repro.plan import arms as plan
+    from repro.plan import devices
 
     monkeypatch.setattr(devices.os, "cpu_count", lambda: 8)
     monkeypatch.setattr(devices.os, "sched_getaffinity", lambda pid: {5, 2})

@@ -8,7 +8,7 @@ import pytest
 from conftest import have_vllm
 
 from repro.detection import plan
-from repro.runner import child_env, run_arm
+from repro.run.runner import child_env, run_arm
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 from repro.detection.plan import DECOY, PROMPTS, prompt_spec
-from repro.prompts import BOUNDARY_FILLER, DETECTION_FILLERS, chat_spec
-from repro.suite import boundary_probe
+from repro.plan.prompts import BOUNDARY_FILLER, DETECTION_FILLERS, chat_spec
+from repro.plan.suite import boundary_probe
 
-# Pinned: produced by repro/suite.py and repro/detection.py as they were before repro/prompts.py existed; the
+# Pinned: produced by repro/plan/suite.py and repro/detection.py as they were before repro/plan/prompts.py existed; the
 # committed results were generated from these exact specs.
 SUITE_CHAT_512 = {
     "messages": [

@@ -3,7 +3,7 @@ sees one of several through CUDA_VISIBLE_DEVICES)."""
 
 from __future__ import annotations
 
-from repro.provenance import hardware_label, visible_gpus
+from repro.record.provenance import hardware_label, visible_gpus
 
 ROWS = [
     ("0", "GPU-c5384e55-2e35", "NVIDIA H200"),
@@ -25,7 +25,7 @@ def test_cuda_visible_devices_picks_the_gpus_by_index_or_uuid_in_its_order():
 def test_kernel_variables_are_recorded_and_name_the_variant():
     """The variables that pick the CPU kernels are kept with the environment, and a report names its variant:
     the KERNEL_VARIANTS entry that sets exactly those, "default" for none, "custom" for any other mix."""
-    from repro.provenance import KERNEL_VARIANTS, allowed_env, kernel_variant
+    from repro.record.provenance import KERNEL_VARIANTS, allowed_env, kernel_variant
 
     env = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "X": "1"}
     assert allowed_env(env) == {k: v for k, v in env.items() if k != "X"}

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from repro.report import load_report
+from repro.record.report import load_report
 
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
 # An unpacked kit (make kit) carries the reports under evidence/, not reports/, and has no .git.

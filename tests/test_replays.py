@@ -1,4 +1,4 @@
-"""Replayed answers (repro.replays): the rule over token lists, what judging an arm stores per reuse, the
+"""Replayed answers (repro.judge.replays): the rule over token lists, what judging an arm stores per reuse, the
 schema, and how the summary, the site and the issue Markdown say it. The token lists are the tiny
 model's own (tests/data/render-selftest.json's baseline answers), so the cases are the ones it meets."""
 
@@ -12,14 +12,15 @@ import pytest
 from conftest import ROOT
 
 from repro.contract import ArmResult, ProbeResult, RequestResult
-from repro.evaluate import judge_arm
-from repro.kvaudit import MATCHES_KEPT
+from repro.judge.evaluate import judge_arm
+from repro.judge.kvaudit import MATCHES_KEPT
+from repro.judge.replays import MIN_REPLAY_TOKENS, Replay, find_replays, replay_run
 from repro.publish.issue_md import format_issue_md
 from repro.publish.site_model import build_report_page
+from repro.publish.summary import format_summary
 from repro.readmodel import Probe, Request
 from repro.readmodel import Replay as ReadReplay
-from repro.replays import MIN_REPLAY_TOKENS, Replay, find_replays, replay_run
-from repro.report import ReportInvalid, format_summary, validate_report
+from repro.record.report import ReportInvalid, validate_report
 
 DATA = ROOT / "tests" / "data"
 # The CPU self-test's baseline answers (tests/data/render-selftest.json): chat-511 and chat-513 are the

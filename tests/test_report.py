@@ -1,4 +1,4 @@
-"""Acceptance checking and exit codes: pure functions over judged arms (repro.report)."""
+"""Acceptance checking and exit codes: pure functions over judged arms (repro.record.report)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import copy
 import pytest
 
 from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME
-from repro.report import check_acceptance, exit_code, format_summary
-from repro.verdict import CORRUPT, EXACT, NUMERIC, UNAVAILABLE
+from repro.judge.verdict import CORRUPT, EXACT, NUMERIC, UNAVAILABLE
+from repro.publish.summary import format_summary
+from repro.record.report import check_acceptance, exit_code
 
 
 def _arm(name: str, mode: str, verdicts: dict[str, str], arm_verdict: str | None = None) -> dict:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from repro import logscan, runner
 from repro.contract import (
     CRASH,
     MISSING_OUTPUT,
@@ -29,8 +28,9 @@ from repro.contract import (
     ProbeJob,
     build_job,
 )
-from repro.diskwatch import DiskLimits
-from repro.runner import child_env, classify_exit, run_arm
+from repro.run import logscan, runner
+from repro.run.diskwatch import DiskLimits
+from repro.run.runner import child_env, classify_exit, run_arm
 
 FAKE = "tests.fake_engine"
 

@@ -1,7 +1,7 @@
 """An LMCache (scenario, arm) gets its own process checks, as a plain LMCache arm does: the copy path each of
 its own LMCache processes took (the scenario child is a fresh engine, an MP arm has its own server, so the
 plain arm's path says nothing about it) and LMCache's degraded mode (ERROR, never a PASS). No engine: the
-entry is judged from a result shaped as the child writes it (repro.scenarios.judge_run)."""
+entry is judged from a result shaped as the child writes it (repro.run.scenarios.judge_run)."""
 
 from __future__ import annotations
 
@@ -20,16 +20,16 @@ from repro.contract import (
     ScenarioResult,
     StepRequest,
 )
-from repro.fixtures import parse_fixture
-from repro.lmcache_ops import FALLBACK_WARNING
-from repro.plan import PlannedArm
+from repro.judge.verdict import ERROR, FAIL, LMCACHE_DEGRADED, PASS
+from repro.lmcache.ops import FALLBACK_WARNING
+from repro.plan.arms import PlannedArm
+from repro.plan.fixtures import parse_fixture
 from repro.publish.scenario_md import format_finding
 from repro.readmodel import as_report
 from repro.readmodel.scenarios import ScenarioArm
-from repro.report import ReportInvalid, validate_report
-from repro.runner import ArmOutcome
-from repro.scenarios import judge_run
-from repro.verdict import ERROR, FAIL, LMCACHE_DEGRADED, PASS
+from repro.record.report import ReportInvalid, validate_report
+from repro.run.runner import ArmOutcome
+from repro.run.scenarios import judge_run
 
 BASE = (5, 6, 7, 8)
 COMPILED = {"copy_path": "compiled", "ops_source": "wheel", "cuda_ops_file": "cuda_ops.cpython-312-x86_64-linux-gnu.so"}

@@ -1,7 +1,7 @@
 """--trials N for scenario runs, without an engine: each run of a (scenario, arm) reduced to its requests
-(repro.trials.scenario_run_summary), the rates and classes of its findings across the trials
+(repro.judge.trials.scenario_run_summary), the rates and classes of its findings across the trials
 (scenario_trial_rates), the exit code of a finding only a later trial made, the schema, and the views
-(summary, issue Markdown, site facts) saying "in k of N trials". Entries are judged by repro.scenarios
+(summary, issue Markdown, site facts) saying "in k of N trials". Entries are judged by repro.run.scenarios
 (judge_run) from results shaped as the child writes them, or taken from the hand-made scenario report;
 with one trial every view is pinned byte for byte by tests/test_scenario_views.py."""
 
@@ -14,16 +14,16 @@ import pytest
 from test_scenario_lmcache_checks import _baseline, _control, _judge, _scenario
 from test_scenario_views import scenario_report
 
-from repro import trials
 from repro.contract import ArmSpec, Failure
-from repro.plan import PlannedArm
+from repro.judge import trials
+from repro.plan.arms import PlannedArm
 from repro.publish.issue_md import format_issue_md
 from repro.publish.site_model import _scenario_arm, build_index_row
 from repro.publish.summary import format_summary
 from repro.readmodel import as_report
-from repro.report import EXIT_MISMATCH, ReportInvalid, scenario_exit, scenario_trial_findings, validate_report
-from repro.runner import ArmOutcome
-from repro.scenarios import judge_run, trial_run
+from repro.record.report import EXIT_MISMATCH, ReportInvalid, scenario_exit, scenario_trial_findings, validate_report
+from repro.run.runner import ArmOutcome
+from repro.run.scenarios import judge_run, trial_run
 
 CHANGED = (5, 6, 9, 9)  # the reuse's tokens: differs from the baseline @2
 

@@ -21,9 +21,9 @@ from repro.publish.issue_md import format_issue_md, render_body
 from repro.publish.scenario_md import format_scenarios
 from repro.publish.site import render_report_page, render_site
 from repro.publish.summary import format_summary
+from repro.publish.summary import format_summary as report_summary  # what repro.verify prints
 from repro.readmodel import as_report, read_report
-from repro.report import format_summary as report_summary
-from repro.report import load_report, validate_report
+from repro.record.report import load_report, validate_report
 
 DATA = ROOT / "tests" / "data"
 INPUT = DATA / "scenarios-test-input.json"  # hand-made in the producer's shape (.notes spec), schema-true
@@ -572,7 +572,7 @@ def test_the_matrix_page_with_scenario_columns_in_chromium(browser, tmp_path):  
 
 def test_a_reuse_that_differs_from_a_clean_control_is_never_shown_as_the_controls():
     """The report's per-request `control_matches` is the producer's: whether the cache-off control gave the
-    plain baseline's tokens there (repro.verdict reads it so). On the H200's in-flight run LMCacheConnectorV1's
+    plain baseline's tokens there (repro.judge.verdict reads it so). On the H200's in-flight run LMCacheConnectorV1's
     reuses differ from the baseline @0 while the control matched it: the views must say the control was clean,
     not 'as the cache-off control' (which they said when they took the field for 'same tokens as the control')."""
     path = ROOT / "reports" / "conditions" / "h200-conditions-tiny-scenarios-v028.json"

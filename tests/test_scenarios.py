@@ -26,13 +26,7 @@ from repro.contract import (
     StepRequest,
 )
 from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME, UsageError
-from repro.fixtures import load_fixture, parse_fixture
-from repro.publish.summary import scenario_block
-from repro.readmodel import as_report
-from repro.report import check_scenario_acceptance, exit_code, format_summary, validate_report
-from repro.scenarios import select
-from repro.suite import build_probes
-from repro.verdict import (
+from repro.judge.verdict import (
     CORRUPT,
     EXACT,
     FAIL,
@@ -46,6 +40,12 @@ from repro.verdict import (
     decide_scenario_kv,
     decide_scenario_request,
 )
+from repro.plan.fixtures import load_fixture, parse_fixture
+from repro.plan.suite import build_probes
+from repro.publish.summary import format_summary, scenario_block
+from repro.readmodel import as_report
+from repro.record.report import check_scenario_acceptance, exit_code, validate_report
+from repro.run.scenarios import select
 
 CPU_FIXTURE = ROOT / "fixtures" / "scenarios-cpu.json"
 BASE = (1, 2, 3, 4)
@@ -374,15 +374,15 @@ def test_the_example_is_a_real_run(tmp_path: Path):
 
 
 def _opts(tiny_model: str, *extra: str):
-    from repro.cli import CPU_ENGINE_FLAGS, parse_args
+    from repro.plan.options import CPU_ENGINE_FLAGS, parse_args
 
     return parse_args(["--model", tiny_model, *CPU_ENGINE_FLAGS, "--compare-native", "--fixture", str(CPU_FIXTURE),
                        "--report", "/tmp/unused.json", *extra])  # fmt: skip
 
 
 def test_a_scenario_job_carries_its_steps_and_engine(tiny_model):
-    from repro.plan import plan_arms
-    from repro.scenarios import job_for, runs_of
+    from repro.plan.arms import plan_arms
+    from repro.run.scenarios import job_for, runs_of
 
     opts = _opts(tiny_model)
     fixture = load_fixture(CPU_FIXTURE)
@@ -410,9 +410,9 @@ def test_an_lmcache_arm_gets_a_derived_yaml_and_its_mp_server_settings(tmp_path)
     import yaml
 
     from repro.contract import ConnectorSpec
-    from repro.lmcache_mp import ServerSettings
-    from repro.plan import LMCACHE_CONFIG_ENV, PlannedArm
-    from repro.scenarios import mp_settings, prepare
+    from repro.lmcache.mp import ServerSettings
+    from repro.plan.arms import LMCACHE_CONFIG_ENV, PlannedArm
+    from repro.run.scenarios import mp_settings, prepare
 
     fixture = load_fixture(ROOT / "fixtures" / "scenarios-gpu-lmcache.json")
     eviction = next(sc for sc in fixture.scenarios if sc.name == "eviction")
@@ -435,7 +435,7 @@ def test_a_step_can_wait_idle_before_it_is_submitted(tmp_path):
     """eviction-partial's last step waits 5 s (LMCache's MP server evicts in a loop once a second): the
     fixture, the job the child gets, the report's step record and how a reader sees it all carry it."""
     from repro.readmodel.scenarios import Step
-    from repro.scenarios import scenario_job, section
+    from repro.run.scenarios import scenario_job, section
 
     fixture = load_fixture(ROOT / "fixtures" / "scenarios-gpu-lmcache.json")
     partial = next(sc for sc in fixture.scenarios if sc.name == "eviction-partial")
@@ -488,7 +488,7 @@ def test_a_scenario_may_turn_async_scheduling_off(tmp_path):
     """preemption-sync is preemption with vLLM's async scheduling off: the fixture, the child's job and the
     engine's kwargs carry it; absent, vLLM's platform default stands (no kwarg); a non-boolean is one line, exit 2."""
     from repro.engine.child import _engine_kwargs
-    from repro.scenarios import scenario_job
+    from repro.run.scenarios import scenario_job
 
     fixture = load_fixture(ROOT / "fixtures" / "scenarios-gpu-lmcache.json")
     by_name = {sc.name: sc for sc in fixture.scenarios}

@@ -9,8 +9,8 @@ import json
 import pytest
 from conftest import have_vllm, run_cli
 
-from repro.cli import CPU_ENGINE_FLAGS
-from repro.report import scenario_exit, validate_report
+from repro.plan.options import CPU_ENGINE_FLAGS
+from repro.record.report import scenario_exit, validate_report
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
 

@@ -17,8 +17,8 @@ import json
 import pytest
 from conftest import have_vllm, run_cli
 
-from repro.cli import selftest_cpu_argv
-from repro.report import validate_report
+from repro.plan.options import selftest_cpu_argv
+from repro.record.report import validate_report
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
 

@@ -1,4 +1,4 @@
-"""repro.scheduler: slots taken at launch, the preflight gate, native-matched fed its probes, one stop flag.
+"""repro.run.scheduler: slots taken at launch, the preflight gate, native-matched fed its probes, one stop flag.
 
 Every test gives the scheduler its own run_one (no engine child, no process at all): what is tested is
 when and where arms start, what they are handed, and how the run stops.
@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from repro import atomic, scheduler
-from repro.atomic import write_json_atomic
 from repro.contract import (
     PREFLIGHT_GATE_ENV,
     ArmResult,
@@ -26,10 +24,13 @@ from repro.contract import (
     build_job,
     progress_path,
 )
-from repro.plan import ArmSlot, PlannedArm
-from repro.progress import Progress
-from repro.runner import ArmOutcome
-from repro.scheduler import SlotPool, check_arms, run_arms
+from repro.plan.arms import ArmSlot, PlannedArm
+from repro.record import atomic
+from repro.record.atomic import write_json_atomic
+from repro.run import scheduler
+from repro.run.progress import Progress
+from repro.run.runner import ArmOutcome
+from repro.run.scheduler import SlotPool, check_arms, run_arms
 
 ENGINE = EngineConfig("model", None, "auto", 0, 0.5, 256, 16, "cpu")
 PROBES = (ProbeJob("p", {"token_ids": [1, 2]}, 2),)

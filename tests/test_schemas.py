@@ -14,8 +14,8 @@ from test_cli_failures import _args, _env, setup  # noqa: F401 - setup is a pyte
 from test_loaders_fuzz import SHIPPED, _mutate
 
 from repro.errors import UsageError
-from repro.fixtures import parse_fixture
-from repro.report import REPORT_SCHEMA_VERSION, load_report
+from repro.plan.fixtures import parse_fixture
+from repro.record.report import REPORT_SCHEMA_VERSION, load_report
 
 SCHEMAS = ROOT / "schemas"
 DATA = ROOT / "tests" / "data"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import have_vllm, run_cli
 
-from repro.cli import CPU_ENGINE_FLAGS, SELFTEST_CPU_FIXTURE
+from repro.plan.options import CPU_ENGINE_FLAGS, SELFTEST_CPU_FIXTURE
 
 # ---- end to end: vLLM's in-tree ExampleConnector with a fixed store path ------------------------------------
 
@@ -52,28 +52,28 @@ def test_a_fixed_shared_storage_path_is_fresh_for_every_trial_and_every_invocati
         assert not [p for p in store.iterdir() if p.name.startswith("kvkit-")], list(store.iterdir())
 
 
-# ---- unit: what each run's connector state becomes (repro.plan.fresh_state) --------------------------------
+# ---- unit: what each run's connector state becomes (repro.plan.arms.fresh_state) --------------------------------
 
 
 def _arm_with(name: str, extra: dict, module: str | None = None, lmcache_config: str | None = None):
     from repro.contract import ArmSpec, ConnectorSpec
-    from repro.plan import PlannedArm
+    from repro.plan.arms import PlannedArm
 
     conn = ConnectorSpec(name, module, extra)
     return PlannedArm(ArmSpec(name, "connector", conn), lmcache_config=lmcache_config)
 
 
 def _fresh(arm, tmp_path, environ=None, **kw):
-    from repro.plan import fresh_state
+    from repro.plan.arms import fresh_state
 
     scratch: list[str] = []
-    (tmp_path / "scratch").mkdir(exist_ok=True)  # the run's scratch directory (repro.workdir makes it)
+    (tmp_path / "scratch").mkdir(exist_ok=True)  # the run's scratch directory (repro.run.workdir makes it)
     run, record = fresh_state(arm, scratch, tmp_path / "scratch", environ=environ or {}, **kw)
     return run, record, scratch
 
 
 def test_a_user_shared_storage_path_gets_a_fresh_subfolder_per_run(tmp_path):
-    from repro.plan import materialize
+    from repro.plan.arms import materialize
 
     user = tmp_path / "kv"
     arm = _arm_with("ExampleConnector", {"shared_storage_path": str(user)})
@@ -88,7 +88,7 @@ def test_a_user_shared_storage_path_gets_a_fresh_subfolder_per_run(tmp_path):
 
 
 def test_the_kits_own_tmpdir_is_recorded_and_the_planted_claim_is_left_shared(tmp_path):
-    from repro.plan import PLANTED_FAULT_MODULE, TMPDIR_TOKEN
+    from repro.plan.arms import PLANTED_FAULT_MODULE, TMPDIR_TOKEN
 
     claim = tmp_path / "claim"
     arm = _arm_with(
@@ -107,7 +107,7 @@ def test_the_kits_own_tmpdir_is_recorded_and_the_planted_claim_is_left_shared(tm
 def test_lmcache_local_disk_in_its_yaml_is_namespaced_in_a_derived_yaml(tmp_path):
     import yaml
 
-    from repro.plan import LMCACHE_CONFIG_ENV
+    from repro.plan.arms import LMCACHE_CONFIG_ENV
 
     disk = tmp_path / "disk"
     base = tmp_path / "lmcache.yaml"
@@ -161,7 +161,7 @@ def test_a_connector_the_kit_does_not_know_with_a_path_is_marked_as_persisting(t
 
 def test_an_mp_arm_is_fresh_through_its_own_server_and_a_native_arm_has_no_store(tmp_path):
     from repro.contract import ArmSpec
-    from repro.plan import PlannedArm, materialize
+    from repro.plan.arms import PlannedArm, materialize
 
     mp = _fresh(_arm_with("LMCacheMPConnector", {"lmcache.mp.port": 5555}), tmp_path)[0]
     assert mp.store["fresh"] is True and "MP server" in mp.store["why"]
@@ -174,9 +174,9 @@ def test_a_scenario_run_derives_its_yaml_with_its_keys_and_a_fresh_local_disk(tm
 
     import yaml
 
-    from repro.fixtures import Scenario
-    from repro.plan import LMCACHE_CONFIG_ENV
-    from repro.scenarios import prepare, section, trial_run
+    from repro.plan.arms import LMCACHE_CONFIG_ENV
+    from repro.plan.fixtures import Scenario
+    from repro.run.scenarios import prepare, section, trial_run
 
     base = tmp_path / "lmcache.yaml"
     base.write_text(f"chunk_size: 256\nlocal_disk: {tmp_path / 'disk'}\n")
@@ -224,7 +224,7 @@ def test_a_confirmation_says_whether_its_run_alone_was_independent(tmp_path, fre
     from dataclasses import replace
     from types import SimpleNamespace
 
-    from repro import trials
+    from repro.judge import trials
     from repro.verify import STORE_PERSISTED, Run, confirmation_of
 
     store = {"fresh": True, "rewritten": ["shared_storage_path /kv -> /kv/kvkit-x~alone-1"]}

@@ -52,7 +52,7 @@ def test_kernel_variants_set_the_engines_environment_on_the_cpu_profile_only():
     is refused in one line (the variants pick the CPU engine's kernels)."""
     sys.path.insert(0, str(ROOT))
     import tasks
-    from repro.provenance import KERNEL_VARIANTS
+    from repro.record.provenance import KERNEL_VARIANTS
 
     assert tasks.kernel_env("", "cpu") == tasks.kernel_env("default", "cpu") == {}
     assert tasks.kernel_env("avx2", "cpu") == KERNEL_VARIANTS["avx2"] and KERNEL_VARIANTS["avx2"]

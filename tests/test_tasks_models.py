@@ -64,9 +64,9 @@ def test_on_a_gpu_the_trained_model_runs_its_own_gpu_fixture_with_both_lmcache_c
     import shlex
 
     import tasks
-    from repro.cli import build_parser
-    from repro.fixtures import load_fixture
     from repro.models.registry import SMOLLM2
+    from repro.plan.fixtures import load_fixture
+    from repro.plan.options import build_parser
 
     folder = str(SMOLLM2.folder())
     argv = shlex.split(tasks.reference_args("gpu-lmcache-0.5.4", folder, "reports/latest-x.json", SMOLLM2))

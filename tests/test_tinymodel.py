@@ -3,7 +3,7 @@ import struct
 
 import jinja2
 
-from repro.tinymodel import digest_dir, digest_files, make_tiny_model, model_files
+from repro.models.tiny import digest_dir, digest_files, make_tiny_model, model_files
 
 
 def test_same_seed_same_bytes(tmp_path):

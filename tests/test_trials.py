@@ -1,8 +1,8 @@
-"""repro.trials and repro.sharing: runs reduced to findings, rates per probe, the class of a finding
+"""repro.judge.trials and repro.run.sharing: runs reduced to findings, rates per probe, the class of a finding
 made while sharing, and who overlapped whom (pure functions, no engine)."""
 
-from repro import trials
-from repro.sharing import ARM, CPU_CORES, GPU_LOAD, SERVER, Window, sharing_of, who_shared
+from repro.judge import trials
+from repro.run.sharing import ARM, CPU_CORES, GPU_LOAD, SERVER, Window, sharing_of, who_shared
 
 
 def _entry(verdict="PASS", probes=(), error=None):

@@ -1,4 +1,4 @@
-from repro.verdict import ERROR, FAIL, INCONCLUSIVE, PASS, Request, decide_baseline_probe, decide_probe, worst
+from repro.judge.verdict import ERROR, FAIL, INCONCLUSIVE, PASS, Request, decide_baseline_probe, decide_probe, worst
 
 BASE = (1, 2, 3, 4)
 
@@ -76,7 +76,7 @@ def test_worst_orders_error_fail_inconclusive_pass():
 
 # ---- the verdict authority: arm verdicts, downgrades, skips, failures -------------------------------
 
-from repro.verdict import (
+from repro.judge.verdict import (
     SKIPPED,
     VERDICTS,
     ArmVerdict,

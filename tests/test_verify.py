@@ -106,9 +106,9 @@ def _jobs(s: dict, names: list[str]):
 
 
 def _run_arms(s: dict, planned, n_jobs: int, fake_run_arm, *flags: str, slots=None):
-    from repro.cli import parse_args
-    from repro.plan import arm_slots
-    from repro.progress import Progress
+    from repro.plan.arms import arm_slots
+    from repro.plan.options import parse_args
+    from repro.run.progress import Progress
 
     opts = parse_args(_args(s, "--kv-connector", "ExampleConnector", "--jobs", str(n_jobs), *flags))
     jobs = _jobs(s, [p.name for p in planned])
@@ -134,10 +134,10 @@ def test_arms_at_once_never_share_a_slot_whatever_order_they_start_in(fake_env, 
     other idled. An arm takes a free slot when it launches."""
     import time
 
-    from repro import devices
     from repro.contract import ArmSpec
-    from repro.plan import PlannedArm
-    from repro.runner import ArmOutcome
+    from repro.plan import devices
+    from repro.plan.arms import PlannedArm
+    from repro.run.runner import ArmOutcome
 
     monkeypatch.setattr(devices, "visible_gpus", lambda: ["0", "1"])
     monkeypatch.setattr(devices.os, "cpu_count", lambda: 2)
@@ -168,8 +168,8 @@ def test_an_arm_that_would_wait_on_itself_or_two_arms_of_one_name_are_refused_at
     import time
 
     from repro.contract import ArmSpec
-    from repro.plan import PlannedArm
-    from repro.runner import ArmOutcome
+    from repro.plan.arms import PlannedArm
+    from repro.run.runner import ArmOutcome
 
     def fake_run_arm(job, workdir, log_path, env, timeout_s, python, module, disk):
         deadline = time.monotonic() + 8  # a real child would wait for its probes for ever
@@ -210,7 +210,7 @@ def test_a_disk_that_fills_as_native_matched_is_fed_is_one_line_and_exit_3(fake_
     import errno
     import time
 
-    from repro import atomic
+    from repro.record import atomic
 
     real, full = atomic.write_bytes_atomic, threading.Event()
 
@@ -244,10 +244,10 @@ def test_an_mp_arm_whose_server_never_started_cites_a_log_that_exists(tmp_path, 
     import sys
     from types import SimpleNamespace
 
-    from repro import lmcache_mp
     from repro.contract import ArmSpec, ConnectorSpec, EngineConfig, ProbeJob, build_job
-    from repro.plan import PlannedArm
-    from repro.progress import Progress
+    from repro.lmcache import mp as lmcache_mp
+    from repro.plan.arms import PlannedArm
+    from repro.run.progress import Progress
 
     @contextlib.contextmanager
     def no_server(*args, **kwargs):
@@ -348,7 +348,7 @@ def test_a_second_signal_during_the_clean_up_never_leaves_a_work_folder_no_run_c
     was left, and the cell's next run did not sweep it. A verifier whose Ray worker dies gets SIGTERM more than
     once (its task's own stop, then its parent's death); one that cut the removal of its work folder in half
     left it without its owner record, which no later run touches. The clean-up holds signals until done."""
-    from repro import workdir
+    from repro.run import workdir
 
     real, cut = workdir.shutil.rmtree, []
 

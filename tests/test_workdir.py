@@ -1,4 +1,4 @@
-"""Work directories (repro.workdir): each records the kit that owns it (pid and start time), and a
+"""Work directories (repro.run.workdir): each records the kit that owns it (pid and start time), and a
 later run removes those whose kit is no longer running, with the connector stores they list."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from repro import workdir
+from repro.run import workdir
 
 
 def _stale(parent: Path, name: str, owner: dict, tmp: Path) -> tuple[Path, Path]:

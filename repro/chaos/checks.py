@@ -24,8 +24,8 @@ from repro.contract import (
     UNPARSABLE_OUTPUT,
 )
 from repro.errors import EXIT_INTERRUPTED, EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
+from repro.judge.verdict import ERROR
 from repro.matrix.status import DONE as CELL_DONE
-from repro.verdict import ERROR
 
 PREVIOUS, NEW, ABSENT, PARTIAL = "previous", "new", "absent", "partial"
 WORK_MARK = ".work-"  # the verifier's work directory beside its report: .<stem>.work-XXXXXXXX
@@ -96,7 +96,7 @@ def report_state(report: Path, before: Snapshot, load: Callable[[Path], dict], c
 
 def load_complete_report(path: Path) -> dict:
     """The strict loader, the schema, and `complete: true`: what a whole report is."""
-    from repro.report import load_report, validate_report
+    from repro.record.report import load_report, validate_report
 
     data = load_report(path)
     validate_report(data)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from repro.chaos.faults import LINGER, MATRIX, MP, SELFTEST
 from repro.chaos.procs import Proc
-from repro.cli import selftest_cpu_argv
-from repro.lmcache_mp import CONNECTOR as MP_CONNECTOR
+from repro.lmcache.mp import CONNECTOR as MP_CONNECTOR
 from repro.paths import KIT_ROOT
+from repro.plan.options import selftest_cpu_argv
 
 FAKE_ENGINE = "tests.fake_engine"
 STAND_IN = "tests.stand_in_mp_server"

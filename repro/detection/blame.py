@@ -1,7 +1,7 @@
 """The detection matrix's KV audit column: the blocks each probe's audit blamed against the blocks the
 planted connector faulted, and the no-fault controls' false blames (pure, no I/O).
 
-The verdicts are the verifier's own: repro.kvaudit.annotate classes every block x layer x K/V plane a
+The verdicts are the verifier's own: repro.judge.kvaudit.annotate classes every block x layer x K/V plane a
 reuse read against the arm's floor (the largest relative error of the arm's own cold prefills' KV
 against the baseline's) and decides each probe's KV verdict. This module only compares the blamed
 blocks with the planted ones and counts.
@@ -9,10 +9,10 @@ blocks with the planted ones and counts.
 
 from __future__ import annotations
 
-from repro import kvaudit
 from repro.contract import ArmResult
+from repro.judge import kvaudit
+from repro.judge.verdict import CELL_CORRUPT, CORRUPT, EXACT, FAIL, NUMERIC, UNAVAILABLE
 from repro.readmodel import Request
-from repro.verdict import CELL_CORRUPT, CORRUPT, EXACT, FAIL, NUMERIC, UNAVAILABLE
 
 # exact: the blamed blocks are the planted blocks; over: a strict superset; under: a strict subset
 # (none blamed included); other: neither; unavailable: the audit saw nothing to judge.
@@ -21,7 +21,7 @@ NO_AUDIT = "the arm recorded no KV audit"
 
 
 def drop_unreferenced(job: dict, baseline_probes: set[str]) -> dict:
-    """repro.kvaudit.compare_job's job without the requests of probes the baseline never ran (a fault
+    """repro.judge.kvaudit.compare_job's job without the requests of probes the baseline never ran (a fault
     arm's decoy): they have no reference, and a decoy is cold-only anyway."""
     arms = [{**a, "requests": [r for r in a["requests"] if r["probe"] in baseline_probes]} for a in job["arms"]]
     return {**job, "arms": arms}
@@ -64,7 +64,7 @@ def audit_probes(
             **kv,
             "blamed_blocks": [corrupt_blocks(r["kv_audit"]) for r in reuses],
             # the study's prompts load at most 28 blocks: layers 0 and 1 (112 cells) always fit in the matches
-            # the report keeps (repro.kvaudit.MATCHES_KEPT), so no prompt's KV goes unnamed for want of room
+            # the report keeps (repro.judge.kvaudit.MATCHES_KEPT), so no prompt's KV goes unnamed for want of room
             "served_from": [list(Request.from_json(r).audit_source_probes) for r in reuses],
         }
     arm = {k: status.get(k) for k in ("status", "reason", "floor")}

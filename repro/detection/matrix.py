@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from repro import evaluate
 from repro.contract import ArmResult, ProbeResult
 from repro.detection.blame import planted_fault, summarize_blame
 from repro.detection.plan import DECOY, WINDOWS
-from repro.replays import BASELINE
-from repro.verdict import FAIL, INCONCLUSIVE, PASS, Request, decide_probe, hit_count
+from repro.judge import evaluate
+from repro.judge.replays import BASELINE
+from repro.judge.verdict import FAIL, INCONCLUSIVE, PASS, Request, decide_probe, hit_count
 
 
 def window_verdicts(
@@ -109,7 +109,7 @@ def summarize(faults: list[dict], controls: list[dict], prefix_ok: bool) -> dict
 
 def judge_probe(base_probe: dict, probe: dict, answers: dict[str, list[int]] | None = None) -> dict:
     """One probe of a reuse arm against the baseline's, at every window; the per-request first
-    diffs, margins and replays are the verifier's own (repro.evaluate.judge_probe over the full run;
+    diffs, margins and replays are the verifier's own (repro.judge.evaluate.judge_probe over the full run;
     answers: every other prompt's answer by name, what a divergent reuse may replay)."""
     judged, _ = evaluate.judge_probe(
         ProbeResult.from_json(probe, probe["name"]),
@@ -143,7 +143,7 @@ def answers_of(baseline: dict) -> dict[str, list[int]]:
 
 
 def replay_tally(probes: list[dict]) -> dict | None:
-    """A row's replays over its 32-token runs (repro.replays): reuses that differed from the baseline,
+    """A row's replays over its 32-token runs (repro.judge.replays): reuses that differed from the baseline,
     those whose tokens replay another prompt's answer (each with its first such replay, and `served`:
     whether the KV audit found that prompt's blocks in what the reuse read; None where the row has no
     audit), and those that replay only an earlier request of their own prompt. None for rows made before

@@ -6,13 +6,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from repro.atomic import write_bytes_atomic
 from repro.detection.matrix import replay_tally, summarize
 from repro.detection.plan import KIND, READABLE_VERSIONS, SCHEMA_VERSION
 from repro.errors import UsageError
+from repro.judge.replays import MIN_REPLAY_TOKENS
 from repro.publish.environment import make_environment
 from repro.readmodel import Replay
-from repro.replays import MIN_REPLAY_TOKENS
+from repro.record.atomic import write_bytes_atomic
 
 TEMPLATE = "detection.html.j2"
 GENERATOR = "kvkit-detection"  # not the site's marker: the report site never prunes this page

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from repro.contract import ArmSpec, ConnectorSpec, EngineConfig, Job, ProbeJob, build_job
-from repro.plan import PLANTED_FAULT_MODULE
-from repro.prompts import DETECTION_FILLERS, chat_spec
-from repro.tinymodel import MODEL_SEED
+from repro.models.tiny import MODEL_SEED
+from repro.plan.arms import PLANTED_FAULT_MODULE
+from repro.plan.prompts import DETECTION_FILLERS, chat_spec
 
 KIND = "kvkit-detection-matrix"
 # 1: first version (faults x positions x windows, controls, prefix check).
@@ -16,7 +16,7 @@ KIND = "kvkit-detection-matrix"
 #    window carry a summary whose `false_positives` is the count at the largest window only, and no
 #    `false_positives_by_window`; their per-window counts (controls[].false_positives) are complete.
 # 2: the KV audit column. Every arm but the prefix check's short re-run runs with repro.engine.kvaudit
-#    and is compared with its model's baseline (repro.kvaudit). New: faults[].kv_blame (probes whose
+#    and is compared with its model's baseline (repro.judge.kvaudit). New: faults[].kv_blame (probes whose
 #    audit blamed exactly the planted blocks, and which blamed more, fewer or other blocks, or could
 #    not be audited; probes whose tokens never changed), faults[].probes[].kv, controls[].kv_blame
 #    (false blames: probes with any CORRUPT cell; probes UNAVAILABLE and why), controls[].probes[].kv,
@@ -24,7 +24,7 @@ KIND = "kvkit-detection-matrix"
 #    summary's kv_audit. A version 1 file still loads and renders, its audit column shown as absent.
 #    Additions to version 2 that older files lack (no bump; readers show them as not counted): the replays
 #    column, faults[].probes[].reuse_replays and controls[].probes[].reuse_replays (per reuse, what the
-#    verifier's repro.replays found: null when it matched the baseline) and the summary's replays; the
+#    verifier's repro.judge.replays found: null when it matched the baseline) and the summary's replays; the
 #    other_prompt fault (a whole loaded prefix from another prompt, at its one position "prefix") and
 #    config.fault_positions.
 SCHEMA_VERSION = 2
@@ -79,12 +79,12 @@ DECOY = ("decoy", 485)
 METHOD = (
     "Greedy decoding is deterministic and causal: the first w tokens of a 32-token generation are "
     "exactly the w-token generation. So one 32-token run per arm gives every window: a probe is "
-    "detected at window w iff the verifier's rule (repro.verdict.decide_probe) on the first w tokens "
+    "detected at window w iff the verifier's rule (repro.judge.verdict.decide_probe) on the first w tokens "
     "says FAIL, i.e. a reuse that reported a hit differs from the baseline at an index below w. "
     "prefix_check re-runs one arm with max_tokens 8 and compares it with the prefix. "
     "Every other arm runs with the KV audit (repro.engine.kvaudit), which records the KV blocks each request "
     "reused or computed; after the arms of one model ran, each reuse's blocks are compared with the KV its "
-    "model's baseline computed for the same tokens (repro.kvaudit)."
+    "model's baseline computed for the same tokens (repro.judge.kvaudit)."
 )
 
 
@@ -143,7 +143,7 @@ def arm_job(
     max_tokens: int = MAX_TOKENS,
     scratch: Path | None = None,
 ) -> Job:
-    """The engine job of one arm (repro.runner.run_arm's input); every job of the study is built here,
+    """The engine job of one arm (repro.run.runner.run_arm's input); every job of the study is built here,
     through the verifier's own repro.contract.build_job. With `scratch`, the arm's KV audit records
     under it (kv_audit_dir)."""
     return build_job(

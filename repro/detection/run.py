@@ -1,4 +1,4 @@
-"""Running the detection study: models, arms through repro.runner.run_arm, and the matrix report written atomically."""
+"""Running the detection study: models, arms through repro.run.runner.run_arm, and the matrix report written atomically."""
 
 from __future__ import annotations
 
@@ -11,17 +11,26 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from repro import __version__, kvaudit
-from repro.atomic import write_json_atomic
+from repro import __version__
 from repro.contract import ArmResult, Job
 from repro.detection import plan
 from repro.detection.blame import control_blame, drop_unreferenced, fault_blame
 from repro.detection.matrix import compare_error, control_entry, fault_entry, prefix_check, summarize
 from repro.errors import UsageError
+from repro.judge import kvaudit
 from repro.models.registry import SOURCE_FILE, packaged_model
-from repro.provenance import allowed_env, hardware, kit_commit, model_record, model_source, package_version, utc_now
-from repro.runner import child_env, run_arm
-from repro.tinymodel import MODEL_NAME, MODEL_SEED, make_tiny_model
+from repro.models.tiny import MODEL_NAME, MODEL_SEED, make_tiny_model
+from repro.record.atomic import write_json_atomic
+from repro.record.provenance import (
+    allowed_env,
+    hardware,
+    kit_commit,
+    model_record,
+    model_source,
+    package_version,
+    utc_now,
+)
+from repro.run.runner import child_env, run_arm
 
 
 @dataclass
@@ -231,7 +240,7 @@ def build_report(
     wall_s: float,
     trained: dict | None = None,
 ) -> dict:
-    """The matrix report. `trained`: a packaged model's provenance record (repro.provenance.model_record,
+    """The matrix report. `trained`: a packaged model's provenance record (repro.record.provenance.model_record,
     its `source` from repro.models.convert), for a study of that model; None for the tiny models."""
     report = {
         "kind": plan.KIND,

@@ -1,7 +1,7 @@
 """The detection study's scenario cells, pure: what one (planted fault row, column) cell says from its requests.
 
 A column is `plain` (the study's own probes: the decoy, then each prompt cold and once reused) or a workload
-scenario (repro.scenarios over the study's prompts). Every request of a cell's arm becomes one record
+scenario (repro.run.scenarios over the study's prompts). Every request of a cell's arm becomes one record
 (`plain_records`, `scenario_records`), and `fault_cell` decides the cell from them:
 
 - not exercised: no load of the arm faulted (a gated fault whose gate never opened; the `always` row is never
@@ -21,7 +21,7 @@ whether the outcome agrees: a catch must be caught, a miss must be not exercised
 from __future__ import annotations
 
 from repro.detection.plan import WINDOWS
-from repro.verdict import CORRUPT, FAIL, SCHEDULE_NUMERICS, hit_count
+from repro.judge.verdict import CORRUPT, FAIL, SCHEDULE_NUMERICS, hit_count
 
 # The study's report (written by repro.detection.scenarios, read by its page and the site's catalog, which must
 # not import the study's runner): its kind and version.
@@ -91,7 +91,7 @@ def record(
 
 
 def scenario_records(arm_entry: dict, windows: tuple[int, ...] = WINDOWS) -> list[dict]:
-    """The records of one (scenario, arm) entry of repro.scenarios.section (after annotate_kv). A request
+    """The records of one (scenario, arm) entry of repro.run.scenarios.section (after annotate_kv). A request
     FAILs at window w iff the verifier's verdict over the full run is FAIL and its first diff is below w
     (greedy and causal; for preemption see the study's method: whether a request is preempted depends on how
     long the batch decodes, so there it is only "first diff < w within the 32-token run")."""

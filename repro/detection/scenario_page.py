@@ -7,10 +7,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from repro.atomic import write_bytes_atomic
 from repro.detection.scenario_cells import CAUGHT, ERROR, INCONCLUSIVE, KIND, MISSED, NOT_EXERCISED, SCHEMA_VERSION
 from repro.errors import UsageError
 from repro.publish.environment import make_environment
+from repro.record.atomic import write_bytes_atomic
 
 TEMPLATE = "detection-scenarios.html.j2"
 GENERATOR = "kvkit-detection"  # not the site's marker: the report site never prunes this page

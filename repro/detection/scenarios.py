@@ -3,7 +3,7 @@ workload scenario catches that plain probes miss.
 
 Rows are planted-fault configurations (zero_blocks, head, 1 block, under a gate), columns are `plain` (the
 study's own arm: the decoy, then each prompt cold and once reused) and one per shipped scenario re-declared
-over the study's prompts. A scenario cell runs through the verifier's scenario machinery (repro.scenarios:
+over the study's prompts. A scenario cell runs through the verifier's scenario machinery (repro.run.scenarios:
 its jobs, the cache-off schedule control, the judging of every request and the KV audit of scenario
 requests), not a copy of it; the plain cells through the detection study's own jobs and matrix entries.
 What a cell says is repro.detection.scenario_cells'.
@@ -21,9 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from repro import __version__, kvaudit
-from repro import scenarios as machinery
-from repro.atomic import write_json_atomic
+from repro import __version__
 from repro.contract import ArmResult, ArmSpec, EngineConfig, Job, build_job
 from repro.detection import plan
 from repro.detection.matrix import compare_error, control_entry, fault_entry
@@ -36,11 +34,14 @@ from repro.detection.scenario_cells import (
     plain_records,
     scenario_records,
 )
-from repro.fixtures import Probe, Scenario, ScenarioStep
-from repro.plan import PlannedArm
-from repro.provenance import utc_now
-from repro.runner import ArmOutcome, child_env, run_arm
-from repro.tinymodel import MODEL_SEED
+from repro.judge import kvaudit
+from repro.models.tiny import MODEL_SEED
+from repro.plan.arms import PlannedArm
+from repro.plan.fixtures import Probe, Scenario, ScenarioStep
+from repro.record.atomic import write_json_atomic
+from repro.record.provenance import utc_now
+from repro.run import scenarios as machinery
+from repro.run.runner import ArmOutcome, child_env, run_arm
 
 DEFAULT_REPORT = "reports/detection/detection-scenarios.json"
 DEFAULT_SITE = "reports/detection/detection-scenarios.html"
@@ -69,8 +70,8 @@ def _steps(*groups: tuple[str, ...]) -> tuple[ScenarioStep, ...]:
 ALL_FIVE = tuple(name for name, _ in plan.PROMPTS)
 # The shipped scenarios over the study's prompts (alpha 389 / bravo 421 / charlie 453 / delta 300 / echo 350
 # tokens). Preemption differs from the plan: the plan's kv_cache_tokens 1344 needs max_model_len 1024, which the
-# verifier's machinery refuses (repro.scenarios.select: kv_cache_tokens below --max-model-len) and which would make
-# every run incomparable with the 2048 baseline (repro.evaluate.COMPARABLE_CONFIG_KEYS). So, by arithmetic and
+# verifier's machinery refuses (repro.run.scenarios.select: kv_cache_tokens below --max-model-len) and which would make
+# every run incomparable with the 2048 baseline (repro.judge.evaluate.COMPARABLE_CONFIG_KEYS). So, by arithmetic and
 # before any run: the five prompts together in a 2048-token cache (127 usable blocks): 122 blocks at prefill,
 # 132 after 32 tokens each, so vLLM must preempt while they decode.
 SCENARIOS = (
@@ -125,7 +126,7 @@ METHOD = (
     "Rows: the planted connector's zero_blocks fault on the first loaded block, under a gate (always, in_flight, "
     f"after_eviction with a {LOCAL_CAPACITY_BLOCKS}-block local tier). Columns: plain (the detection study's fault "
     "arm: the decoy, then each prompt cold and once reused) and each scenario over the study's prompts, run through "
-    "the verifier's scenario machinery (repro.scenarios): one fresh engine per (scenario, arm), the baseline's "
+    "the verifier's scenario machinery (repro.run.scenarios): one fresh engine per (scenario, arm), the baseline's "
     "cache-off run of the same steps as the schedule control, every request compared with its prompt's cache-off "
     "baseline (the plain baseline's cold request), exact token IDs, greedy, 32 tokens. A cell is caught when a "
     "request whose load faulted FAILs by the verifier's rule (a hit, tokens differ) within the window; not "
@@ -134,7 +135,7 @@ METHOD = (
     "Windows: greedy decoding is causal, so a request FAILs at window w iff its first diff is below w; in the "
     "preemption column whether and when a request is preempted depends on how long the batch decodes, so there "
     "it only says the first diff fell below w within the 32-token run. KV: each reuse's blocks against the plain "
-    "baseline's KV (repro.kvaudit), CORRUPT counted per cell. One model seed for every arm (the controls too)."
+    "baseline's KV (repro.judge.kvaudit), CORRUPT counted per cell. One model seed for every arm (the controls too)."
 )
 
 
@@ -143,7 +144,7 @@ def scenario_paths() -> tuple[str, str]:
 
 
 def job_for(run: PlannedArm, scenario: Scenario, engine: EngineConfig, kv_dir: str | None) -> Job:
-    """A scenario run's job: the verifier's (repro.scenarios.scenario_job) over the study's engine, sampling and
+    """A scenario run's job: the verifier's (repro.run.scenarios.scenario_job) over the study's engine, sampling and
     prompts, so scenario runs and the plain baseline are comparable."""
     job = build_job(run.spec, engine, [], max_tokens=plan.MAX_TOKENS, logprobs=plan.LOGPROBS, kv_audit_dir=kv_dir)
     return machinery.scenario_job(job, scenario, probes())
@@ -225,7 +226,7 @@ def run_plain(study: Study, model: str, baseline: dict | None) -> tuple[dict, di
 def run_column(
     study: Study, scenario: Scenario, baseline: ArmResult | None, only: tuple[str, ...] | None = None
 ) -> tuple[dict, dict[str, ArmResult]]:
-    """One scenario column through repro.scenarios: every arm's run (the control first), then its section
+    """One scenario column through repro.run.scenarios: every arm's run (the control first), then its section
     (the control and every arm judged). Returns the section and the results the KV audit compares.
     `only`: these arms and the control (a test's short column)."""
     work = study.runner.work
@@ -249,7 +250,7 @@ def run_column(
 
 def audit_columns(study: Study, baseline: ArmResult | None, sections: list[dict], results: dict) -> dict:
     """The KV audit of every scenario request (one comparison child, as the verifier runs it) and each arm's
-    KV fields filled in place (repro.scenarios.annotate_kv)."""
+    KV fields filled in place (repro.run.scenarios.annotate_kv)."""
     t0 = time.monotonic()
     raw, problem = None, None
     if baseline is None or baseline.kv_audit is None:

@@ -2,7 +2,7 @@
 
 This is the only kit module, with repro/connectors/ and its front ends (repro.engine.frontend: vLLM's
 LLM, or a bare AsyncLLM under --frontend async), that imports vllm, torch or lmcache. The
-parent (repro.runner) starts it as `python -m repro.engine JOB.json` with a repro.contract.Job;
+parent (repro.run.runner) starts it as `python -m repro.engine JOB.json` with a repro.contract.Job;
 the child writes one repro.contract.ArmResult to the job's output path and exits. Everything it prints goes to the arm log the parent captured at
 the file-descriptor level.
 """
@@ -20,7 +20,6 @@ import sys
 import traceback
 from dataclasses import replace
 
-from repro.atomic import dumps_json, write_bytes_atomic
 from repro.contract import (
     EXIT_OK,
     EXIT_RAISED,
@@ -38,8 +37,9 @@ from repro.contract import (
 )
 from repro.engine.frontend import build_frontend, frontend_from_env, frontend_name, vllm_config_of
 from repro.engine.preflight import batch_invariant_requested
-from repro.provenance import package_version
-from repro.verdict import batch_invariance_state
+from repro.judge.verdict import batch_invariance_state
+from repro.record.atomic import dumps_json, write_bytes_atomic
+from repro.record.provenance import package_version
 
 
 class PreflightStopped(RuntimeError):
@@ -188,7 +188,7 @@ def _effective_config(llm) -> dict:
 def _process_facts(probes: list[ProbeResult], audit: _AuditRecords, scenario: ScenarioResult | None = None) -> dict:
     """What the arm's processes ran with, for its effective_config: each worker's facts as the KV audit
     recorded them (repro.engine.kvaudit.worker_facts; one entry per worker process), whether vLLM's
-    batch-invariant kernels were asked for and active in every worker (repro.verdict decides), and
+    batch-invariant kernels were asked for and active in every worker (repro.judge.verdict decides), and
     this child's PYTHONHASHSEED (the workers' are in their facts)."""
     records = [r.kv_audit_record for p in probes for r in p.requests] + [p["record"] for p in audit.primes]
     records += [r.request.kv_audit_record for r in (scenario.requests if scenario else ())]
@@ -216,7 +216,7 @@ def _lmcache_build() -> dict:
     compiled ops link and the nvcc that built them (read from lmcache/cuda_ops*.so), and whether
     those ops import in this environment (the worker imports the same file): `copy_path` "compiled"
     or "fallback" (LMCache's torch fallback), `ops_source` "wheel" or "kit build" (with
-    `ops_build_dir`; repro.lmcache_ops), `ops_import_error` when they do not import. The wheel records
+    `ops_build_dir`; repro.lmcache.ops), `ops_import_error` when they do not import. The wheel records
     no torch build: its metadata requires an unpinned torch, so only the import tells a mismatch."""
     import importlib
     import importlib.util
@@ -246,7 +246,7 @@ def _lmcache_build() -> dict:
         error = f"{type(exc).__name__}: {first[:300]}"
         shipped = f"not loaded: {error}" if ops else "not shipped in this wheel"
         return {**out, "cuda_ops": shipped, "copy_path": "fallback", "ops_source": None, "ops_import_error": error}
-    # A kit build is an unpacked source tree beside the kit's manifest (repro.lmcache_ops.MANIFEST_NAME).
+    # A kit build is an unpacked source tree beside the kit's manifest (repro.lmcache.ops.MANIFEST_NAME).
     tree = os.path.dirname(os.path.dirname(os.path.abspath(module.__file__ or folder)))
     build_dir = os.path.dirname(tree)
     kit = os.path.isfile(os.path.join(build_dir, "kvkit-lmcache-ops.json"))
@@ -310,7 +310,7 @@ def _engine_kwargs(job: Job) -> dict:
         # The whole prompt is prefilled in one step: connectors such as ExampleConnector store
         # only on a request's first scheduling step.
         "max_num_batched_tokens": e.max_num_batched_tokens or max(e.max_model_len, 2048),
-        # one request at a time, but for a scenario's requests in flight together (repro.scenarios)
+        # one request at a time, but for a scenario's requests in flight together (repro.run.scenarios)
         "max_num_seqs": e.max_num_seqs or 1,
         "enable_prefix_caching": arm.mode == "native",
         "disable_log_stats": False,

@@ -11,7 +11,7 @@ and run-queue wait (/proc/<pid>/schedstat). `state` is "starting" until every wo
 Why: a copy that must finish within a window (the planted fault's `when: contended` gate stands for
 one) misses it only when another runnable process holds its core; whether other arms happen to do so
 depends on the machine. This process is that other process, on every core, run beside the reuse
-arms by repro.cpu_load (the parent side) and stopped before any confirmation re-run alone.
+arms by repro.run.cpu_load (the parent side) and stopped before any confirmation re-run alone.
 
 It must stop at once and leave nothing: the workers are in its process group (the kit's SIGTERM and
 SIGKILL reach them), it reaps them before it exits, and a worker whose parent is gone (kill -9 of
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from repro.engine.gpu_load import status_document, utc_now, write_status
 
-# The status file the parent (repro.cpu_load) polls; it checks kind and version (keep them equal there).
+# The status file the parent (repro.run.cpu_load) polls; it checks kind and version (keep them equal there).
 # Version 1: state, pid, started_utc, last_utc, error (if any),
 # workers[{worker, core, pid, affinity, nice, iterations, cpu_s, wait_s, returncode}].
 STATUS_KIND = "kvkit-cpu-load-status"

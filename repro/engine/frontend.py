@@ -7,7 +7,7 @@ the same TokensPrompt, rendered by vLLM's renderer with its default tokenization
 server render it, the same SamplingParams (greedy, FINAL_ONLY outputs) and the same request IDs ("0",
 "1", ... in submission order, as LLM numbers them), so a RequestOutput is the same record either way.
 
-The parent says which by FRONTEND_ENV (repro.cli.FRONTEND_ENV, pinned equal by a test: the child never
+The parent says which by FRONTEND_ENV (repro.plan.options.FRONTEND_ENV, pinned equal by a test: the child never
 imports the parent's side). This module imports vLLM only inside functions: reading the constants
 needs no engine.
 """

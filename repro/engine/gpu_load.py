@@ -9,7 +9,7 @@ after, and "stopped" (clean SIGTERM) or "failed" (a device raised; exit 1) at th
 
 Why: a connector whose copies are not ordered on the right CUDA stream can read KV before it is
 written; on an idle GPU the copy usually wins the race anyway, so such a bug shows only under load
-(issue 18). This process is the load, run beside the reuse arms by repro.gpu_load (the parent side).
+(issue 18). This process is the load, run beside the reuse arms by repro.run.gpu_load (the parent side).
 
 It must never starve the arms: its memory is capped (MAX_BYTES per device, n halved until the
 matrices fit), and it must stop at once: the threads check a flag between products and synchronize
@@ -33,9 +33,9 @@ import traceback
 from dataclasses import dataclass
 
 from repro import __version__
-from repro.atomic import write_bytes_atomic
+from repro.record.atomic import write_bytes_atomic
 
-# The status file the parent (repro.gpu_load) polls; it checks kind and version (keep them equal there).
+# The status file the parent (repro.run.gpu_load) polls; it checks kind and version (keep them equal there).
 # Version 1: state, pid, started_utc, last_utc, error (if any),
 # devices[{device, name, n, dtype, streams, iterations, tflops, reserved_bytes}].
 STATUS_KIND = "kvkit-gpu-load-status"

@@ -6,7 +6,7 @@ arm's reused or computed blocks), one layer of one request at a time, and writes
 cell: bit-identical or not, max |difference| and ||difference|| / ||reference|| (in float32). For a
 cell that is not identical it names what the loaded bytes equal when they equal something known:
 another block of the same prompt, a block of another probe's prompt (same layer), the other plane,
-or zeros. It decides nothing: classes and verdicts are the parent's (repro.kvaudit, repro.verdict).
+or zeros. It decides nothing: classes and verdicts are the parent's (repro.judge.kvaudit, repro.judge.verdict).
 
 JOB: {"reference": {"dir": D, "probes": {probe: seq}},
       "arms": [{"name": A, "dir": D, "requests": [{"probe": P, "index": i, "seq": s, "kind": "reused"|"computed",
@@ -25,7 +25,7 @@ import sys
 
 import torch
 
-from repro.atomic import dumps_json, write_bytes_atomic
+from repro.record.atomic import dumps_json, write_bytes_atomic
 
 PLANES = ("K", "V")
 

@@ -5,7 +5,7 @@ self-test prompts greedily with caching off (float32) and prints one JSON line: 
 relative top-1/top-2 logit gap. `python -m repro.engine.margins steps MODEL FIXTURE DTYPE` decodes
 the fixture's probes (and the acceptance suite's boundary probes) on MODEL with caching off and
 prints every step's token and top two raw logits, one JSON line after STEPS_MARK. The parent half
-(repro.margins) runs one such child per seed or per kernel variant.
+(repro.measure.margins) runs one such child per seed or per kernel variant.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-STEPS_MARK = "kvkit-steps "  # repro.margins reads the line that starts with it
+STEPS_MARK = "kvkit-steps "  # repro.measure.margins reads the line that starts with it
 MAX_TOKENS = 16  # the verifier's default window
 
 
@@ -42,8 +42,8 @@ def measure_seed(seed: int, fixture: str) -> dict:
     from vllm import SamplingParams, TokensPrompt
 
     from repro.engine.child import build_chat_prompt
-    from repro.suite import BOUNDARY_LENGTHS, boundary_probe
-    from repro.tinymodel import make_tiny_model
+    from repro.models.tiny import make_tiny_model
+    from repro.plan.suite import BOUNDARY_LENGTHS, boundary_probe
 
     model = Path(tempfile.mkdtemp(prefix=f"kvkit-margins-{seed}-"))
     make_tiny_model(model, seed=seed)
@@ -74,8 +74,8 @@ def measure_steps(model: str, fixture: str, dtype: str) -> dict:
     from vllm import SamplingParams, TokensPrompt
 
     from repro.engine.child import build_chat_prompt
-    from repro.fixtures import load_fixture
-    from repro.suite import build_probes
+    from repro.plan.fixtures import load_fixture
+    from repro.plan.suite import build_probes
 
     tok = AutoTokenizer.from_pretrained(model)
     llm = _baseline_llm(model, dtype)

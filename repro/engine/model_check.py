@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from repro.atomic import dumps_json, write_bytes_atomic
+from repro.record.atomic import dumps_json, write_bytes_atomic
 
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 
@@ -26,7 +26,7 @@ def check_prompts(tokenizer, fixture: str | None) -> dict[str, list[int]]:
     """Token IDs of the check prompts, from the folder's tokenizer and chat template: a short question,
     the 512-token boundary probe, and the fixture's own chat probes."""
     from repro.engine.child import build_chat_prompt
-    from repro.suite import boundary_probe
+    from repro.plan.suite import boundary_probe
 
     text = tokenizer.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True)
     prompts = {"question": tokenizer.encode(text, add_special_tokens=False)}

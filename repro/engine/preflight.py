@@ -14,8 +14,8 @@ import importlib
 import os
 
 from repro.contract import Preflight
-from repro.provenance import package_version
-from repro.verdict import batch_invariant_device_problem
+from repro.judge.verdict import batch_invariant_device_problem
+from repro.record.provenance import package_version
 
 BATCH_INVARIANT_ENV = "VLLM_BATCH_INVARIANT"  # what --batch-invariant sets for every child (repro.verify)
 

@@ -11,12 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from repro.atomic import write_bytes_atomic
 from repro.errors import UsageError
 from repro.kit import archive_name
 from repro.kit.evidence import DEFAULT_REPORTS, ChosenReport, LeftOut, evidence_files, gather_reports
 from repro.kit.git import committed_files, dirty_paths, head_commit, read_blob
 from repro.kit.readme import render_readme
+from repro.record.atomic import write_bytes_atomic
 
 MAX_KIT_BYTES = 1_000_000
 SIZE_PARTS_SHOWN = 6  # the largest parts named in the size line and in the too-big error

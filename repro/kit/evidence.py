@@ -12,7 +12,7 @@ from repro.errors import UsageError
 from repro.kit import EVIDENCE
 from repro.kit.git import committed_files, read_blob
 from repro.paths import RAW_DIR
-from repro.report import REPORT_KIND
+from repro.record.report import REPORT_KIND
 
 # What a kit carries unless told otherwise, in the order its README shows them: the evidence behind the finding
 # it is attached for (LMCacheConnectorV1 serving wrong KV), and nothing else. A maintainer on an upstream issue asks

@@ -92,7 +92,7 @@ def claim_cores(n: int | None) -> Iterator[list[int]]:
     """Up to n cores of this process's affinity set that no other cell on this host holds, held while
     the block runs: a lock file per core (flock, which the kernel drops when its holder dies, kill -9
     included). Ray counts a CPU cell's CPUs but pins nothing, and every verifier binds its arms to the
-    cores it may use (repro.devices.usable_cores): cells at once on one host would all use the first
+    cores it may use (repro.plan.devices.usable_cores): cells at once on one host would all use the first
     ones. Empty when n is None (not pinned), or when every core is held (then it runs unpinned)."""
     held: list[tuple[int, int]] = []
     try:

@@ -1,5 +1,5 @@
 """`python -m repro matrix FILE`: plan the cells (--resume keeps the done ones), run them on Ray, write
-the summary (repro.atomic) and the page; cell report pages come from repro.publish.site."""
+the summary (repro.record.atomic) and the page; cell report pages come from repro.publish.site."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from repro import __version__
-from repro.atomic import write_bytes_atomic, write_json_atomic
-from repro.cli import engine_python_problem
 from repro.commands import ArgumentParser
 from repro.errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
 from repro.matrix import status
@@ -21,8 +19,10 @@ from repro.matrix.cell import CellJob, CellOutcome
 from repro.matrix.page import render_matrix_page
 from repro.matrix.spec import Cell, Matrix, load_matrix
 from repro.paths import KIT_ROOT
-from repro.provenance import sha256_file, utc_now
-from repro.report import load_report
+from repro.plan.options import engine_python_problem
+from repro.record.atomic import write_bytes_atomic, write_json_atomic
+from repro.record.provenance import sha256_file, utc_now
+from repro.record.report import load_report
 
 SITE_DIR = "site"  # the cell pages, under the matrix's reports folder
 

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from urllib.parse import quote
 
+from repro.judge.verdict import ERROR
+from repro.judge.wording import machine_path_name
 from repro.matrix import status
 from repro.publish.environment import make_environment
 from repro.publish.matrix_picture import build_picture
 from repro.publish.writeup import render_writeup
-from repro.verdict import ERROR
-from repro.wording import machine_path_name
 
 GENERATOR = "kvkit-matrix"  # not the site's mark: the site never prunes this page
 # The reference stack's vLLM (requirements/gpu-lmcache-*.txt pin it; a test holds them equal): a matrix

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from repro.errors import EXIT_INTERRUPTED, EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
+from repro.judge.wording import NOT_RECORDED
 from repro.matrix.cell import CellOutcome
 from repro.matrix.spec import Cell
 from repro.readmodel import ArmConditions, Report, Request
-from repro.report import exit_code
-from repro.wording import NOT_RECORDED
+from repro.record.report import exit_code
 
 MATRIX_KIND = "kvkit-matrix"
 # 1: cells (status, error, exit code, report and page links, versions, per-arm per-probe verdicts with
@@ -149,7 +149,7 @@ SERVER_CONNECTORS = ("LMCacheMPConnector",)
 
 
 def copy_paths(arm: dict) -> list[dict]:
-    """Each LMCache process's copy path (repro.lmcache_signals.copy_paths). A report made before they were
+    """Each LMCache process's copy path (repro.lmcache.signals.copy_paths). A report made before they were
     recorded has the engine's in its older `lmcache.cuda_ops` signal (read from the same fallback warning
     of LMCache in the arm's log): the engine's path from it, an MP arm's server as not recorded. [] for an
     arm without LMCache."""

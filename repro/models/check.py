@@ -26,7 +26,7 @@ STEP_TIMEOUT_S = 900
 
 def run_step(step: str, folder: Path, gguf: Path, fixture: str | None, work: Path) -> dict:
     """One engine child; its JSON result, or {"error": "<one line>"} with its log's last line."""
-    from repro.runner import child_env, run_child
+    from repro.run.runner import child_env, run_child
 
     out, log = work / f"{step}.json", work / f"{step}.log"
     argv = [sys.executable, "-m", "repro.engine.model_check", step, str(folder), str(gguf), str(out)]
@@ -103,8 +103,8 @@ def resolve(folder: Path, gguf: str | None) -> Path:
 
 def main(argv: list[str]) -> int:
     """`python -m repro check-model DIR`: check a converted folder against independent readings of its GGUF."""
-    from repro.atomic import dumps_json
     from repro.commands import ArgumentParser
+    from repro.record.atomic import dumps_json
 
     p = ArgumentParser(prog="python -m repro check-model", description=main.__doc__)
     p.add_argument("folder", help="a folder convert-model wrote")
@@ -127,7 +127,7 @@ def main(argv: list[str]) -> int:
     summary = summarize(results)
     text = dumps_json(summary)
     if args.json:
-        from repro.atomic import write_bytes_atomic
+        from repro.record.atomic import write_bytes_atomic
 
         write_bytes_atomic(args.json, text.encode("utf-8"))
     print(text, end="")

@@ -21,7 +21,7 @@ from repro.errors import UsageError
 from repro.models.gguf import GGUFError, GGUFFile, read_gguf
 from repro.models.registry import DEFAULT_DTYPE, DTYPES, SOURCE_FILE, PackagedModel, packaged_model
 from repro.models.tokenizer import tokenizer_files
-from repro.provenance import sha256_file
+from repro.record.provenance import sha256_file
 
 SOURCE_KIND = "kvkit-model-source"
 # Version 1: name, title, package {name, version, wheel_sha256} or null, gguf {file, sha256, tensor_types},
@@ -256,7 +256,7 @@ def _swap_in(tmp: Path, dest: Path) -> None:
 
 def is_current(dest: Path, gguf_sha256: str, dtype: str) -> bool:
     """A folder this converter already made from the same GGUF and dtype, unchanged since."""
-    from repro.tinymodel import digest_dir
+    from repro.models.tiny import digest_dir
 
     try:
         source = json.loads((dest / SOURCE_FILE).read_text(encoding="utf-8"))
@@ -273,7 +273,7 @@ def is_current(dest: Path, gguf_sha256: str, dtype: str) -> bool:
 
 def convert(model: PackagedModel, gguf_path: Path, package: dict | None, dest: Path, dtype: str) -> dict:
     """Convert the GGUF into dest (replacing an older conversion) and say what was done."""
-    from repro.tinymodel import digest_dir
+    from repro.models.tiny import digest_dir
 
     parent = _writable_parent(dest)
     started = time.monotonic()

@@ -12,7 +12,7 @@ from repro.paths import KIT_ROOT
 
 MODELS_DIR = KIT_ROOT / ".cache" / "models"  # git-ignored: weights are never committed
 # In every converted folder: where its weights came from (package, version, the GGUF's SHA-256, what they
-# were dequantized from). repro.models.convert writes it; repro.provenance copies it into every report.
+# were dequantized from). repro.models.convert writes it; repro.record.provenance copies it into every report.
 SOURCE_FILE = "kvkit-model.json"
 DTYPES = {"float16": "f16", "bfloat16": "bf16"}
 DEFAULT_DTYPE = "float16"

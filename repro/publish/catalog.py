@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from repro.verdict import CORRUPT
+from repro.judge.verdict import CORRUPT
 
 MATRIX_KIND = "kvkit-matrix"  # repro.matrix.status.MATRIX_KIND
 CELLS_DIR = "site"  # repro.matrix.commands.SITE_DIR: a matrix's cell pages, beside its summary

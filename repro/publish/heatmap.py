@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from repro.judge.verdict import CELL_CORRUPT, CELL_EXACT, CELL_NUMERIC
+from repro.judge.wording import blocks_text, number, spans
 from repro.readmodel import Request, floor_rel_text
-from repro.verdict import CELL_CORRUPT, CELL_EXACT, CELL_NUMERIC
-from repro.wording import blocks_text, number, spans
 
 LOG_MIN, LOG_MAX = -8, 0  # 1e-8 .. 1: the float32 floor sits near the left, a zeroed block (rel 1) at the right
 EXACT_FILL = "#d5d9df"

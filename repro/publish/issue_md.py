@@ -6,9 +6,10 @@ import re
 import shlex
 import sys
 
-from repro.atomic import write_bytes_atomic
 from repro.commands import ArgumentParser
 from repro.errors import EXIT_OK
+from repro.judge.verdict import ERROR, PASS
+from repro.judge.wording import NOT_RECORDED, blocks_text, number, span_text
 from repro.publish.markdown import format_tokens, margin_text, markdown_table
 from repro.publish.scenario_md import format_scenarios
 from repro.readmodel import (
@@ -21,9 +22,8 @@ from repro.readmodel import (
     as_report,
     read_report,
 )
-from repro.report import CLAIM_LINE
-from repro.verdict import ERROR, PASS
-from repro.wording import NOT_RECORDED, blocks_text, number, span_text
+from repro.record.atomic import write_bytes_atomic
+from repro.record.report import CLAIM_LINE
 
 GITHUB_BODY_LIMIT = 65_536  # characters GitHub accepts in an issue or comment body
 # Token lists are shortened step by step until the body fits; None shows them whole.
@@ -382,7 +382,7 @@ def format_maintainer_facts(report: Report) -> str:
 
 def format_diffs(report: Report | dict, token_limit: int | None) -> str:
     """Every reuse that differed: where, the logprob margins on both sides, both token lists, and
-    whose answer it replays (repro.replays) where the report says."""
+    whose answer it replays (repro.judge.replays) where the report says."""
     report = as_report(report)
     lines, replayed = [], False
     for arm in report.arms:

@@ -3,8 +3,8 @@ that shrinks to fit, and a divergence's logprob margins in words."""
 
 from __future__ import annotations
 
+from repro.judge.verdict import NEAR_TIE
 from repro.readmodel import margin_class
-from repro.verdict import NEAR_TIE
 
 MAX_CELL = 200
 

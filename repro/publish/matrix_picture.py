@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from repro.judge.verdict import CORRUPT, ERROR, EXACT, FAIL, INCONCLUSIVE, NUMERIC, PASS, SKIPPED, UNAVAILABLE
 from repro.publish.heatmap import Label  # an SVG text label, as the KV heatmap draws them
-from repro.verdict import CORRUPT, ERROR, EXACT, FAIL, INCONCLUSIVE, NUMERIC, PASS, SKIPPED, UNAVAILABLE
 
 SQUARE, GAP, GROUP_GAP, ROW_GAP = 16, 3, 16, 4
 TOP = 22  # room for the probe names

@@ -4,10 +4,10 @@ control, both token lists and, with trials, in how many it recurred), then why a
 
 from __future__ import annotations
 
+from repro.judge.verdict import PASS
+from repro.judge.wording import NOT_RECORDED
 from repro.publish.markdown import format_tokens, margin_text, markdown_table
 from repro.readmodel import Report, Scenario, ScenarioArm, StepRequest
-from repro.verdict import PASS
-from repro.wording import NOT_RECORDED
 
 SCENARIO_HEADER = ("scenario", "arm", "verdict", "KV", "preemptions", "requests not PASS")
 SCENARIO_LEGEND = (

@@ -14,7 +14,6 @@ from urllib.parse import quote
 import jinja2
 from markupsafe import Markup
 
-from repro.atomic import write_bytes_atomic
 from repro.commands import ArgumentParser
 from repro.errors import EXIT_OK, UsageError
 from repro.paths import RAW_DIR
@@ -23,7 +22,8 @@ from repro.publish.environment import make_environment
 from repro.publish.site_model import build_index_row, build_report_page
 from repro.publish.writeup import render_writeup
 from repro.readmodel import Report, read_report
-from repro.report import REPORT_KIND
+from repro.record.atomic import write_bytes_atomic
+from repro.record.report import REPORT_KIND
 
 GENERATOR = "kvkit-site"  # marks pages this module wrote; only those are ever pruned
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from repro.judge.verdict import PASS
+from repro.judge.wording import flatten, machine_path_name, number, show
 from repro.publish.heatmap import Heatmap, Legend, build_heatmap, build_legend
 from repro.readmodel import (
     DIVERGENCE_LEGEND,
@@ -24,8 +26,6 @@ from repro.readmodel import (
     as_report,
     margin_class,
 )
-from repro.verdict import PASS
-from repro.wording import flatten, machine_path_name, number, show
 
 TOKENS_PER_ROW = 16  # token-ID grid width: wide enough for the usual 16-token window, narrow enough for a phone
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -73,7 +73,7 @@ class ArmBlock:
 class TokenCell:
     text: str
     css: str  # "" same as baseline, "diff" differs, "first" the recorded first difference, "gap" absent;
-    # "diff replay" / "first replay": inside a run the reuse replays from another answer (repro.replays)
+    # "diff replay" / "first replay": inside a run the reuse replays from another answer (repro.judge.replays)
 
 
 @dataclass(frozen=True)

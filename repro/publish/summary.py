@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from repro.judge.verdict import ERROR, PASS, SKIPPED
 from repro.readmodel import Arm, Probe, Report, Scenario, as_report
-from repro.report import CLAIM_LINE
-from repro.verdict import ERROR, PASS, SKIPPED
+from repro.record.report import CLAIM_LINE
 
 VERDICT_COLUMN = 20  # the summary's token-verdict column before the KV column, at least
 

@@ -1,7 +1,7 @@
 """The read model: a report of any version this kit reads, loaded once into frozen records (report,
 arm, probe, request, KV audit, divergence, replay, conditions, scenario) whose derived facts are properties.
 The text summary, the site, the issue Markdown, the matrix page and bench-figures read only these;
-the report JSON on disk stays the contract (repro.report writes and strictly loads it)."""
+the report JSON on disk stays the contract (repro.record.report writes and strictly loads it)."""
 
 from __future__ import annotations
 
@@ -60,8 +60,8 @@ __all__ = [
 
 
 def read_report(path: str | Path) -> Report:
-    """The report at path, strictly loaded (kind and version, repro.report.load_report), as records."""
-    from repro.report import load_report  # the writer's module; it never imports the read model
+    """The report at path, strictly loaded (kind and version, repro.record.report.load_report), as records."""
+    from repro.record.report import load_report  # the writer's module; it never imports the read model
 
     return Report.from_json(load_report(path))
 

@@ -8,9 +8,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from repro.readmodel.conditions import ArmConditions, ConditionMark
-from repro.readmodel.probes import Probe
-from repro.verdict import (
+from repro.judge.verdict import (
     CORRUPT,
     DECISIVE,
     EXACT,
@@ -22,7 +20,9 @@ from repro.verdict import (
     DivergenceTally,
     tally_divergences,
 )
-from repro.wording import number
+from repro.judge.wording import number
+from repro.readmodel.conditions import ArmConditions, ConditionMark
+from repro.readmodel.probes import Probe
 
 # The order a tally lists KV verdicts in: findings first.
 KV_TALLY_ORDER = (CORRUPT, UNAVAILABLE, NUMERIC, EXACT)

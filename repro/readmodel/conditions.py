@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from repro.verdict import CORRUPT, ERROR, FAIL
-from repro.wording import NOT_RECORDED, seconds, show
+from repro.judge.verdict import CORRUPT, ERROR, FAIL
+from repro.judge.wording import NOT_RECORDED, seconds, show
 
-# The classes the report's trials and confirmation carry (schemas/report.schema.json, repro.trials).
+# The classes the report's trials and confirmation carry (schemas/report.schema.json, repro.judge.trials).
 EVERY_TRIAL, INTERMITTENT, CLEAN_RATE = "every trial", "intermittent", "none"
 DETERMINISTIC, CONTENTION_DEPENDENT = "deterministic", "contention-dependent"
 REPRODUCED_VARYING, NOT_REPRODUCED, UNCONFIRMED = "reproduced, varying", "not reproduced", "unconfirmed"
@@ -23,7 +23,7 @@ CONFIRMATION_MEANING = {
     UNCONFIRMED: "the re-run alone decided nothing",
 }
 SHARER_NOUNS = {"arm": ("arm", "arms"), "lmcache-server": ("MP server", "MP servers")}
-LOAD_KINDS = ("gpu-load", "cpu-load")  # the load neighbours (repro.sharing): one each, "the gpu-load"
+LOAD_KINDS = ("gpu-load", "cpu-load")  # the load neighbours (repro.run.sharing): one each, "the gpu-load"
 ARM_CONDITION_KEYS = ("gpu", "sharing", "copy_paths", "trials", "confirmation")
 
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from repro.judge.verdict import CORRUPT, FAIL, UNAVAILABLE
+from repro.judge.wording import blocks_text, shorten, span_text
 from repro.readmodel.requests import Divergence, Request
-from repro.verdict import CORRUPT, FAIL, UNAVAILABLE
-from repro.wording import blocks_text, shorten, span_text
 
 KV_REASON_CHARS = 60  # an UNAVAILABLE reason in a table cell; the whole reason is in the probe's details
 

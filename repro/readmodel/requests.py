@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from repro.compare import NEAR_TIE_NATS
-from repro.kvaudit import MATCHES_KEPT
-from repro.replays import BASELINE as REPLAY_BASELINE
-from repro.replays import MIN_REPLAY_TOKENS
-from repro.verdict import CELL_CORRUPT, UNCLASSED, classify_divergence
-from repro.wording import class_text, spans
+from repro.judge.compare import NEAR_TIE_NATS
+from repro.judge.kvaudit import MATCHES_KEPT
+from repro.judge.replays import BASELINE as REPLAY_BASELINE
+from repro.judge.replays import MIN_REPLAY_TOKENS
+from repro.judge.verdict import CELL_CORRUPT, UNCLASSED, classify_divergence
+from repro.judge.wording import class_text, spans
 
 _AUDIT_SOURCE = re.compile(r"^probe (.+) block \d+$")
 
@@ -23,7 +23,7 @@ def _mapping(value: object) -> Mapping[str, Any] | None:
 
 
 def margin_class(margin: object) -> str:
-    """The class a recorded margin gives its divergence (repro.verdict.classify_divergence)."""
+    """The class a recorded margin gives its divergence (repro.judge.verdict.classify_divergence)."""
     if not isinstance(margin, Mapping):
         return UNCLASSED
     return classify_divergence(margin.get("baseline_top_gap"), margin.get("near_tie"))
@@ -45,9 +45,9 @@ class Divergence:
 
 @dataclass(frozen=True)
 class Replay:
-    """A run of a divergent reuse's tokens that is another probe's answer, or an earlier request's (repro.replays)."""
+    """A run of a divergent reuse's tokens that is another probe's answer, or an earlier request's (repro.judge.replays)."""
 
-    request: object  # repro.replays.BASELINE, "cold" or "reuse N"
+    request: object  # repro.judge.replays.BASELINE, "cold" or "reuse N"
     probe: object
     start: object
     tokens: object
@@ -120,7 +120,7 @@ class RequestAudit:
     @property
     def sources_complete(self) -> bool:
         """Audited, and every cell whose bytes the audit matched is in the report (it keeps the first
-        repro.kvaudit.MATCHES_KEPT, layer 0 first: a long prompt's deeper layers may be cut)."""
+        repro.judge.kvaudit.MATCHES_KEPT, layer 0 first: a long prompt's deeper layers may be cut)."""
         return self.audited and len(self.matches) < MATCHES_KEPT
 
     @cached_property

@@ -10,12 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from repro.judge.verdict import CORRUPT, ERROR, FAIL, PASS
+from repro.judge.wording import NOT_RECORDED, seconds
 from repro.readmodel.arms import floor_rel_text
 from repro.readmodel.conditions import ArmConditions
 from repro.readmodel.probes import KVCells, ProbeKV
 from repro.readmodel.requests import Divergence, Request
-from repro.verdict import CORRUPT, ERROR, FAIL, PASS
-from repro.wording import NOT_RECORDED, seconds
 
 # What a step's expect means, as a reader needs it (the producer's words are "miss", "reuse" or null).
 EXPECT_TEXT = {"miss": "must miss", "reuse": "must reuse", None: "hit or miss"}
@@ -305,7 +305,7 @@ class RequestRate(_Placed):
 @dataclass(frozen=True)
 class ScenarioTrials:
     """A (scenario, arm)'s trials (--trials N > 1): every run reduced to its verdicts, and the rates of the
-    requests that were not a PASS in some trial (repro.trials.scenario_trial_rates)."""
+    requests that were not a PASS in some trial (repro.judge.trials.scenario_trial_rates)."""
 
     data: Mapping[str, Any] = field(repr=False)
     rates: tuple[RequestRate, ...]
@@ -478,7 +478,7 @@ class StepRequest(KVCells, _Placed, _Judged, Request):
 
         From the token IDs of both where the report has them. The report's own `control_matches` says
         something else: whether the control gave the plain baseline's tokens at this request (what
-        repro.verdict decides with); it is used only where a request's or the control's tokens are missing."""
+        repro.judge.verdict decides with); it is used only where a request's or the control's tokens are missing."""
         control = self.control
         mine = self.data.get("token_ids")
         if control is not None and control.token_ids is not None and isinstance(mine, list):

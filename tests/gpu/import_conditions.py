@@ -5,7 +5,7 @@
 RAW_DIR holds NAME.json and NAME.logs.tar.xz as the driver wrote them. Two things change, and the
 report says so in `diagnostics.imported`: (1) the file is renamed, so every path into its logs
 folder is rewritten to the new stem (nothing else in a string is touched); (2) a confirmation that
-ran is re-classed from the runs the report keeps, with repro.trials as it is now, where the kit that
+ran is re-classed from the runs the report keeps, with repro.judge.trials as it is now, where the kit that
 made the report predates a class (it named "not reproduced" what is now "reproduced, varying": a
 probe wrong again alone with other first diffs or KV blame). The measured runs are not changed.
 """
@@ -21,8 +21,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from repro import atomic, trials
-from repro.report import validate_report
+from repro.judge import trials
+from repro.record import atomic
+from repro.record.report import validate_report
 
 PREFIX = "h200-conditions-"
 

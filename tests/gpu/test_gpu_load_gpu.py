@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from kvkit_testutil import ROOT  # noqa: F401 (puts the kit on sys.path)
 
-from repro.devices import visible_gpus
 from repro.engine.gpu_load import MAX_BYTES
-from repro.gpu_load import load_log_path, neighbour
-from repro.runner import child_env
+from repro.plan.devices import visible_gpus
+from repro.run.gpu_load import load_log_path, neighbour
+from repro.run.runner import child_env
 
 
 def _skip_reason() -> str | None:

@@ -48,7 +48,7 @@ COMMON = [
 
 @pytest.fixture(scope="module")
 def tiny_model_fp16() -> str:
-    from repro.tinymodel import FP16_MODEL_SEED, make_tiny_model
+    from repro.models.tiny import FP16_MODEL_SEED, make_tiny_model
 
     path = ROOT / ".cache" / "models" / f"kvkit-tiny-qwen3-seed{FP16_MODEL_SEED}"
     make_tiny_model(path, seed=FP16_MODEL_SEED)

@@ -1,12 +1,12 @@
 """LMCacheMPConnector on a real GPU: the LMCache MP server the kit starts for the arm never outlives
 the run, whether the kit is killed with SIGKILL mid-arm (its lifeline stops the server's process
-group and the engines', repro.lifeline) or interrupted with Ctrl-C (it stops them itself and exits
+group and the engines', repro.run.lifeline) or interrupted with Ctrl-C (it stops them itself and exits
 130 with no report, repro.verify._interrupted). The CPU versions, with stand-ins for vLLM and the
 server, are tests/test_lifeline_e2e.py, tests/test_cli_failures.py and tests/test_lmcache_mp_arm.py.
 
 Each test runs the kit once with two arms, baseline and LMCacheMPConnector, and strikes when the MP
 arm's engine core is up: by then the server has answered its health check (the kit starts the arm's
-engine only after that, repro.lmcache_mp.mp_server). KVKIT_GPU_MODEL, if set, is the float16 tiny
+engine only after that, repro.lmcache.mp.mp_server). KVKIT_GPU_MODEL, if set, is the float16 tiny
 model to use (else it is built under .cache/models)."""
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import NamedTuple
 import pytest
 from kvkit_testutil import ROOT
 
-from repro import lifeline
-from repro.cli import DEFAULT_ENGINE_MODULE
 from repro.errors import EXIT_INTERRUPTED
-from repro.lmcache_mp import CONNECTOR, SERVER_MODULE, server_log_path
+from repro.lmcache.mp import CONNECTOR, SERVER_MODULE, server_log_path
+from repro.plan.options import DEFAULT_ENGINE_MODULE
+from repro.run import lifeline
 
 
 def _skip_reason() -> str | None:
@@ -89,7 +89,7 @@ def tiny_model_fp16() -> str:
     given = os.environ.get("KVKIT_GPU_MODEL")
     if given:
         return str(Path(given).resolve())
-    from repro.tinymodel import FP16_MODEL_SEED, make_tiny_model
+    from repro.models.tiny import FP16_MODEL_SEED, make_tiny_model
 
     path = ROOT / ".cache" / "models" / f"kvkit-tiny-qwen3-seed{FP16_MODEL_SEED}"
     make_tiny_model(path, seed=FP16_MODEL_SEED)
@@ -316,7 +316,7 @@ def check_kill_9(run: KitRun) -> None:
         left = wait_all_gone(run)
         assert not left, f"still alive {CLEANUP_S:g} s after kill -9 of the kit: {left}\n{run.tails()}"
         # the server's group and the MP engine's were stopped by their lifelines, not found gone by
-        # luck: each watcher says so in its group's log before it signals (repro.lifeline.watch)
+        # luck: each watcher says so in its group's log before it signals (repro.run.lifeline.watch)
         for log, leader in (
             (server_log_path(run.workdir, CONNECTOR), run.server),
             (run.workdir / f"{CONNECTOR}.log", run.engine),
@@ -332,7 +332,7 @@ def check_kill_9(run: KitRun) -> None:
 def check_sigint(run: KitRun) -> None:
     """Ctrl-C mid-arm: the kit stops every child's group and every server's (run_arms, stop_all_children
     and lmcache_mp.stop_all_servers), removes its work dir, writes no report and exits 130
-    (repro.verify._interrupted returns repro.errors.EXIT_INTERRUPTED; repro/cli.py's exit codes)."""
+    (repro.verify._interrupted returns repro.errors.EXIT_INTERRUPTED; repro/plan/options.py's exit codes)."""
     try:
         wait_mid_mp_arm(run)
         # to the kit alone, as a terminal's Ctrl-C reaches it: its children are in sessions of their own

@@ -1,6 +1,6 @@
 """--lmcache-ops fallback: block LMCache's compiled ops in every process of the arm, so LMCache runs its torch fallback.
 
-This folder goes first on the arm's PYTHONPATH (repro.lmcache_ops.resolve); Python's `site` then
+This folder goes first on the arm's PYTHONPATH (repro.lmcache.ops.resolve); Python's `site` then
 runs this file at start-up in the engine child, its workers and the LMCache MP server alike. LMCache
 0.5.4 imports its compiled ops in one place per device, `lmcache.cuda_ops` for CUDA and ROCm
 (`v1/platform/cuda/device_ops.py:32`) and `lmcache.xpu_ops` for XPU (`v1/platform/xpu/device_ops.py:32`),

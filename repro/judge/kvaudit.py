@@ -1,0 +1,317 @@
+"""The KV audit, parent side: which requests to compare, and what the figures mean for the report.
+
+The engine side records (repro.engine.kvaudit) and compares (repro.engine.kvcompare); this module
+builds the comparison's job from the arms' results, runs it as a child, and turns its raw figures
+into the report's fields: per reuse request a class per block x layer x K/V plane
+(repro.judge.verdict.classify_kv_cell against the arm's measured floor), per probe a KV verdict
+(repro.judge.verdict.decide_kv_probe) with the blamed blocks, layers and planes. The floor of an arm is
+the largest relative error of its own cold prefills' KV against the baseline's: how far the same
+computation drifted between two processes, measured in this run, never a constant.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from repro.contract import ArmResult
+from repro.judge.verdict import (
+    CELL_CORRUPT,
+    CELL_EXACT,
+    CELL_NUMERIC,
+    KVRequestAudit,
+    KVVerdict,
+    classify_kv_cell,
+    decide_kv_probe,
+    decide_kv_unavailable,
+)
+from repro.judge.wording import blocks_text, span_text
+
+PLANES = ("K", "V")
+COMPARE_MODULE = "repro.engine.kvcompare"
+# What a reuse's wrong bytes equal is kept for this many cells at most, in the comparison's order (layer 0
+# first): a long prompt's deeper layers may be left out (repro.readmodel.RequestAudit.sources_complete reads this).
+MATCHES_KEPT = 200
+
+
+def _record_ok(record: dict | None) -> str | None:
+    """Why a request's audit record cannot be compared (None: it can)."""
+    if record is None:
+        return "the audit recorded nothing for this request"
+    if record.get("unavailable"):
+        return str(record["unavailable"])
+    if record.get("seq") is None:
+        return "the audit recorded nothing for this request"
+    return None
+
+
+def compare_job(baseline: ArmResult, audited: dict[str, ArmResult]) -> dict:
+    """The job for repro.engine.kvcompare: the baseline's reference seq per probe and, per arm,
+    every request with a usable record (cold: its computed blocks; reuses: their reused blocks)."""
+    ref_dir = (baseline.kv_audit or {}).get("dir")
+    ref_probes = {}
+    for p in baseline.probes:
+        rec = p.requests[0].kv_audit_record if p.requests else None
+        if _record_ok(rec) is None and rec.get("computed_blocks", 0) > 0:
+            ref_probes[p.name] = rec["seq"]
+    arms = []
+    for name, res in audited.items():
+        reqs = []
+        for p in res.probes:
+            for i, r in enumerate(p.requests):
+                rec = r.kv_audit_record
+                if _record_ok(rec) is not None:
+                    continue
+                kind = "reused" if rec.get("reused_blocks", 0) > 0 else "computed"
+                if kind == "computed" and (i > 0 or rec.get("computed_blocks", 0) == 0):
+                    continue  # a reuse that reused nothing has nothing to audit; a cold one is the floor
+                reqs.append(
+                    {"probe": p.name, "index": i, "seq": rec["seq"], "kind": kind, "layers": len(rec["layers"])}
+                )
+        for prime in (res.kv_audit or {}).get("primes") or []:  # native-matched: part of the floor
+            rec = prime.get("record")
+            if _record_ok(rec) is None and rec.get("computed_blocks", 0) > 0:
+                index = f"prime{prime['reuse']}"
+                reqs.append(
+                    {
+                        "probe": prime["probe"],
+                        "index": index,
+                        "seq": rec["seq"],
+                        "kind": "computed",
+                        "layers": len(rec["layers"]),
+                    }
+                )
+        arms.append({"name": name, "dir": (res.kv_audit or {}).get("dir"), "requests": reqs})
+    return {"reference": {"dir": ref_dir, "probes": ref_probes}, "arms": arms}
+
+
+def run_compare(job: dict, work: Path, env: dict, python: str, timeout_s: float) -> tuple[dict | None, str | None]:
+    """Run the comparison child; (raw figures, None) or (None, why it failed)."""
+    from repro.run.runner import run_child  # the runner is parent machinery; imported where it is used
+
+    job_path, out_path, log_path = work / "kv-compare.job.json", work / "kv-compare.out.json", work / "kv-compare.log"
+    job_path.write_text(json.dumps(job), encoding="utf-8")
+    rc, timed_out, oom, _wall = run_child(
+        [python, "-m", COMPARE_MODULE, str(job_path), str(out_path)], log_path=log_path, env=env, timeout_s=timeout_s
+    )
+    tail = log_path.read_text(encoding="utf-8", errors="replace")[-600:] if log_path.exists() else ""
+    if timed_out:
+        return None, f"the KV comparison timed out after {timeout_s:.0f} s"
+    if oom:
+        return None, "the KV comparison was killed for memory"
+    if rc != 0 or not out_path.exists():
+        last = tail.strip().splitlines()[-1] if tail.strip() else "no output"
+        return None, f"the KV comparison exited {rc}: {last[:300]}"
+    try:
+        return json.loads(out_path.read_text(encoding="utf-8")), None
+    except ValueError as exc:
+        return None, f"the KV comparison's output is not JSON: {exc}"
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else float(f"{x:.4g}")
+
+
+def arm_floor(raw_arm: dict) -> dict:
+    """The arm's measured floor: its own prefills' KV against the baseline's, every cell: the cold
+    requests', and on native-matched the priming prefills' too (the KV its reuses then read, from a
+    prefill of another length than the baseline's)."""
+    rels, abss, cells, identical = [], [], 0, True
+    prefills = [v for per_req in raw_arm.values() for k, v in per_req.items() if k == "0" or k.startswith("prime")]
+    for cold in prefills:
+        if not cold or cold.get("error") or cold.get("kind") != "computed":
+            continue
+        for plane in PLANES:
+            pl = cold["planes"][plane]
+            for row_i, row_r, row_a in zip(pl["identical"], pl["rel"], pl["max_abs"]):
+                for same, rel, ab in zip(row_i, row_r, row_a):
+                    cells += 1
+                    identical = identical and same
+                    if not same:
+                        rels.append(float("inf") if rel is None else rel)
+                        abss.append(float("inf") if ab is None else ab)
+    if cells == 0:
+        return {"rel": None, "max_abs": None, "cells": 0, "identical": False}
+    worst_rel = max(rels, default=0.0)
+    worst_abs = max(abss, default=0.0)
+    return {  # unrounded: cells are classed against it (the report shows it rounded, _shown)
+        "rel": None if worst_rel == float("inf") else worst_rel,
+        "max_abs": None if worst_abs == float("inf") else worst_abs,
+        "cells": cells,
+        "identical": identical,
+    }
+
+
+def _shown(floor: dict) -> dict:
+    """The floor as the report shows it (4 significant digits); never what a cell is classed against."""
+    return {**floor, "rel": _round(floor["rel"]), "max_abs": _round(floor["max_abs"])}
+
+
+def _cold_entry(raw: dict) -> dict:
+    rel = [r for plane in PLANES for row in raw["planes"][plane]["rel"] for r in row]
+    ab = [a for plane in PLANES for row in raw["planes"][plane]["max_abs"] for a in row]
+    same = all(s for plane in PLANES for row in raw["planes"][plane]["identical"] for s in row)
+    return {
+        "status": "floor",
+        "reason": None,
+        "first_block": 0,
+        "num_blocks": raw["num_blocks"],
+        "layers": raw["layers"],
+        "max_rel": None if any(r is None for r in rel) else _round(max(rel, default=0.0)),
+        "max_abs": None if any(a is None for a in ab) else _round(max(ab, default=0.0)),
+        "identical": same,
+    }
+
+
+def _unavailable(reason: str) -> dict:
+    return {
+        "status": "unavailable",
+        "reason": reason,
+        "origin": None,
+        "first_block": 0,
+        "num_blocks": 0,
+        "layers": 0,
+        "planes": None,
+        "matches": [],
+        "counts": {"exact": 0, "numeric": 0, "corrupt": 0},
+    }
+
+
+def reuse_entry(raw: dict, record: dict, floor_rel: float | None) -> tuple[dict, KVRequestAudit]:
+    """One reuse request's report field and its audit for the verdict."""
+    planes, corrupt, counts = {}, [], {"exact": 0, "numeric": 0, "corrupt": 0}
+    for plane in PLANES:
+        pl = raw["planes"][plane]
+        classes = []
+        for li, (row_i, row_r) in enumerate(zip(pl["identical"], pl["rel"])):
+            row = "".join(classify_kv_cell(s, r, floor_rel) for s, r in zip(row_i, row_r))
+            classes.append(row)
+            for b, c in enumerate(row):
+                if c == CELL_CORRUPT:
+                    corrupt.append((b, li, plane))
+            counts["exact"] += row.count(CELL_EXACT)
+            counts["numeric"] += row.count(CELL_NUMERIC)
+            counts["corrupt"] += row.count(CELL_CORRUPT)
+        planes[plane] = {
+            "class": classes,
+            "rel": [[_round(r) for r in row] for row in pl["rel"]],
+            "max_abs": [[_round(a) for a in row] for row in pl["max_abs"]],
+        }
+    local_blocks = int(record.get("local_tokens", 0)) // max(1, int(record.get("block_size", 1)))
+    entry = {
+        "status": "audited",
+        "reason": None,
+        "origin": "local" if local_blocks >= raw["num_blocks"] and raw["num_blocks"] else "external",
+        "first_block": 0,
+        "num_blocks": raw["num_blocks"],
+        "layers": raw["layers"],
+        "planes": planes,
+        "matches": raw.get("matches", [])[:MATCHES_KEPT],
+        "counts": counts,
+    }
+    audit = KVRequestAudit(True, None, tuple(corrupt), counts["numeric"], counts["exact"])
+    return entry, audit
+
+
+def blame(v: KVVerdict, block_size: int) -> dict | None:
+    if not v.blocks:
+        return None
+    tokens = [min(v.blocks) * block_size, (max(v.blocks) + 1) * block_size]
+    planes = "+".join(v.planes)
+    text = f"{blocks_text(v.blocks, block_size)}, {planes}, layers {span_text(v.layers)}"
+    return {
+        "blocks": list(v.blocks),
+        "layers": list(v.layers),
+        "planes": list(v.planes),
+        "tokens": tokens,
+        "text": text,
+    }
+
+
+def _kv(v: KVVerdict, block_size: int) -> dict:
+    return {"verdict": v.verdict, "reasons": list(v.reasons), "blame": blame(v, block_size)}
+
+
+def annotate(
+    entries: list[dict], results: dict[str, ArmResult], raw: dict | None, problem: str | None, block_size: int
+) -> None:
+    """Fill the report's kv_audit / kv fields in place (entries as repro.verify.arm_entry made them)."""
+    for entry in entries:
+        res = results.get(entry["name"])
+        if res is None or res.kv_audit is None:
+            entry["kv_audit"] = None
+            for p in entry.get("probes", []):
+                p["kv"] = None
+                for r in p["requests"]:
+                    r["kv_audit"] = None
+            continue
+        records = [r.kv_audit_record for p in res.probes for r in p.requests if r.kv_audit_record]
+        first = next((r for r in records if r.get("layout") is not None), records[0] if records else {})
+        errors = res.kv_audit.get("errors") or []
+        info = {
+            "layout": first.get("layout"),
+            "kv_shape": first.get("kv_shape"),
+            "dtype": first.get("dtype"),
+            "layers": len(first.get("layers") or []) or None,
+        }
+        if entry["mode"] == "baseline":
+            reason = (
+                "; ".join(
+                    e.get("where", "?") + ": " + e.get("error", "").strip().splitlines()[-1][:200] for e in errors
+                )
+                or None
+            )
+            entry["kv_audit"] = {"status": "reference", "reason": reason, "floor": None, **info}
+            for p in entry["probes"]:
+                p["kv"] = None
+                for r in p["requests"]:
+                    r["kv_audit"] = None
+            continue
+        raw_arm = (raw or {}).get("arms", {}).get(entry["name"])
+        arm_problem = problem if raw_arm is None else None
+        if errors:
+            last = errors[0].get("error", "").strip().splitlines()
+            arm_problem = f"the audit failed in {errors[0].get('where', '?')}: {last[-1][:200] if last else '?'}"
+        floor = arm_floor(raw_arm or {})
+        entry["kv_audit"] = {
+            "status": "unavailable" if arm_problem else "ok",
+            "reason": arm_problem,
+            "floor": _shown(floor),
+            **info,
+        }
+        by_probe = {p.name: p for p in res.probes}
+        for p in entry.get("probes", []):
+            probe_res = by_probe.get(p["name"])
+            if probe_res is None:  # skipped
+                p["kv"] = None
+                for r in p["requests"]:
+                    r["kv_audit"] = None
+                continue
+            raw_probe = (raw_arm or {}).get(p["name"], {})
+            audits = []
+            for i, (r, rr) in enumerate(zip(p["requests"], probe_res.requests)):
+                rec = rr.kv_audit_record
+                got = raw_probe.get(str(i))
+                why = arm_problem or _record_ok(rec) or (got or {}).get("error")
+                if i == 0:
+                    r["kv_audit"] = _cold_entry(got) if got and not got.get("error") and not arm_problem else None
+                    continue
+                if why is None and got is None:
+                    if (rec or {}).get("reused_blocks", 0) == 0:
+                        entry_r, audit = _nothing_reused()
+                        r["kv_audit"] = entry_r
+                        audits.append(audit)
+                        continue
+                    why = "the comparison has no figures for this request"
+                if why is not None:
+                    r["kv_audit"] = _unavailable(why)
+                    audits.append(KVRequestAudit(False, why))
+                    continue
+                r["kv_audit"], audit = reuse_entry(got, rec, floor["rel"])
+                audits.append(audit)
+            v = decide_kv_unavailable(arm_problem) if arm_problem else decide_kv_probe(audits, floor["rel"])
+            p["kv"] = _kv(v, block_size)
+
+
+def _nothing_reused() -> tuple[dict, KVRequestAudit]:
+    return _unavailable("no full block was reused: nothing to audit"), KVRequestAudit(True, None)

@@ -1,0 +1,282 @@
+"""Repeated trials and the confirmation alone: a judged run reduced to its findings, rates per probe (per
+request for a scenario run), and the class of a finding (pure: judged report entries in, small dicts out).
+
+A finding is what a reuse arm's run says is wrong: a probe whose token verdict is FAIL (with the
+first diffs of its requests), or a probe whose KV verdict is CORRUPT. Two runs "find the same" when
+they fail the same probes at the same first diffs and blame KV on the same probes. A (scenario, arm)'s
+runs are compared request by request instead: a request is its step, its probe and which of that probe's
+requests in the step it is.
+"""
+
+from __future__ import annotations
+
+from repro.judge.verdict import CORRUPT, ERROR, FAIL, INCONCLUSIVE, PASS
+
+EVERY_TRIAL = "every trial"
+INTERMITTENT = "intermittent"
+NONE = "none"
+CONSISTENT, CLEAN = "consistent", "clean"
+
+DETERMINISTIC = "deterministic"
+CONTENTION_DEPENDENT = "contention-dependent"
+REPRODUCED_VARYING = "reproduced, varying"
+NOT_REPRODUCED = "not reproduced"
+UNCONFIRMED = "unconfirmed"
+# A run whose arm verdict is one of these decided nothing about the finding.
+UNDECIDED = (ERROR, INCONCLUSIVE)
+
+
+def run_summary(entry: dict, trial: int, shared: bool | None) -> dict:
+    """One run of an arm (a judged report entry) as the report's trials and confirmation keep it."""
+    probes = []
+    for p in entry.get("probes") or []:
+        if p.get("skipped"):
+            continue
+        reqs = p.get("requests") or []
+        kv = p.get("kv")
+        probes.append(
+            {
+                "name": p["name"],
+                "verdict": p.get("verdict"),
+                "first_diffs": [r.get("first_diff") for r in reqs],
+                "cached_tokens": [r.get("cached_tokens") for r in reqs],
+                "kv": kv.get("verdict") if isinstance(kv, dict) else None,
+            }
+        )
+    return {
+        "trial": trial,
+        "verdict": entry.get("verdict"),
+        "error": _error(entry),
+        "wall_s": (entry.get("timing") or {}).get("wall_s"),
+        "shared": shared,
+        "probes": probes,
+    }
+
+
+def _error(entry: dict) -> dict | None:
+    error = entry.get("error")
+    return None if not error else {"kind": error.get("kind"), "detail": error.get("detail")}
+
+
+def findings(run: dict) -> frozenset:
+    """The run's findings: ("tokens", probe, first diffs) and ("kv", probe) items."""
+    out = set()
+    for p in run["probes"]:
+        if p["verdict"] == FAIL:
+            out.add(("tokens", p["name"], tuple(p["first_diffs"])))
+        if p["kv"] == CORRUPT:
+            out.add(("kv", p["name"]))
+    return frozenset(out)
+
+
+def has_finding(run: dict) -> bool:
+    return bool(findings(run))
+
+
+def decided(run: dict) -> bool:
+    return run["verdict"] not in UNDECIDED
+
+
+def _probe_found(run: dict, name: str) -> tuple[bool, bool]:
+    p = next((p for p in run["probes"] if p["name"] == name), None)
+    return (p is not None and p["verdict"] == FAIL), (p is not None and p["kv"] == CORRUPT)
+
+
+def finished(run: dict) -> bool:
+    """A run that ended (any verdict but ERROR): a trial that crashed or timed out found nothing because it
+    did not finish, so it is set apart, never counted as a trial that did not find the finding."""
+    return run.get("verdict") != ERROR
+
+
+def trial_rates(runs: list[dict]) -> dict:
+    """The report's `trials` from every run of one arm (trial 1 is the arm's own run). Each rate counts its
+    finding over the runs that finished (`finished`; `of` is every run, `errors` those that ended in ERROR)."""
+    names = []
+    for run in runs:
+        names += [p["name"] for p in run["probes"] if p["name"] not in names]
+    done = [run for run in runs if finished(run)]
+    rates = []
+    for name in names:
+        hits = [_probe_found(run, name) for run in done]
+        failed = sum(1 for tokens, _ in hits if tokens)
+        corrupt = sum(1 for _, kv in hits if kv)
+        either = sum(1 for tokens, kv in hits if tokens or kv)
+        cls = _class(either, len(done))
+        rates.append(
+            {"probe": name, "failed": failed, "kv_corrupt": corrupt, "of": len(runs), "class": cls}
+            | ({"errors": len(runs) - len(done)} if len(done) < len(runs) else {})
+        )
+    return {"n": len(runs), "runs": runs, "rates": rates, "class": _overall(rates)}
+
+
+def _class(found_in: int, of: int) -> str:
+    """A finding's class from the number of finished runs that made it, of those that finished."""
+    return NONE if found_in == 0 else EVERY_TRIAL if found_in == of else INTERMITTENT
+
+
+def _overall(rates: list[dict]) -> str:
+    classes = {r["class"] for r in rates}
+    return INTERMITTENT if INTERMITTENT in classes else CONSISTENT if EVERY_TRIAL in classes else CLEAN
+
+
+# ---- scenario runs: every (scenario, arm) N times, compared request by request ------------------------
+
+
+def scenario_run_summary(entry: dict, trial: int, shared: bool | None) -> dict:
+    """One run of a (scenario, arm) (a judged scenario arm entry, repro.run.scenarios.judge_run) as its `trials`
+    keep it: the arm's verdicts, why, and the engine's preemption count; per request its step, probe,
+    verdict and why, first diff, hit counter, generated tokens, KV verdict and the blocks it blames. Enough
+    to explain a later trial without trial 1's full record (a preemption scenario's PASS needs its count)."""
+    kv = entry.get("kv")
+    requests = []
+    for r in entry.get("requests") or []:
+        rkv = r.get("kv")
+        blame = rkv.get("blame") if isinstance(rkv, dict) else None
+        requests.append(
+            {
+                "step": r.get("step"),
+                "probe": r.get("probe"),
+                "verdict": r.get("verdict"),
+                "first_diff": r.get("first_diff"),
+                "cached_tokens": r.get("cached_tokens"),
+                "kv": rkv.get("verdict") if isinstance(rkv, dict) else None,
+                "kv_blocks": blame.get("text") if isinstance(blame, dict) else None,
+                "reasons": list(r.get("reasons") or []),
+                "token_ids": r.get("token_ids"),
+            }
+        )
+    return {
+        "trial": trial,
+        "verdict": entry.get("verdict"),
+        "kv": kv.get("verdict") if isinstance(kv, dict) else None,
+        "error": _error(entry),
+        "wall_s": entry.get("wall_s"),
+        "shared": shared,
+        "reasons": list(entry.get("reasons") or []),
+        "preemptions": entry.get("preemptions"),
+        "requests": requests,
+    }
+
+
+def _keyed(run: dict) -> dict[tuple, dict]:
+    """A scenario run's requests by (step, probe, nth): the nth request of that probe in that step."""
+    out: dict[tuple, dict] = {}
+    for r in run["requests"]:
+        nth = sum(1 for step, probe, _ in out if (step, probe) == (r["step"], r["probe"]))
+        out[(r["step"], r["probe"], nth)] = r
+    return out
+
+
+def scenario_trial_rates(runs: list[dict]) -> dict:
+    """A (scenario, arm)'s `trials` from every run of it (trial 1 is its own run): per request that is not a
+    PASS (or whose KV is CORRUPT) in some trial, its verdict, first diff and KV verdict in each trial (null where that trial has no such request:
+    it failed), in how many it FAILed and had CORRUPT KV, and the class of that finding."""
+    keyed = [_keyed(run) for run in runs]
+    done = sum(1 for run in runs if finished(run))
+    keys: list[tuple] = []
+    for by_key in keyed:
+        keys += [k for k, r in by_key.items() if (r["verdict"] != PASS or r["kv"] == CORRUPT) and k not in keys]
+    rates = []
+    for key in sorted(keys, key=lambda k: k[0] if isinstance(k[0], int) else -1):  # by step, then as they ran
+        found = [by_key.get(key) for by_key in keyed]
+        failed = sum(1 for r in found if r is not None and r["verdict"] == FAIL)
+        corrupt = sum(1 for r in found if r is not None and r["kv"] == CORRUPT)
+        either = sum(1 for r in found if r is not None and (r["verdict"] == FAIL or r["kv"] == CORRUPT))
+        step, probe, nth = key
+        rates.append(
+            {
+                "step": step,
+                "probe": probe,
+                "nth": nth,
+                "verdicts": [r["verdict"] if r is not None else None for r in found],
+                "first_diffs": [r["first_diff"] if r is not None else None for r in found],
+                "kv": [r["kv"] if r is not None else None for r in found],
+                "failed": failed,
+                "kv_corrupt": corrupt,
+                "of": len(runs),
+                "class": _class(either, done),
+            }
+            | ({"errors": len(runs) - done} if done < len(runs) else {})
+        )
+    return {"n": len(runs), "runs": runs, "rates": rates, "class": _overall(rates)}
+
+
+def rate_text(rates: dict) -> str:
+    """'chat-511 FAIL 3/5 (intermittent); fixture 0/5' for the summary lines."""
+    parts = []
+    for r in rates["rates"]:
+        what = f"FAIL {r['failed']}/{r['of']}"
+        if r["kv_corrupt"]:
+            what += f", KV CORRUPT {r['kv_corrupt']}/{r['of']}"
+        parts.append(f"{r['probe']} {what}" + (f" ({r['class']})" if r["class"] == INTERMITTENT else ""))
+    return "; ".join(parts)
+
+
+def needs_confirmation(runs: list[dict]) -> dict | None:
+    """The first run that found something while it shared its device (the one to re-run alone), or None."""
+    return next((run for run in runs if run.get("shared") and has_finding(run)), None)
+
+
+def _run_text(run: dict) -> str:
+    if not decided(run):
+        why = (run.get("error") or {}).get("kind") or run["verdict"]
+        return f"{run['verdict']} ({why})"
+    bad = sorted(_probes(run))
+    total = len(run["probes"])
+    if not bad:
+        return f"PASS {total}/{total}"
+    return f"{run['verdict']} on {', '.join(bad)}"
+
+
+def classify_confirmation(shared_runs: list[dict], alone: dict) -> tuple[str, str]:
+    """(class, reason) of a finding made while sharing, given the same job re-run alone.
+
+    deterministic: alone finds exactly what the shared run found; reproduced, varying: alone finds
+    something wrong with a probe the shared run found wrong, but not the same first diffs or KV blame
+    (the device was not needed, yet the bytes differ run to run: a race, or state left by earlier
+    requests); contention-dependent: alone finds nothing, and every shared run found it (one clean
+    shared trial would make a clean run alone no evidence of contention); not reproduced: alone finds
+    nothing after shared trials that were themselves intermittent, or finds something only on other
+    probes; unconfirmed: the run alone decided nothing."""
+    found = [r for r in shared_runs if has_finding(r)]
+    target = found[0] if found else None
+    if target is None:
+        return UNCONFIRMED, "no shared run found anything to confirm"
+    if not decided(alone):
+        return UNCONFIRMED, f"alone: {_run_text(alone)}: the finding is neither confirmed nor cleared"
+    if findings(alone) == findings(target):
+        return DETERMINISTIC, f"alone: {_run_text(alone)}, the same first diffs and KV blame as while sharing"
+    if not has_finding(alone):
+        wanted = _probes(target)
+        others = [r for r in shared_runs if not (_probes(r) & wanted)]  # shared runs that did not find it
+        shared_clean = [r for r in others if _clean_on(r, wanted)]
+        if shared_clean:
+            return NOT_REPRODUCED, (
+                f"alone: {_run_text(alone)}; {len(shared_clean)} of {len(shared_runs)} shared trials were clean too, "
+                "so one clean run alone does not tell contention from chance"
+            )
+        if others:
+            return UNCONFIRMED, (
+                f"alone: {_run_text(alone)}; {len(others)} of {len(shared_runs)} shared trials decided nothing on "
+                f"{', '.join(sorted(wanted))} ({', '.join(_run_text(r) for r in others)}), so a clean run alone "
+                "cannot say the finding needed the shared device"
+            )
+        return CONTENTION_DEPENDENT, f"alone: {_run_text(alone)}: the finding needed the shared device"
+    again = sorted(_probes(alone) & _probes(target))
+    if again:
+        which = "the same probes" if again == sorted(_probes(target)) else ", ".join(again)
+        return REPRODUCED_VARYING, (
+            f"alone: {_run_text(alone)}: {which} wrong again without the shared device, "
+            "with other first diffs or KV blame than while sharing"
+        )
+    return NOT_REPRODUCED, f"alone: {_run_text(alone)}: a finding on other probes than the shared run's"
+
+
+def _clean_on(run: dict, names: set[str]) -> bool:
+    """The run ran every one of these probes to a PASS with no CORRUPT KV (whatever it said elsewhere)."""
+    by = {p["name"]: p for p in run.get("probes") or []}
+    return all(n in by and by[n]["verdict"] == PASS and by[n]["kv"] != CORRUPT for n in names)
+
+
+def _probes(run: dict) -> set[str]:
+    return {name for _, name, *_ in findings(run)}

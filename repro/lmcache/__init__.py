@@ -1,0 +1,1 @@
+"""LMCache, parent side: its compiled ops or fallback, its MP server, its log and counters."""

@@ -1,0 +1,367 @@
+"""Command-line parsing and validation for `python -m repro.verify_kv_reuse`; exit codes.
+
+Exit codes: 0 completed and acceptance matched (or, without a suite, every arm PASS);
+1 completed but acceptance not matched, or a FAIL/INCONCLUSIVE outside it; 2 bad usage or
+input; 3 engine or runtime error (an error is never summarized as PASS); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from repro.commands import ArgumentParser
+from repro.errors import UsageError
+from repro.plan import devices
+from repro.record.provenance import probe_python
+from repro.run.diskwatch import DEFAULT_MAX_CHILD_DISK_GB
+
+DEFAULT_ENGINE_MODULE = "repro.engine"
+# The engine settings of every CPU run the kit makes (the self-test, `make bench`, the tests).
+CPU_ENGINE_FLAGS = (
+    "--dtype", "float32", "--gpu-memory-utilization", "0.1", "--max-model-len", "2048", "--block-size", "16",
+    "--max-tokens", "16", "--seed", "0", "--device", "cpu",
+)  # fmt: skip
+SELFTEST_CPU_FIXTURE = "fixtures/selftest-cpu.json"
+
+
+def selftest_cpu_argv(model: str, report: str, fixture: str = SELFTEST_CPU_FIXTURE) -> list[str]:
+    """The CPU self-test (what `make repro PROFILE=cpu` runs) as verifier arguments."""
+    return ["--model", model, *CPU_ENGINE_FLAGS, "--suite", "acceptance", "--compare-native", "--fixture", fixture,
+            "--report", report]  # fmt: skip
+
+
+MAX_TRIALS = 50
+# The engine's front end (repro.engine.frontend holds the same names, which the child reads; a test pins
+# them equal, as the child never imports this side): vLLM's LLM, or a bare AsyncLLM as `vllm serve` drives.
+FRONTENDS = ("sync", "async")
+FRONTEND_ENV = "KVKIT_FRONTEND"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(
+        prog="python -m repro.verify_kv_reuse",
+        description="Run one configuration with caching off and with KV reuse on, in separate "
+        "processes, and compare greedy token IDs exactly.",
+    )
+    p.add_argument("--model", required=True, help="hub name or local directory")
+    p.add_argument("--model-revision", default=None)
+    p.add_argument(
+        "--kv-connector", default=None, help="connector class name (in-tree, or with --kv-connector-module-path)"
+    )
+    p.add_argument("--kv-connector-module-path", default=None, help="module to load the connector class from")
+    p.add_argument("--kv-connector-extra-config", default=None, help="JSON object passed as kv_connector_extra_config")
+    p.add_argument("--lmcache-config", default=None, help="LMCache YAML, given to the child as LMCACHE_CONFIG_FILE")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.45)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--suite", choices=["acceptance"], default=None)
+    p.add_argument("--compare-native", action="store_true", help="also run vLLM native prefix caching as an arm")
+    p.add_argument(
+        "--no-native-matched",
+        action="store_true",
+        help="with --compare-native, leave out the native-matched control (native reusing exactly what the "
+        "connector reused; it generates once the connector arm is done): the three-arm reference run",
+    )
+    p.add_argument("--fixture", required=True)
+    p.add_argument("--report", default="reports/run.json")
+    p.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
+    p.add_argument("--reuses", type=int, default=None, help="reuses per probe (default: the probe's own, else 3)")
+    p.add_argument("--logprobs", type=int, default=2, help="top-k logprobs recorded per generated token (>= 2)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds one arm may run")
+    p.add_argument(
+        "--max-child-disk-gb",
+        type=float,
+        default=DEFAULT_MAX_CHILD_DISK_GB,
+        metavar="GB",
+        help="how much one arm's engine child may write (its log, KV audit files, connector stores; GB of 10**9 "
+        f"bytes) before it is killed as an ERROR disk-runaway (default {DEFAULT_MAX_CHILD_DISK_GB:g}); no child "
+        "starts, and a running one is stopped, where the free space is under 2 GB (5%% of a smaller filesystem)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="arms run at the same time (default: what the machine sustains; 1: one after another)",
+    )
+    p.add_argument(
+        "--trials",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run each reuse arm N times, each with a fresh engine (and MP server); a finding not in every "
+        "trial is intermittent, and each probe reports k of N (default 1); with --scenarios each (scenario, "
+        "reuse arm) too, each request reporting k of N (the schedule control runs once)",
+    )
+    p.add_argument(
+        "--no-confirm",
+        dest="confirm",
+        action="store_false",
+        help="do not re-run alone an arm whose FAIL or CORRUPT came while it shared its GPU (or the CPU's cores) "
+        "with other arms; the report says the finding was not confirmed",
+    )
+    p.add_argument(
+        "--frontend",
+        choices=FRONTENDS,
+        default="sync",
+        help="how each arm's child drives its engine: sync (vLLM's LLM, the default) or async (a bare AsyncLLM, "
+        "the front end of `vllm serve`); the same engine, requests and sampling either way",
+    )
+    p.add_argument(
+        "--scenarios",
+        default=None,
+        metavar="all|NAME[,NAME]",
+        help="also run the fixture's scenarios (all, or these by name), after the plain probes: each (scenario, arm) "
+        "a fresh engine with the scenario's settings, every request compared with its probe's cache-off baseline",
+    )
+    p.add_argument("--quiet", action="store_true", help="print only the summary (no progress display)")
+    p.add_argument(
+        "--no-kv-audit",
+        dest="kv_audit",
+        action="store_false",
+        help="do not audit the reused KV blocks against the baseline's (token verdicts only)",
+    )
+    p.add_argument(
+        "--keep-kv", default=None, metavar="DIR", help="keep the audit's KV tensors in DIR (default: deleted)"
+    )
+    p.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="run every arm with vLLM's batch-invariant kernels (VLLM_BATCH_INVARIANT=1; CUDA GPUs of compute "
+        "capability 8.0 or higher); each arm's workers must confirm them active",
+    )
+    p.add_argument(
+        "--gpu-load",
+        action="store_true",
+        help="keep the arms' GPUs busy while the reuse arms run (a neighbour process of matrix products, at most "
+        "~4 GiB per GPU), so that a stream-ordering race in a connector shows by design; CUDA only",
+    )
+    p.add_argument(
+        "--cpu-load",
+        action="store_true",
+        help="keep every CPU core busy while the reuse arms run (one spinning process per core, at the kit's "
+        "niceness), so that a fault that needs a busy machine shows by design, not by how many arms share the "
+        "cores; stopped before any re-run alone; the CPU engine only",
+    )
+    p.add_argument(
+        "--python",
+        default=sys.executable,
+        metavar="PATH",
+        help="the interpreter of an existing environment with vLLM (and LMCache) that runs the engines; the kit "
+        "checks it and installs nothing into it (default: this one)",
+    )
+    p.add_argument(
+        "--lmcache-ops",
+        choices=["auto", "compiled", "fallback"],
+        default="auto",
+        help="LMCache's copies in every LMCache process (engine and MP server): auto (its compiled ops if they "
+        "import, from the wheel or a kit build, else its torch fallback, recorded), compiled (an error without "
+        "them), fallback (the kit blocks them: a control); build them with `python -m repro lmcache-ops build`",
+    )
+    # Tests only: a stand-in engine child for the failure-handling tests (never proof that the
+    # verification works). Any other module than the default also skips the vLLM preflight.
+    p.add_argument("--engine-module", default=DEFAULT_ENGINE_MODULE, help=argparse.SUPPRESS)
+    # Tests only: a stand-in for LMCache's MP server (tests/stand_in_mp_server.py) for its lifecycle.
+    p.add_argument("--lmcache-server-module", default=None, help=argparse.SUPPRESS)
+    return p
+
+
+@dataclass(frozen=True)
+class Options:
+    args: argparse.Namespace
+    extra_config: dict
+    model_is_local: bool
+
+
+def _check_report_path(path: Path, fixture: Path) -> None:
+    if path.exists() and path.is_dir():
+        raise UsageError(f"--report {path}: is a directory")
+    if path.exists() and fixture.exists() and path.resolve() == fixture.resolve():
+        raise UsageError(f"--report {path}: is the fixture itself")
+    parent = path.parent if str(path.parent) else Path(".")
+    probe = parent
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UsageError(f"--report {path}: {probe} is not a directory")
+    try:  # os.access says yes to root on a read-only file system; a real file does not lie
+        fd, tmp = tempfile.mkstemp(prefix=".kvkit-writable-", dir=probe)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        raise UsageError(f"--report {path}: directory {probe} is not writable ({exc.strerror or exc})") from None
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"--report {path}: file is not writable")
+
+
+def _check_lmcache_yaml(path: str) -> None:
+    import yaml  # pure Python; installed with vLLM
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--lmcache-config {path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise UsageError(f"--lmcache-config {path}: invalid YAML ({str(exc).splitlines()[0][:160]})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"--lmcache-config {path}: must be a mapping of LMCache settings")
+    chunk = data.get("chunk_size", 256)
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk <= 0:
+        raise UsageError(f"--lmcache-config {path}: chunk_size must be a positive integer")
+
+
+BATCH_INVARIANT_DEVICES = "vLLM's batch-invariant kernels run on CUDA GPUs of compute capability 8.0 or higher"
+
+
+def _check_batch_invariant(args: argparse.Namespace) -> None:
+    """--batch-invariant where it cannot work: one line. The GPU's compute capability is checked by the
+    first child's preflight (repro.engine.preflight), which knows vLLM's platform."""
+    if not getattr(args, "batch_invariant", False):
+        return
+    if not args.kv_audit:
+        raise UsageError(
+            "--batch-invariant needs the KV audit (drop --no-kv-audit): its recorder in each worker is how the kit "
+            "knows the kernels were active"
+        )
+    if args.device == "cpu":
+        raise UsageError(f"--batch-invariant: {BATCH_INVARIANT_DEVICES}, not with --device cpu")
+
+
+# A load neighbour loads the device the arms run on: flag -> (whether that is CUDA, what it needs, and
+# what is wrong when --device auto picks the other device).
+LOAD_NEEDS = {
+    "gpu_load": (True, "--gpu-load needs a CUDA GPU (it loads the GPUs the arms run on)",
+                 "no GPU is visible (--device auto)"),
+    "cpu_load": (False, "--cpu-load is for the CPU engine (it loads the CPU cores the arms run on)",
+                 "a GPU is visible (--device auto runs the arms there): add --device cpu"),
+}  # fmt: skip
+
+
+def _check_loads(opts: Options) -> None:
+    """--gpu-load where the arms run on the CPU, --cpu-load where they run on a GPU: one line (the device
+    is settled without torch, as for --batch-invariant)."""
+    device = opts.args.device
+    for flag, (cuda, needs, auto_picks_other) in LOAD_NEEDS.items():
+        if not getattr(opts.args, flag, False):
+            continue
+        if device != "auto" and (device == "cuda") != cuda:
+            raise UsageError(f"{needs}, not with --device {device}")
+        if device == "auto" and devices.uses_cuda(device) != cuda:
+            raise UsageError(f"{needs}; {auto_picks_other}")
+
+
+def engine_python_problem(python: str, needs_lmcache: bool) -> str | None:
+    """Why an interpreter cannot run the engines (one line), or None: it runs, vllm is importable, and
+    lmcache too when an LMCache connector is asked for. Nothing is imported or installed."""
+    if Path(python).absolute() == Path(sys.executable).absolute():  # this interpreter: ask it directly
+        importable = {n: importlib.util.find_spec(n) is not None for n in ("vllm", "lmcache")}
+    else:
+        info = probe_python(python)
+        if "problem" in info:
+            return info["problem"]
+        importable = info["importable"]
+    if not importable["vllm"]:
+        return "has no vllm (use an environment with vLLM installed, or leave it unset for the kit's own)"
+    if needs_lmcache and not importable["lmcache"]:
+        return "has no lmcache, which the LMCache connector needs"
+    return None
+
+
+def _fixture_has_lmcache(path: str | None) -> bool:
+    """Whether the fixture declares an LMCache connector arm (a fixture that cannot be read says no:
+    loading it reports why, later)."""
+    try:
+        arms = json.loads(Path(path).read_text(encoding="utf-8")).get("arms") or []
+    except (OSError, ValueError, TypeError, AttributeError):
+        return False
+    return any(isinstance(a, dict) and "lmcache" in str(a.get("connector", "")).lower() for a in arms)
+
+
+def validate(args: argparse.Namespace) -> Options:
+    """Every check that needs no engine; each failure is one line and exit 2."""
+    if args.kv_connector_module_path and not args.kv_connector:
+        raise UsageError("--kv-connector-module-path needs --kv-connector (the class name in that module)")
+    if args.kv_connector_extra_config and not args.kv_connector:
+        raise UsageError("--kv-connector-extra-config needs --kv-connector")
+    if args.lmcache_config and not (
+        (args.kv_connector and "lmcache" in args.kv_connector.lower()) or _fixture_has_lmcache(args.fixture)
+    ):
+        raise UsageError("--lmcache-config needs an LMCache connector (e.g. --kv-connector LMCacheConnectorV1)")
+    if args.kv_connector == "LMCacheConnectorV1" and args.kv_connector_module_path:
+        raise UsageError(
+            "LMCacheConnectorV1 is in-tree: drop --kv-connector-module-path (or use LMCacheConnectorV1Dynamic)"
+        )
+    for flag, value, lo in (
+        ("--max-tokens", args.max_tokens, 1),
+        ("--block-size", args.block_size, 1),
+        ("--max-model-len", args.max_model_len, 2),
+        ("--logprobs", args.logprobs, 2),
+    ):
+        if value < lo:
+            raise UsageError(f"{flag} must be at least {lo}")
+    if args.reuses is not None and not 1 <= args.reuses <= 64:
+        raise UsageError("--reuses must be from 1 to 64 (a probe with no reuse proves nothing)")
+    if not 0.0 < args.gpu_memory_utilization <= 1.0:
+        raise UsageError("--gpu-memory-utilization must be in (0, 1]")
+    if args.timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    if not 0 < args.max_child_disk_gb < math.inf:
+        raise UsageError("--max-child-disk-gb must be a positive number of GB")
+    if not 1 <= args.trials <= MAX_TRIALS:
+        raise UsageError(f"--trials must be from 1 to {MAX_TRIALS} (1: each arm once)")
+    if args.jobs is not None and not 1 <= args.jobs <= 64:
+        raise UsageError("--jobs must be from 1 to 64")
+    if args.keep_kv is not None:
+        if not args.kv_audit:
+            raise UsageError("--keep-kv needs the KV audit (drop --no-kv-audit)")
+        keep = Path(args.keep_kv)
+        if keep.exists() and (not keep.is_dir() or any(keep.iterdir())):
+            raise UsageError(f"--keep-kv {keep}: must be a new or empty directory (nothing already there is replaced)")
+    _check_batch_invariant(args)
+    extra = {}
+    if args.kv_connector_extra_config:
+        try:
+            extra = json.loads(args.kv_connector_extra_config)
+        except ValueError as exc:
+            raise UsageError(f"--kv-connector-extra-config: not valid JSON ({exc})") from None
+        if not isinstance(extra, dict):
+            raise UsageError("--kv-connector-extra-config must be a JSON object")
+    if args.lmcache_config:
+        _check_lmcache_yaml(args.lmcache_config)
+    model_path = Path(args.model)
+    local = model_path.exists()
+    if local and not (model_path / "config.json").is_file():
+        raise UsageError(f"--model {args.model}: directory has no config.json")
+    if not local and (args.model.startswith((".", "/", "~")) or not _HUB_ID.match(args.model)):
+        raise UsageError(f"--model {args.model}: no such local model directory")
+    if args.engine_module == DEFAULT_ENGINE_MODULE:  # a stand-in engine (tests) needs no vLLM
+        lmcache = bool(args.kv_connector and "lmcache" in args.kv_connector.lower())
+        lmcache = lmcache or (not args.kv_connector and _fixture_has_lmcache(args.fixture))
+        problem = engine_python_problem(args.python, needs_lmcache=lmcache)
+        if problem:
+            raise UsageError(f"--python {args.python}: {problem}")
+    _check_report_path(Path(args.report), Path(args.fixture))
+    opts = Options(args=args, extra_config=extra, model_is_local=local)
+    if getattr(args, "batch_invariant", False) and args.device == "auto" and not devices.uses_cuda(args.device):
+        raise UsageError(f"--batch-invariant: {BATCH_INVARIANT_DEVICES}; no GPU is visible (--device auto)")
+    _check_loads(opts)
+    return opts
+
+
+def parse_args(argv: list[str]) -> Options:
+    return validate(build_parser().parse_args(argv))

@@ -1,0 +1,471 @@
+"""Scenarios, parent side: which ones run, each (scenario, arm) child's job, the schedule control, the KV
+audit of their requests and the report's `scenarios` section.
+
+A fixture's scenarios (repro.plan.fixtures.Scenario) run after the plain probes when --scenarios asks for them.
+Each (scenario, arm) is one engine child with the scenario's engine settings (a fresh engine), the
+baseline arm included: its cache-off run of the same steps is the schedule control. Every request is
+compared with its probe's cache-off baseline (the plain baseline arm's cold request of that probe), token
+by token, no tolerance; a divergence the control shows too is the schedule's numerics, not reuse. The
+verdicts are repro.judge.verdict's (decide_scenario_request, decide_scenario_arm, decide_scenario_kv).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from repro.contract import ArmResult, Failure, Job, ProbeJob, ScenarioJob, StepJob, build_job
+from repro.errors import UsageError
+from repro.judge import kvaudit
+from repro.judge.compare import first_diff
+from repro.judge.evaluate import comparability_problems, margin_of
+from repro.judge.replays import find_replays
+from repro.judge.verdict import (
+    ERROR,
+    SCHEDULE_NUMERICS,
+    SKIPPED,
+    KVVerdict,
+    Request,
+    ScenarioRequestVerdict,
+    decide_child_failure,
+    decide_incomparable,
+    decide_kv_probe,
+    decide_kv_unavailable,
+    decide_lmcache_degraded,
+    decide_no_baseline,
+    decide_scenario_arm,
+    decide_scenario_kv,
+    decide_scenario_request,
+    decide_scenario_request_unbased,
+)
+from repro.lmcache.signals import arm_copy_paths, scan_log
+from repro.plan.arms import PlannedArm, engine_config, fresh_state, is_lmcache_connector
+from repro.plan.fixtures import Fixture, Probe, Scenario
+from repro.plan.options import Options
+from repro.plan.suite import BOUNDARY_LENGTHS
+from repro.run.runner import ArmOutcome
+
+# A scenario run's name (its log, result and KV directory): `<arm>~scenario.<name>`; `~` is no name character.
+SEPARATOR = "~scenario."
+ALL = "all"
+
+
+def run_name(arm: str, scenario: str) -> str:
+    return f"{arm}{SEPARATOR}{scenario}"
+
+
+def trial_run(run: PlannedArm, trial: int) -> PlannedArm:
+    """Trial k (2..N) of a (scenario, arm) run, named apart (its log, result and KV directory):
+    `<arm>~scenario.<name>~trial<k>`, as a plain arm's trial is `<arm>~trial<k>`. Made from the run before it is
+    prepared: prepare then gives the trial connector state of its own (its store starts empty, whatever trial 1
+    stored); a run already prepared would hand the trial trial 1's store, so it is refused."""
+    if run.store is not None:
+        raise ValueError(f"trial_run: {run.name} is already prepared; its trial {trial} would share its store")
+    return replace(run, spec=replace(run.spec, name=f"{run.name}~trial{trial}"))
+
+
+def select(fixture: Fixture, asked: str | None, probes: list[Probe], max_model_len: int) -> list[Scenario]:
+    """The scenarios --scenarios asks for (none when it is not given), checked against the run's probes
+    and engine; every problem is one line (exit 2)."""
+    if not asked:
+        return []
+    if not fixture.scenarios:
+        raise UsageError(f"--scenarios {asked}: fixture {fixture.path} declares no scenarios")
+    by_name = {sc.name: sc for sc in fixture.scenarios}
+    if asked == ALL:
+        chosen = list(fixture.scenarios)
+    else:
+        names = list(dict.fromkeys(n.strip() for n in asked.split(",") if n.strip()))
+        unknown = [n for n in names if n not in by_name] or ([] if names else [asked])
+        if unknown:
+            raise UsageError(
+                f"--scenarios: no scenario {unknown[0]!r} in fixture {fixture.path} (it declares "
+                f"{', '.join(by_name)}; or give {ALL})"
+            )
+        chosen = [by_name[n] for n in names]
+    have = {p.name for p in probes}
+    boundary = {f"chat-{n}" for n in BOUNDARY_LENGTHS}
+    for sc in chosen:
+        missing = [n for n in sc.probe_names if n not in have]
+        if missing:
+            hint = " (the acceptance suite's probe: add --suite acceptance)" if missing[0] in boundary else ""
+            raise UsageError(
+                f"fixture {fixture.path}: scenario {sc.name} submits {missing[0]!r}, not a probe of this run{hint}"
+            )
+        tokens = sc.engine.get("kv_cache_tokens")
+        if tokens is not None and tokens < max_model_len:
+            raise UsageError(
+                f"fixture {fixture.path}: scenario {sc.name}: engine.kv_cache_tokens {tokens} is below --max-model-len "
+                f"{max_model_len} (vLLM refuses a KV cache that cannot hold one request of that length)"
+            )
+    return chosen
+
+
+def runs_of(
+    scenario: Scenario, arms: list[PlannedArm]
+) -> tuple[list[tuple[PlannedArm, PlannedArm]], dict[str, tuple[str, str]]]:
+    """The (arm, its renamed run) pairs a scenario runs, baseline (the schedule control) first, and the arms
+    it skips (name -> (mode, why)): those the fixture says cannot run it (skip_scenarios), and native-matched: primes each plain reuse with a connector arm's reuse length: a
+    scenario has no such plan, so it is skipped."""
+    runs, skipped = [], {}
+    for arm in arms:
+        if arm.match_arm is not None:
+            why = "native-matched primes each plain reuse with the prefix length its connector arm reused; "
+            skipped[arm.name] = (arm.spec.mode, why + "a scenario's steps have no such plan")
+            continue
+        if scenario.name in arm.skip_scenarios:
+            skipped[arm.name] = (arm.spec.mode, arm.skip_scenarios[scenario.name])
+            continue
+        renamed = replace(arm, spec=replace(arm.spec, name=run_name(arm.name, scenario.name)))
+        runs.append((arm, renamed))
+    return runs, skipped
+
+
+def is_lmcache(arm: PlannedArm) -> bool:
+    return is_lmcache_connector(arm.spec.connector)
+
+
+def prepare(
+    arm: PlannedArm, scenario: Scenario, work: Path, scratch: list[str], scratch_root, lmcache_base: str | None
+) -> tuple[PlannedArm, dict | None]:
+    """A run's arm made ready: connector state of its own (repro.plan.arms.fresh_state: @tmpdir directories, a fresh
+    subfolder of a store directory the user named; its store starts empty), and for an LMCache arm its YAML
+    (lmcache_base's, else the environment's) derived in the work directory with the scenario's LMCache keys over
+    it, when it has keys or a store directory to rewrite. Returns the arm and the derived YAML's record."""
+    overrides = (scenario.lmcache or None) if is_lmcache(arm) else None
+    if is_lmcache(arm) and lmcache_base:
+        arm = replace(arm, lmcache_config=lmcache_base)
+    return fresh_state(arm, scratch, scratch_root, lmcache_overrides=overrides, yaml_dir=work)
+
+
+def job_for(
+    opts: Options, arm: PlannedArm, scenario: Scenario, probes: list[Probe], fixture_sha256: str, kv_dir: str | None
+) -> Job:
+    """The verifier's job for a (scenario, arm) run: the run's engine and sampling, made the scenario's."""
+    job = build_job(
+        arm.spec,
+        engine_config(opts),
+        [],
+        max_tokens=opts.args.max_tokens,
+        logprobs=opts.args.logprobs,
+        fixture_sha256=fixture_sha256,
+        kv_audit_dir=kv_dir,
+    )
+    return scenario_job(job, scenario, probes)
+
+
+def scenario_job(job: Job, scenario: Scenario, probes: list[Probe]) -> Job:
+    """A job made a scenario's: the probes the scenario names (prompts only, one request each), its steps, and
+    its engine settings over the job's (max_num_seqs defaults to its largest together-step)."""
+    by_name = {p.name: p for p in probes}
+    eng = scenario.engine
+    engine = replace(
+        job.engine,
+        kv_cache_tokens=eng.get("kv_cache_tokens"),
+        max_num_seqs=eng.get("max_num_seqs", scenario.widest),
+        max_num_batched_tokens=eng.get("max_num_batched_tokens"),
+        async_scheduling=eng.get("async_scheduling"),
+    )
+    steps = tuple(StepJob(s.submit, s.together, s.wait_s) for s in scenario.steps)
+    return replace(
+        job,
+        probes=tuple(ProbeJob(n, by_name[n].prompt_spec(), 1) for n in scenario.probe_names),
+        engine=engine,
+        scenario=ScenarioJob(scenario.name, steps),
+    )
+
+
+def mp_settings(scenario: Scenario) -> dict:
+    """repro.lmcache.mp.ServerSettings overrides for an LMCacheMPConnector arm's server."""
+    return dict(scenario.mp_server or {})
+
+
+# ---- judging --------------------------------------------------------------------------------------------
+
+
+def _label(step: int, probe: str) -> str:
+    return f"step {step} {probe}"
+
+
+def _control(outcome: ArmOutcome | None, answers: dict[str, list[int]], logs_rel: str) -> dict:
+    """The schedule control: the baseline arm's cache-off run of the scenario, request by request
+    against the plain cache-off baseline."""
+    if outcome is None:
+        return {"arm": "baseline", "status": "error", "error": "it never ran (the run was stopping)", "requests": []}
+    log = f"{logs_rel}/{outcome.log_path.name}"
+    if outcome.failure is not None or outcome.result is None or outcome.result.scenario is None:
+        why = outcome.failure.detail if outcome.failure else "its result has no scenario"
+        kind = outcome.failure.kind if outcome.failure else "missing-output"
+        return {"arm": "baseline", "status": "error", "error": f"{kind}: {why}", "requests": [], "log": log,
+                "wall_s": outcome.wall_s}  # fmt: skip
+    reqs = []
+    for sr in outcome.result.scenario.requests:
+        base = answers.get(sr.probe)
+        diff = None if base is None else first_diff(base, list(sr.request.token_ids))
+        reqs.append(
+            {
+                "step": sr.step,
+                "probe": sr.probe,
+                "token_ids": list(sr.request.token_ids),
+                "cached_tokens": sr.request.cached_tokens,
+                "matches_plain": base is not None and diff is None,
+                "first_diff": diff,
+                "preemptions": sr.preemptions,
+            }
+        )
+    res = outcome.result.scenario
+    return {"arm": "baseline", "status": "ok", "error": None, "requests": reqs, "log": log, "wall_s": outcome.wall_s,
+            "timing": _timing(outcome.result), "preemptions": res.preemptions,
+            "preemptions_source": res.preemptions_source}  # fmt: skip
+
+
+def _timing(result: ArmResult) -> dict:
+    """What the child's own clock says: engine start (process start to a ready engine) and generation."""
+    return {"engine_start_s": result.engine_start_s, "generation_s": result.generation_s}
+
+
+def _arm_entry_base(name: str, mode: str, outcome: ArmOutcome | None, logs_rel: str) -> dict:
+    return {
+        "arm": name,
+        "mode": mode,
+        "verdict": None,
+        "reasons": [],
+        "class": None,
+        "preemptions": None,
+        "preemptions_source": "unavailable: the arm did not run",
+        "error": None,
+        "log": f"{logs_rel}/{outcome.log_path.name}" if outcome is not None else None,
+        "wall_s": outcome.wall_s if outcome is not None else None,
+        "timing": None,
+        "lmcache_config": None,
+        "copy_paths": None,
+        "lmcache_degraded": None,
+        "kv": None,
+        "requests": [],
+    }
+
+
+def lmcache_checks(entry: dict, arm: PlannedArm, outcome: ArmOutcome, verdict):
+    """An LMCache (scenario, arm)'s own process checks, as a plain LMCache arm gets them: each LMCache
+    process's copy path (compiled or torch fallback: this child is its own engine, and an MP arm its own
+    server, so the plain arm's path is not evidence for it) and LMCache's degraded mode (it failed to
+    start and silently recomputes: the arm is ERROR, never PASS). Returns the verdict, maybe ERROR."""
+    if not is_lmcache(arm):
+        return verdict
+    build = (outcome.result.versions or {}).get("lmcache_build") if outcome.result is not None else None
+    entry["copy_paths"] = arm_copy_paths(arm.spec.connector.name, build, outcome.log_text, outcome.server_copy_path)
+    degraded = scan_log(outcome.log_text)["degraded"]
+    entry["lmcache_degraded"] = degraded[:3]
+    verdict = decide_lmcache_degraded(verdict, degraded)
+    if verdict.error_kind is not None and entry["error"] is None:
+        entry["error"] = Failure(verdict.error_kind, verdict.error_detail, "\n".join(degraded)).to_json()
+    return verdict
+
+
+def judge_run(
+    scenario: Scenario,
+    arm: PlannedArm,
+    outcome: ArmOutcome | None,
+    baseline: ArmResult | None,
+    control: dict,
+    logs_rel: str,
+) -> dict:
+    """One (scenario, arm) entry of the report: every request judged, then the arm."""
+    entry = _arm_entry_base(arm.name, arm.spec.mode, outcome, logs_rel)
+    if outcome is None:
+        entry.update(verdict=ERROR, reasons=["it never ran (the run was stopping)"])
+        return entry
+    if outcome.failure is not None:
+        v = decide_child_failure(outcome.failure.kind, outcome.failure.detail)
+        entry.update(verdict=v.verdict, reasons=list(v.reasons), error=outcome.failure.to_json())
+        return entry
+    result = outcome.result
+    entry["timing"] = _timing(result)
+    if baseline is None:
+        v = decide_no_baseline()
+        entry.update(verdict=v.verdict, reasons=list(v.reasons))
+        return entry
+    problems = comparability_problems(baseline, result)
+    if problems or result.scenario is None:
+        v = decide_incomparable(problems or ["its result has no scenario"])
+        entry.update(verdict=v.verdict, reasons=list(v.reasons))
+        return entry
+    base_probes = {p.name: p for p in baseline.probes if p.requests}
+    answers = {n: list(p.requests[0].token_ids) for n, p in base_probes.items()}
+    ok = control["status"] == "ok"
+    ctl = control["requests"]
+    judged: list[tuple[str, ScenarioRequestVerdict]] = []
+    earlier: dict[str, list[tuple[str, list[int]]]] = {}
+    for i, sr in enumerate(result.scenario.requests):
+        req, step = sr.request, scenario.steps[sr.step]
+        expect, note = step.expect, None
+        if expect == "reuse" and sr.probe in arm.skip_probes:  # run and compared all the same; its reuse not owed
+            expect, note = (
+                None,
+                f"expect reuse not enforced: the fixture says this arm cannot reuse it ({arm.skip_probes[sr.probe]})",
+            )
+        base = base_probes.get(sr.probe)
+        matches = None
+        if ok and i < len(ctl) and (ctl[i]["step"], ctl[i]["probe"]) == (sr.step, sr.probe):
+            matches = ctl[i]["matches_plain"]
+        view = Request(tuple(req.token_ids), req.cached_tokens)
+        if base is None:
+            v = decide_scenario_request_unbased(view)
+        else:
+            v = decide_scenario_request(tuple(answers[sr.probe]), view, expect, matches, bool(sr.preemptions))
+        judged.append((_label(sr.step, sr.probe), v))
+        tokens = list(req.token_ids)
+        replays = None
+        if v.first_diff is not None and base is not None:
+            found = find_replays(sr.probe, tokens, answers[sr.probe], answers, earlier.get(sr.probe, []))
+            replays = [r.as_dict() for r in found]
+        earlier.setdefault(sr.probe, []).append((_label(sr.step, sr.probe), tokens))
+        entry["requests"].append(
+            {
+                "step": sr.step,
+                "probe": sr.probe,
+                "role": v.role,
+                "cached_tokens": req.cached_tokens,
+                "expect": step.expect,
+                "note": note,
+                "verdict": v.verdict,
+                "reasons": list(v.reasons),
+                "class": v.cls,
+                "first_diff": v.first_diff,
+                "margin": margin_of(v.first_diff, base.requests[0], req) if base is not None else None,
+                "replays": replays,
+                "token_ids": tokens,
+                "text": req.text,
+                "kv_transfer_params": req.kv_transfer_params,
+                "preemptions": sr.preemptions,
+                "kv": None,
+                "control_matches": matches,
+            }
+        )
+    verdict = decide_scenario_arm(judged, bool(scenario.engine.get("preemption")), result.scenario.preemptions)
+    verdict = lmcache_checks(entry, arm, outcome, verdict)
+    entry.update(
+        verdict=verdict.verdict,
+        reasons=list(verdict.reasons),
+        preemptions=result.scenario.preemptions,
+        preemptions_source=result.scenario.preemptions_source,
+    )
+    if any(v.cls == SCHEDULE_NUMERICS for _, v in judged):
+        entry["class"] = SCHEDULE_NUMERICS
+    return entry
+
+
+def section(
+    scenario: Scenario,
+    runs: list[tuple[PlannedArm, PlannedArm, ArmOutcome | None, dict | None]],
+    skipped: dict[str, tuple[str, str]],
+    baseline: ArmResult | None,
+    logs_rel: str,
+) -> dict:
+    """One scenario of the report: its definition, the control and every arm (runs: original arm, run
+    arm, outcome, derived LMCache YAML record)."""
+    answers = {p.name: list(p.requests[0].token_ids) for p in (baseline.probes if baseline else ()) if p.requests}
+    control_run = next((r for r in runs if r[0].spec.mode == "baseline"), None)
+    control = _control(control_run[2] if control_run else None, answers, logs_rel)
+    arms = []
+    for original, run, outcome, lmcache_record in runs:
+        if original.spec.mode == "baseline":
+            continue
+        entry = judge_run(scenario, run, outcome, baseline, control, logs_rel)
+        entry["arm"] = original.name
+        entry["lmcache_config"] = lmcache_record
+        if run.store is not None:  # how its connector state was made fresh, or why it may persist
+            entry["store"] = run.store
+        arms.append(entry)
+    for name, (mode, why) in skipped.items():
+        entry = _arm_entry_base(name, mode, None, logs_rel)
+        arms.append({**entry, "verdict": SKIPPED, "reasons": [why], "preemptions_source": "unavailable: skipped"})
+    return {
+        "name": scenario.name,
+        "description": scenario.description,
+        "engine": dict(scenario.engine),
+        "lmcache": scenario.lmcache,
+        "mp_server": scenario.mp_server,
+        "steps": [
+            {"index": k, "submit": list(s.submit), "together": s.together, "expect": s.expect}
+            | ({"wait_s": s.wait_s} if s.wait_s else {})
+            for k, s in enumerate(scenario.steps)
+        ],
+        "control": control,
+        "arms": arms,
+    }
+
+
+# ---- the KV audit of scenario requests --------------------------------------------------------------------
+
+
+def compare_job(baseline: ArmResult, results: dict[str, ArmResult]) -> dict:
+    """repro.engine.kvcompare's job for scenario runs: the plain baseline's reference KV, and per run every
+    request with a usable record (index: its position in the scenario): reused blocks of a hit, computed
+    blocks of a miss (the run's floor)."""
+    job = kvaudit.compare_job(baseline, {})
+    for name, res in results.items():
+        reqs = []
+        for i, sr in enumerate(res.scenario.requests if res.scenario else ()):
+            rec = sr.request.kv_audit_record
+            if kvaudit._record_ok(rec) is not None:
+                continue
+            kind = "reused" if rec.get("reused_blocks", 0) > 0 else "computed"
+            if kind == "computed" and rec.get("computed_blocks", 0) == 0:
+                continue
+            reqs.append({"probe": sr.probe, "index": i, "seq": rec["seq"], "kind": kind, "layers": len(rec["layers"])})
+        job["arms"].append({"name": name, "dir": (res.kv_audit or {}).get("dir"), "requests": reqs})
+    return job
+
+
+def annotate_kv(entry: dict, result: ArmResult | None, raw: dict | None, problem: str | None, block_size: int) -> None:
+    """Fill one (scenario, arm) entry's KV fields: per request that reused (its hit counter above 0, or its audit
+    record says it reused blocks) its KV verdict against the plain baseline's KV (cells classed against the run's
+    own floor: its misses' KV against the baseline's), and the arm's."""
+    if result is None or result.scenario is None or result.kv_audit is None:
+        return
+    runs = (raw or {}).get("arms", {}).get(result.arm)
+    errors = result.kv_audit.get("errors") or []
+    if errors:
+        last = errors[0].get("error", "").strip().splitlines()
+        problem = f"the audit failed in {errors[0].get('where', '?')}: {last[-1][:200] if last else '?'}"
+    elif runs is None:
+        problem = problem or "the comparison has no figures for this run"
+    per_index = {k: v for per_probe in (runs or {}).values() for k, v in per_probe.items()}
+    floor = kvaudit.arm_floor(
+        {k: {"0": v} for k, v in per_index.items() if v and not v.get("error") and v.get("kind") == "computed"}
+    )
+    judged: list[tuple[str, KVVerdict]] = []
+    for i, (r, sr) in enumerate(zip(entry["requests"], result.scenario.requests)):
+        rec = sr.request.kv_audit_record
+        # every request the hit counter calls a reuse, and every one whose audit record says it reused blocks
+        # (a counter that is missing, or 0 where a connector loaded blocks, must not keep them from being classed)
+        if r["role"] != "reuse" and not _reused_blocks(rec):
+            continue
+        got = per_index.get(str(i))
+        why = problem or kvaudit._record_ok(rec) or (got or {}).get("error")
+        if why is None and not _reused_blocks(rec):
+            why = "no full block was reused: nothing to audit"
+        if why is None and (got is None or got.get("kind") != "reused"):
+            why = "the comparison has no figures for this request"
+        if why is not None:
+            v = decide_kv_unavailable(why)
+            counts, origin = None, None
+        else:
+            audited, audit = kvaudit.reuse_entry(got, rec, floor["rel"])
+            v = decide_kv_probe([audit], floor["rel"])
+            counts, origin = audited["counts"], audited["origin"]
+        r["kv"] = {**_kv(v, block_size), "counts": counts, "origin": origin}
+        judged.append((_label(r["step"], r["probe"]), v))
+    v = decide_scenario_kv(judged)
+    entry["kv"] = {**_kv(v, block_size), "floor": {"rel": floor["rel"], "cells": floor["cells"]}}
+
+
+def _reused_blocks(record: dict | None) -> int:
+    """The blocks an audit record says its request reused (0: none, or no record)."""
+    n = (record or {}).get("reused_blocks") if isinstance(record, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
+
+
+def _kv(v: KVVerdict, block_size: int) -> dict:
+    return {"verdict": v.verdict, "reasons": list(v.reasons), "blame": kvaudit.blame(v, block_size)}
