@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from repro.contract import ARM_RESULT_SCHEMA_VERSION
+from repro.contract.result import ARM_RESULT_SCHEMA_VERSION
 from repro.record.atomic import write_json_atomic
 
 

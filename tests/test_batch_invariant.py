@@ -12,20 +12,18 @@ from types import SimpleNamespace
 import pytest
 from kvkit_testutil import have_vllm, run_cli
 
-from repro.contract import ProbeResult, RequestResult
-from repro.engine import child
+from repro.contract.result import ProbeResult, RequestResult
+from repro.engine.audit_records import AuditRecords
+from repro.engine.facts import lmcache_build, process_facts
 from repro.engine.preflight import batch_invariant_requested, check_batch_invariant
 from repro.errors import UsageError
-from repro.judge.verdict import (
+from repro.judge.batch_invariance import (
     BATCH_INVARIANT_INACTIVE,
-    ERROR,
-    FAIL,
-    PASS,
-    ArmVerdict,
     BatchInvariance,
     batch_invariance_state,
     decide_batch_invariance,
 )
+from repro.judge.verdict import ERROR, FAIL, PASS, ArmVerdict
 from repro.plan.options import parse_args
 from repro.record.report import validate_report
 
@@ -46,7 +44,7 @@ def worker(pid=11, platform="cuda", capability="9.0", mode=True, env=True, backe
     }
 
 
-# ---- repro.judge.verdict: active, inactive or unknown, from the workers' own facts -----------------------
+# ---- repro.judge.batch_invariance: active, inactive or unknown, from the workers' own facts -----------------------
 
 
 def test_active_only_when_every_worker_confirms_mode_device_and_backend():
@@ -217,20 +215,20 @@ def _probe(*records):
 def test_the_child_gathers_one_entry_per_worker_and_decides_active(monkeypatch, tmp_path):
     monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
     monkeypatch.setenv("PYTHONHASHSEED", "0")
-    audit = child._AuditRecords(str(tmp_path))
+    audit = AuditRecords(str(tmp_path))
     audit.primes.append({"probe": "p", "reuse": 1, "record": {"worker": worker(pid=12)}})
     probes = [_probe({"worker": worker()}, {"worker": worker()}, {"unavailable": "x"}), _probe(None)]
-    facts = child._process_facts(probes, audit)
+    facts = process_facts(probes, audit)
     assert [w["pid"] for w in facts["workers"]] == [11, 12]
     assert facts["pythonhashseed"] == "0"
     assert facts["batch_invariant"] == {"requested": True, "active": True, "reasons": []}
     monkeypatch.setenv("VLLM_BATCH_INVARIANT", "0")
-    off = child._process_facts([_probe({"worker": worker(mode=False, env=False)})], child._AuditRecords(str(tmp_path)))
+    off = process_facts([_probe({"worker": worker(mode=False, env=False)})], AuditRecords(str(tmp_path)))
     assert off["batch_invariant"]["requested"] is False and off["batch_invariant"]["active"] is False
 
 
 def test_without_the_audit_no_worker_facts_and_not_confirmed():
-    facts = child._process_facts([_probe(None)], child._AuditRecords(None))
+    facts = process_facts([_probe(None)], AuditRecords(None))
     assert facts["workers"] is None
     assert facts["batch_invariant"]["active"] is None
     assert facts["batch_invariant"]["reasons"] == ["the KV audit is off: no worker recorded its facts"]
@@ -246,12 +244,12 @@ def test_the_lmcache_build_is_read_from_its_compiled_ops(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     for name in [m for m in sys.modules if m == "lmcache" or m.startswith("lmcache.")]:
         monkeypatch.delitem(sys.modules, name)
-    build = child._lmcache_build()
+    build = lmcache_build()
     assert build["cuda_runtime"] == ["libcudart.so.13"] and build["nvcc"] == "13.0.88"
     assert build["torch_build"] == "not recorded in the wheel"
     assert build["cuda_ops"].startswith("not loaded: ImportError")  # not an ELF file: it cannot load
     ops.unlink()
-    assert child._lmcache_build()["cuda_ops"] == "not shipped in this wheel"
+    assert lmcache_build()["cuda_ops"] == "not shipped in this wheel"
     for name in [m for m in sys.modules if m == "lmcache" or m.startswith("lmcache.")]:
         monkeypatch.delitem(sys.modules, name)
 
@@ -261,7 +259,7 @@ def test_the_lmcache_build_is_read_from_its_compiled_ops(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")
 def test_worker_facts_on_this_machine_and_with_attention_layers(monkeypatch):
-    from repro.engine.kvaudit import worker_facts
+    from repro.engine.worker_facts import worker_facts
 
     monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
     monkeypatch.setenv("PYTHONHASHSEED", "7")
@@ -294,12 +292,13 @@ def test_worker_facts_on_this_machine_and_with_attention_layers(monkeypatch):
 
 
 def test_the_verifier_makes_an_unconfirmed_arm_an_error_and_leaves_others_alone():
-    """repro.verify.arm_entry: with --batch-invariant an arm whose workers did not confirm the kernels
+    """repro.judge.entries.arm_entry: with --batch-invariant an arm whose workers did not confirm the kernels
     is ERROR batch-invariant-inactive; without the flag the same arm keeps its verdict."""
-    from repro.contract import ArmResult, ArmSpec
+    from repro.contract.job import ArmSpec
+    from repro.contract.result import ArmResult
+    from repro.judge.entries import arm_entry
     from repro.plan.arms import PlannedArm
     from repro.run.runner import ArmOutcome
-    from repro.verify import arm_entry
 
     req = RequestResult("cold", 0, (1, 2), (), "length", None, "")
     res = ArmResult("baseline", (ProbeResult("p", (1,), None, (req,)),), effective_config={"workers": []})

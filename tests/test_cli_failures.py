@@ -403,13 +403,15 @@ def test_unwritable_report_path_is_a_usage_error(setup, where):
 def test_a_kit_error_in_the_first_arms_thread_never_hangs_the_others(setup, monkeypatch):
     """run_arms: the first arm's thread raising (here: its interpreter cannot be started) must not
     leave the waiting arms waiting for a preflight; the error reaches the caller."""
-    from repro import verify
-    from repro.contract import ArmSpec, EngineConfig, Preflight, ProbeJob, build_job
+    from repro.contract.job import ArmSpec, EngineConfig, Preflight, ProbeJob, build_job
     from repro.plan.arms import PlannedArm, arm_slots
     from repro.plan.options import parse_args
+    from repro.plan.run_plan import build_plan
+    from repro.run import launch
     from repro.run.progress import Progress
 
-    opts = parse_args(_args(setup, "--kv-connector", "ExampleConnector", "--jobs", "2"))
+    argv = _args(setup, "--kv-connector", "ExampleConnector", "--jobs", "2")
+    plan = build_plan(parse_args(argv), argv)
     arms = [PlannedArm(ArmSpec("baseline", "baseline")), PlannedArm(ArmSpec("native", "native"))]
     engine = EngineConfig(str(setup["model"]), None, "auto", 0, 0.1, 256, 16, "cpu")
     probes = [ProbeJob("p", {"token_ids": [1, 2]}, 1)]
@@ -421,11 +423,13 @@ def test_a_kit_error_in_the_first_arms_thread_never_hangs_the_others(setup, monk
     def boom(*args, **kwargs):
         raise FileNotFoundError("no such interpreter")
 
-    monkeypatch.setattr(verify, "run_arm", boom)
+    monkeypatch.setattr(launch, "run_arm", boom)
     work = setup["tmp"] / "work"
     work.mkdir()
     with Progress([a.name for a in arms], "quiet") as progress, pytest.raises(FileNotFoundError):
-        verify.run_arms(arms, lambda i, dep=None: job, arm_slots(opts, 2, 2), 2, work, {}, opts.args, progress)
+        launch.run_arms(
+            arms, lambda i, dep=None: job, arm_slots(plan.engine, 2, 2), 2, work, {}, plan.children, progress
+        )
 
 
 @pytest.mark.parametrize("preflight_ok", [True, False])
@@ -436,16 +440,19 @@ def test_arms_start_during_the_preflight_and_wait_at_the_gate_for_its_word(setup
     import threading
     import time
 
-    from repro import verify
-    from repro.contract import PREFLIGHT_GATE_ENV, ArmResult, ArmSpec, EngineConfig, Preflight, ProbeJob, build_job
-    from repro.contract import progress_path as progress_of
+    from repro.contract.job import PREFLIGHT_GATE_ENV, ArmSpec, EngineConfig, Preflight, ProbeJob, build_job
+    from repro.contract.job import progress_path as progress_of
+    from repro.contract.result import ArmResult
     from repro.plan.arms import PlannedArm, arm_slots
     from repro.plan.options import parse_args
+    from repro.plan.run_plan import build_plan
     from repro.record.atomic import write_json_atomic
+    from repro.run import launch
     from repro.run.progress import Progress
     from repro.run.runner import ArmOutcome
 
-    opts = parse_args(_args(setup, "--kv-connector", "ExampleConnector", "--jobs", "2"))
+    argv = _args(setup, "--kv-connector", "ExampleConnector", "--jobs", "2")
+    plan = build_plan(parse_args(argv), argv)
     arms = [PlannedArm(ArmSpec("baseline", "baseline")), PlannedArm(ArmSpec("native", "native"))]
     engine = EngineConfig(str(setup["model"]), None, "auto", 0, 0.1, 256, 16, "cpu")
     probes = [ProbeJob("p", {"token_ids": [1, 2]}, 1)]
@@ -477,16 +484,16 @@ def test_arms_start_during_the_preflight_and_wait_at_the_gate_for_its_word(setup
         decided.set()
         return ArmOutcome(name, ArmResult(arm=name), None, log_path, "", 1.0)
 
-    real = verify.run_arm
-    verify.run_arm = fake_run_arm
+    real = launch.run_arm
+    launch.run_arm = fake_run_arm
     try:
         with Progress([a.name for a in arms], "quiet") as progress:
-            outcomes = verify.run_arms(
-                arms, lambda i, dep=None: first if i == 0 else other, arm_slots(opts, 2, 2), 2, work, {}, opts.args,
-                progress,
+            outcomes = launch.run_arms(
+                arms, lambda i, dep=None: first if i == 0 else other, arm_slots(plan.engine, 2, 2), 2, work, {},
+                plan.children, progress,
             )  # fmt: skip
     finally:
-        verify.run_arm = real
+        launch.run_arm = real
     assert seen["started_before_the_word"] and seen["gate"] == str(work / "preflight.gate")
     assert seen["word"] == ("go" if preflight_ok else "stop")
     assert bool(outcomes[0].result.preflight_problems) is not preflight_ok

@@ -16,7 +16,7 @@ from repro.matrix import status
 from repro.matrix.page import render_matrix_page
 from repro.publish.issue_md import format_issue_md
 from repro.publish.site import render_index, render_report_page
-from repro.publish.site_model import build_index_row
+from repro.publish.site_index import build_index_row
 from repro.publish.summary import format_summary
 from repro.readmodel import Arm, as_report
 

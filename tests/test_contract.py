@@ -6,18 +6,9 @@ import json
 
 import pytest
 
-from repro.contract import (
-    ARM_RESULT_KIND,
-    RESULT_VERSION,
-    UNPARSABLE_OUTPUT,
-    ArmResult,
-    ArmSpec,
-    ChildError,
-    ConnectorSpec,
-    ContractError,
-    ProbeResult,
-    RequestResult,
-)
+from repro.contract.failure import RESULT_VERSION, UNPARSABLE_OUTPUT, ContractError
+from repro.contract.job import ArmSpec, ConnectorSpec
+from repro.contract.result import ARM_RESULT_KIND, ArmResult, ChildError, ProbeResult, RequestResult
 
 REQ = RequestResult(
     role="reuse",

@@ -8,7 +8,7 @@ import pytest
 from conftest import ROOT
 
 from repro.commands import run_command
-from repro.contract import ArmResult
+from repro.contract.result import ArmResult
 from repro.detection import plan
 from repro.detection.commands import detection, detection_site
 from repro.detection.matrix import (
@@ -134,7 +134,7 @@ def test_a_false_positive_at_the_smallest_window_only_fails_the_study():
 
 
 def _request(tokens: tuple[int, ...], cached: int, role: str = "reuse") -> dict:
-    """One request as an engine result holds it (repro.contract.RequestResult's JSON form)."""
+    """One request as an engine result holds it (repro.contract.result.RequestResult's JSON form)."""
     return {
         "role": role,
         "token_ids": list(tokens),

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from repro.contract import ArmResult, ProbeResult, RequestResult
+from repro.contract.result import ArmResult, ProbeResult, RequestResult
 from repro.detection import plan
 from repro.detection.blame import blame_outcome, control_blame, drop_unreferenced, fault_blame, summarize_blame
 from repro.detection.matrix import summarize
@@ -34,7 +34,7 @@ def _record(seq: int, cold: bool) -> dict:
 
 
 def _result(arm: str, probes: list[str], faulted: list[int] | None = None, reuses: int = 1) -> dict:
-    """An audited arm's result (repro.contract.ArmResult's JSON): each probe cold, then `reuses` reuses."""
+    """An audited arm's result (repro.contract.result.ArmResult's JSON): each probe cold, then `reuses` reuses."""
     seq, out = 0, []
     for name in probes:
         reqs = []

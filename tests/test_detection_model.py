@@ -12,7 +12,7 @@ import pytest
 from kvkit_testutil import ROOT
 
 from repro.commands import run_command
-from repro.contract import CRASH, Failure
+from repro.contract.failure import CRASH, Failure
 from repro.detection import plan, run
 from repro.detection.commands import detection
 from repro.detection.matrix import summarize

@@ -27,7 +27,8 @@ from repro.detection.scenario_cells import (
 )
 from repro.detection.scenario_page import render_page
 from repro.errors import UsageError
-from repro.judge.verdict import CORRUPT, EXACT, FAIL, PASS, SCHEDULE_NUMERICS
+from repro.judge.scenario_verdict import SCHEDULE_NUMERICS
+from repro.judge.verdict import CORRUPT, EXACT, FAIL, PASS
 from repro.judge.verdict import INCONCLUSIVE as V_INCONCLUSIVE
 
 

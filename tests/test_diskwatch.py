@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from test_runner import _alive, run_fake
 
-from repro.contract import DISK_LOW, DISK_RUNAWAY, FAILURE_KINDS, ArmSpec, EngineConfig, ProbeJob, build_job
+from repro.contract.failure import DISK_LOW, DISK_RUNAWAY, FAILURE_KINDS
+from repro.contract.job import ArmSpec, EngineConfig, ProbeJob, build_job
 from repro.paths import SCHEMAS_DIR
 from repro.run import diskwatch, runner
 from repro.run.diskwatch import GB, DiskLimits, DiskWatch, cut_log, floor_for, measure

@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT, have_vllm
 from kvkit_testutil import run_test_connector
 
-from repro.contract import ArmSpec, EngineConfig, ProbeJob, build_job
+from repro.contract.job import ArmSpec, EngineConfig, ProbeJob, build_job
 from repro.plan.fixtures import load_fixture
 from repro.plan.suite import build_probes
 from repro.run.runner import child_env, run_arm

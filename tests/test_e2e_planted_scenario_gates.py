@@ -189,12 +189,13 @@ def test_after_eviction_faults_the_reload_of_a_b_a(tiny_model, tmp_path):
 
 
 def main(config: dict) -> None:
-    """The driver: the engine as repro.engine.child builds it for a connector arm (its _engine_kwargs), but
+    """The driver: the engine as repro.engine.child builds it for a connector arm (repro.engine.engine_args.engine_kwargs), but
     max_num_seqs from the config, so several requests can be in flight."""
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
 
-    from repro.engine.child import build_chat_prompt, kv_bytes_per_token
+    from repro.engine.child import build_chat_prompt
+    from repro.engine.engine_args import kv_bytes_per_token
     from repro.plan.suite import boundary_probe
 
     sized = {}

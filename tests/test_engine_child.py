@@ -7,7 +7,8 @@ import json
 import math
 from pathlib import Path
 
-from repro.contract import EXIT_OK, EXIT_RAISED, ArmResult, ArmSpec, EngineConfig, ProbeJob, build_job
+from repro.contract.job import ArmSpec, EngineConfig, ProbeJob, build_job
+from repro.contract.result import EXIT_OK, EXIT_RAISED, ArmResult
 from repro.engine import child
 
 ENGINE = EngineConfig("m", None, "float32", 0, 0.1, 256, 16, "cpu")
@@ -52,7 +53,7 @@ def test_an_arm_started_during_the_preflight_waits_at_the_gate_for_go_or_stop(tm
 
     import pytest
 
-    from repro.contract import PREFLIGHT_GATE_ENV, progress_path
+    from repro.contract.job import PREFLIGHT_GATE_ENV, progress_path
 
     job = _job(tmp_path)
     monkeypatch.delenv(PREFLIGHT_GATE_ENV, raising=False)

@@ -15,16 +15,15 @@ from repro.errors import EXIT_MISMATCH, EXIT_OK, UsageError
 from repro.judge.verdict import CORRUPT, EXACT, NUMERIC, UNAVAILABLE
 from repro.plan.fixtures import load_fixture, parse_fixture
 from repro.readmodel import as_report
-from repro.record.report import (
-    ReportInvalid,
+from repro.record.acceptance import (
     check_acceptance,
     check_scenario_acceptance,
     excused_kv_findings,
     excused_scenario_kv,
-    exit_code,
     unexpected_kv_findings,
-    validate_report,
 )
+from repro.record.exit_rule import exit_code
+from repro.record.report import ReportInvalid, validate_report
 
 FIXTURES = ROOT / "fixtures"
 DATA = ROOT / "tests" / "data"

@@ -9,7 +9,8 @@ import pytest
 from conftest import ROOT
 
 from repro.errors import UsageError
-from repro.judge.verdict import CORRUPT, EXACT, KV_VERDICTS, UNAVAILABLE, expectation_values
+from repro.judge.expectations import expectation_values
+from repro.judge.verdict import CORRUPT, EXACT, KV_VERDICTS, UNAVAILABLE
 from repro.plan.fixtures import load_fixture, parse_fixture
 
 SELFTEST = ROOT / "fixtures" / "selftest-cpu.json"
@@ -84,9 +85,9 @@ def test_every_name_the_kit_gives_an_arm_or_a_file_is_refused_as_an_arm_name():
         plan.NATIVE_MATCHED,
         gpu_load.load_log_path(Path("w")).stem,  # gpu-load.log
         cpu_load.load_log_path(Path("w")).stem,  # cpu-load.log
-        "kv-compare",  # repro.judge.kvaudit.run_compare's job, result and log
+        "kv-compare",  # repro.run.kvaudit.run_compare's job, result and log
         lmcache_mp.server_log_path(Path("w"), "LMCacheMPConnector").stem,  # LMCacheMPConnector.lmcache-server.log
-        "A~trial2",  # repro.verify.Extra.fresh: trials and confirmations
+        "A~trial2",  # repro.run.arm_runs.ArmRuns.fresh: trials and confirmations
         "A~alone",
     ]
     for name in kit_names + ["a/b", "..", ".A", "", "x" * 65, "a b"]:

@@ -19,7 +19,7 @@ from test_cli_failures import _args, _env, assert_untouched, setup  # noqa: F401
 from test_lifeline import _wait_gone
 from test_lmcache_mp import _no_leftovers, _wait_for
 
-from repro.contract import Failure
+from repro.contract.failure import Failure
 from repro.engine import gpu_load as child
 from repro.errors import UsageError
 from repro.plan.options import parse_args

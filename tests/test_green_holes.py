@@ -1,6 +1,6 @@
 """No finding behind a green exit (issue 33): the seven holes a review found in the verdict, trials, scenario
 and KV code, each pinned by a test that failed on the code before its fix (d4dcb7f), and the one exit rule
-(repro.record.report.exit_reason) that plain arms and scenarios share. No engine: judged entries and results are
+(repro.record.exit_rule.exit_reason) that plain arms and scenarios share. No engine: judged entries and results are
 built as the parent and the child build them."""
 
 from __future__ import annotations
@@ -12,24 +12,18 @@ from test_kvaudit import _planes, _record
 from test_scenario_lmcache_checks import BASE, _baseline, _control, _scenario
 from test_scenario_views import scenario_report
 
-from repro.contract import ArmResult, ArmSpec, ProbeResult, RequestResult, ScenarioResult, StepRequest
+from repro.contract.job import ArmSpec
+from repro.contract.result import ArmResult, ProbeResult, RequestResult, ScenarioResult, StepRequest
 from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME
 from repro.judge import trials
 from repro.judge.evaluate import judge_arm
-from repro.judge.verdict import (
-    FAIL,
-    INCONCLUSIVE,
-    MISS,
-    PASS,
-    Request,
-    decide_baseline_probe,
-    decide_probe,
-    decide_scenario_request,
-)
+from repro.judge.scenario_verdict import MISS, decide_scenario_request
+from repro.judge.verdict import FAIL, INCONCLUSIVE, PASS, Request, decide_baseline_probe, decide_probe
 from repro.plan.arms import PlannedArm
 from repro.publish.summary import format_summary
 from repro.readmodel.conditions import TrialRate
-from repro.record.report import check_acceptance, exit_code, exit_reason, scenario_exit
+from repro.record.acceptance import check_acceptance
+from repro.record.exit_rule import exit_code, exit_reason, scenario_exit
 from repro.run.runner import ArmOutcome
 from repro.run.scenarios import annotate_kv, judge_run
 

@@ -24,6 +24,8 @@ PARENT_ONLY = (
     "repro.plan.options",
     "repro.commands",
     "repro.record.report",
+    "repro.record.acceptance",
+    "repro.record.exit_rule",
 )
 VERDICT_NAMES = {"PASS", "FAIL", "INCONCLUSIVE", "ERROR", "SKIPPED", "EXACT", "NUMERIC", "CORRUPT", "UNAVAILABLE"}
 # The same words that are not verdicts: logscan reads log levels (WARNING, ERROR, CRITICAL).

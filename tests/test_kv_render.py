@@ -17,14 +17,16 @@ from test_issue_md import html_tables
 from test_render import Page
 
 from repro.errors import UsageError
-from repro.judge.verdict import CELL_CORRUPT, CELL_EXACT, CELL_NUMERIC, CORRUPT, EXACT, NUMERIC, UNAVAILABLE
+from repro.judge.kv_verdict import CELL_CORRUPT, CELL_EXACT, CELL_NUMERIC
+from repro.judge.verdict import CORRUPT, EXACT, NUMERIC, UNAVAILABLE
 from repro.judge.wording import spans
 from repro.publish.heatmap import cell_fill
 from repro.publish.issue_md import format_issue_md
 from repro.publish.site import render_report_page, render_site
 from repro.publish.summary import format_summary
 from repro.readmodel import Probe, kv_blame_text
-from repro.record.report import ReportInvalid, check_acceptance, load_report, validate_report
+from repro.record.acceptance import check_acceptance
+from repro.record.report import ReportInvalid, load_report, validate_report
 
 DATA = ROOT / "tests" / "data"
 SELFTEST = DATA / "render-selftest.json"

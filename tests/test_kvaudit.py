@@ -11,9 +11,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
-from repro.contract import ArmResult, ProbeResult, RequestResult
+from repro.contract.result import ArmResult, ProbeResult, RequestResult
 from repro.engine import kvcompare
-from repro.engine.kvaudit import AuditRequest, detect_layout, split_planes
+from repro.engine.kv_blocks import detect_layout, split_planes
+from repro.engine.kvaudit_hooks import AuditRequest
 from repro.judge.kvaudit import annotate, arm_floor, compare_job
 
 H, BS, D, NB = 2, 4, 3, 10
@@ -269,8 +270,9 @@ def _output(*new_reqs):
 
 def _wrapped(monkeypatch, tmp_path):
     from repro.engine import kvaudit
+    from repro.engine.kvaudit_hooks import AUDIT_DIR_ENV
 
-    monkeypatch.setenv(kvaudit.AUDIT_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(AUDIT_DIR_ENV, str(tmp_path))
     return kvaudit.make_wrapped(_Target)
 
 
@@ -308,7 +310,7 @@ def test_an_asynchronous_load_is_described_when_the_request_is_promoted(monkeypa
 
 
 def test_the_worker_reads_an_asynchronous_load_only_after_get_finished_reported_it(monkeypatch, tmp_path):
-    from repro.engine.kvaudit import AuditMetadata
+    from repro.engine.kvaudit_hooks import AuditMetadata
 
     worker = _wrapped(monkeypatch, tmp_path)(_vllm_config(), "worker")
     kv = torch.randn(NB, H, BS, 2 * D)
@@ -348,12 +350,12 @@ def test_a_request_resumed_after_preemption_keeps_its_first_record_and_is_not_re
 
 
 def test_the_audit_stops_recording_at_its_write_limit_and_says_so(monkeypatch, tmp_path):
-    from repro.engine import kvaudit
-    from repro.engine.kvaudit import AuditMetadata
+    from repro.engine import kvaudit_hooks as hooks
+    from repro.engine.kvaudit_hooks import AuditMetadata
 
-    assert kvaudit.max_bytes_from_env({}) == kvaudit.DEFAULT_MAX_BYTES == 8 * 1024**3
-    assert kvaudit.max_bytes_from_env({kvaudit.MAX_BYTES_ENV: "nonsense"}) == kvaudit.DEFAULT_MAX_BYTES
-    monkeypatch.setenv(kvaudit.MAX_BYTES_ENV, "2000")  # one layer of one request's three blocks is more
+    assert hooks.max_bytes_from_env({}) == hooks.DEFAULT_MAX_BYTES == 8 * 1024**3
+    assert hooks.max_bytes_from_env({hooks.MAX_BYTES_ENV: "nonsense"}) == hooks.DEFAULT_MAX_BYTES
+    monkeypatch.setenv(hooks.MAX_BYTES_ENV, "2000")  # one layer of one request's three blocks is more
     worker = _wrapped(monkeypatch, tmp_path)(_vllm_config(), "worker")
     kv = torch.randn(NB, H, BS, 2 * D)
     worker.register_kv_caches({"model.layers.0.attn": kv, "model.layers.1.attn": kv.clone()})
@@ -367,7 +369,7 @@ def test_the_audit_stops_recording_at_its_write_limit_and_says_so(monkeypatch, t
     assert written > 2000
     (error,) = tmp_path.glob("audit-error.*.json")
     said = json.loads(error.read_text())["error"]
-    assert f"had written {written} bytes" in said and "limit of 2000" in said and kvaudit.MAX_BYTES_ENV in said
+    assert f"had written {written} bytes" in said and "limit of 2000" in said and hooks.MAX_BYTES_ENV in said
     worker.wait_for_layer_load("model.layers.1.attn")  # stopped: nothing more is written
     worker.bind_connector_metadata(AuditMetadata(inner="inner", requests=[request(1, "r2")]))
     worker.wait_for_layer_load("model.layers.0.attn")

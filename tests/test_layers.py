@@ -37,13 +37,19 @@ from test_imports import package_modules
 FLOOR_TABLE = """
 base       repro repro.errors repro.paths repro.record.atomic repro.contract repro.judge.compare repro.run.logscan repro.run.lifeline
            repro.run.progress repro.plan.prompts repro.judge.replays repro.run.sharing repro.plan.devices repro.commands
+           repro.plan.settings repro.plan.interpreter repro.run.exits repro.lmcache.mp_ports
 core       repro.judge.verdict repro.judge.wording repro.judge.trials repro.plan.fixtures repro.plan.suite repro.judge.evaluate repro.record.report
            repro.models repro.models.tiny repro.record.provenance repro.matrix.spec repro.matrix.cell
+           repro.judge.kv_verdict repro.judge.scenario_verdict repro.judge.batch_invariance repro.judge.expectations
+           repro.record.acceptance repro.record.exit_rule
+           repro.plan.scenarios repro.record.publish
 engine     repro.engine
 options    repro.plan.options
 machinery  repro.plan.arms repro.run.scheduler repro.run.runner repro.run.workdir repro.lmcache.ops repro.lmcache.mp
            repro.lmcache.signals repro.run.neighbour repro.run.gpu_load repro.run.cpu_load repro.judge.kvaudit repro.run.scenarios
            repro.detection.plan
+           repro.plan.run_plan repro.run.clock repro.run.launch repro.run.arm_runs repro.run.kvaudit repro.run.workspace
+           repro.run.scenario_runs repro.judge.entries repro.judge.confirm repro.record.assemble
 read       repro.readmodel repro.matrix.status repro.detection.blame repro.detection.matrix
            repro.detection.scenario_cells
 publish    repro.publish repro.matrix.page repro.detection.page repro.detection.scenario_page
@@ -183,6 +189,6 @@ def test_the_cycle_finder_finds_cycles_through_any_number_of_modules(edges, cycl
 
 def test_the_graph_sees_an_import_inside_a_function_and_a_name_taken_from_a_module():
     g = graph()
-    assert "repro.run.scheduler" in g["repro.verify"]  # `from repro import ..., scheduler, ...`
+    assert "repro.run.scheduler" in g["repro.run.launch"]  # `from repro.run import scheduler`
     assert "repro.plan.devices" in g["repro.plan.options"] and "repro.plan.options" in g["repro.plan.arms"]
     assert "repro.publish.summary" not in g["repro.record.report"]  # issue 34: the circle through the read model

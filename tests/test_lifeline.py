@@ -20,7 +20,7 @@ import pytest
 from kvkit_testutil import ROOT
 from test_runner import FAKE, _alive, _job
 
-from repro.contract import NONZERO_EXIT, TIMEOUT
+from repro.contract.failure import NONZERO_EXIT, TIMEOUT
 from repro.record.atomic import write_json_atomic
 from repro.run import lifeline, runner
 from repro.run.runner import child_env, run_arm, start_child

@@ -20,7 +20,7 @@ from kvkit_testutil import ROOT
 from test_lifeline import _wait_gone
 from test_runner import _alive
 
-from repro.contract import Failure
+from repro.contract.failure import Failure
 from repro.lmcache.mp import (
     LMCACHE_SERVER_DIED,
     LMCACHE_SERVER_START,

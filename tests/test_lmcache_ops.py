@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from kvkit_testutil import ROOT
 
-from repro.engine import child
+from repro.engine import facts
 from repro.errors import UsageError
 from repro.lmcache import ops as lmcache_ops
 from repro.lmcache.ops import BLOCKED_ERROR, FALLBACK_DIR, MANIFEST_NAME, BuildError, apply, build, resolve
@@ -225,10 +225,10 @@ def test_build_unpacks_builds_checks_and_writes_the_manifest_then_resolve_finds_
 
 
 def test_the_child_tells_a_kit_build_from_the_wheel(tmp_path, monkeypatch):
-    """repro.engine.child._lmcache_build on the kit build's tree: compiled, kit build, its dir."""
+    """repro.engine.facts.lmcache_build on the kit build's tree: compiled, kit build, its dir."""
     site = fake_site(tmp_path / "site", ops="raises")
     build_dir, _, _ = build(sys.executable, fake_sdist(tmp_path), tmp_path / "cache", env=nvcc_env(tmp_path, site))
-    code = "import json\nfrom repro.engine.child import _lmcache_build\nprint(json.dumps(_lmcache_build()))"
+    code = "import json\nfrom repro.engine.facts import lmcache_build\nprint(json.dumps(lmcache_build()))"
     kit = json.loads(_run(code, site_env(build_dir / "lmcache-0.5.4", ROOT, site)).stdout)
     assert (kit["copy_path"], kit["ops_source"], kit["ops_build_dir"]) == ("compiled", "kit build", str(build_dir))
     wheel = json.loads(_run(code, site_env(ROOT, fake_site(tmp_path / "wheel", ops="imports"))).stdout)
@@ -238,7 +238,7 @@ def test_the_child_tells_a_kit_build_from_the_wheel(tmp_path, monkeypatch):
     assert failed["ops_import_error"] == f"ImportError: {UNDEFINED}"
     blocked = json.loads(_run(code, site_env(FALLBACK_DIR, ROOT, fake_site(tmp_path / "wheel"))).stdout)
     assert blocked["copy_path"] == "fallback" and blocked["ops_import_error"] == f"ImportError: {BLOCKED_ERROR}"
-    assert lmcache_ops.MANIFEST_NAME in Path(child.__file__).read_text()  # the child reads the same name
+    assert lmcache_ops.MANIFEST_NAME in Path(facts.__file__).read_text()  # the child reads the same name
 
 
 @pytest.mark.parametrize(

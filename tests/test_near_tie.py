@@ -34,7 +34,7 @@ from repro.judge.verdict import (
 from repro.judge.wording import gap_text
 from repro.publish.issue_md import format_issue_md
 from repro.publish.site import render_index, render_report_page, render_site
-from repro.publish.site_model import build_index_row
+from repro.publish.site_index import build_index_row
 from repro.publish.summary import format_summary
 from repro.readmodel import Arm, Probe, Request, margin_class
 from repro.record.report import load_report

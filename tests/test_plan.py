@@ -1,4 +1,4 @@
-"""Arm planning and job building (repro.plan.arms, repro.contract.build_job): pure, no engine."""
+"""Arm planning and job building (repro.plan.arms, repro.contract.job.build_job): pure, no engine."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import json
 
 import pytest
 
-from repro.contract import Job
+from repro.contract.job import Job
 from repro.errors import UsageError
 from repro.plan.arms import PLANTED_FAULT_MODULE, TMPDIR_TOKEN, arm_job, materialize, plan_arms, preflight_for
 from repro.plan.fixtures import load_fixture
 from repro.plan.options import parse_args
+from repro.plan.run_plan import build_plan
 from repro.plan.suite import build_probes
 
 SELFTEST = "fixtures/selftest-cpu.json"
@@ -24,13 +25,14 @@ def model(tmp_path):
     return str(path)
 
 
-def _opts(model, tmp_path, *extra):
-    return parse_args(["--model", model, "--fixture", SELFTEST, "--report", str(tmp_path / "r.json"), *extra])
+def _plan(model, tmp_path, *extra):
+    argv = ["--model", model, "--fixture", SELFTEST, "--report", str(tmp_path / "r.json"), *extra]
+    return build_plan(parse_args(argv), argv)
 
 
 def test_fixture_arms_in_order_baseline_connectors_native(model, tmp_path):
-    opts = _opts(model, tmp_path, "--compare-native")
-    arms = plan_arms(opts, load_fixture(SELFTEST))
+    rp = _plan(model, tmp_path, "--compare-native")
+    arms = plan_arms(rp.asked, load_fixture(SELFTEST))
     assert [(a.name, a.spec.mode) for a in arms] == [
         ("baseline", "baseline"),
         ("ExampleConnector", "connector"),
@@ -46,8 +48,8 @@ def test_fixture_arms_in_order_baseline_connectors_native(model, tmp_path):
 
 
 def test_a_command_line_connector_replaces_the_fixture_arms_and_gets_a_scratch_dir(model, tmp_path):
-    opts = _opts(model, tmp_path, "--kv-connector", "ExampleConnector")
-    arms = plan_arms(opts, load_fixture(SELFTEST))
+    rp = _plan(model, tmp_path, "--kv-connector", "ExampleConnector")
+    arms = plan_arms(rp.asked, load_fixture(SELFTEST))
     assert [a.name for a in arms] == ["baseline", "ExampleConnector"]
     assert arms[1].spec.connector.extra_config == {"shared_storage_path": TMPDIR_TOKEN}
     scratch: list[str] = []
@@ -58,17 +60,17 @@ def test_a_command_line_connector_replaces_the_fixture_arms_and_gets_a_scratch_d
 
 def test_nothing_to_compare_is_a_usage_error(model, tmp_path):
     fixture = load_fixture(SELFTEST)
-    opts = _opts(model, tmp_path)
+    rp = _plan(model, tmp_path)
     with pytest.raises(UsageError, match="nothing to compare"):
-        plan_arms(opts, type(fixture)(**{**fixture.__dict__, "arms": ()}))
+        plan_arms(rp.asked, type(fixture)(**{**fixture.__dict__, "arms": ()}))
 
 
 def test_jobs_baseline_runs_once_reuse_arms_cold_plus_reuses_skips_dropped(model, tmp_path):
-    opts = _opts(model, tmp_path, "--compare-native", "--suite", "acceptance", "--reuses", "2")
+    rp = _plan(model, tmp_path, "--compare-native", "--suite", "acceptance", "--reuses", "2")
     fixture = load_fixture(SELFTEST)
-    arms = plan_arms(opts, fixture)
+    arms = plan_arms(rp.asked, fixture)
     probes = build_probes(fixture.probes, "acceptance")
-    jobs = {a.name: arm_job(opts, a, probes, fixture.sha256) for a in arms}
+    jobs = {a.name: arm_job(rp.engine, rp.inputs.reuses, a, probes, fixture.sha256) for a in arms}
     assert [(p.name, p.requests) for p in jobs["baseline"].probes] == [
         ("fixture", 1),
         ("chat-511", 1),
@@ -88,27 +90,28 @@ def test_jobs_baseline_runs_once_reuse_arms_cold_plus_reuses_skips_dropped(model
 
 
 def test_the_job_round_trips_through_json_and_only_the_first_child_gets_the_preflight(model, tmp_path):
-    opts = _opts(model, tmp_path, "--compare-native")
+    rp = _plan(model, tmp_path, "--compare-native")
     fixture = load_fixture(SELFTEST)
-    arms = plan_arms(opts, fixture)
-    pre = preflight_for(opts, arms)
+    arms = plan_arms(rp.asked, fixture)
+    pre = preflight_for(arms, rp.engine.device, rp.children.engine_module)
     assert [(c.arm, c.name) for c in pre.connectors] == [
         ("ExampleConnector", "ExampleConnector"),
         ("PlantedFault", "PlantedFaultConnector"),
         ("PlantedFault-none", "PlantedFaultConnector"),
     ]
-    job = arm_job(opts, arms[0], list(fixture.probes), fixture.sha256, pre)
+    job = arm_job(rp.engine, rp.inputs.reuses, arms[0], list(fixture.probes), fixture.sha256, pre)
     assert Job.from_json(json.loads(json.dumps(job.to_json()))) == job
-    assert "preflight" not in arm_job(opts, arms[1], list(fixture.probes), fixture.sha256).to_json()
+    other = arm_job(rp.engine, rp.inputs.reuses, arms[1], list(fixture.probes), fixture.sha256)
+    assert "preflight" not in other.to_json()
 
 
 def test_native_matched_copies_the_connector_arms_reuse_lengths_aligned_down(model, tmp_path):
-    from repro.contract import ArmResult, ProbeResult, RequestResult
+    from repro.contract.result import ArmResult, ProbeResult, RequestResult
     from repro.plan.arms import matched_probes
 
-    opts = _opts(model, tmp_path, "--compare-native")
+    rp = _plan(model, tmp_path, "--compare-native")
     fixture = load_fixture(SELFTEST)
-    arm = plan_arms(opts, fixture)[-1]
+    arm = plan_arms(rp.asked, fixture)[-1]
     probes = build_probes(fixture.probes, "acceptance")
 
     def probe(name, counts):
@@ -126,7 +129,7 @@ def test_native_matched_copies_the_connector_arms_reuse_lengths_aligned_down(mod
             probe("chat-513", [0, 0]),
         ),
     )
-    jobs, skipped, info = matched_probes(opts, arm, probes, conn, 16)
+    jobs, skipped, info = matched_probes(arm, probes, conn, 16)
     assert {j.name: (j.requests, j.match_tokens) for j in jobs} == {
         "fixture": (4, (1280, 1280, 1280)),
         "chat-511": (2, (256,)),
@@ -134,7 +137,7 @@ def test_native_matched_copies_the_connector_arms_reuse_lengths_aligned_down(mod
     }
     assert info["chat-512"]["aligned_down"] == [True] and info["chat-512"]["connector_tokens"] == [511]
     assert "reused nothing" in skipped["chat-513"]
-    _, skipped, _ = matched_probes(opts, arm, probes, None, 16)  # the connector arm failed
+    _, skipped, _ = matched_probes(arm, probes, None, 16)  # the connector arm failed
     assert set(skipped) == {"fixture", "chat-511", "chat-512", "chat-513"}
 
 
@@ -146,25 +149,25 @@ def test_arms_sharing_a_gpu_get_a_fixed_kv_cache_and_the_job_carries_it(model, t
     from repro.plan import arms as plan
     from repro.plan import devices
 
-    opts = _opts(model, tmp_path, "--device", "cuda", "--max-model-len", "2048", "--gpu-memory-utilization", "0.5")
+    rp = _plan(model, tmp_path, "--device", "cuda", "--max-model-len", "2048", "--gpu-memory-utilization", "0.5")
     monkeypatch.setattr(devices, "visible_gpus", lambda: ["0"])
-    shared = plan.arm_slots(opts, 3, 3)
+    shared = plan.arm_slots(rp.engine, 3, 3)
     assert [s.kv_cache_tokens for s in shared] == [plan.SHARED_GPU_KV_MAX_MODEL_LENS * 2048] * 3
     assert [s.gpu_memory_utilization for s in shared] == [0.3] * 3
     # one arm per GPU, or one at a time: vLLM sizes the cache as before
     monkeypatch.setattr(devices, "visible_gpus", lambda: ["0", "1", "2"])
-    assert [s.kv_cache_tokens for s in plan.arm_slots(opts, 3, 3)] == [None] * 3
-    assert [(s.kv_cache_tokens, s.gpu_memory_utilization) for s in plan.arm_slots(opts, 3, 1)] == [(None, 0.5)]
-    assert len(plan.arm_slots(opts, 5, 3)) == 3  # a slot per arm at once, taken at launch (SlotPool)
+    assert [s.kv_cache_tokens for s in plan.arm_slots(rp.engine, 3, 3)] == [None] * 3
+    assert [(s.kv_cache_tokens, s.gpu_memory_utilization) for s in plan.arm_slots(rp.engine, 3, 1)] == [(None, 0.5)]
+    assert len(plan.arm_slots(rp.engine, 5, 3)) == 3  # a slot per arm at once, taken at launch (SlotPool)
     fixture = load_fixture(SELFTEST)
-    job = arm_job(opts, plan_arms(opts, fixture)[0], list(fixture.probes), fixture.sha256)
+    job = arm_job(rp.engine, rp.inputs.reuses, plan_arms(rp.asked, fixture)[0], list(fixture.probes), fixture.sha256)
     assert "kv_cache_tokens" not in job.to_json()["engine"]
     job = replace(job, engine=replace(job.engine, kv_cache_tokens=8192))
     assert Job.from_json(json.loads(json.dumps(job.to_json()))) == job
 
 
 def test_kv_bytes_per_token_reads_the_models_attention_shape(tmp_path):
-    from repro.engine.child import kv_bytes_per_token
+    from repro.engine.engine_args import kv_bytes_per_token
 
     cfg = {
         "model_type": "qwen3",
@@ -184,10 +187,10 @@ def test_kv_bytes_per_token_reads_the_models_attention_shape(tmp_path):
 
 def test_no_native_matched_leaves_the_three_arm_reference_run(model, tmp_path):
     fixture = load_fixture(SELFTEST)
-    names = [a.name for a in plan_arms(_opts(model, tmp_path, "--compare-native"), fixture)]
+    names = [a.name for a in plan_arms(_plan(model, tmp_path, "--compare-native").asked, fixture)]
     assert names[-2:] == ["native", "native-matched"]
-    opts = _opts(model, tmp_path, "--compare-native", "--no-native-matched", "--kv-connector", "ExampleConnector")
-    assert [a.name for a in plan_arms(opts, fixture)] == ["baseline", "ExampleConnector", "native"]
+    rp = _plan(model, tmp_path, "--compare-native", "--no-native-matched", "--kv-connector", "ExampleConnector")
+    assert [a.name for a in plan_arms(rp.asked, fixture)] == ["baseline", "ExampleConnector", "native"]
 
 
 def test_cpu_arms_bind_to_the_cores_this_process_may_use(model, tmp_path, monkeypatch):
@@ -200,10 +203,10 @@ def test_cpu_arms_bind_to_the_cores_this_process_may_use(model, tmp_path, monkey
     monkeypatch.setattr(devices.os, "cpu_count", lambda: 8)
     monkeypatch.setattr(devices.os, "sched_getaffinity", lambda pid: {5, 2})
     monkeypatch.setattr(plan, "_memory_gib", lambda: (8.0, 64.0))  # memory for 11 arms
-    opts = _opts(model, tmp_path, "--device", "cpu")
-    assert plan.default_jobs(opts, 6) == 2
-    assert [s.env for s in plan.arm_slots(opts, 6, 2)] == [
+    rp = _plan(model, tmp_path, "--device", "cpu")
+    assert plan.default_jobs(rp.engine, 6) == 2
+    assert [s.env for s in plan.arm_slots(rp.engine, 6, 2)] == [
         {"VLLM_CPU_OMP_THREADS_BIND": "2"},
         {"VLLM_CPU_OMP_THREADS_BIND": "5"},
     ]
-    assert [s.env for s in plan.arm_slots(opts, 6, 1)] == [{}]  # one at a time: no binding
+    assert [s.env for s in plan.arm_slots(rp.engine, 6, 1)] == [{}]  # one at a time: no binding

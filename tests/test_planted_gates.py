@@ -20,6 +20,13 @@ def pf():
     return planted_fault
 
 
+@pytest.fixture(scope="module")
+def gates():
+    from repro.engine.connectors import planted_gates
+
+    return planted_gates
+
+
 def _bare(pf, role_name: str = "SCHEDULER", **extra):
     """A connector with only its fault and gate settings: what _plan_load reads, no engine."""
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
@@ -35,39 +42,39 @@ def _load_op(pf, n: int = 4):
 
 
 # ---- schedstat reader
-def test_parse_schedstat_line(pf):
-    assert pf.parse_schedstat("123456789 2345678 17\n") == (123456789, 2345678)
+def test_parse_schedstat_line(gates):
+    assert gates.parse_schedstat("123456789 2345678 17\n") == (123456789, 2345678)
 
 
 @pytest.mark.parametrize("line", ["", "12\n", "12 x 3", "-1 2 3"])
-def test_parse_schedstat_rejects_what_it_cannot_read(pf, line):
-    with pytest.raises(pf.SchedstatUnavailable, match="unexpected schedstat line"):
-        pf.parse_schedstat(line)
+def test_parse_schedstat_rejects_what_it_cannot_read(gates, line):
+    with pytest.raises(gates.SchedstatUnavailable, match="unexpected schedstat line"):
+        gates.parse_schedstat(line)
 
 
-def test_missing_schedstat_says_so(pf, tmp_path):
-    with pytest.raises(pf.SchedstatUnavailable, match="not readable"):
-        pf.read_runqueue_wait_ns(str(tmp_path / "no-such-schedstat"))
+def test_missing_schedstat_says_so(gates, tmp_path):
+    with pytest.raises(gates.SchedstatUnavailable, match="not readable"):
+        gates.read_runqueue_wait_ns(str(tmp_path / "no-such-schedstat"))
 
 
-def test_contended_gate_refuses_to_start_without_schedstat(pf, tmp_path, monkeypatch):
+def test_contended_gate_refuses_to_start_without_schedstat(pf, gates, tmp_path, monkeypatch):
     """Without the file the connector says so at start: it must not run as a fault that never fires."""
-    monkeypatch.setattr(pf, "SCHEDSTAT_PATH", str(tmp_path / "absent"))
+    monkeypatch.setattr(gates, "SCHEDSTAT_PATH", str(tmp_path / "absent"))
     with pytest.raises(ValueError, match="cannot measure run-queue wait.*not readable"):
         _bare(pf, when="contended")
 
 
-def test_contended_gate_losing_schedstat_later_loads_faithfully(pf, tmp_path, monkeypatch):
+def test_contended_gate_losing_schedstat_later_loads_faithfully(pf, gates, tmp_path, monkeypatch):
     conn = _bare(pf, when="contended")
-    monkeypatch.setattr(pf, "SCHEDSTAT_PATH", str(tmp_path / "gone"))
+    monkeypatch.setattr(gates, "SCHEDSTAT_PATH", str(tmp_path / "gone"))
     op = _load_op(pf)
     conn._plan_load(op)
     assert op.faulted == [] and op.gate["apply"] is False and "not readable" in op.gate["contended"]["unavailable"]
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="no schedstat on this system")
-def test_timed_copy_spends_its_cpu_time(pf):
-    copy = pf.timed_copy(5_000_000)
+def test_timed_copy_spends_its_cpu_time(gates):
+    copy = gates.timed_copy(5_000_000)
     assert copy["cpu_ns"] >= 5_000_000 and copy["wait_ns"] >= 0 and copy["wall_ns"] >= copy["cpu_ns"] * 0.9
 
 
@@ -82,14 +89,14 @@ def test_timed_copy_spends_its_cpu_time(pf):
         (0, 5, False),  # no CPU time measured: no verdict of contention
     ],
 )
-def test_missed_window_threshold(pf, cpu, wait, missed):
-    assert pf.missed_window(cpu, wait, pf.CONTENDED_RATIO) is missed
+def test_missed_window_threshold(gates, cpu, wait, missed):
+    assert gates.missed_window(cpu, wait, gates.CONTENDED_RATIO) is missed
 
 
 @pytest.mark.parametrize(("wait", "faults"), [(30_000_000, True), (1_000_000, False)])
-def test_contended_gate_decides_each_load(pf, monkeypatch, wait, faults):
+def test_contended_gate_decides_each_load(pf, gates, monkeypatch, wait, faults):
     monkeypatch.setattr(
-        pf, "timed_copy", lambda cpu_ns, path=None: {"cpu_ns": 40_000_000, "wait_ns": wait, "wall_ns": 0}
+        gates, "timed_copy", lambda cpu_ns, path=None: {"cpu_ns": 40_000_000, "wait_ns": wait, "wall_ns": 0}
     )
     conn = _bare(pf, when="contended")
     op = _load_op(pf)
@@ -97,13 +104,13 @@ def test_contended_gate_decides_each_load(pf, monkeypatch, wait, faults):
     assert (op.faulted == [0, 1, 2, 3]) is faults
     figures = op.gate["contended"]
     assert op.gate["apply"] is faults and figures["missed"] is faults
-    assert figures["wait_ratio"] == wait / 40_000_000 and figures["threshold"] == pf.CONTENDED_RATIO
+    assert figures["wait_ratio"] == wait / 40_000_000 and figures["threshold"] == gates.CONTENDED_RATIO
 
 
-def test_contended_settings_come_from_the_config(pf, monkeypatch):
+def test_contended_settings_come_from_the_config(pf, gates, monkeypatch):
     seen = []
     monkeypatch.setattr(
-        pf, "timed_copy", lambda cpu_ns, path=None: seen.append(cpu_ns) or {"cpu_ns": 10, "wait_ns": 6, "wall_ns": 0}
+        gates, "timed_copy", lambda cpu_ns, path=None: seen.append(cpu_ns) or {"cpu_ns": 10, "wait_ns": 6, "wall_ns": 0}
     )
     conn = _bare(pf, when="contended", contended_cpu_ms=5, contended_ratio=0.7)
     op = _load_op(pf)
@@ -124,18 +131,18 @@ def test_unknown_when_is_refused(pf):
 
 
 # ---- once_in claim
-def test_two_claims_one_winner(pf, tmp_path):
-    assert [pf.claim_once(str(tmp_path)), pf.claim_once(str(tmp_path))] == [True, False]
-    assert (tmp_path / pf.CLAIM_NAME).exists()
+def test_two_claims_one_winner(gates, tmp_path):
+    assert [gates.claim_once(str(tmp_path)), gates.claim_once(str(tmp_path))] == [True, False]
+    assert (tmp_path / gates.CLAIM_NAME).exists()
 
 
-def test_concurrent_claims_from_threads(pf, tmp_path):
+def test_concurrent_claims_from_threads(gates, tmp_path):
     n, wins = 16, []
     barrier = threading.Barrier(n)
 
     def claim():
         barrier.wait()
-        wins.append(pf.claim_once(str(tmp_path / "d")))
+        wins.append(gates.claim_once(str(tmp_path / "d")))
 
     threads = [threading.Thread(target=claim) for _ in range(n)]
     for t in threads:
@@ -146,7 +153,7 @@ def test_concurrent_claims_from_threads(pf, tmp_path):
 
 
 def _claim_in_child(directory, barrier, results):
-    from repro.engine.connectors.planted_fault import claim_once
+    from repro.engine.connectors.planted_gates import claim_once
 
     barrier.wait()
     results.put(claim_once(directory))
@@ -174,9 +181,9 @@ def test_only_the_claiming_engine_faults(pf, tmp_path):
     assert ops[1].faulted == [] and ops[1].gate == {"apply": False, "once_in": {"dir": str(tmp_path), "claimed": False}}
 
 
-def test_the_worker_side_does_not_claim(pf, tmp_path):
+def test_the_worker_side_does_not_claim(pf, gates, tmp_path):
     _bare(pf, "WORKER", once_in=str(tmp_path))
-    assert not (tmp_path / pf.CLAIM_NAME).exists()
+    assert not (tmp_path / gates.CLAIM_NAME).exists()
 
 
 def test_once_in_must_be_absolute(pf):
@@ -184,9 +191,9 @@ def test_once_in_must_be_absolute(pf):
         _bare(pf, once_in="relative/claims")
 
 
-def test_gates_combine(pf, tmp_path, monkeypatch):
+def test_gates_combine(pf, gates, tmp_path, monkeypatch):
     """With both gates a load faults only in the claiming engine and only when its copy missed its window."""
-    monkeypatch.setattr(pf, "timed_copy", lambda cpu_ns, path=None: {"cpu_ns": 40, "wait_ns": 40, "wall_ns": 80})
+    monkeypatch.setattr(gates, "timed_copy", lambda cpu_ns, path=None: {"cpu_ns": 40, "wait_ns": 40, "wall_ns": 80})
     winner, loser = (
         _bare(pf, once_in=str(tmp_path), when="contended"),
         _bare(pf, once_in=str(tmp_path), when="contended"),

@@ -25,6 +25,13 @@ def pf():
     return planted_fault
 
 
+@pytest.fixture(scope="module")
+def gates():
+    from repro.engine.connectors import planted_gates
+
+    return planted_gates
+
+
 class Engine:
     """The scheduler side of one engine: a connector with a block size of 4 and a store of key names."""
 
@@ -97,11 +104,11 @@ def figures(scheduled: int, unfinished: int, in_flight: int) -> dict:
     return {"scheduled": scheduled, "unfinished": unfinished, "in_flight": in_flight, "min": 2, "open": in_flight >= 2}
 
 
-def test_in_flight_figures(pf):
-    assert pf.in_flight_figures({"a"}, {"a"}) == figures(1, 1, 1)
-    assert pf.in_flight_figures({"a", "b"}, {"a", "b"})["open"] is True
+def test_in_flight_figures(gates):
+    assert gates.in_flight_figures({"a"}, {"a"}) == figures(1, 1, 1)
+    assert gates.in_flight_figures({"a", "b"}, {"a", "b"})["open"] is True
     # a running request the step left out still shares the engine with the load
-    assert pf.in_flight_figures({"a"}, {"a", "b"}) == figures(1, 2, 2)
+    assert gates.in_flight_figures({"a"}, {"a", "b"}) == figures(1, 2, 2)
 
 
 def test_in_flight_plain_probes_never_fault(pf):
@@ -154,8 +161,8 @@ def test_in_flight_gate_is_recorded_in_the_audit_line(pf, tmp_path):
 
 
 # ---- after_eviction
-def test_local_tier_evicts_the_least_recently_used(pf):
-    tier = pf.LocalTier(3)
+def test_local_tier_evicts_the_least_recently_used(gates):
+    tier = gates.LocalTier(3)
     tier.put(["a", "b", "c"])
     figures = tier.load(["a"])  # a becomes the most recently used
     assert figures["local_blocks"] == 1 and figures["open"] is False

@@ -8,7 +8,7 @@ import os
 import pytest
 from kvkit_testutil import have_vllm, run_cli
 
-from repro.contract import ArmSpec, EngineConfig, Preflight, PreflightConnector, build_job
+from repro.contract.job import ArmSpec, EngineConfig, Preflight, PreflightConnector, build_job
 from repro.run.runner import child_env, run_arm
 
 pytestmark = pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")

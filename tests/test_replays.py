@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 from conftest import ROOT
 
-from repro.contract import ArmResult, ProbeResult, RequestResult
+from repro.contract.result import ArmResult, ProbeResult, RequestResult
 from repro.judge.evaluate import judge_arm
 from repro.judge.kvaudit import MATCHES_KEPT
 from repro.judge.replays import MIN_REPLAY_TOKENS, Replay, find_replays, replay_run

@@ -9,7 +9,8 @@ import pytest
 from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME
 from repro.judge.verdict import CORRUPT, EXACT, NUMERIC, UNAVAILABLE
 from repro.publish.summary import format_summary
-from repro.record.report import check_acceptance, exit_code
+from repro.record.acceptance import check_acceptance
+from repro.record.exit_rule import exit_code
 
 
 def _arm(name: str, mode: str, verdicts: dict[str, str], arm_verdict: str | None = None) -> dict:

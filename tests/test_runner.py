@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from repro.contract import (
+from repro.contract.failure import (
     CRASH,
     MISSING_OUTPUT,
     NONZERO_EXIT,
@@ -22,15 +22,12 @@ from repro.contract import (
     RESULT_VERSION,
     TIMEOUT,
     UNPARSABLE_OUTPUT,
-    ArmSpec,
-    EngineConfig,
-    Job,
-    ProbeJob,
-    build_job,
 )
+from repro.contract.job import ArmSpec, EngineConfig, Job, ProbeJob, build_job
 from repro.run import logscan, runner
 from repro.run.diskwatch import DiskLimits
-from repro.run.runner import child_env, classify_exit, run_arm
+from repro.run.exits import classify_exit
+from repro.run.runner import child_env, run_arm
 
 FAKE = "tests.fake_engine"
 

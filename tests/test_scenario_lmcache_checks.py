@@ -11,15 +11,8 @@ from pathlib import Path
 import pytest
 from kvkit_testutil import ROOT
 
-from repro.contract import (
-    ArmResult,
-    ArmSpec,
-    ConnectorSpec,
-    ProbeResult,
-    RequestResult,
-    ScenarioResult,
-    StepRequest,
-)
+from repro.contract.job import ArmSpec, ConnectorSpec
+from repro.contract.result import ArmResult, ProbeResult, RequestResult, ScenarioResult, StepRequest
 from repro.judge.verdict import ERROR, FAIL, LMCACHE_DEGRADED, PASS
 from repro.lmcache.ops import FALLBACK_WARNING
 from repro.plan.arms import PlannedArm

@@ -14,14 +14,18 @@ import pytest
 from test_scenario_lmcache_checks import _baseline, _control, _judge, _scenario
 from test_scenario_views import scenario_report
 
-from repro.contract import ArmSpec, Failure
+from repro.contract.failure import Failure
+from repro.contract.job import ArmSpec
+from repro.errors import EXIT_MISMATCH
 from repro.judge import trials
 from repro.plan.arms import PlannedArm
 from repro.publish.issue_md import format_issue_md
-from repro.publish.site_model import _scenario_arm, build_index_row
+from repro.publish.site_index import build_index_row
+from repro.publish.site_scenarios import _scenario_arm
 from repro.publish.summary import format_summary
 from repro.readmodel import as_report
-from repro.record.report import EXIT_MISMATCH, ReportInvalid, scenario_exit, scenario_trial_findings, validate_report
+from repro.record.exit_rule import scenario_exit, scenario_trial_findings
+from repro.record.report import ReportInvalid, validate_report
 from repro.run.runner import ArmOutcome
 from repro.run.scenarios import judge_run, trial_run
 

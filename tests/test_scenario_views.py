@@ -572,7 +572,7 @@ def test_the_matrix_page_with_scenario_columns_in_chromium(browser, tmp_path):  
 
 def test_a_reuse_that_differs_from_a_clean_control_is_never_shown_as_the_controls():
     """The report's per-request `control_matches` is the producer's: whether the cache-off control gave the
-    plain baseline's tokens there (repro.judge.verdict reads it so). On the H200's in-flight run LMCacheConnectorV1's
+    plain baseline's tokens there (repro.judge.scenario_verdict reads it so). On the H200's in-flight run LMCacheConnectorV1's
     reuses differ from the baseline @0 while the control matched it: the views must say the control was clean,
     not 'as the cache-off control' (which they said when they took the field for 'same tokens as the control')."""
     path = ROOT / "reports" / "conditions" / "h200-conditions-tiny-scenarios-v028.json"

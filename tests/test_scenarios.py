@@ -12,40 +12,20 @@ from pathlib import Path
 import pytest
 from kvkit_testutil import ROOT, run_cli
 
-from repro.contract import (
-    ArmResult,
-    ArmSpec,
-    EngineConfig,
-    Job,
-    ProbeJob,
-    ProbeResult,
-    RequestResult,
-    ScenarioJob,
-    ScenarioResult,
-    StepJob,
-    StepRequest,
-)
+from repro.contract.job import ArmSpec, EngineConfig, Job, ProbeJob, ScenarioJob, StepJob
+from repro.contract.result import ArmResult, ProbeResult, RequestResult, ScenarioResult, StepRequest
 from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME, UsageError
-from repro.judge.verdict import (
-    CORRUPT,
-    EXACT,
-    FAIL,
-    INCONCLUSIVE,
-    PASS,
-    SCHEDULE_NUMERICS,
-    UNAVAILABLE,
-    KVVerdict,
-    Request,
-    decide_scenario_arm,
-    decide_scenario_kv,
-    decide_scenario_request,
-)
+from repro.judge.kv_verdict import KVVerdict, decide_scenario_kv
+from repro.judge.scenario_verdict import SCHEDULE_NUMERICS, decide_scenario_arm, decide_scenario_request
+from repro.judge.verdict import CORRUPT, EXACT, FAIL, INCONCLUSIVE, PASS, UNAVAILABLE, Request
 from repro.plan.fixtures import load_fixture, parse_fixture
+from repro.plan.scenarios import select
 from repro.plan.suite import build_probes
 from repro.publish.summary import format_summary, scenario_block
 from repro.readmodel import as_report
-from repro.record.report import check_scenario_acceptance, exit_code, validate_report
-from repro.run.scenarios import select
+from repro.record.acceptance import check_scenario_acceptance
+from repro.record.exit_rule import exit_code
+from repro.record.report import validate_report
 
 CPU_FIXTURE = ROOT / "fixtures" / "scenarios-cpu.json"
 BASE = (1, 2, 3, 4)
@@ -373,43 +353,46 @@ def test_the_example_is_a_real_run(tmp_path: Path):
 # ---- a run's jobs -----------------------------------------------------------------------------------------
 
 
-def _opts(tiny_model: str, *extra: str):
+def _plan(tiny_model: str, *extra: str):
     from repro.plan.options import CPU_ENGINE_FLAGS, parse_args
+    from repro.plan.run_plan import build_plan
 
-    return parse_args(["--model", tiny_model, *CPU_ENGINE_FLAGS, "--compare-native", "--fixture", str(CPU_FIXTURE),
-                       "--report", "/tmp/unused.json", *extra])  # fmt: skip
+    argv = ["--model", tiny_model, *CPU_ENGINE_FLAGS, "--compare-native", "--fixture", str(CPU_FIXTURE),
+            "--report", "/tmp/unused.json", *extra]  # fmt: skip
+    return build_plan(parse_args(argv), argv)
 
 
 def test_a_scenario_job_carries_its_steps_and_engine(tiny_model):
     from repro.plan.arms import plan_arms
     from repro.run.scenarios import job_for, runs_of
 
-    opts = _opts(tiny_model)
+    rp = _plan(tiny_model)
     fixture = load_fixture(CPU_FIXTURE)
     probes = build_probes(fixture.probes, "acceptance")
     pre = next(sc for sc in fixture.scenarios if sc.name == "preemption")
-    runs, skipped = runs_of(pre, plan_arms(opts, fixture))
+    runs, skipped = runs_of(pre, plan_arms(rp.asked, fixture))
     assert [run.name for _, run in runs] == ["baseline~scenario.preemption", "native~scenario.preemption"]
     assert {name: mode for name, (mode, _) in skipped.items()} == {
         "ExampleConnector": "connector",
         "native-matched": "native",
     }
     assert "FileNotFoundError" in skipped["ExampleConnector"][1]
-    assert [run.name for _, run in runs_of(fixture.scenarios[0], plan_arms(opts, fixture))[0]][1] == (
+    assert [run.name for _, run in runs_of(fixture.scenarios[0], plan_arms(rp.asked, fixture))[0]][1] == (
         "ExampleConnector~scenario.a-b-a"
     )
-    job = job_for(opts, runs[1][1], pre, probes, fixture.sha256, None)
+    job = job_for(rp.engine, runs[1][1], pre, probes, fixture.sha256, None)
     assert (job.engine.kv_cache_tokens, job.engine.max_num_seqs, job.engine.max_num_batched_tokens) == (2048, 4, None)
     assert [p.name for p in job.probes] == ["fixture", "chat-511", "chat-512", "chat-513"]
     assert job.scenario.steps[0] == StepJob(("fixture", "chat-511", "chat-512", "chat-513"), True)
     aba = fixture.scenarios[0]
-    assert job_for(opts, runs[0][1], aba, probes, fixture.sha256, None).engine.max_num_seqs == 1  # no together step
+    aba_job = job_for(rp.engine, runs[0][1], aba, probes, fixture.sha256, None)
+    assert aba_job.engine.max_num_seqs == 1  # no together step
 
 
 def test_an_lmcache_arm_gets_a_derived_yaml_and_its_mp_server_settings(tmp_path):
     import yaml
 
-    from repro.contract import ConnectorSpec
+    from repro.contract.job import ConnectorSpec
     from repro.lmcache.mp import ServerSettings
     from repro.plan.arms import LMCACHE_CONFIG_ENV, PlannedArm
     from repro.run.scenarios import mp_settings, prepare
@@ -462,6 +445,7 @@ def test_the_child_sits_idle_before_a_waiting_step(monkeypatch):
     from types import SimpleNamespace
 
     from repro.engine import child
+    from repro.engine.audit_records import AuditRecords
 
     events: list = []
 
@@ -479,7 +463,7 @@ def test_the_child_sits_idle_before_a_waiting_step(monkeypatch):
     job = Job(ArmSpec("native~scenario.s", "native"), engine, 16, 2,
               (ProbeJob("a", {"token_ids": [1, 2]}, 1), ProbeJob("b", {"token_ids": [3, 4]}, 1)),
               scenario=ScenarioJob("s", steps))  # fmt: skip
-    _, result = child.run_scenario(FakeLLM(), job, None, None, child._AuditRecords(None))
+    _, result = child.run_scenario(FakeLLM(), job, None, None, AuditRecords(None))
     assert events == [("generate", 1), ("generate", 1), ("sleep", 5.0), ("generate", 1)]
     assert [(r.step, r.probe) for r in result.requests] == [(0, "a"), (1, "b"), (2, "a")]
 
@@ -487,7 +471,7 @@ def test_the_child_sits_idle_before_a_waiting_step(monkeypatch):
 def test_a_scenario_may_turn_async_scheduling_off(tmp_path):
     """preemption-sync is preemption with vLLM's async scheduling off: the fixture, the child's job and the
     engine's kwargs carry it; absent, vLLM's platform default stands (no kwarg); a non-boolean is one line, exit 2."""
-    from repro.engine.child import _engine_kwargs
+    from repro.engine.engine_args import engine_kwargs
     from repro.run.scenarios import scenario_job
 
     fixture = load_fixture(ROOT / "fixtures" / "scenarios-gpu-lmcache.json")
@@ -506,9 +490,9 @@ def test_a_scenario_may_turn_async_scheduling_off(tmp_path):
     back = Job.from_json(json.loads(json.dumps(jobs["preemption-sync"].to_json())))
     assert back.engine.async_scheduling is False
     unsized = {"kv_cache_tokens": None}  # the kwargs without reading a model's config to size the cache
-    assert _engine_kwargs(replace(back, engine=replace(back.engine, **unsized)))["async_scheduling"] is False
+    assert engine_kwargs(replace(back, engine=replace(back.engine, **unsized)))["async_scheduling"] is False
     job = jobs["preemption"]
-    assert "async_scheduling" not in _engine_kwargs(replace(job, engine=replace(job.engine, **unsized)))
+    assert "async_scheduling" not in engine_kwargs(replace(job, engine=replace(job.engine, **unsized)))
     data = json.loads((ROOT / "fixtures" / "scenarios-gpu-lmcache.json").read_text())
     next(s for s in data["scenarios"] if s["name"] == "preemption-sync")["engine"]["async_scheduling"] = "no"
     bad = tmp_path / "bad.json"

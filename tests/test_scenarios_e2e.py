@@ -10,7 +10,8 @@ import pytest
 from conftest import have_vllm, run_cli
 
 from repro.plan.options import CPU_ENGINE_FLAGS
-from repro.record.report import scenario_exit, validate_report
+from repro.record.exit_rule import scenario_exit
+from repro.record.report import validate_report
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
 

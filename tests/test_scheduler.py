@@ -14,16 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from repro.contract import (
-    PREFLIGHT_GATE_ENV,
-    ArmResult,
-    ArmSpec,
-    EngineConfig,
-    Preflight,
-    ProbeJob,
-    build_job,
-    progress_path,
-)
+from repro.contract.job import PREFLIGHT_GATE_ENV, ArmSpec, EngineConfig, Preflight, ProbeJob, build_job, progress_path
+from repro.contract.result import ArmResult
 from repro.plan.arms import ArmSlot, PlannedArm
 from repro.record import atomic
 from repro.record.atomic import write_json_atomic

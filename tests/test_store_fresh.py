@@ -20,21 +20,36 @@ def _arm(report: dict, name: str) -> dict:
     return next(a for a in report["arms"] if a["name"] == name)
 
 
+def _two_invocations(model: str, tmp: Path) -> tuple[Path, list]:
+    """ExampleConnector with the user's own shared_storage_path, --trials 2, twice: each invocation's process, its
+    report's path, and what the user's folder held right after it."""
+    store = tmp / "user-store"
+    argv = ["--model", model, *CPU_ENGINE_FLAGS, "--max-tokens", "4", "--reuses", "1", "--no-kv-audit",
+            "--kv-connector", "ExampleConnector",
+            "--kv-connector-extra-config", json.dumps({"shared_storage_path": str(store)}),
+            "--fixture", SELFTEST_CPU_FIXTURE, "--trials", "2", "--jobs", "1", "--quiet"]  # fmt: skip
+    runs = []
+    for k in (1, 2):
+        report = tmp / f"run{k}.json"
+        proc = run_cli([*argv, "--report", str(report)])
+        runs.append((proc, report, list(store.iterdir())))
+    return store, runs
+
+
+@pytest.fixture(scope="module")
+def fixed_store_runs(tiny_model, tmp_path_factory):
+    return _two_invocations(tiny_model, tmp_path_factory.mktemp("fixed-store"))
+
+
 @pytest.mark.e2e
 @pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")
-def test_a_fixed_shared_storage_path_is_fresh_for_every_trial_and_every_invocation(tiny_model, tmp_path):
+def test_a_fixed_shared_storage_path_is_fresh_for_every_trial_and_every_invocation(fixed_store_runs):
     """ExampleConnector with the user's own shared_storage_path, --trials 2, twice. Before each run got its
     own subfolder, trial 2's cold request hit what the first run had stored (INCONCLUSIVE: the cold request
     was not a verified miss), and so did the second invocation's first run. One probe, one reuse, 4 tokens,
     one arm at a time: 3 engines per invocation."""
-    store = tmp_path / "user-store"
-    argv = ["--model", tiny_model, *CPU_ENGINE_FLAGS, "--max-tokens", "4", "--reuses", "1", "--no-kv-audit",
-            "--kv-connector", "ExampleConnector",
-            "--kv-connector-extra-config", json.dumps({"shared_storage_path": str(store)}),
-            "--fixture", SELFTEST_CPU_FIXTURE, "--trials", "2", "--jobs", "1", "--quiet"]  # fmt: skip
-    for k in (1, 2):
-        report = tmp_path / f"run{k}.json"
-        proc = run_cli([*argv, "--report", str(report)])
+    store, runs = fixed_store_runs
+    for k, (proc, report, left) in enumerate(runs, 1):
         assert report.exists(), proc.stderr[-3000:]
         arm = _arm(json.loads(report.read_text()), "ExampleConnector")
         own = arm["probes"][0]
@@ -49,14 +64,14 @@ def test_a_fixed_shared_storage_path_is_fresh_for_every_trial_and_every_invocati
         assert arm["store"]["fresh"] is True, arm["store"]
         assert arm["store"]["rewritten"] == [f"shared_storage_path {store} -> {used}"], arm["store"]
         # the kit's subfolders go with the run: nothing it stored is left for the next invocation
-        assert not [p for p in store.iterdir() if p.name.startswith("kvkit-")], list(store.iterdir())
+        assert not [p for p in left if p.name.startswith("kvkit-")], left
 
 
 # ---- unit: what each run's connector state becomes (repro.plan.arms.fresh_state) --------------------------------
 
 
 def _arm_with(name: str, extra: dict, module: str | None = None, lmcache_config: str | None = None):
-    from repro.contract import ArmSpec, ConnectorSpec
+    from repro.contract.job import ArmSpec, ConnectorSpec
     from repro.plan.arms import PlannedArm
 
     conn = ConnectorSpec(name, module, extra)
@@ -160,7 +175,7 @@ def test_a_connector_the_kit_does_not_know_with_a_path_is_marked_as_persisting(t
 
 
 def test_an_mp_arm_is_fresh_through_its_own_server_and_a_native_arm_has_no_store(tmp_path):
-    from repro.contract import ArmSpec
+    from repro.contract.job import ArmSpec
     from repro.plan.arms import PlannedArm, materialize
 
     mp = _fresh(_arm_with("LMCacheMPConnector", {"lmcache.mp.port": 5555}), tmp_path)[0]
@@ -222,10 +237,10 @@ def _entry(verdict: str, first_diff) -> dict:
 @pytest.mark.parametrize("fresh", [True, False])
 def test_a_confirmation_says_whether_its_run_alone_was_independent(tmp_path, fresh):
     from dataclasses import replace
-    from types import SimpleNamespace
 
     from repro.judge import trials
-    from repro.verify import STORE_PERSISTED, Run, confirmation_of
+    from repro.judge.confirm import STORE_PERSISTED, confirmation_of
+    from repro.run.arm_runs import Run
 
     store = {"fresh": True, "rewritten": ["shared_storage_path /kv -> /kv/kvkit-x~alone-1"]}
     if not fresh:
@@ -233,7 +248,7 @@ def test_a_confirmation_says_whether_its_run_alone_was_independent(tmp_path, fre
     arm = _arm_with("ExampleConnector~alone", {})
     alone = Run(0, "alone", None, replace(arm, store=store), entry=_entry("PASS", None))
     named = [("ExampleConnector", trials.run_summary(_entry("FAIL", 4), 1, True))]
-    conf = confirmation_of(named, [alone], _Clock(), SimpleNamespace(confirm=True))
+    conf = confirmation_of(named, [alone], _Clock().sharing, confirm=True)
     assert conf["status"] == "ran" and conf["independent"] is fresh and conf["store"] == store
     assert (STORE_PERSISTED in conf["reason"]) is (not fresh), conf["reason"]
     if not fresh:

@@ -14,6 +14,7 @@ from test_cli_failures import OLD_LOG, OLD_REPORT, _args, _env, assert_untouched
 
 from repro import verify
 from repro.errors import EXIT_OK, EXIT_RUNTIME
+from repro.record import publish
 
 
 @pytest.fixture
@@ -33,13 +34,13 @@ def test_an_interrupt_right_after_the_report_is_published_says_so_and_keeps_its_
     if other_thread:
         stop = threading.Event()
         threading.Thread(target=stop.wait, daemon=True).start()
-    real_write = verify.write_bytes_atomic
+    real_write = publish.write_bytes_atomic
 
     def write_then_ctrl_c(path, data):
         real_write(path, data)
         os.kill(os.getpid(), signal.SIGINT)  # held by deferred_signals until the publish block ends
 
-    monkeypatch.setattr(verify, "write_bytes_atomic", write_then_ctrl_c)
+    monkeypatch.setattr(publish, "write_bytes_atomic", write_then_ctrl_c)
     code = verify.main(_args(fake_env, "--kv-connector", "ExampleConnector"))
     err = capsys.readouterr().err
     report = json.loads(fake_env["report"].read_text())
@@ -55,7 +56,7 @@ def test_an_interrupt_before_publishing_leaves_the_old_report_and_exits_130(fake
     def ctrl_c(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(verify, "publish_logs", ctrl_c)
+    monkeypatch.setattr(publish, "publish_logs", ctrl_c)
     assert verify.main(_args(fake_env, "--kv-connector", "ExampleConnector")) == 130
     assert "no report written, the previous one is untouched" in capsys.readouterr().err
     assert_untouched(fake_env)
@@ -97,7 +98,7 @@ def test_a_report_that_breaks_its_schema_is_never_written(fake_env, monkeypatch,
 
 
 def _jobs(s: dict, names: list[str]):
-    from repro.contract import ArmSpec, EngineConfig, ProbeJob, build_job
+    from repro.contract.job import ArmSpec, EngineConfig, ProbeJob, build_job
 
     engine = EngineConfig(str(s["model"]), None, "auto", 0, 0.5, 256, 16, "cpu")
     probes = [ProbeJob("p", {"token_ids": [1, 2]}, 1)]
@@ -108,22 +109,25 @@ def _jobs(s: dict, names: list[str]):
 def _run_arms(s: dict, planned, n_jobs: int, fake_run_arm, *flags: str, slots=None):
     from repro.plan.arms import arm_slots
     from repro.plan.options import parse_args
+    from repro.plan.run_plan import build_plan
+    from repro.run import launch
     from repro.run.progress import Progress
 
-    opts = parse_args(_args(s, "--kv-connector", "ExampleConnector", "--jobs", str(n_jobs), *flags))
+    argv = _args(s, "--kv-connector", "ExampleConnector", "--jobs", str(n_jobs), *flags)
+    plan = build_plan(parse_args(argv), argv)
     jobs = _jobs(s, [p.name for p in planned])
     work = s["tmp"] / "work"
     work.mkdir(exist_ok=True)
-    slots = slots if slots is not None else arm_slots(opts, len(planned), n_jobs)
-    real = verify.run_arm
-    verify.run_arm = fake_run_arm
+    slots = slots if slots is not None else arm_slots(plan.engine, len(planned), n_jobs)
+    real = launch.run_arm
+    launch.run_arm = fake_run_arm
     try:
         with Progress([p.name for p in planned], "quiet") as progress:
-            return verify.run_arms(
-                planned, lambda i, dep=None: jobs[planned[i].name], slots, n_jobs, work, {}, opts.args, progress
+            return launch.run_arms(
+                planned, lambda i, dep=None: jobs[planned[i].name], slots, n_jobs, work, {}, plan.children, progress
             )
     finally:
-        verify.run_arm = real
+        launch.run_arm = real
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
@@ -134,7 +138,7 @@ def test_arms_at_once_never_share_a_slot_whatever_order_they_start_in(fake_env, 
     other idled. An arm takes a free slot when it launches."""
     import time
 
-    from repro.contract import ArmSpec
+    from repro.contract.job import ArmSpec
     from repro.plan import devices
     from repro.plan.arms import PlannedArm
     from repro.run.runner import ArmOutcome
@@ -167,7 +171,7 @@ def test_an_arm_that_would_wait_on_itself_or_two_arms_of_one_name_are_refused_at
     """Issue 21 (1): native-matched copying an arm of its own name waited on itself for ever."""
     import time
 
-    from repro.contract import ArmSpec
+    from repro.contract.job import ArmSpec
     from repro.plan.arms import PlannedArm
     from repro.run.runner import ArmOutcome
 
@@ -222,7 +226,7 @@ def test_a_disk_that_fills_as_native_matched_is_fed_is_one_line_and_exit_3(fake_
         real(path, data)
 
     monkeypatch.setattr(atomic, "write_bytes_atomic", write)
-    monkeypatch.setattr(verify, "write_bytes_atomic", write)  # the report's own write: the disk is full
+    monkeypatch.setattr(publish, "write_bytes_atomic", write)  # the report's own write: the disk is full
     t0 = time.monotonic()
     args = _args(fake_env, "--kv-connector", "ExampleConnector", "--compare-native", "--jobs", "1", "--timeout", "30")
     code = verify.main(args)
@@ -242,11 +246,13 @@ def test_an_mp_arm_whose_server_never_started_cites_a_log_that_exists(tmp_path, 
     one line saying why the arm never ran, and the entry cites it."""
     import contextlib
     import sys
-    from types import SimpleNamespace
 
-    from repro.contract import ArmSpec, ConnectorSpec, EngineConfig, ProbeJob, build_job
+    from repro.contract.job import ArmSpec, ConnectorSpec, EngineConfig, ProbeJob, build_job
+    from repro.judge.entries import arm_entry
     from repro.lmcache import mp as lmcache_mp
     from repro.plan.arms import PlannedArm
+    from repro.plan.settings import ChildSettings
+    from repro.run.launch import run_with_mp_server
     from repro.run.progress import Progress
 
     @contextlib.contextmanager
@@ -258,14 +264,14 @@ def test_an_mp_arm_whose_server_never_started_cites_a_log_that_exists(tmp_path, 
     spec = ArmSpec("mp", "connector", ConnectorSpec(lmcache_mp.CONNECTOR, None, {}))
     engine = EngineConfig("m", None, "auto", 0, 0.5, 256, 16, "cpu")
     job = build_job(spec, engine, [ProbeJob("p", {"token_ids": [1, 2]}, 1)], max_tokens=2, logprobs=2)
-    a = SimpleNamespace(python=sys.executable, lmcache_server_module=None)
+    children = ChildSettings(python=sys.executable, engine_module="repro.engine", timeout_s=60.0, max_disk_gb=10.0)
 
     def launch(job):
         raise AssertionError("the arm ran without a server")
 
     with Progress(["mp"], "quiet") as progress:
-        outcome = verify._run_with_mp_server(job, {}, tmp_path, a, progress, launch)
-    entry = verify.arm_entry(PlannedArm(spec), outcome, None, 16, "report.logs")
+        outcome = run_with_mp_server(job, {}, tmp_path, children, progress, launch)
+    entry = arm_entry(PlannedArm(spec), outcome, None, 16, "report.logs")
     assert entry["error"]["kind"] == "lmcache-server-start"
     cited = tmp_path / entry["log"].removeprefix("report.logs/")  # where publish_logs takes it from
     assert cited.is_file(), entry["log"]
@@ -338,7 +344,7 @@ def test_a_report_that_cannot_be_written_leaves_the_previous_logs_beside_the_pre
     def full(path, data):
         raise OSError(27, "File too large")
 
-    monkeypatch.setattr(verify, "write_bytes_atomic", full)
+    monkeypatch.setattr(publish, "write_bytes_atomic", full)
     assert verify.main(_args(fake_env, "--kv-connector", "ExampleConnector")) == EXIT_RUNTIME
     assert_untouched(fake_env)
 
@@ -364,3 +370,35 @@ def test_a_second_signal_during_the_clean_up_never_leaves_a_work_folder_no_run_c
     assert cut and code == EXIT_OK  # the signal came after the report was written: its exit code
     leftovers = [p.name for p in fake_env["report"].parent.iterdir() if p.name.startswith(".")]
     assert leftovers == []
+
+
+def test_a_finding_made_while_sharing_is_re_run_alone_judged_and_audited_like_its_arm(fake_env, monkeypatch):
+    """The confirmation path, without an engine: the stand-in's arms run two at a time (sharing the CPU's
+    cores), the connector arm's own run is made to find a FAIL, and the run re-runs it alone, judges that run,
+    passes it through the KV audit on its own and folds it into the arm's `confirmation`."""
+    from repro.judge import entries
+
+    real_entry, audited = entries.arm_entry, []
+
+    def shared_fail(arm, outcome, *args, **kwargs):  # the connector arm's own run found something
+        entry = real_entry(arm, outcome, *args, **kwargs)
+        if arm.name == "ExampleConnector":
+            entry["verdict"], entry["probes"][0]["verdict"] = "FAIL", "FAIL"
+        return entry
+
+    real_audit = verify.audit_entries
+
+    def audit(these, *args, **kwargs):
+        audited.append([e["name"] for e in these])
+        return real_audit(these, *args, **kwargs)
+
+    monkeypatch.setattr(entries, "arm_entry", shared_fail)
+    monkeypatch.setattr(verify, "audit_entries", audit)
+    monkeypatch.setenv("KVKIT_FAKE", json.dumps({"modes": {"*": "slow"}, "sleep_s": 1}))  # the two arms overlap
+    assert verify.main(_args(fake_env, "--kv-connector", "ExampleConnector", "--jobs", "2", "--quiet")) == 1
+    report = json.loads(fake_env["report"].read_text())
+    conf = report["arms"][1]["confirmation"]
+    assert conf["status"] == "ran" and conf["why"].startswith("its run found it while it shared"), conf
+    assert conf["run"]["verdict"] == "PASS" and conf["independent"] is True, conf
+    assert audited == [["baseline", "ExampleConnector"], ["ExampleConnector~alone"]]
+    assert "ExampleConnector~alone.log" in {p.name for p in fake_env["logs"].iterdir()}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from repro.chaos.faults import CHILD, DISK_FULL, KIT, RAY_WORKER, RESULT_FILE, SERVER, UNWRITABLE
-from repro.contract import (
+from repro.contract.failure import (
     CRASH,
     LMCACHE_SERVER_DIED,
     LMCACHE_SERVER_START,

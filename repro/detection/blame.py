@@ -9,9 +9,10 @@ blocks with the planted ones and counts.
 
 from __future__ import annotations
 
-from repro.contract import ArmResult
+from repro.contract.result import ArmResult
 from repro.judge import kvaudit
-from repro.judge.verdict import CELL_CORRUPT, CORRUPT, EXACT, FAIL, NUMERIC, UNAVAILABLE
+from repro.judge.kv_verdict import CELL_CORRUPT
+from repro.judge.verdict import CORRUPT, EXACT, FAIL, NUMERIC, UNAVAILABLE
 from repro.readmodel import Request
 
 # exact: the blamed blocks are the planted blocks; over: a strict superset; under: a strict subset

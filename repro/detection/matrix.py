@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from repro.contract import ArmResult, ProbeResult
+from repro.contract.result import ArmResult, ProbeResult
 from repro.detection.blame import planted_fault, summarize_blame
 from repro.detection.plan import DECOY, WINDOWS
 from repro.judge import evaluate

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from repro.contract import ArmSpec, ConnectorSpec, EngineConfig, Job, ProbeJob, build_job
+from repro.contract.job import ArmSpec, ConnectorSpec, EngineConfig, Job, ProbeJob, build_job
 from repro.models.tiny import MODEL_SEED
 from repro.plan.arms import PLANTED_FAULT_MODULE
 from repro.plan.prompts import DETECTION_FILLERS, chat_spec
@@ -144,7 +144,7 @@ def arm_job(
     scratch: Path | None = None,
 ) -> Job:
     """The engine job of one arm (repro.run.runner.run_arm's input); every job of the study is built here,
-    through the verifier's own repro.contract.build_job. With `scratch`, the arm's KV audit records
+    through the verifier's own repro.contract.job.build_job. With `scratch`, the arm's KV audit records
     under it (kv_audit_dir)."""
     return build_job(
         ArmSpec(name, mode, connector),

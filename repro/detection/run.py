@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from repro import __version__
-from repro.contract import ArmResult, Job
+from repro.contract.job import Job
+from repro.contract.result import ArmResult
 from repro.detection import plan
 from repro.detection.blame import control_blame, drop_unreferenced, fault_blame
 from repro.detection.matrix import compare_error, control_entry, fault_entry, prefix_check, summarize
@@ -30,6 +31,7 @@ from repro.record.provenance import (
     package_version,
     utc_now,
 )
+from repro.run.kvaudit import run_compare
 from repro.run.runner import child_env, run_arm
 
 
@@ -174,7 +176,7 @@ def audit_seed(runner: Runner, seed: int | str, baseline: dict | None, arms: lis
         job = drop_unreferenced(job, {p.name for p in ref.probes})
         work = runner.work / f"kv-compare-{plan.model_tag(seed)}"
         work.mkdir(parents=True, exist_ok=True)
-        raw, problem = kvaudit.run_compare(job, work, runner.env, sys.executable, runner.timeout_s)
+        raw, problem = run_compare(job, work, runner.env, sys.executable, runner.timeout_s)
     for a in arms:
         if a.fault:
             fault_blame(a.entry, a.result, a.arm, raw, problem, plan.BLOCK_SIZE)

@@ -21,7 +21,8 @@ whether the outcome agrees: a catch must be caught, a miss must be not exercised
 from __future__ import annotations
 
 from repro.detection.plan import WINDOWS
-from repro.judge.verdict import CORRUPT, FAIL, SCHEDULE_NUMERICS, hit_count
+from repro.judge.scenario_verdict import SCHEDULE_NUMERICS
+from repro.judge.verdict import CORRUPT, FAIL, hit_count
 
 # The study's report (written by repro.detection.scenarios, read by its page and the site's catalog, which must
 # not import the study's runner): its kind and version.

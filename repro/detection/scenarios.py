@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 from repro import __version__
-from repro.contract import ArmResult, ArmSpec, EngineConfig, Job, build_job
+from repro.contract.job import ArmSpec, EngineConfig, Job, build_job
+from repro.contract.result import ArmResult
 from repro.detection import plan
 from repro.detection.matrix import compare_error, control_entry, fault_entry
 from repro.detection.run import Audited, Runner, audit_seed, prepare_models, provenance, read_audit, run_settings
@@ -34,13 +35,13 @@ from repro.detection.scenario_cells import (
     plain_records,
     scenario_records,
 )
-from repro.judge import kvaudit
 from repro.models.tiny import MODEL_SEED
 from repro.plan.arms import PlannedArm
 from repro.plan.fixtures import Probe, Scenario, ScenarioStep
 from repro.record.atomic import write_json_atomic
 from repro.record.provenance import utc_now
 from repro.run import scenarios as machinery
+from repro.run.kvaudit import run_compare
 from repro.run.runner import ArmOutcome, child_env, run_arm
 
 DEFAULT_REPORT = "reports/detection/detection-scenarios.json"
@@ -70,7 +71,7 @@ def _steps(*groups: tuple[str, ...]) -> tuple[ScenarioStep, ...]:
 ALL_FIVE = tuple(name for name, _ in plan.PROMPTS)
 # The shipped scenarios over the study's prompts (alpha 389 / bravo 421 / charlie 453 / delta 300 / echo 350
 # tokens). Preemption differs from the plan: the plan's kv_cache_tokens 1344 needs max_model_len 1024, which the
-# verifier's machinery refuses (repro.run.scenarios.select: kv_cache_tokens below --max-model-len) and which would make
+# verifier's machinery refuses (repro.plan.scenarios.select: kv_cache_tokens below --max-model-len) and which would make
 # every run incomparable with the 2048 baseline (repro.judge.evaluate.COMPARABLE_CONFIG_KEYS). So, by arithmetic and
 # before any run: the five prompts together in a 2048-token cache (127 usable blocks): 122 blocks at prefill,
 # 132 after 32 tokens each, so vLLM must preempt while they decode.
@@ -260,7 +261,7 @@ def audit_columns(study: Study, baseline: ArmResult | None, sections: list[dict]
         work = study.runner.work / "kv-compare-scenarios"
         work.mkdir(parents=True, exist_ok=True)
         job = machinery.compare_job(baseline, results)
-        raw, problem = kvaudit.run_compare(job, work, study.runner.env, sys.executable, study.runner.timeout_s)
+        raw, problem = run_compare(job, work, study.runner.env, sys.executable, study.runner.timeout_s)
     for sec in sections:
         for entry in sec["arms"]:
             name = sec["run_names"].get(entry["arm"])

@@ -1,10 +1,10 @@
-"""Child side: run one arm (one engine, every probe) and write one JSON result.
+"""The engine child: run one arm (one engine, every probe, or a scenario's steps) and write one JSON result.
 
-This is the only kit module, with repro/connectors/ and its front ends (repro.engine.frontend: vLLM's
-LLM, or a bare AsyncLLM under --frontend async), that imports vllm, torch or lmcache. The
-parent (repro.run.runner) starts it as `python -m repro.engine JOB.json` with a repro.contract.Job;
-the child writes one repro.contract.ArmResult to the job's output path and exits. Everything it prints goes to the arm log the parent captured at
-the file-descriptor level.
+The parent (repro.run.runner) starts it as `python -m repro.engine JOB.json` with a repro.contract.job.Job;
+the child writes one repro.contract.result.ArmResult to the job's output path and exits. Everything it
+prints goes to the arm log the parent captured at the file-descriptor level. Beside it: the engine it
+builds (repro.engine.engine_args), the KV audit's records (repro.engine.audit_records) and what the arm
+ran with (repro.engine.facts).
 """
 
 from __future__ import annotations
@@ -15,31 +15,26 @@ _T_PROCESS = time.monotonic()  # before any heavy import: engine start counts fr
 
 import json
 import os
-import platform
 import sys
 import traceback
 from dataclasses import replace
 
-from repro.contract import (
+from repro.contract.job import PREFLIGHT_GATE_ENV, PROBES_FILE_KEY, Job, ProbeJob, progress_path
+from repro.contract.result import (
     EXIT_OK,
     EXIT_RAISED,
-    PREFLIGHT_GATE_ENV,
-    PROBES_FILE_KEY,
     ArmResult,
     ChildError,
-    Job,
-    ProbeJob,
     ProbeResult,
     RequestResult,
     ScenarioResult,
     StepRequest,
-    progress_path,
 )
-from repro.engine.frontend import build_frontend, frontend_from_env, frontend_name, vllm_config_of
-from repro.engine.preflight import batch_invariant_requested
-from repro.judge.verdict import batch_invariance_state
+from repro.engine.audit_records import AuditRecords, audit_env
+from repro.engine.engine_args import engine_kwargs
+from repro.engine.facts import collect_versions, effective_config, lmcache_build, process_facts
+from repro.engine.frontend import build_frontend, frontend_from_env
 from repro.record.atomic import dumps_json, write_bytes_atomic
-from repro.record.provenance import package_version
 
 
 class PreflightStopped(RuntimeError):
@@ -141,297 +136,6 @@ def _top_logprobs(step) -> list[list]:
     return [[t, lp] for t, lp in items]
 
 
-def _model_runner(cfg) -> str:
-    """'v2' or 'v1': which model runner vLLM chose (VllmConfig.use_v2_model_runner; vLLM 0.28 takes v2 by default
-    for a dense model where Triton is present, and then sends a request resumed after preemption to the
-    connector as new); 'unavailable: ...' where this vLLM does not say."""
-    try:
-        return "v2" if cfg.use_v2_model_runner else "v1"
-    except Exception as exc:  # noqa: BLE001 - an older vLLM without the property
-        return f"unavailable: {type(exc).__name__}: {exc}"[:200]
-
-
-def _effective_config(llm) -> dict:
-    cfg = vllm_config_of(llm)
-    ktc = cfg.kv_transfer_config
-    return {
-        "frontend": frontend_name(llm),  # the front end that drove the engine (repro.engine.frontend)
-        "model": cfg.model_config.model,
-        "revision": cfg.model_config.revision,
-        "tokenizer": cfg.model_config.tokenizer,
-        "dtype": str(cfg.model_config.dtype).replace("torch.", ""),
-        "max_model_len": cfg.model_config.max_model_len,
-        "seed": cfg.model_config.seed,
-        "enforce_eager": cfg.model_config.enforce_eager,
-        "block_size": cfg.cache_config.block_size,
-        "enable_prefix_caching": bool(cfg.cache_config.enable_prefix_caching),
-        "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
-        "max_num_seqs": cfg.scheduler_config.max_num_seqs,
-        # with a consumer connector, async scheduling defers block frees (repro.engine.kvaudit.OBSERVER_ROLE)
-        "async_scheduling": getattr(cfg.scheduler_config, "async_scheduling", None),
-        "kv_cache_memory_bytes": getattr(cfg.cache_config, "kv_cache_memory_bytes", None),
-        "kv_transfer_config": None
-        if ktc is None
-        else {
-            "kv_connector": ktc.kv_connector,
-            "kv_role": ktc.kv_role,
-            "kv_connector_module_path": ktc.kv_connector_module_path,
-            "kv_connector_extra_config": json.loads(json.dumps(ktc.kv_connector_extra_config, default=str)),
-        },
-        "device_type": str(cfg.device_config.device_type) if getattr(cfg, "device_config", None) else "unavailable",
-        "model_runner": _model_runner(cfg),
-        # the connector the KV audit wrapped (kv_connector then names the audit's class)
-        "kv_audit_target": os.environ.get("KVKIT_KV_AUDIT_TARGET"),
-    }
-
-
-def _process_facts(probes: list[ProbeResult], audit: _AuditRecords, scenario: ScenarioResult | None = None) -> dict:
-    """What the arm's processes ran with, for its effective_config: each worker's facts as the KV audit
-    recorded them (repro.engine.kvaudit.worker_facts; one entry per worker process), whether vLLM's
-    batch-invariant kernels were asked for and active in every worker (repro.judge.verdict decides), and
-    this child's PYTHONHASHSEED (the workers' are in their facts)."""
-    records = [r.kv_audit_record for p in probes for r in p.requests] + [p["record"] for p in audit.primes]
-    records += [r.request.kv_audit_record for r in (scenario.requests if scenario else ())]
-    workers: dict[str, dict] = {}
-    for record in records:
-        worker = (record or {}).get("worker")
-        if isinstance(worker, dict):
-            workers.setdefault(json.dumps(worker, sort_keys=True), worker)
-    found = sorted(workers.values(), key=lambda w: (str(w.get("pid")), json.dumps(w, sort_keys=True)))
-    state = batch_invariance_state(found)
-    reasons = state.reasons if audit.directory else ("the KV audit is off: no worker recorded its facts",)
-    return {
-        "pythonhashseed": os.environ.get("PYTHONHASHSEED"),
-        "workers": found if audit.directory else None,
-        "batch_invariant": {
-            "requested": batch_invariant_requested(os.environ),
-            "active": state.active,
-            "reasons": list(reasons),
-        },
-    }
-
-
-def _lmcache_build() -> dict:
-    """The installed LMCache wheel's build, for an LMCache arm: its version, the CUDA runtime its
-    compiled ops link and the nvcc that built them (read from lmcache/cuda_ops*.so), and whether
-    those ops import in this environment (the worker imports the same file): `copy_path` "compiled"
-    or "fallback" (LMCache's torch fallback), `ops_source` "wheel" or "kit build" (with
-    `ops_build_dir`; repro.lmcache.ops), `ops_import_error` when they do not import. The wheel records
-    no torch build: its metadata requires an unpinned torch, so only the import tells a mismatch."""
-    import importlib
-    import importlib.util
-    import re
-
-    spec = importlib.util.find_spec("lmcache")
-    if spec is None or not spec.submodule_search_locations:
-        return {"version": None, "problem": "lmcache is not importable"}
-    out: dict = {"version": package_version("lmcache"), "torch_build": "not recorded in the wheel"}
-    folder = next(iter(spec.submodule_search_locations))
-    ops = sorted(n for n in os.listdir(folder) if n.startswith("cuda_ops") and n.endswith(".so"))
-    if ops:
-        with open(os.path.join(folder, ops[0]), "rb") as fh:
-            data = fh.read()
-        nvcc = re.search(rb"Cuda compilation tools, release [\d.]+, V([\d.]+)", data)
-        out.update(
-            cuda_ops_file=ops[0],
-            cuda_runtime=sorted({m.decode() for m in re.findall(rb"libcudart\.so\.\d+", data)}),
-            nvcc=nvcc.group(1).decode() if nvcc else None,
-        )
-    else:
-        out["cuda_ops_file"] = None
-    try:
-        module = importlib.import_module("lmcache.cuda_ops")
-    except Exception as exc:  # noqa: BLE001 - ImportError (an undefined torch symbol, say) or worse: record it
-        first = (str(exc).strip().splitlines() or [""])[0]
-        error = f"{type(exc).__name__}: {first[:300]}"
-        shipped = f"not loaded: {error}" if ops else "not shipped in this wheel"
-        return {**out, "cuda_ops": shipped, "copy_path": "fallback", "ops_source": None, "ops_import_error": error}
-    # A kit build is an unpacked source tree beside the kit's manifest (repro.lmcache.ops.MANIFEST_NAME).
-    tree = os.path.dirname(os.path.dirname(os.path.abspath(module.__file__ or folder)))
-    build_dir = os.path.dirname(tree)
-    kit = os.path.isfile(os.path.join(build_dir, "kvkit-lmcache-ops.json"))
-    out.update(cuda_ops="loaded", copy_path="compiled", ops_source="kit build" if kit else "wheel")
-    if kit:
-        out["ops_build_dir"] = build_dir
-    return out
-
-
-def _collect_versions() -> dict:
-    import torch
-
-    out = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "vllm": package_version("vllm"),
-        "lmcache": package_version("lmcache"),
-        "transformers": package_version("transformers"),
-        "cuda_available": bool(torch.cuda.is_available()),
-        "torch_cuda": torch.version.cuda or "none",
-    }
-    if torch.cuda.is_available():
-        out["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        out["gpu_capabilities"] = [
-            "{}.{}".format(*torch.cuda.get_device_capability(i)) for i in range(torch.cuda.device_count())
-        ]
-    return out
-
-
-_DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
-
-
-def kv_bytes_per_token(model: str, revision: str | None, dtype: str) -> int:
-    """Bytes of K and V one token takes over all layers, from the model's config (full attention,
-    the KV cache in the model's dtype): what a KV cache of N tokens costs in kv_cache_memory_bytes."""
-    from transformers import AutoConfig
-
-    cfg = AutoConfig.from_pretrained(model, revision=revision)
-    cfg = getattr(cfg, "text_config", None) or cfg
-    heads = cfg.num_attention_heads
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    if dtype == "auto":
-        dtype = str(getattr(cfg, "torch_dtype", None) or getattr(cfg, "dtype", None) or "float16")
-    size = _DTYPE_BYTES.get(dtype.replace("torch.", ""), 2)
-    return 2 * cfg.num_hidden_layers * kv_heads * head_dim * size
-
-
-def _engine_kwargs(job: Job) -> dict:
-    e, arm = job.engine, job.arm
-    kwargs = {
-        "model": e.model,
-        "tokenizer": e.model,
-        "revision": e.revision,
-        "dtype": e.dtype,
-        "seed": e.seed,
-        "enforce_eager": True,
-        "gpu_memory_utilization": e.gpu_memory_utilization,
-        "max_model_len": e.max_model_len,
-        "block_size": e.block_size,
-        # The whole prompt is prefilled in one step: connectors such as ExampleConnector store
-        # only on a request's first scheduling step.
-        "max_num_batched_tokens": e.max_num_batched_tokens or max(e.max_model_len, 2048),
-        # one request at a time, but for a scenario's requests in flight together (repro.run.scenarios)
-        "max_num_seqs": e.max_num_seqs or 1,
-        "enable_prefix_caching": arm.mode == "native",
-        "disable_log_stats": False,
-    }
-    if e.async_scheduling is not None:  # a scenario's engine; else vLLM's default (on for CUDA, off on the CPU)
-        kwargs["async_scheduling"] = e.async_scheduling
-    if e.kv_cache_tokens:
-        kwargs["kv_cache_memory_bytes"] = e.kv_cache_tokens * kv_bytes_per_token(e.model, e.revision, e.dtype)
-    ktc = None
-    if arm.connector is not None:
-        ktc = {
-            "kv_connector": arm.connector.name,
-            "kv_role": "kv_both",
-            "kv_connector_extra_config": dict(arm.connector.extra_config),
-        }
-        if arm.connector.module_path:
-            ktc["kv_connector_module_path"] = arm.connector.module_path
-    if job.kv_audit_dir:
-        from repro.engine import kvaudit
-
-        if ktc is None:  # baseline and native: a connector that only records
-            ktc = {"kv_connector": kvaudit.OBSERVER, "kv_role": kvaudit.OBSERVER_ROLE}
-        else:  # the arm's connector, wrapped in the auditing subclass (see repro.engine.kvaudit)
-            ktc["kv_connector"] = kvaudit.WRAPPED
-        ktc["kv_connector_module_path"] = kvaudit.MODULE
-    if ktc is not None:
-        from vllm.config import KVTransferConfig
-
-        kwargs["kv_transfer_config"] = KVTransferConfig(**ktc)
-    return kwargs
-
-
-def _audit_env(job: Job) -> None:
-    """The audit's settings reach the engine core and worker processes (spawned) by environment."""
-    if not job.kv_audit_dir:
-        return
-    from repro.engine import kvaudit
-
-    os.makedirs(job.kv_audit_dir, exist_ok=True)
-    os.environ[kvaudit.AUDIT_DIR_ENV] = job.kv_audit_dir
-    if job.arm.connector is not None:
-        c = job.arm.connector
-        os.environ[kvaudit.AUDIT_TARGET_ENV] = f"{c.module_path}:{c.name}" if c.module_path else c.name
-
-
-class _AuditRecords:
-    """Maps the audit's per-request records (<seq>.json, in scheduling order) to the kit's requests."""
-
-    def __init__(self, directory: str | None):
-        self.directory, self.seen = directory, set()
-        self.primes: list[dict] = []  # native-matched: each priming prefill's record
-
-    def take(self, ids: list[int]) -> dict | None:
-        if not self.directory:
-            return None
-        try:
-            return self._take(ids)
-        except Exception as exc:  # noqa: BLE001 - an audit failure never fails the arm
-            return {"seq": None, "unavailable": f"the audit record could not be read: {type(exc).__name__}: {exc}"}
-
-    def _new_records(self) -> list[dict]:
-        """The audit's records (<seq>.json) written since the last call, in scheduling order."""
-        new = sorted(
-            n for n in os.listdir(self.directory) if n.endswith(".json") and n[0].isdigit() and n not in self.seen
-        )
-        self.seen.update(new)
-        records = []
-        for name in new:
-            with open(os.path.join(self.directory, name), encoding="utf-8") as fh:
-                records.append(json.load(fh))
-        return records
-
-    def _take(self, ids: list[int]) -> dict:
-        from repro.engine.kvaudit import prompt_sha256
-
-        records = self._new_records()
-        mine = [r for r in records if r.get("prompt_sha256") == prompt_sha256(ids)]
-        if len(mine) != 1 or len(records) != 1:
-            return {
-                "seq": None,
-                "unavailable": f"expected one audit record for this request, found {len(mine)} of {len(records)} new",
-            }
-        return mine[0]
-
-    def take_many(self, prompts: list[list[int]]) -> list[dict | None]:
-        """The records of one generate call of several prompts (a scenario step in flight together):
-        every new record, matched to each prompt by its SHA-256 (the prompts are distinct)."""
-        if not self.directory:
-            return [None] * len(prompts)
-        try:
-            return self._take_many(prompts)
-        except Exception as exc:  # noqa: BLE001 - an audit failure never fails the arm
-            why = f"the audit record could not be read: {type(exc).__name__}: {exc}"
-            return [{"seq": None, "unavailable": why} for _ in prompts]
-
-    def _take_many(self, prompts: list[list[int]]) -> list[dict]:
-        from repro.engine.kvaudit import prompt_sha256
-
-        records = self._new_records()
-        out = []
-        for ids in prompts:
-            mine = [r for r in records if r.get("prompt_sha256") == prompt_sha256(ids)]
-            if not mine:
-                out.append({"seq": None, "unavailable": f"no audit record for this prompt among {len(records)} new"})
-                continue
-            # one per scheduling of a new request; a second one (seen as "also_seqs") is the same prompt scheduled
-            # anew; the first is the request's own first load
-            out.append({**mine[0], "also_seqs": [r.get("seq") for r in mine[1:]]} if len(mine) > 1 else mine[0])
-        return out
-
-    def summary(self) -> dict | None:
-        if not self.directory:
-            return None
-        errors = []
-        for name in sorted(os.listdir(self.directory)):
-            if name.startswith("audit-error"):
-                with open(os.path.join(self.directory, name), encoding="utf-8") as fh:
-                    errors.append(json.load(fh))
-        return {"dir": self.directory, "errors": errors, "primes": self.primes}
-
-
 def _request(out, role: str, kv_audit_record: dict | None = None) -> RequestResult:
     comp = out.outputs[0]
     cached = getattr(out, "num_cached_tokens", None)
@@ -455,13 +159,13 @@ def run_job(job: Job, keep: list) -> ArmResult:
     from vllm import SamplingParams, TokensPrompt
 
     frontend = frontend_from_env(os.environ)  # before any engine: a bad value fails the arm at once
-    versions = _collect_versions()
+    versions = collect_versions()
     waited = wait_for_preflight(job)
     report_stage(job, "building the engine", preflight_ok=True)
-    _audit_env(job)
-    audit = _AuditRecords(job.kv_audit_dir)
+    audit_env(job)
+    audit = AuditRecords(job.kv_audit_dir)
     t0 = time.monotonic()
-    llm = build_frontend(frontend, _engine_kwargs(job))  # LLM, or a bare AsyncLLM behind the same calls
+    llm = build_frontend(frontend, engine_kwargs(job))  # LLM, or a bare AsyncLLM behind the same calls
     keep.append(llm)
     ready = time.monotonic()
     if job.probes_file:
@@ -496,7 +200,7 @@ def run_job(job: Job, keep: list) -> ArmResult:
     if job.arm.connector is not None and "lmcache" in job.arm.connector.name.lower():
         # after the run: the engine's worker imported LMCache's compiled ops first (or failed to)
         try:
-            versions["lmcache_build"] = _lmcache_build()
+            versions["lmcache_build"] = lmcache_build()
         except Exception as exc:  # noqa: BLE001 - a fact that cannot be read never fails the arm
             versions["lmcache_build"] = {"problem": f"{type(exc).__name__}: {str(exc)[:300]}"}
     return ArmResult(
@@ -504,7 +208,7 @@ def run_job(job: Job, keep: list) -> ArmResult:
         probes=tuple(probes),
         pid=os.getpid(),
         versions=versions,
-        effective_config={**_effective_config(llm), **_process_facts(probes, audit, scenario)},
+        effective_config={**effective_config(llm), **process_facts(probes, audit, scenario)},
         # from process start to a ready engine: interpreter, imports and engine construction
         engine_start_s=round(ready - _T_PROCESS - waited, 3),
         import_s=round(t0 - _T_PROCESS - waited, 3),
@@ -534,7 +238,7 @@ def preemption_count() -> tuple[int | None, str]:
     return int(sum(values)), f"{PREEMPTIONS_METRIC} (vLLM's Prometheus counter, as LLM.get_metrics() reads it)"
 
 
-def run_scenario(llm, job: Job, tokenizer, sp, audit: _AuditRecords) -> tuple[list[ProbeResult], ScenarioResult]:
+def run_scenario(llm, job: Job, tokenizer, sp, audit: AuditRecords) -> tuple[list[ProbeResult], ScenarioResult]:
     """A scenario's steps in this (fresh) engine: each step's probes one generate call each in order,
     or one call with all of them (together: in flight at once, as many as max_num_seqs lets run). The
     prefix cache is never reset: what earlier steps left is the point. Each request's audit record is

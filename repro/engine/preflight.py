@@ -13,8 +13,8 @@ from __future__ import annotations
 import importlib
 import os
 
-from repro.contract import Preflight
-from repro.judge.verdict import batch_invariant_device_problem
+from repro.contract.job import Preflight
+from repro.judge.batch_invariance import batch_invariant_device_problem
 from repro.record.provenance import package_version
 
 BATCH_INVARIANT_ENV = "VLLM_BATCH_INVARIANT"  # what --batch-invariant sets for every child (repro.verify)

@@ -1,1 +1,2 @@
-"""Judging a run: exact comparison, replays, verdicts, trials, the KV audit's classes."""
+"""Judging a run: exact comparison, replays, verdicts, each run's report entry, trials and confirmations, the
+KV audit's classes."""

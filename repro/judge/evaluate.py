@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from repro.contract import ArmResult, ProbeResult, RequestResult
+from repro.contract.result import ArmResult, ProbeResult, RequestResult
 from repro.judge.compare import margin_at
 from repro.judge.replays import find_replays, request_label
 from repro.judge.verdict import (

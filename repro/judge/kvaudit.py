@@ -1,21 +1,18 @@
 """The KV audit, parent side: which requests to compare, and what the figures mean for the report.
 
 The engine side records (repro.engine.kvaudit) and compares (repro.engine.kvcompare); this module
-builds the comparison's job from the arms' results, runs it as a child, and turns its raw figures
-into the report's fields: per reuse request a class per block x layer x K/V plane
-(repro.judge.verdict.classify_kv_cell against the arm's measured floor), per probe a KV verdict
-(repro.judge.verdict.decide_kv_probe) with the blamed blocks, layers and planes. The floor of an arm is
+builds the comparison's job from the arms' results (repro.run.kvaudit runs it as a child) and turns its
+raw figures into the report's fields: per reuse request a class per block x layer x K/V plane
+(repro.judge.kv_verdict.classify_kv_cell against the arm's measured floor), per probe a KV verdict
+(repro.judge.kv_verdict.decide_kv_probe) with the blamed blocks, layers and planes. The floor of an arm is
 the largest relative error of its own cold prefills' KV against the baseline's: how far the same
 computation drifted between two processes, measured in this run, never a constant.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-from repro.contract import ArmResult
-from repro.judge.verdict import (
+from repro.contract.result import ArmResult
+from repro.judge.kv_verdict import (
     CELL_CORRUPT,
     CELL_EXACT,
     CELL_NUMERIC,
@@ -28,7 +25,6 @@ from repro.judge.verdict import (
 from repro.judge.wording import blocks_text, span_text
 
 PLANES = ("K", "V")
-COMPARE_MODULE = "repro.engine.kvcompare"
 # What a reuse's wrong bytes equal is kept for this many cells at most, in the comparison's order (layer 0
 # first): a long prompt's deeper layers may be left out (repro.readmodel.RequestAudit.sources_complete reads this).
 MATCHES_KEPT = 200
@@ -83,29 +79,6 @@ def compare_job(baseline: ArmResult, audited: dict[str, ArmResult]) -> dict:
                 )
         arms.append({"name": name, "dir": (res.kv_audit or {}).get("dir"), "requests": reqs})
     return {"reference": {"dir": ref_dir, "probes": ref_probes}, "arms": arms}
-
-
-def run_compare(job: dict, work: Path, env: dict, python: str, timeout_s: float) -> tuple[dict | None, str | None]:
-    """Run the comparison child; (raw figures, None) or (None, why it failed)."""
-    from repro.run.runner import run_child  # the runner is parent machinery; imported where it is used
-
-    job_path, out_path, log_path = work / "kv-compare.job.json", work / "kv-compare.out.json", work / "kv-compare.log"
-    job_path.write_text(json.dumps(job), encoding="utf-8")
-    rc, timed_out, oom, _wall = run_child(
-        [python, "-m", COMPARE_MODULE, str(job_path), str(out_path)], log_path=log_path, env=env, timeout_s=timeout_s
-    )
-    tail = log_path.read_text(encoding="utf-8", errors="replace")[-600:] if log_path.exists() else ""
-    if timed_out:
-        return None, f"the KV comparison timed out after {timeout_s:.0f} s"
-    if oom:
-        return None, "the KV comparison was killed for memory"
-    if rc != 0 or not out_path.exists():
-        last = tail.strip().splitlines()[-1] if tail.strip() else "no output"
-        return None, f"the KV comparison exited {rc}: {last[:300]}"
-    try:
-        return json.loads(out_path.read_text(encoding="utf-8")), None
-    except ValueError as exc:
-        return None, f"the KV comparison's output is not JSON: {exc}"
 
 
 def _round(x: float | None) -> float | None:
@@ -235,7 +208,7 @@ def _kv(v: KVVerdict, block_size: int) -> dict:
 def annotate(
     entries: list[dict], results: dict[str, ArmResult], raw: dict | None, problem: str | None, block_size: int
 ) -> None:
-    """Fill the report's kv_audit / kv fields in place (entries as repro.verify.arm_entry made them)."""
+    """Fill the report's kv_audit / kv fields in place (entries as repro.judge.entries.arm_entry made them)."""
     for entry in entries:
         res = results.get(entry["name"])
         if res is None or res.kv_audit is None:

@@ -55,7 +55,7 @@ bundle's site-packages, LMCache 0.5.5rc5, 0.5.5 and 0.5.6 wheels; paths relative
   0.5.4 and 0.5.6). The kit's probe: that answer, and a TCP connection to the ZMQ port, and then
   that the sockets listening on both ports belong to the process group the kit started (the kit
   picks free ports and releases them, so another cell's server on this host may bind one first and
-  answer healthy: `foreign_listeners`, from /proc/net/tcp and the group's open sockets). (0.5.6's
+  answer healthy: repro.lmcache.mp_ports, from /proc/net/tcp and the group's open sockets). (0.5.6's
   auto-start probes with a ZMQ PING instead, `mp_server_launcher.py:481-511`, which needs
   lmcache's own client in the parent.) The log lines "LMCache HTTP server initialized" (0.5.6
   `http_server.py:155`, 0.5.4 `:163`) and "LMCache cache server is running..." (0.5.6
@@ -93,23 +93,20 @@ bundle's site-packages, LMCache 0.5.5rc5, 0.5.5 and 0.5.6 wheels; paths relative
 from __future__ import annotations
 
 import contextlib
-import http.client
-import json
 import os
 import signal
 import socket
 import subprocess
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from repro.contract import LMCACHE_SERVER_DIED, LMCACHE_SERVER_START, Failure
+from repro.contract.failure import LMCACHE_SERVER_DIED, LMCACHE_SERVER_START, Failure
 from repro.lmcache import ops as lmcache_ops
+from repro.lmcache.mp_ports import HEALTH_PATH, foreign_listeners, probe_ready, read_text, who_answered
 from repro.run import logscan
-from repro.run.lifeline import group_members
 from repro.run.runner import (
     deferred_signals,
     kill_group,
@@ -123,14 +120,10 @@ from repro.run.runner import (
 FAILURE_KINDS = (LMCACHE_SERVER_START, LMCACHE_SERVER_DIED)
 CONNECTOR = "LMCacheMPConnector"
 SERVER_MODULE = "lmcache.v1.multiprocess.http_server"
-HEALTH_PATH = "/healthcheck"
 READY_TIMEOUT_S = 180.0  # imports torch and LMCache, then sets up its memory pool and CUDA
 STOP_GRACE_S = 10.0  # SIGTERM to SIGKILL: uvicorn's shutdown closes the engine and frees its pool
 _POLL_S = 0.2
-_PROBE_TIMEOUT_S = 1.0
 _PROBE_GRACE_S = 2.0
-# No proxy for a loopback health check, whatever http_proxy says.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def server_log_path(workdir: Path, arm_name: str) -> Path:
@@ -203,19 +196,6 @@ def free_ports(host: str, n: int) -> list[int]:
         for s in socks:
             s.bind((host, 0))
         return [s.getsockname()[1] for s in socks]
-
-
-def probe_ready(host: str, port: int, http_port: int, timeout_s: float = _PROBE_TIMEOUT_S) -> bool:
-    """The HTTP health check says healthy and the connector's port accepts a connection."""
-    try:
-        with _OPENER.open(f"http://{host}:{http_port}{HEALTH_PATH}", timeout=timeout_s) as response:
-            healthy = response.status == 200 and json.loads(response.read(4096)).get("status") == "healthy"
-        if healthy:
-            with socket.create_connection((host, port), timeout=timeout_s):
-                return True
-    except (OSError, ValueError, AttributeError, http.client.HTTPException):
-        pass  # not up yet (refused, 503, half-started, not JSON)
-    return False
 
 
 def exit_text(returncode: int) -> str:
@@ -360,7 +340,7 @@ def mp_server(
         # a failed or interrupted start is reported at once: the probe gets a moment, not its timeout
         wait_s = lmcache_ops.PROBE_TIMEOUT_S if ended_well else _PROBE_GRACE_S
         server.ops_probe = probe.result(wait_s) if probe is not None else None
-        server.copy_path = server_copy_path(server.ops_probe, _read_text(log_path))
+        server.copy_path = server_copy_path(server.ops_probe, read_text(log_path))
         if failed is not None:
             failed.copy_path = server.copy_path
 
@@ -380,13 +360,6 @@ class _OpsProbe:
     def result(self, timeout_s: float) -> dict:
         self._thread.join(timeout_s)
         return self._out
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_bytes().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
 
 
 def server_copy_path(probe: dict | None, log_text: str) -> dict:
@@ -429,9 +402,10 @@ def wait_ready(server: MPServer, deadline: float, timeout_s: float) -> None:
     foreign: set[int] | None = None  # what answered in its place, once something did
     while True:
         if not server.alive():
+            who = who_answered(foreign, server)
             raise ServerError(
                 LMCACHE_SERVER_START,
-                f"the LMCache MP server exited before it was ready ({server.how_it_ended()}){_who(foreign, server)}",
+                f"the LMCache MP server exited before it was ready ({server.how_it_ended()}){who}",
                 server.log_tail(),
             )
         if probe_ready(server.settings.host, server.port, server.http_port):
@@ -440,73 +414,13 @@ def wait_ready(server: MPServer, deadline: float, timeout_s: float) -> None:
                 return
         if time.monotonic() >= deadline:
             where = f"http://{server.settings.host}:{server.http_port}{HEALTH_PATH} and port {server.port}"
+            who = who_answered(foreign, server)
             raise ServerError(
                 LMCACHE_SERVER_START,
-                f"the LMCache MP server was not ready within {timeout_s:g} s ({where}){_who(foreign, server)}",
+                f"the LMCache MP server was not ready within {timeout_s:g} s ({where}){who}",
                 server.log_tail(),
             )
         time.sleep(_POLL_S)
-
-
-def _listening_inodes(port: int) -> set[int] | None:
-    """The inodes of the TCP sockets listening on this port (this network namespace), or None where
-    /proc cannot say."""
-    inodes, readable = set(), False
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        readable = True
-        for row in rows:
-            f = row.split()  # sl local_address rem_address st ... inode
-            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
-                inodes.add(int(f[9]))
-    return inodes if readable else None
-
-
-def _socket_inodes(pid: int) -> set[int]:
-    """The inodes of the sockets a process holds open (empty where it is gone or not ours to read)."""
-    out = set()
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return out
-    for fd in fds:
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            out.add(int(link[8:-1]))
-    return out
-
-
-def foreign_listeners(server: MPServer) -> set[int] | None:
-    """None when the server's own process group holds the sockets listening on both its ports (or
-    /proc cannot tell, as off Linux); else the inodes of the listening sockets it does not hold
-    (empty: nothing listens there any more)."""
-    ours: set[int] = set()
-    for pid in group_members(server.pid):
-        ours |= _socket_inodes(pid)
-    foreign: set[int] | None = None
-    for port in (server.http_port, server.port):
-        inodes = _listening_inodes(port)
-        if inodes is not None and not inodes & ours:
-            foreign = (foreign or set()) | inodes
-    return foreign
-
-
-def _who(foreign: set[int] | None, server: MPServer) -> str:
-    """What answered on the server's ports in its place, for the start failure's detail."""
-    if foreign is None:
-        return ""
-    holders = []
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if entry.isdigit() and _socket_inodes(int(entry)) & foreign:
-            holders.append(f"pid {entry} ({_read_text(Path(f'/proc/{entry}/comm')).strip() or '?'})")
-    by = ", ".join(holders) or "a process the kit cannot see"
-    return f"; its ports answered from {by}, not the server the kit started (pid {server.pid})"
 
 
 def _watch(server: MPServer, on_death: Callable[[MPServer], None]) -> None:

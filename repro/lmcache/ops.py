@@ -36,8 +36,9 @@ from pathlib import Path
 from repro import __version__
 from repro.errors import EXIT_OK, EXIT_RUNTIME, UsageError
 from repro.paths import KIT_ROOT
+from repro.plan.interpreter import ask_json
 from repro.record.atomic import dumps_json, write_json_atomic
-from repro.record.provenance import ask_json, utc_now
+from repro.record.provenance import utc_now
 
 MODES = ("auto", "compiled", "fallback")
 OPS_MODULE = "lmcache.cuda_ops"

@@ -100,7 +100,7 @@ ENGINE, SERVER = "engine", "MP server"
 
 def _engine_copy_path(build: dict | None, fallback_lines: list[str]) -> dict:
     """The engine's: LMCache's own warning in the arm's log decides fallback; else what the child's
-    import of lmcache.cuda_ops said (repro.engine.child._lmcache_build, or its older `cuda_ops` text)."""
+    import of lmcache.cuda_ops said (repro.engine.facts.lmcache_build, or its older `cuda_ops` text)."""
     build = build or {}
     error = build.get("ops_import_error")
     if not error and str(build.get("cuda_ops", "")).startswith("not loaded: "):

@@ -10,7 +10,7 @@ from repro.judge.wording import NOT_RECORDED
 from repro.matrix.cell import CellOutcome
 from repro.matrix.spec import Cell
 from repro.readmodel import ArmConditions, Report, Request
-from repro.record.report import exit_code
+from repro.record.exit_rule import exit_code
 
 MATRIX_KIND = "kvkit-matrix"
 # 1: cells (status, error, exit code, report and page links, versions, per-arm per-probe verdicts with

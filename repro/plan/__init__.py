@@ -1,1 +1,2 @@
-"""Planning a run: the verifier's options, the fixture and its probes, the arms each run has."""
+"""Planning a run: the verifier's options and the fixture, read once into the run's plan (run_plan; its parts,
+one per stage, in settings), the probes, the scenarios and the arms each run has."""

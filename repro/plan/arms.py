@@ -10,21 +10,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from repro.contract import (
-    ArmResult,
+from repro.contract.job import (
     ArmSpec,
     ConnectorSpec,
-    EngineConfig,
     Job,
     Preflight,
     PreflightConnector,
     ProbeJob,
     build_job,
 )
+from repro.contract.result import ArmResult
 from repro.errors import UsageError
 from repro.plan import devices
 from repro.plan.fixtures import Fixture, Probe, arm_name_problem
-from repro.plan.options import DEFAULT_ENGINE_MODULE, Options
+from repro.plan.options import DEFAULT_ENGINE_MODULE
+from repro.plan.settings import ArmsAsked, EngineSettings
 from repro.plan.suite import requests_for
 
 # A connector setting with this value gets a fresh directory for its arm alone.
@@ -79,20 +79,21 @@ class PlannedArm:
         return self.spec.name
 
 
-def plan_arms(opts: Options, fixture: Fixture) -> list[PlannedArm]:
-    """baseline first, then the connector arm(s) (the command line's, else the fixture's), then native."""
-    a = opts.args
+def plan_arms(asked: ArmsAsked, fixture: Fixture, lmcache_config: str | None = None) -> list[PlannedArm]:
+    """baseline first, then the connector arm(s) (the command line's, else the fixture's), then native.
+    lmcache_config: the YAML an LMCache arm's processes read (--lmcache-config)."""
     arms = [PlannedArm(ArmSpec("baseline", "baseline"))]
-    if a.kv_connector:
-        if (problem := arm_name_problem(a.kv_connector)) is not None:  # the arm is named after it
+    if asked.kv_connector:
+        if (problem := arm_name_problem(asked.kv_connector)) is not None:  # the arm is named after it
             raise UsageError(f"--kv-connector: {problem}")
-        extra = dict(opts.extra_config)
-        if a.kv_connector == "ExampleConnector":
+        extra = dict(asked.extra_config)
+        if asked.kv_connector == "ExampleConnector":
             extra.setdefault("shared_storage_path", TMPDIR_TOKEN)
-        if a.kv_connector == "PlantedFaultConnector" and a.kv_connector_module_path == PLANTED_FAULT_MODULE:
+        if asked.kv_connector == "PlantedFaultConnector" and asked.module_path == PLANTED_FAULT_MODULE:
             extra.setdefault("store_dir", TMPDIR_TOKEN)
-        conn = ConnectorSpec(a.kv_connector, a.kv_connector_module_path, extra)
-        arms.append(PlannedArm(ArmSpec(a.kv_connector, "connector", conn), lmcache_config=_lmcache_yaml(conn, a)))
+        conn = ConnectorSpec(asked.kv_connector, asked.module_path, extra)
+        yaml = _lmcache_yaml(conn, lmcache_config)
+        arms.append(PlannedArm(ArmSpec(asked.kv_connector, "connector", conn), lmcache_config=yaml))
     else:
         for spec in fixture.arms:
             conn = ConnectorSpec(spec.connector, spec.module_path, dict(spec.extra_config))
@@ -102,14 +103,14 @@ def plan_arms(opts: Options, fixture: Fixture) -> list[PlannedArm]:
                     dict(spec.skip_probes),
                     lmcache_ops=spec.lmcache_ops,
                     skip_scenarios=dict(spec.skip_scenarios),
-                    lmcache_config=_lmcache_yaml(conn, a),
+                    lmcache_config=_lmcache_yaml(conn, lmcache_config),
                 )
             )
-    if a.compare_native:
+    if asked.compare_native:
         arms.append(PlannedArm(ArmSpec("native", "native")))
         connectors = [arm.name for arm in arms if arm.spec.mode == "connector"]
         # the critic's control: native reusing exactly what the connector reused
-        if connectors and not a.no_native_matched:
+        if connectors and asked.native_matched:
             arms.append(PlannedArm(ArmSpec(NATIVE_MATCHED, "native"), match_arm=connectors[0]))
     if len(arms) == 1:
         raise UsageError(
@@ -122,8 +123,8 @@ def is_lmcache_connector(conn: ConnectorSpec | None) -> bool:
     return conn is not None and "lmcache" in conn.name.lower()
 
 
-def _lmcache_yaml(conn: ConnectorSpec, a) -> str | None:
-    return a.lmcache_config if is_lmcache_connector(conn) else None
+def _lmcache_yaml(conn: ConnectorSpec, lmcache_config: str | None) -> str | None:
+    return lmcache_config if is_lmcache_connector(conn) else None
 
 
 def materialize(arm: PlannedArm, scratch: list[str], root: str | Path | None = None) -> PlannedArm:
@@ -286,6 +287,12 @@ def _read_yaml(path: str) -> dict:
     return dict(data) if isinstance(data, dict) else {}
 
 
+def persisting_store(arm: PlannedArm) -> str | None:
+    """Why a run's connector state may persist between runs (its `store`), or None: it is fresh."""
+    store = arm.store
+    return None if store is None or store.get("fresh") else str(store.get("why") or "not recorded")
+
+
 def scratch_dirs(spec: ArmSpec) -> list[Path]:
     """The directories materialize made for an arm's connector (its stores): what its child writes there."""
     conn = spec.connector
@@ -297,66 +304,50 @@ def scratch_dirs(spec: ArmSpec) -> list[Path]:
     ]
 
 
-def engine_config(opts: Options) -> EngineConfig:
-    a = opts.args
-    return EngineConfig(
-        model=str(Path(a.model).resolve()) if opts.model_is_local else a.model,
-        revision=a.model_revision,
-        dtype=a.dtype,
-        seed=a.seed,
-        gpu_memory_utilization=a.gpu_memory_utilization,
-        max_model_len=a.max_model_len,
-        block_size=a.block_size,
-        device=a.device,
-    )
-
-
-def preflight_for(opts: Options, arms: list[PlannedArm]) -> Preflight | None:
+def preflight_for(arms: list[PlannedArm], device: str, engine_module: str) -> Preflight | None:
     """Connector and device checks for the first child to make once vLLM is imported, before it
     builds an engine: a problem is a usage error (exit 2), and no extra vLLM import is paid. A
     stand-in engine (tests only) has no vLLM to check with."""
-    if opts.args.engine_module != DEFAULT_ENGINE_MODULE:
+    if engine_module != DEFAULT_ENGINE_MODULE:
         return None
     conns = tuple(
         PreflightConnector(arm.name, arm.spec.connector.name, arm.spec.connector.module_path)
         for arm in arms
         if arm.spec.connector is not None
     )
-    return Preflight(connectors=conns, device=opts.args.device)
+    return Preflight(connectors=conns, device=device)
 
 
 def arm_job(
-    opts: Options,
+    engine: EngineSettings,
+    reuses: int | None,
     arm: PlannedArm,
     probes: list[Probe],
     fixture_sha256: str,
     preflight: Preflight | None = None,
     kv_audit_dir: str | None = None,
 ) -> Job:
-    """The job for one arm: every probe it does not skip, each with its cold request and reuses."""
-    jobs = [
-        ProbeJob(p.name, p.prompt_spec(), requests_for(p, opts.args.reuses))
-        for p in probes
-        if p.name not in arm.skip_probes
-    ]
+    """The job for one arm: every probe it does not skip, each with its cold request and reuses (--reuses,
+    else the probe's own)."""
+    jobs = [ProbeJob(p.name, p.prompt_spec(), requests_for(p, reuses)) for p in probes if p.name not in arm.skip_probes]
     return build_job(
         arm.spec,
-        engine_config(opts),
+        engine.config(),
         jobs,
-        max_tokens=opts.args.max_tokens,
-        logprobs=opts.args.logprobs,
+        max_tokens=engine.max_tokens,
+        logprobs=engine.logprobs,
         preflight=preflight,
         fixture_sha256=fixture_sha256,
         kv_audit_dir=kv_audit_dir,
     )
 
 
-def vocab_size(opts: Options) -> int | None:
+def vocab_size(engine: EngineSettings) -> int | None:
     """The local model's vocabulary size (to reject out-of-vocabulary token IDs before any engine)."""
-    if not opts.model_is_local:
+    if not engine.model_is_local:
         return None
     try:
-        return int(json.loads((Path(opts.args.model) / "config.json").read_text())["vocab_size"])
+        return int(json.loads((Path(engine.model) / "config.json").read_text())["vocab_size"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -392,16 +383,16 @@ def _memory_gib() -> tuple[float, float] | None:
 CPU_ARM_BASE_GIB = 2.0
 
 
-def default_jobs(opts: Options, n_arms: int) -> int:
+def default_jobs(engine: EngineSettings, n_arms: int) -> int:
     """How many arms run at once when --jobs is not given: on CUDA every arm (the GPUs are shared,
     each arm's memory share split), on the CPU as many as the cores and the memory sustain."""
-    if devices.uses_cuda(opts.args.device):
+    if devices.uses_cuda(engine.device):
         return n_arms
     cores = len(devices.usable_cores())
     mem = _memory_gib()
     fit = n_arms
     if mem is not None:
-        per_arm = opts.args.gpu_memory_utilization * mem[0] + CPU_ARM_BASE_GIB
+        per_arm = engine.gpu_memory_utilization * mem[0] + CPU_ARM_BASE_GIB
         fit = max(1, int(mem[1] // per_arm))
     return max(1, min(n_arms, cores, fit))
 
@@ -411,7 +402,7 @@ def default_jobs(opts: Options, n_arms: int) -> int:
 SHARED_GPU_KV_MAX_MODEL_LENS = 4
 
 
-def arm_slots(opts: Options, n_arms: int, jobs: int) -> list[ArmSlot]:
+def arm_slots(engine: EngineSettings, n_arms: int, jobs: int) -> list[ArmSlot]:
     """The slots of n_arms arms run `jobs` at a time, one per arm that runs at once (an arm takes a
     free one when it launches: repro.run.scheduler.SlotPool): on CUDA a GPU (round robin) and, where several
     arms share one, an equal share of 90 % of its memory (never more than --gpu-memory-utilization); on the CPU,
@@ -423,22 +414,22 @@ def arm_slots(opts: Options, n_arms: int, jobs: int) -> list[ArmSlot]:
     --max-model-len tokens, vLLM's kv_cache_memory_bytes): otherwise each engine sizes it by
     profiling the GPU's free memory, and vLLM stops with "Error in memory profiling" when another
     process frees memory meanwhile, which arms building at the same time do (seen on an H200)."""
-    util = opts.args.gpu_memory_utilization
+    util = engine.gpu_memory_utilization
     at_once = max(1, min(jobs, n_arms))
     if jobs <= 1:
         return [ArmSlot({}, util)]
-    if devices.uses_cuda(opts.args.device):
+    if devices.uses_cuda(engine.device):
         gpus = devices.visible_gpus() or ["0"]
         per_gpu = -(-at_once // len(gpus))
         share = min(util, round(0.9 / per_gpu, 3))
-        tokens = SHARED_GPU_KV_MAX_MODEL_LENS * opts.args.max_model_len if per_gpu > 1 else None
+        tokens = SHARED_GPU_KV_MAX_MODEL_LENS * engine.max_model_len if per_gpu > 1 else None
         return [ArmSlot({"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]}, share, tokens) for i in range(at_once)]
     cores = devices.usable_cores()
     return [ArmSlot({"VLLM_CPU_OMP_THREADS_BIND": str(cores[i % len(cores)])}, util) for i in range(at_once)]
 
 
 def matched_probes(
-    opts: Options, arm: PlannedArm, probes: list[Probe], connector: ArmResult | None, block_size: int
+    arm: PlannedArm, probes: list[Probe], connector: ArmResult | None, block_size: int
 ) -> tuple[list[ProbeJob], dict, dict]:
     """The native-matched arm's probes: each reuse primed with the prefix length the connector arm
     reused at the same reuse, aligned down to a block (native prefix caching reuses whole blocks).

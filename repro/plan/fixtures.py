@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from repro.errors import UsageError
-from repro.judge.verdict import KV_VERDICTS, VERDICTS, expectation_problem
+from repro.judge.expectations import expectation_problem
+from repro.judge.verdict import KV_VERDICTS, VERDICTS
 
 FIXTURE_KIND = "kvkit-fixture"
 FIXTURE_SCHEMA_VERSION = 1
@@ -362,7 +363,7 @@ def _parse_step(obj: object, where: str, path) -> ScenarioStep:
 
 def parse_scenario(obj: object, where: str, path) -> Scenario:
     """One scenario; every problem is a one-line UsageError. Whether its probes exist is the run's
-    check (repro.run.scenarios.check_scenarios: the acceptance suite adds probes)."""
+    check (repro.plan.scenarios.select: the acceptance suite adds probes)."""
     if not isinstance(obj, dict):
         raise _fail(path, f"{where}: must be an object")
     _unknown_keys(obj, _SCENARIO_KEYS, where, path)
@@ -396,7 +397,7 @@ def parse_scenario(obj: object, where: str, path) -> Scenario:
 
 def _parse_expected(data: dict, key: str, verdicts: tuple[str, ...], path) -> dict:
     """An expectation table, arm -> {probe: expectation}: one verdict of verdicts, or a set of them
-    (a non-empty list of distinct verdicts, never a finding beside its absence; repro.judge.verdict
+    (a non-empty list of distinct verdicts, never a finding beside its absence; repro.judge.expectations
     .expectation_problem). Kept as written: the report's checked items repeat it."""
     table_of = data.get(key, {})
     if not isinstance(table_of, dict):

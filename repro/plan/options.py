@@ -21,8 +21,8 @@ from pathlib import Path
 from repro.commands import ArgumentParser
 from repro.errors import UsageError
 from repro.plan import devices
-from repro.record.provenance import probe_python
-from repro.run.diskwatch import DEFAULT_MAX_CHILD_DISK_GB
+from repro.plan.interpreter import probe_python
+from repro.plan.settings import DEFAULT_MAX_CHILD_DISK_GB
 
 DEFAULT_ENGINE_MODULE = "repro.engine"
 # The engine settings of every CPU run the kit makes (the self-test, `make bench`, the tests).

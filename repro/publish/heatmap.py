@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from repro.judge.verdict import CELL_CORRUPT, CELL_EXACT, CELL_NUMERIC
+from repro.judge.kv_verdict import CELL_CORRUPT, CELL_EXACT, CELL_NUMERIC
 from repro.judge.wording import blocks_text, number, spans
 from repro.readmodel import Request, floor_rel_text
 

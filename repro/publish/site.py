@@ -19,7 +19,8 @@ from repro.errors import EXIT_OK, UsageError
 from repro.paths import RAW_DIR
 from repro.publish.catalog import Entry, render_catalog
 from repro.publish.environment import make_environment
-from repro.publish.site_model import build_index_row, build_report_page
+from repro.publish.site_index import build_index_row
+from repro.publish.site_model import build_report_page
 from repro.publish.writeup import render_writeup
 from repro.readmodel import Report, read_report
 from repro.record.atomic import write_bytes_atomic

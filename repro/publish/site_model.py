@@ -1,17 +1,19 @@
-"""The report site's view models: small frozen objects built from the read model (repro.readmodel), so
-templates only loop and print.
+"""The report page's view model: small frozen objects built from the read model (repro.readmodel), so
+templates only loop and print. Its sections beside it: repro.publish.site_kv (KV audit details),
+repro.publish.site_conditions (conditions) and repro.publish.site_scenarios (scenarios); the index's rows are
+repro.publish.site_index.
 
 Pure: no file, clock or environment access. Every date shown comes from the report itself.
 """
 
-from __future__ import annotations
-
 import re
 from dataclasses import dataclass
 
-from repro.judge.verdict import PASS
-from repro.judge.wording import flatten, machine_path_name, number, show
-from repro.publish.heatmap import Heatmap, Legend, build_heatmap, build_legend
+from repro.judge.wording import flatten, machine_path_name, show
+from repro.publish.heatmap import Legend, build_legend
+from repro.publish.site_conditions import Conditions, page_conditions
+from repro.publish.site_kv import KVDetail, kv_detail, kv_note
+from repro.publish.site_scenarios import ScenarioBlock, scenario_block, scenarios_note
 from repro.readmodel import (
     DIVERGENCE_LEGEND,
     REPLAY_LEGEND,
@@ -19,10 +21,6 @@ from repro.readmodel import (
     Probe,
     Report,
     Request,
-    RequestAudit,
-    Scenario,
-    ScenarioArm,
-    StepRequest,
     as_report,
     margin_class,
 )
@@ -108,96 +106,6 @@ class ProbeDetail:
 
 
 @dataclass(frozen=True)
-class KVDetail:
-    """A probe's KV audit: its verdict and reasons, a line per request without a heatmap, a heatmap per audited reuse."""
-
-    verdict: str
-    cell: str
-    reasons: tuple[str, ...]
-    lines: tuple[str, ...]
-    heatmaps: tuple[Heatmap, ...]
-
-
-@dataclass(frozen=True)
-class RateRow:
-    """One probe of an arm across its trials: 'FAIL 3/5', its class, and each trial's verdict and first diffs."""
-
-    probe: str
-    rate: str
-    cls: str
-    trials: str
-
-
-@dataclass(frozen=True)
-class ArmConditions:
-    """What one arm was measured under: its GPU, who shared it, LMCache's copy path per process,
-    its trials and its re-run alone (each "" or () when the report does not record it)."""
-
-    arm: str
-    gpu: str
-    sharing: str
-    window: str
-    overlaps: tuple[str, ...]
-    copy_paths: tuple[tuple[str, str, str, str], ...]  # process, path, source, detail
-    trials: str
-    rates: tuple[RateRow, ...]
-    confirmation: str
-    confirmation_reason: str
-    confirmation_run: tuple[tuple[str, str], ...]  # probe, 'FAIL @6,7' in the run alone
-
-
-@dataclass(frozen=True)
-class Conditions:
-    run: tuple[tuple[str, str], ...]  # trials, re-run alone, lmcache-ops, gpu-load, cpu-load
-    arms: tuple[ArmConditions, ...]
-
-
-@dataclass(frozen=True)
-class ScenarioRow:
-    """One request of a scenario arm: step · probe · expectation · hit · verdict · first diff · KV · control."""
-
-    step: str
-    probe: str
-    expect: str
-    cached: str
-    role: str
-    verdict: str
-    diff: str
-    diff_class: str  # the divergence's class (decisive, near-tie, unclassed); "" when it did not diverge
-    kv: str
-    kv_verdict: str  # EXACT, NUMERIC, CORRUPT, UNAVAILABLE; "" when not audited
-    control: str
-    cls: str = ""  # the request's class ("schedule-numerics"); "" when none
-    note: str = ""  # what qualifies its check, e.g. an expected reuse not enforced
-    counts: str = ""  # where the connector's own hit count disagrees with vLLM's (StepRequest.counter_note)
-
-
-@dataclass(frozen=True)
-class ScenarioArmBlock:
-    title: str
-    verdict: str
-    cls: str  # the class of its divergences ("schedule-numerics"); "" when none
-    facts: str  # "preemptions 0 (llm.get_metrics(): …) · 12.4 s"
-    reasons: tuple[str, ...]  # shown for any verdict but a plain PASS
-    error: tuple[str, str] | None  # "kind: message", log tail
-    rows: tuple[ScenarioRow, ...]
-
-
-@dataclass(frozen=True)
-class ScenarioBlock:
-    """One scenario on the report page: what ran (steps, settings), the schedule control, each arm's rows."""
-
-    anchor: str
-    name: str
-    description: str
-    settings: str
-    steps: tuple[str, ...]
-    control: str
-    control_differs: bool  # the schedule alone changed some request's tokens: the line is shown loud
-    arms: tuple[ScenarioArmBlock, ...]
-
-
-@dataclass(frozen=True)
 class ArmLog:
     arm: str
     path: str
@@ -230,33 +138,6 @@ class ReportPage:
     replay_legend: str = ""  # what a replay is, on a page that shows one; "" otherwise
     scenarios: tuple[ScenarioBlock, ...] = ()  # () for a report without scenarios (its page is as it was)
     scenarios_note: str = ""  # scenarios asked for (config.scenarios) but none in the report; "" otherwise
-
-
-@dataclass(frozen=True)
-class IndexVerdict:
-    """One arm on the index: its verdict and, for a FAIL, its divergences by class."""
-
-    arm: str
-    verdict: str
-    divergences: str = ""  # "decisive: 6", "near-ties only: 2"; "" unless a FAIL
-    near_ties_only: bool = False
-    condition: str = ""  # "contention-dependent: …" when the verdict was qualified by its conditions
-
-
-@dataclass(frozen=True)
-class IndexRow:
-    href: str
-    stem: str
-    hardware: str
-    date: str
-    commit: str
-    vllm: str
-    lmcache: str
-    verdicts: tuple[IndexVerdict, ...]
-    acceptance: str
-    kv: tuple[tuple[str, str], ...] | None = None  # each reuse arm's KV verdicts tallied; None before the audit
-    scenarios: tuple[tuple[str, str], ...] = ()  # ("a-b-a · PlantedFault", "FAIL") per scenario run not a plain PASS
-    scenario_passes: int = 0  # the scenario runs that are a plain PASS (counted, not listed)
 
 
 def visible_text(text: object) -> str:
@@ -330,72 +211,6 @@ def _arm_block(arm: Arm, arm_index: int, kv: bool) -> ArmBlock:
     )
 
 
-def _arm_conditions(arm: Arm) -> ArmConditions:
-    c = arm.conditions
-    return ArmConditions(
-        arm=arm.title,
-        gpu=c.gpu_text,
-        sharing=c.sharing_text,
-        window=c.sharing_window,
-        overlaps=c.sharing_overlaps,
-        copy_paths=tuple(
-            tuple(machine_path_name(x) for x in (p.process, p.path, p.source, p.detail)) for p in c.copy_paths
-        ),
-        trials=c.trial_rate_text,
-        rates=tuple(RateRow(str(r.probe), r.cell, str(r.cls), c.trial_diffs_text(str(r.probe))) for r in c.rates),
-        confirmation=c.confirmation_text,
-        confirmation_reason=machine_path_name(c.confirmation_reason),
-        confirmation_run=c.alone_probes,
-    )
-
-
-def _conditions(report: Report) -> Conditions | None:
-    """The page's Conditions section; None for a report that records none of them (its page is as it was)."""
-    run = tuple((k, machine_path_name(v)) for k, v in report.run_conditions.pairs)
-    arms = tuple(_arm_conditions(a) for a in report.arms if a.conditions.recorded)
-    return Conditions(run=run, arms=arms) if run or arms else None
-
-
-def _kv_request_line(label: str, audit: RequestAudit | None) -> str | None:
-    """A request the heatmap does not show, in words; None for an audited reuse (it gets a heatmap)."""
-    if audit is None:
-        return f"{label}: not audited"
-    status = audit.status
-    if status == "floor":
-        same = "bit-identical to the baseline's" if audit.get("identical") else "not bit-identical to the baseline's"
-        return (
-            f"{label}: its prefill KV ({audit.get('num_blocks')} blocks × {audit.get('layers')} layers) is {same}; "
-            f"max rel {number(audit.get('max_rel'))}, max abs {number(audit.get('max_abs'))}"
-        )
-    if status == "audited":
-        return None
-    return f"{label}: KV audit {status}" + (f": {audit.get('reason')}" if audit.get("reason") else "")
-
-
-def _kv_detail(arm: Arm, probe: Probe, anchor: str, block_size: int | None) -> KVDetail | None:
-    if probe.kv is None:
-        return None
-    lines, heatmaps = [], []
-    for reuse_no, req in probe.numbered_requests():
-        label = probe.request_label(reuse_no, req)
-        line = _kv_request_line(label, req.kv_audit)
-        if line is None:
-            heatmaps.append(
-                build_heatmap(
-                    req, label=label, anchor=f"{anchor}-kv{reuse_no}", floor=arm.kv_floor, block_size=block_size
-                )
-            )
-        else:
-            lines.append(line)
-    return KVDetail(
-        verdict=probe.kv_verdict or "",
-        cell=probe.kv_cell,
-        reasons=probe.kv.reasons,
-        lines=tuple(lines),
-        heatmaps=tuple(heatmaps),
-    )
-
-
 def _token_chunks(baseline: list | None, probe: Probe) -> tuple[TokenChunk, ...]:
     """Baseline and every request's token IDs aligned by index, TOKENS_PER_ROW to a row."""
     lines: list[tuple[str, list, int | None, set[int]]] = []
@@ -462,83 +277,9 @@ def _probe_detail(
         skipped=probe.skipped,
         requests=tuple(lines),
         chunks=_token_chunks(base_ids, probe) if probe.requests else (),
-        kv=_kv_detail(arm, probe, anchor, block_size) if kv else None,
+        kv=kv_detail(arm, probe, anchor, block_size) if kv else None,
         replays=probe.replay_lines(whole=True),
     )
-
-
-def _scenario_row(req: StepRequest) -> ScenarioRow:
-    return ScenarioRow(
-        step="?" if req.step is None else str(req.step),
-        probe=req.probe,
-        expect=req.expect_text,
-        cached=req.hit_cell,
-        role=str(req.role or "?") + (f", {req.origin}" if req.origin else ""),
-        verdict=req.verdict,
-        diff=req.diff_cell,
-        diff_class=req.divergence_class or "",
-        kv=machine_path_name(req.kv_cell),
-        kv_verdict=req.kv_verdict or "",
-        control=req.control_cell,
-        cls=req.cls,
-        note=machine_path_name(req.note),
-        counts=req.counter_note,
-    )
-
-
-def _scenario_arm(arm: ScenarioArm) -> ScenarioArmBlock:
-    plain_pass = arm.verdict == PASS and not arm.cls
-    error = (machine_path_name(arm.error_text), machine_path_name(arm.log_tail)) if arm.error else None
-    return ScenarioArmBlock(
-        title=arm.title,
-        verdict=arm.verdict,
-        cls=arm.cls,
-        facts=machine_path_name(" · ".join(f for f in _arm_facts(arm) if f)),
-        reasons=() if plain_pass else tuple(machine_path_name(r) for r in arm.reasons),
-        error=error,
-        rows=tuple(_scenario_row(r) for r in arm.requests),
-    )
-
-
-def _arm_facts(arm: ScenarioArm) -> tuple[str, ...]:
-    """KV, preemptions, copy path, wall time; with trials, what they found and each request's rate."""
-    facts = (arm.kv_text, arm.preemptions_text, arm.copy_path_text, arm.wall_text)
-    if arm.trials is None:
-        return facts
-    return (*facts, f"trials: {arm.trials_text}", *(r.line for r in arm.trials.rates))
-
-
-def _scenario_block(scenario: Scenario, index: int) -> ScenarioBlock:
-    control = scenario.control
-    return ScenarioBlock(
-        anchor=f"s{index}",
-        name=scenario.name,
-        description=scenario.description,
-        settings=scenario.settings_text,
-        steps=tuple(f"step {'?' if s.index is None else s.index}: {s.text}" for s in scenario.steps),
-        control=machine_path_name(scenario.control_text + _control_facts(scenario)),
-        control_differs=control is not None and (bool(control.differing) or not control.ran),
-        arms=tuple(_scenario_arm(a) for a in scenario.arms),
-    )
-
-
-def _control_facts(scenario: Scenario) -> str:
-    """' · preemptions 2 · 9.5 s' after the control's line; '' when it recorded neither."""
-    control = scenario.control
-    if control is None:
-        return ""
-    facts = [f"preemptions {control.preemptions}" if control.preemptions is not None else ""]
-    facts += [control.wall_text if control.data.get("wall_s") is not None else ""]
-    return "".join(f" · {f}" for f in facts if f)
-
-
-def _scenarios_note(report: Report) -> str:
-    """Scenarios asked for that are not in the report: said, never silently dropped."""
-    ran = {s.name for s in report.scenarios}
-    missing = [name for name in report.requested_scenarios if name not in ran]
-    notes = [f"Scenarios' {report.scenario_acceptance_text}." if report.scenario_acceptance_text else ""]
-    notes += [f"Asked for but not in this report: {', '.join(missing)}." if missing else ""]
-    return " ".join(n for n in notes if n)
 
 
 def _baseline_line(report: Report) -> str:
@@ -547,18 +288,6 @@ def _baseline_line(report: Report) -> str:
         return "baseline: absent"
     reasons = machine_path_name("; ".join(str(r) for r in base.reasons))
     return f"baseline (prefix caching off, no connector): {base.verdict}" + (f" — {reasons}" if reasons else "")
-
-
-def _kv_note(report: Report, audit: bool | None) -> str:
-    """The KV audit's state for the whole report, near the table ("" for a report made before the audit)."""
-    if audit is None:
-        return ""
-    if not audit:
-        return "KV audit: off for this run (token verdicts only)."
-    base = report.baseline
-    keep = report.config.get("keep_kv")
-    text = f"baseline {base.kv_text}" if base else "baseline: absent, no reference KV"
-    return text + (f"; KV tensors kept in {machine_path_name(str(keep))}" if keep else "") + "."
 
 
 def _provenance(report: Report) -> tuple[tuple[str, str], ...]:
@@ -610,70 +339,15 @@ def build_report_page(
             for a in report.arms
         ),
         kv=bool(audit),
-        kv_note=_kv_note(report, audit),
+        kv_note=kv_note(report, audit),
         kv_legend=build_legend() if audit else None,
-        conditions=_conditions(report),
+        conditions=page_conditions(report),
         conditions_warning=report.conditions_warning,
         replay_legend=REPLAY_LEGEND if any(d.replays for d in details) else "",
-        scenarios=tuple(_scenario_block(sc, i) for i, sc in enumerate(report.scenarios)),
-        scenarios_note=_scenarios_note(report),
+        scenarios=tuple(scenario_block(sc, i) for i, sc in enumerate(report.scenarios)),
+        scenarios_note=scenarios_note(report),
     )
 
 
 def _config_pairs(arm: Arm) -> tuple[tuple[str, str], ...]:
     return tuple((k, machine_path_name(v)) for k, v in flatten(arm.effective_config or {}))
-
-
-def build_index_row(report: Report | dict, *, stem: str, href: str) -> IndexRow:
-    report = as_report(report)
-    return IndexRow(
-        href=href,
-        stem=stem,
-        hardware=report.hardware_label,
-        date=report.day,
-        commit=report.commit,
-        vllm=report.package_version("vllm"),
-        lmcache=report.package_version("lmcache"),
-        verdicts=tuple(_index_verdict(a) for a in report.arms),
-        acceptance=report.acceptance_label(short=True),
-        kv=_index_kv(report),
-        scenarios=tuple(
-            (f"{s.name} · {a.title}", _index_scenario_text(a))
-            for s in report.scenarios
-            for a in s.arms
-            if not _plain_pass(a)
-        ),
-        scenario_passes=sum(_plain_pass(a) for s in report.scenarios for a in s.arms),
-    )
-
-
-def _plain_pass(arm: ScenarioArm) -> bool:
-    """A scenario run with nothing to say: PASS, no class, no CORRUPT KV, no finding or ERROR in a later trial."""
-    later = arm.trials and (arm.trials.found or arm.trials.errors)
-    return arm.verdict == PASS and not arm.cls and not arm.is_finding and not later
-
-
-def _index_scenario_text(arm: ScenarioArm) -> str:
-    """The index's word on a scenario run: its verdict, and how many of its trials ended in ERROR."""
-    if arm.trials and arm.trials.errors:
-        return f"{arm.verdict_text}, {arm.trials.errors} of {arm.trials.n} trials ERROR"
-    return arm.verdict_text
-
-
-def _index_verdict(arm: Arm) -> IndexVerdict:
-    return IndexVerdict(
-        arm=arm.title,
-        verdict=str(arm.verdict),
-        divergences=arm.class_text,
-        near_ties_only=arm.near_ties_only,
-        condition=arm.conditions.finding_class_text if arm.conditions.qualified else "",
-    )
-
-
-def _index_kv(report: Report) -> tuple[tuple[str, str], ...] | None:
-    audit = report.kv_audit_state
-    if audit is None:
-        return None
-    if not audit:
-        return (("KV audit", "off"),)
-    return tuple((a.title, a.kv_tally) for a in report.reuse_arms)

@@ -23,7 +23,8 @@ from repro.readmodel.requests import (
     RequestAudit,
     margin_class,
 )
-from repro.readmodel.scenarios import ControlRequest, Scenario, ScenarioArm, ScenarioControl, Step, StepRequest
+from repro.readmodel.scenario_requests import ControlRequest, ScenarioControl, StepRequest
+from repro.readmodel.scenarios import Scenario, ScenarioArm, Step
 
 __all__ = [
     "DIVERGENCE_LEGEND",

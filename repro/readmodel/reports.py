@@ -9,13 +9,15 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from repro.judge.verdict import CORRUPT, expectation_text
+from repro.judge.expectations import expectation_text
+from repro.judge.verdict import CORRUPT
 from repro.judge.wording import is_commit_hash
 from repro.readmodel.arms import Arm
 from repro.readmodel.conditions import RunConditions
 from repro.readmodel.probes import Probe
 from repro.readmodel.scenarios import Scenario, ScenarioArm
-from repro.record.report import excused_kv_findings, exit_reason
+from repro.record.acceptance import excused_kv_findings
+from repro.record.exit_rule import exit_reason
 
 NO_SUITE = "n/a (no acceptance suite)"
 
@@ -107,7 +109,7 @@ class Report:
     @property
     def exit_text(self) -> str:
         """'exit 0: acceptance matched: every verdict as the fixture states', 'exit 1: KV CORRUPT that the fixture
-        does not state: …': the exit code the run ended with and why (repro.record.report.exit_reason), which the
+        does not state: …': the exit code the run ended with and why (repro.record.exit_rule.exit_reason), which the
         headline shows beside acceptance.matched, since a matched acceptance alone can sit above exit 1."""
         try:
             code, why = exit_reason(self.data)
@@ -167,7 +169,7 @@ class Report:
 
     @property
     def unexpected_kv_findings(self) -> tuple[tuple[Arm, Probe], ...]:
-        """The KV findings the acceptance did not expect (as repro.record.report.unexpected_kv_findings decides)."""
+        """The KV findings the acceptance did not expect (as repro.record.acceptance.unexpected_kv_findings decides)."""
         excused = excused_kv_findings(self.acceptance)
         return tuple((a, p) for a, p in self.kv_findings if (a.name, p.name) not in excused)
 

@@ -9,10 +9,11 @@ from functools import cached_property
 from typing import Any
 
 from repro.judge.compare import NEAR_TIE_NATS
+from repro.judge.kv_verdict import CELL_CORRUPT
 from repro.judge.kvaudit import MATCHES_KEPT
 from repro.judge.replays import BASELINE as REPLAY_BASELINE
 from repro.judge.replays import MIN_REPLAY_TOKENS
-from repro.judge.verdict import CELL_CORRUPT, UNCLASSED, classify_divergence
+from repro.judge.verdict import UNCLASSED, classify_divergence
 from repro.judge.wording import class_text, spans
 
 _AUDIT_SOURCE = re.compile(r"^probe (.+) block \d+$")

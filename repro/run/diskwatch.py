@@ -17,23 +17,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from repro.contract import DISK_LOW, DISK_RUNAWAY
+from repro.contract.failure import DISK_LOW, DISK_RUNAWAY
+from repro.plan.settings import DEFAULT_MAX_CHILD_DISK_GB  # the cap on one child's files, and why
 from repro.record.atomic import write_bytes_atomic
 
 GB = 10**9
 MIB = 1 << 20
-# The cap on what one child's files may grow by (its log, KV audit files, result, connector scratch),
-# from the largest legitimate output: the KV audit writes each request's full prompt blocks once per
-# layer (repro/engine/kvaudit.py's docstring), K and V, in the model's dtype.
-#   per token: an 8B-class float16 model with grouped KV heads, 32 layers x 2 planes x 8 KV heads x 128
-#     x 2 B = 128 KiB (Qwen3-0.6B, the largest model docs/kv-audit.md names: 112 KiB; the tiny model: 2 KiB)
-#   per request: at most --max-model-len's default 2048 tokens, 2048 x 128 KiB = 256 MiB
-#   per child: at most 16 requests (the acceptance suite's reuse arm makes 4 + 2 + 2 + 2 = 10, a scenario
-#     child at most 2 steps x 4 probes = 8): 16 x 256 MiB = 4 GiB (4.3 GB)
-# Twice that for headroom (the logs are a few MB: the largest of the 201 kept under reports/ is 59 KB)
-# is 8.6 GB; 10 GB. The run that filled a 64 GiB disk grew at about 450 MB/s: stopped at 10 GB in ~22 s.
-# More reuses (--reuses), a longer --max-model-len or a larger model: raise --max-child-disk-gb.
-DEFAULT_MAX_CHILD_DISK_GB = 10.0
 # The free space a run leaves on each filesystem its children write to: no child starts below it and a
 # running one is stopped. Once the children are stopped the kit still writes the report (a few MB), the
 # KV comparison's output (KB) and a stopped child's cut log (2 MiB; the logs are moved by rename), under

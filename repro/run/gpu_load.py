@@ -52,7 +52,7 @@ KIND = LoadKind(
     child_env=lambda env, gpus: dict(env, CUDA_VISIBLE_DEVICES=",".join(gpus)),
 )  # fmt: skip
 GPU_LOAD_START, GPU_LOAD_DIED = KIND.start_failure, KIND.died_failure
-# Failure kinds (not in repro.contract.FAILURE_KINDS yet: the verifier decides what an arm gets).
+# Failure kinds (not in repro.contract.failure.FAILURE_KINDS yet: the verifier decides what an arm gets).
 FAILURE_KINDS = (GPU_LOAD_START, GPU_LOAD_DIED)
 
 

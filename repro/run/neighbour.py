@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from repro.contract import Failure
+from repro.contract.failure import Failure
 from repro.lmcache.mp import exit_text
 from repro.run.lifeline import group_members
 from repro.run.runner import deferred_signals, kill_group, redact_log, redacted_tail, start_child

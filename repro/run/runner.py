@@ -2,7 +2,8 @@
 
 The parent never imports vllm, torch or lmcache. Each child's stdout and stderr are the arm log
 file itself (file-descriptor level), so what vLLM workers and LMCache print from grandchildren
-lands there too. Every way a child can go wrong becomes a named failure kind with the log tail.
+lands there too. Every way a child can go wrong becomes a named failure kind with the log tail
+(repro.run.exits reads how it ended).
 Each child's group hangs on a lifeline (repro.run.lifeline): if the kit is killed outright, the group
 stops itself. While a child runs, its disk use is watched (repro.run.diskwatch): a child whose files grow
 past the cap, or that runs while the free space where it writes falls under the floor, is killed with
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import shutil
 import signal
@@ -24,22 +24,9 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from repro.contract import (
-    CRASH,
-    DISK_LOW,
-    EXIT_RAISED,
-    MISSING_OUTPUT,
-    NONZERO_EXIT,
-    OOM,
-    RAISED,
-    TIMEOUT,
-    UNPARSABLE_OUTPUT,
-    ArmResult,
-    ContractError,
-    Failure,
-    Job,
-    progress_path,
-)
+from repro.contract.failure import DISK_LOW, Failure
+from repro.contract.job import Job, progress_path
+from repro.contract.result import ArmResult
 from repro.paths import KIT_ROOT
 from repro.plan.arms import scratch_dirs
 from repro.plan.options import FRONTEND_ENV
@@ -47,18 +34,10 @@ from repro.record.atomic import write_bytes_atomic, write_json_atomic
 from repro.record.provenance import KERNEL_ENV_NAMES, redact_text
 from repro.run import logscan
 from repro.run.diskwatch import DiskLimits, DiskWatch, cut_log, empty_dir
+from repro.run.exits import collect_outcome
 from repro.run.lifeline import group_members, launch_command
 
 INTERRUPTED = "interrupted"
-_OOM_MARKERS = (
-    "out of memory",
-    "outofmemoryerror",
-    "cannot allocate memory",
-    "memoryerror",
-    "oom-kill",
-    "oom_kill",
-    "std::bad_alloc",
-)
 _CGROUP_EVENTS = Path("/sys/fs/cgroup/memory.events")
 GRACE_S = 10.0  # SIGTERM to SIGKILL, for a child that is still running when it must stop
 _REAP_S = 5.0
@@ -177,78 +156,6 @@ def oom_kill_count() -> int | None:
     except (OSError, ValueError):
         return None
     return None
-
-
-# A rise of the cgroup's oom_kill count covers every process in it (other arms, MP servers, the
-# load neighbour): said beside an arm's own failure, never in its place.
-OOM_ELSEWHERE = (
-    "; the kernel's out-of-memory killer fired in this cgroup while the arm ran (some process was killed, "
-    "not necessarily this arm's)"
-)
-
-
-def classify_exit(
-    returncode: int | None,
-    log_text: str,
-    timed_out: bool,
-    oom_killed: bool = False,
-    stopped: tuple[str, str] | None = None,
-) -> tuple[str, str] | None:
-    """The failure kind for a child's exit, or None when it exited 0 (the output decides then).
-
-    stopped: why the parent killed the child for its disk use (repro.run.diskwatch), which is what it died of.
-
-    Out of memory is claimed only on evidence about this child: it died of SIGKILL (what the
-    kernel's killer sends; 137 through a shell) while the cgroup counted an OOM kill, or its own log
-    says so. With arms at once the count is the whole cgroup's, so any other failure keeps its kind
-    and detail, and says that something was OOM-killed meanwhile (OOM_ELSEWHERE). A bare SIGKILL
-    without that count is a crash (whose detail mentions the OOM killer)."""
-    if stopped is not None:
-        return stopped
-    if timed_out:  # what its log ended on (a loop or a silence), told by its own lines
-        said = logscan.stall_text(log_text)
-        return TIMEOUT, "the arm ran past its time limit and was killed with its process group" + (
-            f"; {said}" if said else ""
-        )
-    if returncode == 0:
-        return None
-    low = log_text[-20000:].lower()
-    marker = next((m for m in _OOM_MARKERS if m in low), None)
-    killed = returncode in (-signal.SIGKILL, 128 + signal.SIGKILL)
-    note = OOM_ELSEWHERE if oom_killed else ""
-    if returncode is not None and returncode < 0:
-        sig = signal.Signals(-returncode).name if -returncode in signal.Signals._value2member_map_ else str(-returncode)
-        if oom_killed and killed:
-            return OOM, f"killed by {sig}; the kernel's out-of-memory killer fired during the arm"
-        if marker:
-            return OOM, f"killed by {sig}; the log mentions running out of memory ({marker!r})"
-        if killed:
-            return CRASH, f"killed by {sig} from outside (no out-of-memory kill was counted or logged)"
-        return CRASH, f"killed by {sig}{note}"
-    if oom_killed and killed:
-        return OOM, f"exit status {returncode} (SIGKILL); the kernel's out-of-memory killer fired during the arm"
-    if marker:
-        return OOM, f"exit status {returncode}; the log mentions running out of memory ({marker!r})"
-    if returncode == EXIT_RAISED:
-        return RAISED, f"the engine raised (see the log tail){note}"
-    return NONZERO_EXIT, f"exit status {returncode}{note}"
-
-
-def read_result(path: Path) -> tuple[ArmResult | None, tuple[str, str] | None]:
-    """The child's result and, when it did not deliver one, why (a failure kind and detail)."""
-    if not path.exists():
-        return None, (MISSING_OUTPUT, "the child exited without writing its result file")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        return None, (UNPARSABLE_OUTPUT, f"the result file is not valid JSON ({str(exc)[:200]})")
-    try:
-        result = ArmResult.from_json(data)
-    except ContractError as exc:
-        return None, (exc.kind, str(exc))
-    if result.error is not None:
-        return result, (RAISED, f"{result.error.type}: {result.error.message}"[:600])
-    return result, None
 
 
 # Children started by run_child and not yet reaped, from any thread: when arms run concurrently
@@ -380,30 +287,6 @@ def wait_watched(proc: subprocess.Popen, deadline: float, watch: DiskWatch) -> b
         except subprocess.TimeoutExpired:
             if watch.poll() is not None:
                 return False
-
-
-def collect_outcome(
-    returncode: int | None,
-    timed_out: bool,
-    oom_killed: bool,
-    log_text: str,
-    out_path: Path,
-    stopped: tuple[str, str] | None = None,
-) -> tuple[ArmResult | None, tuple[str, str] | None]:
-    """(result, failure) from how the child exited and what it left: exit 0 with a valid result
-    is the only success; exit 3 must come with the error record the engine writes. A child stopped
-    for its disk use (stopped) has no result, whatever it left."""
-    failure = classify_exit(returncode, log_text, timed_out, oom_killed, stopped)
-    if failure is not None and failure[0] != RAISED:
-        return None, failure
-    result, problem = read_result(out_path)
-    if failure is None:
-        return result, problem
-    note = OOM_ELSEWHERE if oom_killed else ""
-    if problem is None or problem[0] != RAISED:
-        said = problem[1] if problem else "no error recorded"
-        return None, (NONZERO_EXIT, f"exit status {returncode} and {said}{note}")
-    return result, (problem[0], problem[1] + note)
 
 
 def run_arm(

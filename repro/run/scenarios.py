@@ -1,12 +1,14 @@
-"""Scenarios, parent side: which ones run, each (scenario, arm) child's job, the schedule control, the KV
-audit of their requests and the report's `scenarios` section.
+"""Scenarios, parent side: each (scenario, arm) child's job, the schedule control, the KV audit of their
+requests and the report's `scenarios` section (which ones run: repro.plan.scenarios; running them:
+repro.run.scenario_runs).
 
 A fixture's scenarios (repro.plan.fixtures.Scenario) run after the plain probes when --scenarios asks for them.
 Each (scenario, arm) is one engine child with the scenario's engine settings (a fresh engine), the
 baseline arm included: its cache-off run of the same steps is the schedule control. Every request is
 compared with its probe's cache-off baseline (the plain baseline arm's cold request of that probe), token
 by token, no tolerance; a divergence the control shows too is the schedule's numerics, not reuse. The
-verdicts are repro.judge.verdict's (decide_scenario_request, decide_scenario_arm, decide_scenario_kv).
+verdicts are repro.judge.scenario_verdict's (decide_scenario_request, decide_scenario_arm) and
+repro.judge.kv_verdict's (decide_scenario_kv).
 """
 
 from __future__ import annotations
@@ -14,40 +16,38 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from repro.contract import ArmResult, Failure, Job, ProbeJob, ScenarioJob, StepJob, build_job
-from repro.errors import UsageError
+from repro.contract.failure import Failure
+from repro.contract.job import Job, ProbeJob, ScenarioJob, StepJob, build_job
+from repro.contract.result import ArmResult
 from repro.judge import kvaudit
 from repro.judge.compare import first_diff
 from repro.judge.evaluate import comparability_problems, margin_of
+from repro.judge.kv_verdict import KVVerdict, decide_kv_probe, decide_kv_unavailable, decide_scenario_kv
 from repro.judge.replays import find_replays
-from repro.judge.verdict import (
-    ERROR,
+from repro.judge.scenario_verdict import (
     SCHEDULE_NUMERICS,
-    SKIPPED,
-    KVVerdict,
-    Request,
     ScenarioRequestVerdict,
-    decide_child_failure,
-    decide_incomparable,
-    decide_kv_probe,
-    decide_kv_unavailable,
-    decide_lmcache_degraded,
-    decide_no_baseline,
     decide_scenario_arm,
-    decide_scenario_kv,
     decide_scenario_request,
     decide_scenario_request_unbased,
 )
+from repro.judge.verdict import (
+    ERROR,
+    SKIPPED,
+    Request,
+    decide_child_failure,
+    decide_incomparable,
+    decide_lmcache_degraded,
+    decide_no_baseline,
+)
 from repro.lmcache.signals import arm_copy_paths, scan_log
-from repro.plan.arms import PlannedArm, engine_config, fresh_state, is_lmcache_connector
-from repro.plan.fixtures import Fixture, Probe, Scenario
-from repro.plan.options import Options
-from repro.plan.suite import BOUNDARY_LENGTHS
+from repro.plan.arms import PlannedArm, fresh_state, is_lmcache_connector
+from repro.plan.fixtures import Probe, Scenario
+from repro.plan.settings import EngineSettings
 from repro.run.runner import ArmOutcome
 
 # A scenario run's name (its log, result and KV directory): `<arm>~scenario.<name>`; `~` is no name character.
 SEPARATOR = "~scenario."
-ALL = "all"
 
 
 def run_name(arm: str, scenario: str) -> str:
@@ -62,43 +62,6 @@ def trial_run(run: PlannedArm, trial: int) -> PlannedArm:
     if run.store is not None:
         raise ValueError(f"trial_run: {run.name} is already prepared; its trial {trial} would share its store")
     return replace(run, spec=replace(run.spec, name=f"{run.name}~trial{trial}"))
-
-
-def select(fixture: Fixture, asked: str | None, probes: list[Probe], max_model_len: int) -> list[Scenario]:
-    """The scenarios --scenarios asks for (none when it is not given), checked against the run's probes
-    and engine; every problem is one line (exit 2)."""
-    if not asked:
-        return []
-    if not fixture.scenarios:
-        raise UsageError(f"--scenarios {asked}: fixture {fixture.path} declares no scenarios")
-    by_name = {sc.name: sc for sc in fixture.scenarios}
-    if asked == ALL:
-        chosen = list(fixture.scenarios)
-    else:
-        names = list(dict.fromkeys(n.strip() for n in asked.split(",") if n.strip()))
-        unknown = [n for n in names if n not in by_name] or ([] if names else [asked])
-        if unknown:
-            raise UsageError(
-                f"--scenarios: no scenario {unknown[0]!r} in fixture {fixture.path} (it declares "
-                f"{', '.join(by_name)}; or give {ALL})"
-            )
-        chosen = [by_name[n] for n in names]
-    have = {p.name for p in probes}
-    boundary = {f"chat-{n}" for n in BOUNDARY_LENGTHS}
-    for sc in chosen:
-        missing = [n for n in sc.probe_names if n not in have]
-        if missing:
-            hint = " (the acceptance suite's probe: add --suite acceptance)" if missing[0] in boundary else ""
-            raise UsageError(
-                f"fixture {fixture.path}: scenario {sc.name} submits {missing[0]!r}, not a probe of this run{hint}"
-            )
-        tokens = sc.engine.get("kv_cache_tokens")
-        if tokens is not None and tokens < max_model_len:
-            raise UsageError(
-                f"fixture {fixture.path}: scenario {sc.name}: engine.kv_cache_tokens {tokens} is below --max-model-len "
-                f"{max_model_len} (vLLM refuses a KV cache that cannot hold one request of that length)"
-            )
-    return chosen
 
 
 def runs_of(
@@ -139,15 +102,20 @@ def prepare(
 
 
 def job_for(
-    opts: Options, arm: PlannedArm, scenario: Scenario, probes: list[Probe], fixture_sha256: str, kv_dir: str | None
+    engine: EngineSettings,
+    arm: PlannedArm,
+    scenario: Scenario,
+    probes: list[Probe],
+    fixture_sha256: str,
+    kv_dir: str | None,
 ) -> Job:
     """The verifier's job for a (scenario, arm) run: the run's engine and sampling, made the scenario's."""
     job = build_job(
         arm.spec,
-        engine_config(opts),
+        engine.config(),
         [],
-        max_tokens=opts.args.max_tokens,
-        logprobs=opts.args.logprobs,
+        max_tokens=engine.max_tokens,
+        logprobs=engine.logprobs,
         fixture_sha256=fixture_sha256,
         kv_audit_dir=kv_dir,
     )

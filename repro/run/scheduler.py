@@ -3,7 +3,7 @@
 Arms run up to n_jobs at a time, each in a free slot (its GPU share or core) taken when it launches;
 the arms after the first wait at the preflight gate; a native-matched arm is fed its probes once the
 arm it copies is done; one stop flag ends it all. How an arm runs (its engine child, or its MP server
-and child) is `run_one`, the verifier's (repro.verify): a test gives its own, and needs no engine.
+and child) is `run_one`, the verifier's (repro.run.launch): a test gives its own, and needs no engine.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
 
-from repro.contract import PREFLIGHT_GATE_ENV, PROBES_FILE_KEY, Job, progress_path
+from repro.contract.job import PREFLIGHT_GATE_ENV, PROBES_FILE_KEY, Job, progress_path
 from repro.lmcache import mp as lmcache_mp
 from repro.plan.arms import ArmSlot, PlannedArm
 from repro.record import atomic

@@ -1,0 +1,312 @@
+"""The job: everything one engine child is asked to do (one arm, one engine, every probe, or a
+scenario's steps), written by the parent as JSON and read strictly by the child.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from repro.contract.failure import ContractError, read_field, read_ints
+
+MODES = ("baseline", "connector", "native")
+
+
+def progress_path(output: str) -> str:
+    """Where a child reports its stage while it runs (JSON: stage, preflight_ok, at), beside its result."""
+    return output + ".progress"
+
+
+# Set by the parent for an arm that starts while the first arm's preflight runs: the file it writes
+# once the preflight is decided ("go", or "stop": the preflight failed); see repro.engine.child.
+PREFLIGHT_GATE_ENV = "KVKIT_PREFLIGHT_GATE"
+PROBES_FILE_KEY = "probes"  # a native-matched arm's probes file: {"probes": [...]} or {"stop": why}
+
+
+@dataclass(frozen=True)
+class ConnectorSpec:
+    name: str
+    module_path: str | None = None
+    extra_config: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "module_path": self.module_path, "extra_config": dict(self.extra_config)}
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "connector") -> ConnectorSpec:
+        return cls(
+            name=read_field(data, "name", str, where),
+            module_path=read_field(data, "module_path", str, where, optional=True),
+            extra_config=dict(read_field(data, "extra_config", dict, where, optional=True) or {}),
+        )
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """Which arm a child runs: its name, mode and (for a connector arm) the connector."""
+
+    name: str
+    mode: str
+    connector: ConnectorSpec | None = None
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ContractError(f"arm {self.name}: unknown mode {self.mode!r}")
+        if (self.mode == "connector") != (self.connector is not None):
+            raise ContractError(f"arm {self.name}: a connector arm needs a connector, other arms none")
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "mode": self.mode, "connector": self.connector and self.connector.to_json()}
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "arm") -> ArmSpec:
+        conn = read_field(data, "connector", dict, where, optional=True)
+        return cls(
+            name=read_field(data, "name", str, where),
+            mode=read_field(data, "mode", str, where),
+            connector=None if conn is None else ConnectorSpec.from_json(conn, f"{where}.connector"),
+        )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The engine every arm of a run builds (identical across arms but for the arm's own settings)."""
+
+    model: str
+    revision: str | None
+    dtype: str
+    seed: int
+    gpu_memory_utilization: float
+    max_model_len: int
+    block_size: int
+    device: str
+    # set where arms share a GPU: the KV cache holds this many tokens (repro.plan.arms.arm_slots); a scenario's own
+    kv_cache_tokens: int | None = None
+    # a scenario's engine (repro.run.scenarios): requests in flight at once, and tokens one step schedules
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    # a scenario's engine may set vLLM's async scheduling (None: vLLM's default for the platform)
+    async_scheduling: bool | None = None
+
+    def to_json(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        for key in ("kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens", "async_scheduling"):
+            if out[key] is None:
+                del out[key]
+        return out
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "engine") -> EngineConfig:
+        return cls(
+            model=read_field(data, "model", str, where),
+            revision=read_field(data, "revision", str, where, optional=True),
+            dtype=read_field(data, "dtype", str, where),
+            seed=read_field(data, "seed", int, where),
+            gpu_memory_utilization=float(read_field(data, "gpu_memory_utilization", (int, float), where)),
+            max_model_len=read_field(data, "max_model_len", int, where),
+            block_size=read_field(data, "block_size", int, where),
+            device=read_field(data, "device", str, where),
+            kv_cache_tokens=read_field(data, "kv_cache_tokens", int, where, optional=True),
+            max_num_seqs=read_field(data, "max_num_seqs", int, where, optional=True),
+            max_num_batched_tokens=read_field(data, "max_num_batched_tokens", int, where, optional=True),
+            async_scheduling=read_field(data, "async_scheduling", bool, where, optional=True),
+        )
+
+
+@dataclass(frozen=True)
+class ProbeJob:
+    """One probe: its prompt ({"token_ids": [...]} or {"chat": {...}}) and how many requests (cold + reuses)."""
+
+    name: str
+    prompt: dict
+    requests: int
+    # native-matched arms only: before reuse i, the cache holds exactly the first match_tokens[i-1]
+    # prompt tokens (a priming request of that prefix after a cache reset); None: ordinary reuse
+    match_tokens: tuple[int, ...] | None = None
+
+    def to_json(self) -> dict:
+        out = {"name": self.name, "prompt": self.prompt, "requests": self.requests}
+        if self.match_tokens is not None:
+            out["match_tokens"] = list(self.match_tokens)
+        return out
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "probe") -> ProbeJob:
+        prompt = read_field(data, "prompt", dict, where)
+        if ("token_ids" in prompt) == ("chat" in prompt):
+            raise ContractError(f"{where}.prompt: give exactly one of token_ids or chat")
+        match = read_field(data, "match_tokens", list, where, optional=True)
+        return cls(
+            name=read_field(data, "name", str, where),
+            prompt=prompt,
+            requests=read_field(data, "requests", int, where),
+            match_tokens=None if match is None else read_ints(match, f"{where}.match_tokens"),
+        )
+
+
+@dataclass(frozen=True)
+class StepJob:
+    """One step of a scenario: these probes' requests, one generate call each in order, or one call
+    with all of them (together: in flight at once)."""
+
+    submit: tuple[str, ...]
+    together: bool = False
+    wait_s: float = 0.0  # idle seconds before the step is submitted (repro.plan.fixtures.ScenarioStep.wait_s)
+
+    def to_json(self) -> dict:
+        out = {"submit": list(self.submit), "together": self.together}
+        if self.wait_s:
+            out["wait_s"] = self.wait_s
+        return out
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "step") -> StepJob:
+        submit = read_field(data, "submit", list, where)
+        if not submit or not all(isinstance(n, str) for n in submit):
+            raise ContractError(f"{where}.submit: must be a non-empty list of probe names")
+        wait_s = read_field(data, "wait_s", (int, float), where, optional=True) or 0.0
+        if wait_s < 0:
+            raise ContractError(f"{where}.wait_s: must not be negative")
+        together = bool(read_field(data, "together", bool, where, optional=True))
+        return cls(submit=tuple(submit), together=together, wait_s=float(wait_s))
+
+
+@dataclass(frozen=True)
+class ScenarioJob:
+    """A scenario's steps (repro.run.scenarios); the job's probes are the prompts they name."""
+
+    name: str
+    steps: tuple[StepJob, ...]
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "steps": [s.to_json() for s in self.steps]}
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "scenario") -> ScenarioJob:
+        steps = read_field(data, "steps", list, where)
+        return cls(
+            name=read_field(data, "name", str, where),
+            steps=tuple(StepJob.from_json(s, f"{where}.steps[{i}]") for i, s in enumerate(steps)),
+        )
+
+
+@dataclass(frozen=True)
+class PreflightConnector:
+    arm: str
+    name: str
+    module_path: str | None
+
+    def to_json(self) -> dict:
+        return {"arm": self.arm, "name": self.name, "module_path": self.module_path}
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """Checks the first child makes once vLLM is imported, before it builds an engine."""
+
+    connectors: tuple[PreflightConnector, ...]
+    device: str
+
+    def to_json(self) -> dict:
+        return {"connectors": [c.to_json() for c in self.connectors], "device": self.device}
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "preflight") -> Preflight:
+        conns = read_field(data, "connectors", list, where)
+        return cls(
+            connectors=tuple(
+                PreflightConnector(
+                    arm=read_field(c, "arm", str, f"{where}.connectors[{i}]"),
+                    name=read_field(c, "name", str, f"{where}.connectors[{i}]"),
+                    module_path=read_field(c, "module_path", str, f"{where}.connectors[{i}]", optional=True),
+                )
+                for i, c in enumerate(conns)
+            ),
+            device=read_field(data, "device", str, where),
+        )
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything one engine child needs: one arm, one engine, every probe."""
+
+    arm: ArmSpec
+    engine: EngineConfig
+    max_tokens: int
+    logprobs: int
+    probes: tuple[ProbeJob, ...]
+    preflight: Preflight | None = None
+    fixture_sha256: str | None = None
+    output: str | None = None  # the result path; set by the runner
+    kv_audit_dir: str | None = None  # where repro.engine.kvaudit records KV blocks (None: no audit)
+    # native-matched: the child builds its engine, then waits for this file to give its probes
+    # (PROBES_FILE_KEY: a list of ProbeJob), or to say "stop" (its connector arm gave nothing to match)
+    probes_file: str | None = None
+    # a scenario's job: its steps over job.probes (each probe's prompt; its `requests` unused), in a fresh engine
+    scenario: ScenarioJob | None = None
+
+    def to_json(self) -> dict:
+        out = {
+            "kv_audit_dir": self.kv_audit_dir,
+            "arm": self.arm.to_json(),
+            "engine": self.engine.to_json(),
+            "max_tokens": self.max_tokens,
+            "logprobs": self.logprobs,
+            "probes": [p.to_json() for p in self.probes],
+            "fixture_sha256": self.fixture_sha256,
+            "output": self.output,
+        }
+        if self.preflight is not None:
+            out["preflight"] = self.preflight.to_json()
+        if self.probes_file is not None:
+            out["probes_file"] = self.probes_file
+        if self.scenario is not None:
+            out["scenario"] = self.scenario.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, data: object) -> Job:
+        pre = read_field(data, "preflight", dict, "job", optional=True)
+        scenario = read_field(data, "scenario", dict, "job", optional=True)
+        return cls(
+            arm=ArmSpec.from_json(read_field(data, "arm", dict, "job")),
+            engine=EngineConfig.from_json(read_field(data, "engine", dict, "job")),
+            max_tokens=read_field(data, "max_tokens", int, "job"),
+            logprobs=read_field(data, "logprobs", int, "job"),
+            probes=tuple(
+                ProbeJob.from_json(p, f"job.probes[{i}]") for i, p in enumerate(read_field(data, "probes", list, "job"))
+            ),
+            preflight=None if pre is None else Preflight.from_json(pre),
+            fixture_sha256=read_field(data, "fixture_sha256", str, "job", optional=True),
+            output=read_field(data, "output", str, "job", optional=True),
+            kv_audit_dir=read_field(data, "kv_audit_dir", str, "job", optional=True),
+            probes_file=read_field(data, "probes_file", str, "job", optional=True),
+            scenario=None if scenario is None else ScenarioJob.from_json(scenario, "job.scenario"),
+        )
+
+
+def build_job(
+    arm: ArmSpec,
+    engine: EngineConfig,
+    probes: list[ProbeJob] | tuple[ProbeJob, ...],
+    *,
+    max_tokens: int,
+    logprobs: int,
+    preflight: Preflight | None = None,
+    fixture_sha256: str | None = None,
+    kv_audit_dir: str | None = None,
+) -> Job:
+    """The one place a job is made (the verifier, the detection study and the tests all call it).
+
+    A baseline arm runs each probe once (the cold request is its only request)."""
+    if arm.mode == "baseline":
+        probes = [ProbeJob(p.name, p.prompt, 1) for p in probes]
+    return Job(
+        arm=arm,
+        engine=engine,
+        max_tokens=max_tokens,
+        logprobs=logprobs,
+        probes=tuple(probes),
+        preflight=preflight,
+        fixture_sha256=fixture_sha256,
+        kv_audit_dir=kv_audit_dir,
+    )

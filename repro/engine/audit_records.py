@@ -1,0 +1,100 @@
+"""The engine child's side of the KV audit: its settings handed to the engine's processes, and the
+records the audit writes per request (repro.engine.kvaudit) matched to the kit's requests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from repro.contract.job import Job
+
+
+def audit_env(job: Job) -> None:
+    """The audit's settings reach the engine core and worker processes (spawned) by environment."""
+    if not job.kv_audit_dir:
+        return
+    from repro.engine.kvaudit import AUDIT_TARGET_ENV
+    from repro.engine.kvaudit_hooks import AUDIT_DIR_ENV
+
+    os.makedirs(job.kv_audit_dir, exist_ok=True)
+    os.environ[AUDIT_DIR_ENV] = job.kv_audit_dir
+    if job.arm.connector is not None:
+        c = job.arm.connector
+        os.environ[AUDIT_TARGET_ENV] = f"{c.module_path}:{c.name}" if c.module_path else c.name
+
+
+class AuditRecords:
+    """Maps the audit's per-request records (<seq>.json, in scheduling order) to the kit's requests."""
+
+    def __init__(self, directory: str | None):
+        self.directory, self.seen = directory, set()
+        self.primes: list[dict] = []  # native-matched: each priming prefill's record
+
+    def take(self, ids: list[int]) -> dict | None:
+        if not self.directory:
+            return None
+        try:
+            return self._take(ids)
+        except Exception as exc:  # noqa: BLE001 - an audit failure never fails the arm
+            return {"seq": None, "unavailable": f"the audit record could not be read: {type(exc).__name__}: {exc}"}
+
+    def _new_records(self) -> list[dict]:
+        """The audit's records (<seq>.json) written since the last call, in scheduling order."""
+        new = sorted(
+            n for n in os.listdir(self.directory) if n.endswith(".json") and n[0].isdigit() and n not in self.seen
+        )
+        self.seen.update(new)
+        records = []
+        for name in new:
+            with open(os.path.join(self.directory, name), encoding="utf-8") as fh:
+                records.append(json.load(fh))
+        return records
+
+    def _take(self, ids: list[int]) -> dict:
+        from repro.engine.kv_blocks import prompt_sha256
+
+        records = self._new_records()
+        mine = [r for r in records if r.get("prompt_sha256") == prompt_sha256(ids)]
+        if len(mine) != 1 or len(records) != 1:
+            return {
+                "seq": None,
+                "unavailable": f"expected one audit record for this request, found {len(mine)} of {len(records)} new",
+            }
+        return mine[0]
+
+    def take_many(self, prompts: list[list[int]]) -> list[dict | None]:
+        """The records of one generate call of several prompts (a scenario step in flight together):
+        every new record, matched to each prompt by its SHA-256 (the prompts are distinct)."""
+        if not self.directory:
+            return [None] * len(prompts)
+        try:
+            return self._take_many(prompts)
+        except Exception as exc:  # noqa: BLE001 - an audit failure never fails the arm
+            why = f"the audit record could not be read: {type(exc).__name__}: {exc}"
+            return [{"seq": None, "unavailable": why} for _ in prompts]
+
+    def _take_many(self, prompts: list[list[int]]) -> list[dict]:
+        from repro.engine.kv_blocks import prompt_sha256
+
+        records = self._new_records()
+        out = []
+        for ids in prompts:
+            mine = [r for r in records if r.get("prompt_sha256") == prompt_sha256(ids)]
+            if not mine:
+                out.append({"seq": None, "unavailable": f"no audit record for this prompt among {len(records)} new"})
+                continue
+            # one per scheduling of a new request; a second one (seen as "also_seqs") is the same prompt scheduled
+            # anew; the first is the request's own first load
+            out.append({**mine[0], "also_seqs": [r.get("seq") for r in mine[1:]]} if len(mine) > 1 else mine[0])
+        return out
+
+    def summary(self) -> dict | None:
+        if not self.directory:
+            return None
+        errors = []
+        for name in sorted(os.listdir(self.directory)):
+            if name.startswith("audit-error"):
+                with open(os.path.join(self.directory, name), encoding="utf-8") as fh:
+                    errors.append(json.load(fh))
+        return {"dir": self.directory, "errors": errors, "primes": self.primes}

@@ -1,0 +1,106 @@
+"""Scenario verdicts (repro.run.scenarios): every request against its probe's cache-off baseline, and
+each (scenario, arm) from its requests. Pure functions; the verdict names are repro.judge.verdict's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from repro.judge.compare import first_diff
+from repro.judge.verdict import FAIL, INCONCLUSIVE, PASS, ArmVerdict, Request, counter_missing, worst
+
+# A divergence that the scenario's own cache-off run (the schedule control) shows too: the schedule
+# (batching, preemption) changed the numerics, so reuse is neither blamed nor cleared there.
+SCHEDULE_NUMERICS = "schedule-numerics"
+MISS, REUSE = "miss", "reuse"
+
+
+@dataclass(frozen=True)
+class ScenarioRequestVerdict:
+    """One request of a scenario step: its verdict, what it turned out to be (role: reuse when its hit
+    counter is above zero, else miss), its first diff from the baseline and the divergence's class."""
+
+    verdict: str
+    reasons: tuple[str, ...]
+    role: str
+    first_diff: int | None
+    cls: str | None = None  # SCHEDULE_NUMERICS, or None
+
+
+def decide_scenario_request(
+    baseline: tuple[int, ...],
+    req: Request,
+    expect: str | None,
+    control_matches: bool | None,
+    preempted: bool = False,
+) -> ScenarioRequestVerdict:
+    """A scenario request against its probe's cache-off baseline (the baseline arm's plain cold request).
+
+    expect: "miss" (a hit is a finding: FAIL), "reuse" (a zero or missing hit counter: INCONCLUSIVE),
+    None (either is correct). control_matches: whether the scenario's cache-off run gave the baseline's
+    tokens at this request (None: that run failed). Exact tokens, no tolerance:
+    - a divergence where the control diverges too is INCONCLUSIVE, classed schedule-numerics;
+    - a divergence without a working control is INCONCLUSIVE (it cannot be told from the schedule's);
+    - a divergence with a hit, or in a call where the engine preempted (a resumed request reuses its
+      KV), is a FAIL;
+    - a divergence of a miss with no preemption is INCONCLUSIVE (no reuse to blame)."""
+    cached = req.hits
+    role = REUSE if cached else MISS
+    diff = first_diff(list(baseline), list(req.token_ids))
+    found: list[tuple[str, str]] = []  # (verdict, reason)
+    cls = None
+    if cached is None:
+        found.append((INCONCLUSIVE, counter_missing(req.cached_tokens)))
+    if expect == MISS and cached:
+        found.append((FAIL, f"expected a miss, reported {cached} cached tokens"))
+    if expect == REUSE and cached == 0:
+        found.append((INCONCLUSIVE, "expected reuse, reported zero cached tokens: reuse not exercised"))
+    if diff is not None:
+        if control_matches is False:
+            cls = SCHEDULE_NUMERICS
+            why = f"differs from the baseline @{diff}, and so does the scenario's cache-off run here: "
+            found.append((INCONCLUSIVE, why + "the schedule changed the numerics, not reuse"))
+        elif control_matches is None:
+            why = f"differs from the baseline @{diff}; the scenario's cache-off run failed, so this cannot be told "
+            found.append((INCONCLUSIVE, why + "from the schedule's own numerics"))
+        elif cached:
+            found.append((FAIL, f"{cached} cached tokens, differs from baseline @{diff}"))
+        elif preempted:
+            found.append((FAIL, f"differs from baseline @{diff} in a call where the engine preempted requests"))
+        else:
+            counter = "zero cached tokens" if cached == 0 else "no hit counter"
+            found.append((INCONCLUSIVE, f"a miss ({counter}) differs from baseline @{diff}: no reuse to blame"))
+    verdict = worst([v for v, _ in found]) if found else PASS
+    return ScenarioRequestVerdict(verdict, tuple(r for _, r in found), role, diff, cls)
+
+
+def decide_scenario_request_unbased(req: Request) -> ScenarioRequestVerdict:
+    """A scenario request whose probe the plain baseline has no result for: nothing to compare with."""
+    return ScenarioRequestVerdict(
+        INCONCLUSIVE, ("the baseline has no result for this probe",), REUSE if req.hits else MISS, None
+    )
+
+
+def decide_scenario_arm(
+    requests: list[tuple[str, ScenarioRequestVerdict]] | tuple[tuple[str, ScenarioRequestVerdict], ...],
+    preemption_required: bool,
+    preemptions: int | None,
+) -> ArmVerdict:
+    """A (scenario, arm): the worst of its requests' verdicts (each labelled, e.g. "step 2 chat-511"),
+    INCONCLUSIVE when none ran or none reused cached tokens (it compared no reuse: never a PASS by default),
+    and INCONCLUSIVE when the scenario says preemption must happen and the engine's counter stayed at 0 or
+    could not be read (the scenario then did not test what it says)."""
+    verdicts = [v.verdict for _, v in requests]
+    reasons = [f"{label}: {r}" for label, v in requests if v.verdict != PASS for r in v.reasons]
+    if not requests:
+        reasons.append("no request was run")
+    elif not any(v.role == REUSE for _, v in requests):
+        verdicts.append(INCONCLUSIVE)
+        reasons.append("no request reused cached tokens: the scenario compared no reuse")
+    if preemption_required and preemptions is None:
+        verdicts.append(INCONCLUSIVE)
+        reasons.append("the scenario needs preemption and the engine's preemption counter is unavailable")
+    elif preemption_required and preemptions == 0:
+        verdicts.append(INCONCLUSIVE)
+        reasons.append("the scenario needs preemption and the engine preempted no request")
+    return ArmVerdict(worst(verdicts), tuple(reasons))

@@ -1,0 +1,118 @@
+"""The plan of one verification run, read once: the command line's options (repro.plan.options) and the
+fixture become frozen parts, one per stage that uses them (repro.plan.settings), beside the probes, the
+scenarios and the arms. After build_plan nothing reads the options again: every stage takes its part."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from repro.contract.job import Preflight
+from repro.plan.arms import PlannedArm, default_jobs, plan_arms, preflight_for, vocab_size
+from repro.plan.fixtures import Fixture, Probe, Scenario, check_probes_fit, load_fixture
+from repro.plan.options import Options
+from repro.plan.scenarios import select
+from repro.plan.settings import (
+    ArmsAsked,
+    ChildSettings,
+    EngineSettings,
+    KVAuditSettings,
+    LMCacheSettings,
+    Loads,
+    OutputSettings,
+    Repeats,
+)
+from repro.plan.suite import build_probes
+
+
+@dataclass(frozen=True)
+class ProbeSet:
+    """What every arm is asked: the fixture (as given, and its digest), its probes with the suite's, each
+    probe's reuses (--reuses, else its own) and the scenarios asked for (--scenarios)."""
+
+    fixture_path: str
+    fixture: Fixture
+    suite: str | None
+    reuses: int | None
+    probes: tuple[Probe, ...]
+    scenarios: tuple[Scenario, ...]
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """One run, planned: its parts in the order the stages use them."""
+
+    argv: tuple[str, ...]  # as given: the report's provenance
+    engine: EngineSettings
+    inputs: ProbeSet
+    asked: ArmsAsked
+    arms: tuple[PlannedArm, ...]  # baseline first (repro.plan.arms.plan_arms)
+    preflight: Preflight | None  # the first child's (repro.plan.arms.preflight_for)
+    jobs: int  # arms at once: --jobs, else what the machine sustains (repro.plan.arms.default_jobs)
+    children: ChildSettings
+    repeats: Repeats
+    loads: Loads
+    lmcache: LMCacheSettings
+    kv_audit: KVAuditSettings
+    output: OutputSettings
+
+
+def build_plan(opts: Options, argv: list[str]) -> RunPlan:
+    """The run's plan: the fixture loaded, its probes built and checked against the model and engine, the
+    scenarios selected, the arms planned, every option read into its part; a problem is one line (exit 2)."""
+    a = opts.args
+    engine = EngineSettings(
+        model=a.model,
+        model_is_local=opts.model_is_local,
+        revision=a.model_revision,
+        dtype=a.dtype,
+        seed=a.seed,
+        gpu_memory_utilization=a.gpu_memory_utilization,
+        max_model_len=a.max_model_len,
+        block_size=a.block_size,
+        device=a.device,
+        max_tokens=a.max_tokens,
+        logprobs=a.logprobs,
+        batch_invariant=bool(a.batch_invariant),
+        frontend=a.frontend,
+    )
+    fixture = load_fixture(a.fixture)
+    probes = build_probes(fixture.probes, a.suite)
+    check_probes_fit(
+        probes,
+        vocab_size=vocab_size(engine),
+        max_model_len=engine.max_model_len,
+        max_tokens=engine.max_tokens,
+        where=f"fixture {a.fixture}",
+    )
+    chosen = select(fixture, a.scenarios, probes, engine.max_model_len)
+    asked = ArmsAsked(
+        kv_connector=a.kv_connector,
+        module_path=a.kv_connector_module_path,
+        extra_config=dict(opts.extra_config),
+        compare_native=a.compare_native,
+        native_matched=not a.no_native_matched,
+    )
+    arms = plan_arms(asked, fixture, a.lmcache_config)
+    children = ChildSettings(
+        python=a.python,
+        engine_module=a.engine_module,
+        timeout_s=a.timeout,
+        max_disk_gb=a.max_child_disk_gb,
+        lmcache_server_module=a.lmcache_server_module,
+    )
+    return RunPlan(
+        argv=tuple(argv),
+        engine=engine,
+        inputs=ProbeSet(a.fixture, fixture, a.suite, a.reuses, tuple(probes), tuple(chosen)),
+        asked=asked,
+        arms=tuple(arms),
+        preflight=preflight_for(arms, engine.device, children.engine_module),
+        jobs=a.jobs or default_jobs(engine, len(arms)),
+        children=children,
+        repeats=Repeats(trials=a.trials, confirm=a.confirm),
+        loads=Loads(gpu=bool(a.gpu_load), cpu=bool(a.cpu_load)),
+        lmcache=LMCacheSettings(ops=a.lmcache_ops, config=a.lmcache_config),
+        kv_audit=KVAuditSettings(enabled=a.kv_audit, keep_dir=a.keep_kv),
+        output=OutputSettings(report=Path(a.report), quiet=a.quiet),
+    )

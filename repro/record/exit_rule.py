@@ -1,0 +1,222 @@
+"""The exit rule (docs/verdicts.md#exit-codes): one rule for plain arms and scenarios alike, from a report's
+errors, its later runs' findings, its KV findings and its acceptance; exit_reason says why.
+"""
+
+from __future__ import annotations
+
+from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME
+from repro.judge.expectations import expectation_text
+from repro.judge.verdict import CORRUPT, ERROR, FAIL, PASS, SKIPPED
+from repro.record.acceptance import (
+    excused_scenario_kv,
+    kv_verdict,
+    scenario_arms,
+    scenario_kv_verdict,
+    unexpected_kv_findings,
+)
+
+
+def _kinds(verdict: object, kv: object) -> set[str]:
+    """The kinds of finding one probe (or one scenario run) shows: FAIL, CORRUPT."""
+    return ({FAIL} if verdict == FAIL else set()) | ({CORRUPT} if kv == CORRUPT else set())
+
+
+def _later_runs(arm: dict) -> list[tuple[str, dict]]:
+    """(label, run summary) of every run of a plain arm beyond its own: trials 2..N, then the re-run alone."""
+    runs = [(f"trial {r.get('trial')}", r) for r in (arm.get("trials") or {}).get("runs") or [] if r.get("trial") != 1]
+    alone = (arm.get("confirmation") or {}).get("run")
+    return runs + ([("alone", alone)] if isinstance(alone, dict) else [])
+
+
+def later_findings(report: dict) -> list[tuple[str, str, str, str]]:
+    """(arm, run, probe or "scenario <name>", kind) of every FAIL or CORRUPT that a later run (a trial 2..N, the
+    re-run alone) made and the arm's own run (trial 1) did not show of the same kind on the same probe (for a
+    scenario: the same (scenario, arm)). Whatever trial 1 was (PASS, an expected INCONCLUSIVE, a FAIL with KV
+    EXACT), a kind of finding it did not show is a finding all the same, never hidden behind it."""
+    return [(arm, run, probe, kind) for arm, run, probe, kind in _plain_later(report)] + [
+        (arm, run, f"scenario {scenario}", kind) for scenario, arm, run, kind in _scenario_later(report)
+    ]
+
+
+def _plain_later(report: dict) -> list[tuple[str, str, str, str]]:
+    """(arm, run, probe, kind) of later_findings for the plain arms."""
+    out = []
+    for arm in report["arms"]:
+        if arm.get("mode") == "baseline":
+            continue
+        own = {p["name"]: _kinds(p.get("verdict"), kv_verdict(p)) for p in arm.get("probes") or []}
+        for label, run in _later_runs(arm):
+            for p in run.get("probes") or []:
+                for kind in sorted(_kinds(p.get("verdict"), p.get("kv")) - own.get(p.get("name"), set())):
+                    out.append((arm["name"], label, str(p.get("name")), kind))
+    return out
+
+
+def _scenario_later(report: dict) -> list[tuple[str, str, str, str]]:
+    """(scenario, arm, run, kind) of later_findings for the scenarios."""
+    out = []
+    for sc, arm in scenario_arms(report):
+        own = _kinds(arm.get("verdict"), scenario_kv_verdict(arm))
+        for run in (arm.get("trials") or {}).get("runs") or []:
+            if run.get("trial") == 1:
+                continue
+            for kind in sorted(_kinds(run.get("verdict"), run.get("kv")) - own):
+                out.append((str(sc.get("name")), str(arm.get("arm")), f"trial {run.get('trial')}", kind))
+    return out
+
+
+def trial_findings(report: dict) -> list[tuple[str, str]]:
+    """(arm, probe) of a plain arm's finding that only a later run made (later_findings), once each."""
+    return list(dict.fromkeys((arm, probe) for arm, _, probe, _ in _plain_later(report)))
+
+
+def scenario_trial_findings(report: dict) -> list[tuple[str, str]]:
+    """(scenario, arm) where a later trial found a kind of finding (a FAIL, a CORRUPT KV verdict) that its own
+    run did not show (later_findings)."""
+    return list(dict.fromkeys((scenario, arm) for scenario, arm, _, _ in _scenario_later(report)))
+
+
+def run_errors(report: dict) -> list[str]:
+    """Every ERROR anywhere in the run, each once, as 'where: kind': an arm, a trial, the re-run alone, a scenario's
+    control, a (scenario, arm) or its trial, with or without an `error` object (an arm that could not be compared,
+    that had no baseline, a result without its scenario, is ERROR without one), and the report's own errors."""
+    found: dict[str, str] = {}
+    if not report.get("complete", False):
+        found["the run"] = "the report is not complete"
+    for arm in report["arms"]:
+        name = arm["name"]
+        if arm.get("verdict") == ERROR:
+            found.setdefault(name, _error_kind(arm))
+        for label, run in _later_runs(arm):
+            if run.get("verdict") == ERROR:
+                found.setdefault(f"{name} ({label})", _error_kind(run))
+    for where, kind in _scenario_errors(report).items():
+        found.setdefault(where, kind)
+    for e in report.get("errors") or []:
+        found.setdefault(str(e.get("arm")), str(e.get("kind")))
+    return [f"{where}: {kind}" for where, kind in found.items()]
+
+
+def _scenario_errors(report: dict) -> dict[str, str]:
+    """Where -> kind of every ERROR in the report's scenarios section (a control, a (scenario, arm), a trial)."""
+    found: dict[str, str] = {}
+    for sc in report.get("scenarios") or []:
+        control = sc.get("control") or {}
+        if control.get("status") == "error":
+            found.setdefault(f"baseline (scenario {sc.get('name')})", str(control.get("error") or ERROR).split(":")[0])
+        for arm in sc.get("arms") or []:
+            where = f"{arm.get('arm')} (scenario {sc.get('name')})"
+            if arm.get("verdict") == ERROR:
+                found.setdefault(where, _error_kind(arm))
+            for run in (arm.get("trials") or {}).get("runs") or []:
+                if run.get("trial") != 1 and run.get("verdict") == ERROR:
+                    found.setdefault(f"{where[:-1]}, trial {run.get('trial')})", _error_kind(run))
+    return found
+
+
+def _error_kind(entry: dict) -> str:
+    """An ERROR's kind ('timeout'), or the first reason of an ERROR that has no error object."""
+    error = entry.get("error")
+    if isinstance(error, dict) and error.get("kind"):
+        return str(error["kind"])
+    reasons = entry.get("reasons") or []
+    return f"{ERROR} ({reasons[0]})" if reasons else ERROR
+
+
+def _scenario_reason(report: dict) -> tuple[int, str] | None:
+    """The scenarios' own part of the exit rule beyond ERRORs and later findings: a CORRUPT KV verdict the
+    fixture did not state, an acceptance not matched, or without the acceptance suite a verdict other than
+    PASS or SKIPPED (None: nothing)."""
+    pairs = scenario_arms(report)
+    if not pairs:
+        return None
+    acc = (report.get("acceptance") or {}).get("scenarios") or {"matched": None}
+    excused = excused_scenario_kv(acc)
+    corrupt = [
+        f"{sc['name']} {arm['arm']}"
+        for sc, arm in pairs
+        if scenario_kv_verdict(arm) == CORRUPT and (sc["name"], arm["arm"]) not in excused
+    ]
+    if corrupt:
+        return EXIT_MISMATCH, "scenario KV CORRUPT that the fixture does not state: " + _some(corrupt)
+    if acc.get("matched") is None:
+        bad = [
+            f"{sc['name']} {arm['arm']} {arm['verdict']}" for sc, arm in pairs if arm["verdict"] not in (PASS, SKIPPED)
+        ]
+        return (EXIT_MISMATCH, "no acceptance suite, and scenario verdicts not PASS: " + _some(bad)) if bad else None
+    if acc["matched"]:
+        return None
+    return EXIT_MISMATCH, "scenario acceptance not matched: " + _some(_acceptance_misses(acc, "scenario"))
+
+
+def scenario_exit(report: dict) -> int | None:
+    """The scenarios' part of the exit code (None: they have none, or all are good): the exit rule
+    (exit_reason) applied to the scenarios section alone."""
+    if not scenario_arms(report):
+        return None
+    if _scenario_errors(report):
+        return EXIT_RUNTIME
+    if scenario_trial_findings(report):
+        return EXIT_MISMATCH
+    found = _scenario_reason(report)
+    return found[0] if found else None
+
+
+def _some(items: list[str], n: int = 3) -> str:
+    return "; ".join(items[:n]) + (f"; and {len(items) - n} more" if len(items) > n else "")
+
+
+def _acceptance_misses(acc: dict, what: str) -> list[str]:
+    """What kept an acceptance from matching, as short phrases."""
+    key = "scenario" if what == "scenario" else "probe"
+    out = [
+        f"{c.get('arm')} {c.get(key)} {c.get('check', 'tokens')}: expected {expectation_text(c.get('expected'))}, observed {c.get('observed')}"
+        for c in acc.get("checked", [])
+        if not c.get("ok")
+    ]
+    out += [f"{a} not listed by the fixture" for a in acc.get("unchecked_arms", [])]
+    out += [
+        f"{u['arm']} {u.get(key)} {u.get('check')} not listed by the fixture (observed {u.get('observed')})"
+        for u in acc.get("unchecked_probes" if what != "scenario" else "unchecked", [])
+    ]
+    return out or ["nothing was checked"]
+
+
+def exit_reason(report: dict) -> tuple[int, str]:
+    """The exit code and why, one rule for plain arms and scenarios alike (docs/verdicts.md#exit-codes):
+    3 for any ERROR anywhere (an arm, a trial, the re-run alone, a scenario's control or run; run_errors);
+    1 for any FAIL or CORRUPT that a later run made and trial 1 did not already show of the same kind
+    (later_findings), for a CORRUPT KV verdict the fixture did not state (plain arms or scenarios), for an
+    acceptance not matched, and without the acceptance suite for a verdict other than PASS; else 0."""
+    errors = run_errors(report)
+    if errors:
+        return EXIT_RUNTIME, f"{len(errors)} ERROR{'s' if len(errors) > 1 else ''}: " + _some(errors)
+    later = later_findings(report)
+    if later:
+        found = [f"{arm} {run}: {what} {kind}" for arm, run, what, kind in later]
+        return EXIT_MISMATCH, "a later run found what the arm's own run did not show: " + _some(found)
+    kv = [f"{a['name']} {p['name']}" for a, p in unexpected_kv_findings(report)]
+    if kv:
+        return EXIT_MISMATCH, "KV CORRUPT that the fixture does not state: " + _some(kv)
+    scen = _scenario_reason(report)
+    if scen is not None:
+        return scen
+    acc = report["acceptance"]
+    if acc["matched"] is None:
+        bad = [f"{a['name']} {a['verdict']}" for a in report["arms"] if a["verdict"] != PASS]
+        if bad:
+            return EXIT_MISMATCH, "no acceptance suite, and verdicts not PASS: " + _some(bad)
+        return EXIT_OK, "every verdict PASS (no acceptance suite)"
+    if not acc["matched"]:
+        return EXIT_MISMATCH, "acceptance not matched: " + _some(_acceptance_misses(acc, "arms"))
+    unchecked = set(acc.get("unchecked_arms", []))
+    bad = [f"{a['name']} {a['verdict']}" for a in report["arms"] if a["name"] in unchecked and a["verdict"] != PASS]
+    if bad:
+        return EXIT_MISMATCH, "verdicts no fixture expectation covers: " + _some(bad)
+    return EXIT_OK, "acceptance matched: every verdict as the fixture states"
+
+
+def exit_code(report: dict) -> int:
+    """0 all good; 1 a finding the fixture does not state, or acceptance not matched; 3 an ERROR anywhere
+    (exit_reason says why)."""
+    return exit_reason(report)[0]
