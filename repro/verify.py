@@ -1,7 +1,7 @@
 """The verification run, stage by stage: the plan, read once from the command line and the fixture
 (repro.plan.run_plan); the arms, then their trials, run (repro.run.arm_runs); every run judged into its entry
-(repro.judge.entries) and its KV audited (repro.run.kvaudit); each finding made while sharing a device re-run
-alone and judged alike (repro.judge.confirm picks them, so it follows the verdicts); the scenarios
+(repro.run.entries) and its KV audited (repro.run.kvaudit); each finding made while sharing a device re-run
+alone and judged alike (repro.run.confirm picks them, so it follows the verdicts); the scenarios
 (repro.run.scenario_runs); the report assembled (repro.record.assemble) and written with its logs, together or
 not at all (repro.record.publish); its summary printed. An interrupt, a full disk or a kit bug ends in one
 line and a truthful exit code (_verify)."""
@@ -17,8 +17,6 @@ from pathlib import Path
 
 from repro.commands import run_command, say_error
 from repro.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, UsageError
-from repro.judge.confirm import fold_runs, to_confirm
-from repro.judge.entries import judge_arms, judge_runs
 from repro.plan.options import Options, parse_args
 from repro.plan.run_plan import build_plan
 from repro.publish.summary import format_summary
@@ -26,6 +24,8 @@ from repro.record.assemble import assemble
 from repro.record.exit_rule import exit_code
 from repro.record.publish import publish, serialize
 from repro.run.arm_runs import run_arms_and_trials, run_confirmations
+from repro.run.confirm import fold_runs, to_confirm
+from repro.run.entries import judge_arms, judge_runs
 from repro.run.kvaudit import audit_entries
 from repro.run.neighbour import LoadError
 from repro.run.progress import Progress, choose_mode

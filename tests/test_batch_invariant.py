@@ -292,12 +292,12 @@ def test_worker_facts_on_this_machine_and_with_attention_layers(monkeypatch):
 
 
 def test_the_verifier_makes_an_unconfirmed_arm_an_error_and_leaves_others_alone():
-    """repro.judge.entries.arm_entry: with --batch-invariant an arm whose workers did not confirm the kernels
+    """repro.run.entries.arm_entry: with --batch-invariant an arm whose workers did not confirm the kernels
     is ERROR batch-invariant-inactive; without the flag the same arm keeps its verdict."""
     from repro.contract.job import ArmSpec
     from repro.contract.result import ArmResult
-    from repro.judge.entries import arm_entry
     from repro.plan.arms import PlannedArm
+    from repro.run.entries import arm_entry
     from repro.run.runner import ArmOutcome
 
     req = RequestResult("cold", 0, (1, 2), (), "length", None, "")

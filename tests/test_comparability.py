@@ -7,9 +7,8 @@ import copy
 import pytest
 
 from repro.contract.result import ARM_RESULT_KIND, ARM_RESULT_SCHEMA_VERSION, ArmResult
-from repro.judge.evaluate import comparability_problems
+from repro.judge.evaluate import comparability_problems, shared_first_blocks
 from repro.judge.evaluate import judge_arm as _judge_arm
-from repro.plan.suite import shared_first_blocks
 
 BASE = {
     "arm": "baseline",

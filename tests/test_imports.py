@@ -29,7 +29,7 @@ PARENT_ONLY = (
 )
 VERDICT_NAMES = {"PASS", "FAIL", "INCONCLUSIVE", "ERROR", "SKIPPED", "EXACT", "NUMERIC", "CORRUPT", "UNAVAILABLE"}
 # The same words that are not verdicts: logscan reads log levels (WARNING, ERROR, CRITICAL).
-NOT_VERDICTS = {"repro.run.logscan": {"ERROR"}}
+NOT_VERDICTS = {"repro.judge.logscan": {"ERROR"}}
 
 
 def package_modules() -> dict[str, ast.Module]:

@@ -24,18 +24,23 @@ package above it; a module on no floor fails the test: give it one.
              Ray, the detection study's runs, the kit, the chaos run, model conversion and checks
 
 `from repro.pkg import module` is an import of that module, not of the package's __init__ (a docstring).
+
+The rooms (the folders of repro/) are in an order too, ROOM_ORDER, lowest first: an import from one room into
+another goes down that order, but for the few named in KNOWN_ROOM_UPWARD (module by module, each with why).
+docs/layout.md states the same order.
 """
 
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
 import pytest
 from test_imports import package_modules
 
 # Each floor and the names on it, lowest first; a line that starts with spaces goes on with the floor above.
 FLOOR_TABLE = """
-base       repro repro.errors repro.paths repro.record.atomic repro.contract repro.judge.compare repro.run.logscan repro.run.lifeline
+base       repro repro.errors repro.paths repro.record.atomic repro.contract repro.judge.compare repro.judge.logscan repro.run.lifeline
            repro.run.progress repro.plan.prompts repro.judge.replays repro.run.sharing repro.plan.devices repro.commands
            repro.plan.settings repro.plan.interpreter repro.run.exits repro.lmcache.mp_ports
 core       repro.judge.verdict repro.judge.wording repro.judge.trials repro.plan.fixtures repro.plan.suite repro.judge.evaluate repro.record.report
@@ -49,13 +54,47 @@ machinery  repro.plan.arms repro.run.scheduler repro.run.runner repro.run.workdi
            repro.lmcache.signals repro.run.neighbour repro.run.gpu_load repro.run.cpu_load repro.judge.kvaudit repro.run.scenarios
            repro.detection.plan
            repro.plan.run_plan repro.run.clock repro.run.launch repro.run.arm_runs repro.run.kvaudit repro.run.workspace
-           repro.run.scenario_runs repro.judge.entries repro.judge.confirm repro.record.assemble
+           repro.run.scenario_runs repro.run.entries repro.run.confirm repro.record.assemble
 read       repro.readmodel repro.matrix.status repro.detection.blame repro.detection.matrix
            repro.detection.scenario_cells
 publish    repro.publish repro.matrix.page repro.detection.page repro.detection.scenario_page
 commands   repro.verify repro.verify_kv_reuse repro.__main__ repro.measure.bench repro.measure.margins repro.matrix
            repro.detection repro.kit repro.chaos repro.models.convert repro.models.check
 """
+
+
+# The rooms, lowest first. "ground" is repro/'s own modules below every room (the package, errors, paths, the
+# command registry); "entry" is the verifier's pipeline and entry points (repro/verify.py and the two mains).
+ROOM_ORDER = (
+    "ground", "contract", "judge", "plan", "record", "lmcache", "run", "models", "engine", "readmodel", "publish",
+    "detection", "matrix", "measure", "kit", "chaos", "entry",
+)  # fmt: skip
+GROUND = {"repro", "repro.errors", "repro.paths", "repro.commands"}
+ENTRY = {"repro.verify", "repro.verify_kv_reuse", "repro.__main__"}
+# Imports that go up the room order, each with why. An entry that no longer matches an import fails the test.
+KNOWN_ROOM_UPWARD = {
+    # a report's provenance names its model: the registry's entry and the tiny model's digest
+    ("repro.record.provenance", "repro.models.registry"): "provenance names the model",
+    ("repro.record.provenance", "repro.models.tiny"): "provenance names the model",
+    # the LMCache MP server is a child of the kit like an arm: started, watched and stopped by the runner's
+    # machinery, its ports checked against its own process group
+    ("repro.lmcache.mp", "repro.run.runner"): "the MP server is a child the runner starts",
+    ("repro.lmcache.mp_ports", "repro.run.lifeline"): "the MP server's process group",
+    # the site lists every page: the matrix and detection pages, which render with publish's templates
+    ("repro.publish.catalog", "repro.detection.page"): "the site lists the study's pages",
+    ("repro.publish.catalog", "repro.detection.plan"): "the site lists the study's pages",
+    ("repro.publish.catalog", "repro.detection.scenario_cells"): "the site lists the study's pages",
+    ("repro.publish.catalog", "repro.detection.scenario_page"): "the site lists the study's pages",
+    ("repro.publish.catalog", "repro.matrix.page"): "the site lists the matrix pages",
+}
+
+
+def room_of(module: str) -> str:
+    if module in GROUND:
+        return "ground"
+    if module in ENTRY:
+        return "entry"
+    return module.split(".")[1]
 
 
 def parse_floors(table: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -173,6 +212,31 @@ def test_no_import_cycle():
     for m, d in KNOWN_UPWARD:  # a known upward import closes a cycle of its own: it goes with it
         g[m].discard(d)
     assert _cycles(g) == []
+
+
+def test_every_module_is_in_a_room_of_the_order():
+    assert sorted({room_of(m) for m in package_modules()} - set(ROOM_ORDER)) == []
+    assert sorted(set(ROOM_ORDER) - {room_of(m) for m in package_modules()}) == []
+
+
+def test_imports_between_rooms_go_down_the_room_order():
+    """Issue 34: the rooms read in order. Before, run and lmcache, judge and run, judge and plan imported each
+    other; run/confirm.py and run/entries.py (judging runs as they finish) moved into run, logscan into judge and
+    shared_first_blocks into judge/evaluate.py, and judge now imports only the contract."""
+    rank = {room: i for i, room in enumerate(ROOM_ORDER)}
+    upward = sorted(
+        (m, d) for m, deps in graph().items() for d in deps if rank[room_of(d)] > rank[room_of(m)]
+    )  # fmt: skip
+    assert [
+        f"{m} ({room_of(m)}) imports {d} ({room_of(d)})" for m, d in upward if (m, d) not in KNOWN_ROOM_UPWARD
+    ] == []
+    assert sorted(set(KNOWN_ROOM_UPWARD) - set(upward)) == [], "gone: take them out of KNOWN_ROOM_UPWARD"
+    assert {room_of(d) for d in graph()["repro.judge.evaluate"]} <= {"judge", "contract"}
+
+
+def test_the_layout_page_states_the_room_order():
+    text = (Path(__file__).resolve().parents[1] / "docs" / "layout.md").read_text(encoding="utf-8")
+    assert "`" + " < ".join(ROOM_ORDER) + "`" in text
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,8 @@ from repro.contract.failure import (
     UNPARSABLE_OUTPUT,
 )
 from repro.contract.job import ArmSpec, EngineConfig, Job, ProbeJob, build_job
-from repro.run import logscan, runner
+from repro.judge import logscan
+from repro.run import runner
 from repro.run.diskwatch import DiskLimits
 from repro.run.exits import classify_exit
 from repro.run.runner import child_env, run_arm

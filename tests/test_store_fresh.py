@@ -239,8 +239,8 @@ def test_a_confirmation_says_whether_its_run_alone_was_independent(tmp_path, fre
     from dataclasses import replace
 
     from repro.judge import trials
-    from repro.judge.confirm import STORE_PERSISTED, confirmation_of
     from repro.run.arm_runs import Run
+    from repro.run.confirm import STORE_PERSISTED, confirmation_of
 
     store = {"fresh": True, "rewritten": ["shared_storage_path /kv -> /kv/kvkit-x~alone-1"]}
     if not fresh:

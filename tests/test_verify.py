@@ -248,10 +248,10 @@ def test_an_mp_arm_whose_server_never_started_cites_a_log_that_exists(tmp_path, 
     import sys
 
     from repro.contract.job import ArmSpec, ConnectorSpec, EngineConfig, ProbeJob, build_job
-    from repro.judge.entries import arm_entry
     from repro.lmcache import mp as lmcache_mp
     from repro.plan.arms import PlannedArm
     from repro.plan.settings import ChildSettings
+    from repro.run.entries import arm_entry
     from repro.run.launch import run_with_mp_server
     from repro.run.progress import Progress
 
@@ -376,7 +376,7 @@ def test_a_finding_made_while_sharing_is_re_run_alone_judged_and_audited_like_it
     """The confirmation path, without an engine: the stand-in's arms run two at a time (sharing the CPU's
     cores), the connector arm's own run is made to find a FAIL, and the run re-runs it alone, judges that run,
     passes it through the KV audit on its own and folds it into the arm's `confirmation`."""
-    from repro.judge import entries
+    from repro.run import entries
 
     real_entry, audited = entries.arm_entry, []
 

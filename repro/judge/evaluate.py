@@ -22,11 +22,22 @@ from repro.judge.verdict import (
     decide_shared_first_block,
     decide_skipped,
 )
-from repro.plan.suite import shared_first_blocks
 
 # Keys that must match between arms before any comparison is made.
 COMPARABLE_CONFIG_KEYS = ("model", "revision", "dtype", "block_size", "max_model_len", "seed", "enforce_eager")
 COMPARABLE_VERSION_KEYS = ("vllm", "torch", "lmcache")
+
+
+def shared_first_blocks(submitted: dict[str, list[int]], block_size: int) -> list[tuple[str, str]]:
+    """Pairs of probes whose first block is identical: they could feed each other's cache."""
+    pairs, seen = [], {}
+    for name, ids in submitted.items():
+        key = tuple(ids[:block_size])
+        if key in seen:
+            pairs.append((seen[key], name))
+        else:
+            seen[key] = name
+    return pairs
 
 
 def comparability_problems(baseline: ArmResult, other: ArmResult) -> list[str]:

@@ -208,7 +208,7 @@ def _kv(v: KVVerdict, block_size: int) -> dict:
 def annotate(
     entries: list[dict], results: dict[str, ArmResult], raw: dict | None, problem: str | None, block_size: int
 ) -> None:
-    """Fill the report's kv_audit / kv fields in place (entries as repro.judge.entries.arm_entry made them)."""
+    """Fill the report's kv_audit / kv fields in place (entries as repro.run.entries.arm_entry made them)."""
     for entry in entries:
         res = results.get(entry["name"])
         if res is None or res.kv_audit is None:

@@ -104,9 +104,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from repro.contract.failure import LMCACHE_SERVER_DIED, LMCACHE_SERVER_START, Failure
+from repro.judge import logscan
 from repro.lmcache import ops as lmcache_ops
 from repro.lmcache.mp_ports import HEALTH_PATH, foreign_listeners, probe_ready, read_text, who_answered
-from repro.run import logscan
 from repro.run.runner import (
     deferred_signals,
     kill_group,

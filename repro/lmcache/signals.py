@@ -26,9 +26,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from repro.judge.logscan import clean_line
 from repro.lmcache.mp import CONNECTOR as MP_CONNECTOR
 from repro.lmcache.ops import FALLBACK_WARNING, OPS_MODULE
-from repro.run.logscan import clean_line
 
 # Start-up failure caught by LMCacheManager, or its health monitor giving up on a backend: either
 # way LMCache recomputes everything while vLLM reports a healthy engine.

@@ -39,15 +39,3 @@ def requests_for(probe: Probe, reuses_flag: int | None) -> int:
     if reuses_flag is not None:
         return 1 + reuses_flag
     return 1 + (probe.reuses if probe.reuses is not None else DEFAULT_REUSES)
-
-
-def shared_first_blocks(submitted: dict[str, list[int]], block_size: int) -> list[tuple[str, str]]:
-    """Pairs of probes whose first block is identical: they could feed each other's cache."""
-    pairs, seen = [], {}
-    for name, ids in submitted.items():
-        key = tuple(ids[:block_size])
-        if key in seen:
-            pairs.append((seen[key], name))
-        else:
-            seen[key] = name
-    return pairs

@@ -1,7 +1,7 @@
 """The arms' runs: each arm's own (native-matched fed what its connector arm reused), then trials 2..N of every
 reuse arm, all beside the load neighbour when one is asked for; later, each finding made while sharing re-run
-alone (repro.judge.confirm decides which). Each run beyond an arm's own is a Run: the arm renamed, with
-connector state of its own (repro.plan.arms.materialize), judged like its arm (repro.judge.entries)."""
+alone (repro.run.confirm decides which). Each run beyond an arm's own is a Run: the arm renamed, with
+connector state of its own (repro.plan.arms.materialize), judged like its arm (repro.run.entries)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class Run:
     trial: int | None
     arm: PlannedArm  # renamed: <arm>~trial3, <arm>~alone
     slot: ArmSlot | None = None  # the slot it took when it launched, once it ran
-    entry: dict | None = None  # judged like an arm (repro.judge.entries), once it ran
+    entry: dict | None = None  # judged like an arm (repro.run.entries), once it ran
     outcome: ArmOutcome | None = None  # how it went, once it ran
 
 
@@ -162,7 +162,7 @@ def run_trials(ran: ArmRuns, n: int, n_jobs: int, engine: EngineSettings, progre
 def run_confirmations(ran: ArmRuns, todo: list[tuple[int, Run | None]], engine: EngineSettings, progress) -> None:
     """Each shared finding's job again, alone: one at a time, nothing else on the device (no other
     arm, no load neighbour), the same engine settings and device as the run it confirms (todo: the arm's
-    index and its run that found it, None for the arm's own; repro.judge.confirm.to_confirm)."""
+    index and its run that found it, None for the arm's own; repro.run.confirm.to_confirm)."""
     t = time.monotonic()
     for i, shared_run in todo:
         slot = shared_run.slot if shared_run is not None else ran.slots[i]  # the one the finding's run took

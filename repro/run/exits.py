@@ -18,7 +18,7 @@ from repro.contract.failure import (
     ContractError,
 )
 from repro.contract.result import EXIT_RAISED, ArmResult
-from repro.run import logscan
+from repro.judge import logscan
 
 _OOM_MARKERS = (
     "out of memory",

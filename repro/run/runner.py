@@ -27,12 +27,12 @@ from pathlib import Path
 from repro.contract.failure import DISK_LOW, Failure
 from repro.contract.job import Job, progress_path
 from repro.contract.result import ArmResult
+from repro.judge import logscan
 from repro.paths import KIT_ROOT
 from repro.plan.arms import scratch_dirs
 from repro.plan.options import FRONTEND_ENV
 from repro.record.atomic import write_bytes_atomic, write_json_atomic
 from repro.record.provenance import KERNEL_ENV_NAMES, redact_text
-from repro.run import logscan
 from repro.run.diskwatch import DiskLimits, DiskWatch, cut_log, empty_dir
 from repro.run.exits import collect_outcome
 from repro.run.lifeline import group_members, launch_command

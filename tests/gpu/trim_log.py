@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from anywhere: the kit's repro
-from repro.run.logscan import mask_times_and_ids  # after the kit's root is on the path
+from repro.judge.logscan import mask_times_and_ids  # after the kit's root is on the path
 
 WIDTH = 240
 

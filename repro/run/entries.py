@@ -9,13 +9,13 @@ from pathlib import Path
 
 from repro.contract.failure import Failure
 from repro.contract.result import ArmResult
+from repro.judge import logscan
 from repro.judge.batch_invariance import BATCH_INVARIANT_INACTIVE, batch_invariance_state, decide_batch_invariance
 from repro.judge.evaluate import judge_arm
 from repro.judge.verdict import LMCACHE_DEGRADED, decide_child_failure, decide_lmcache_degraded
 from repro.lmcache import mp as lmcache_mp
 from repro.lmcache.signals import lmcache_evidence
 from repro.plan.arms import PlannedArm
-from repro.run import logscan
 
 
 def arm_entry(
