@@ -52,7 +52,7 @@ def test_the_cpu_self_tests_plan_has_every_part_typed_and_read_once(tiny_model, 
     assert plan.engine == EngineSettings(
         model=tiny_model, model_is_local=True, revision=None, dtype="float32", seed=0, gpu_memory_utilization=0.1,
         max_model_len=2048, block_size=16, device="cpu", max_tokens=16, logprobs=2, batch_invariant=False,
-        frontend="sync",
+        frontend="sync", engine_layout="one-process",
     )  # fmt: skip
     resolved = str(Path(tiny_model).resolve())  # a local model, by its resolved path
     assert plan.engine.config() == EngineConfig(resolved, None, "float32", 0, 0.1, 2048, 16, "cpu")
@@ -103,6 +103,40 @@ def test_each_flag_lands_in_the_part_of_the_stage_that_uses_it(tiny_model, tmp_p
     assert plan.loads == Loads(gpu=False, cpu=True) and plan.lmcache.ops == "fallback"
 
 
+def test_the_engine_layout_is_one_process_on_the_cpu_unless_asked_and_sets_the_childs_environment(
+    tiny_model, tmp_path, monkeypatch
+):
+    from repro.plan import devices
+    from repro.plan.settings import engine_layout_env
+
+    assert _selftest(tiny_model, tmp_path / "r.json")[0].engine.engine_layout == "one-process"
+    assert _selftest(tiny_model, tmp_path / "r.json", "--engine-layout", "vllm")[0].engine.engine_layout == "vllm"
+    monkeypatch.setattr(devices, "visible_gpus", lambda: ["0"])  # --device auto with a GPU: vLLM's own, always
+    argv = [a for a in selftest_cpu_argv(tiny_model, str(tmp_path / "r.json")) if a not in ("--device", "cpu")]
+    assert build_plan(parse_args(argv), argv).engine.engine_layout == "vllm"
+    with pytest.raises(UsageError, match="is for the CPU engine"):
+        parse_args([*argv, "--engine-layout", "one-process"])
+    assert engine_layout_env("one-process") == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
+    assert engine_layout_env("vllm") == {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}  # the flag decides, not the shell
+
+
+@pytest.mark.parametrize(
+    "environ, cores",
+    [
+        ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "1"}, [1]),
+        ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "0,2-3"}, [0, 2, 3]),
+        ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "auto"}, None),  # vLLM's own word
+        ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}, None),  # one list per worker
+        ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, None),  # an arm alone: no slot
+        ({"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_OMP_THREADS_BIND": "1"}, None),  # vLLM binds its worker
+    ],
+)
+def test_the_one_process_child_pins_itself_to_its_slots_cores(environ, cores):
+    from repro.engine.child import slot_cores
+
+    assert slot_cores(environ) == cores
+
+
 def test_build_plan_reads_every_option_of_the_command_line(tiny_model, tmp_path):
     """Every flag the parser defines is read into the plan: none is left for a later stage to read."""
     argv = selftest_cpu_argv(tiny_model, str(tmp_path / "r.json"), str(ROOT / SELFTEST_CPU_FIXTURE))
@@ -128,7 +162,7 @@ def test_the_reports_config_comes_from_the_plan_as_the_options_gave_it(tiny_mode
     """The report's `config` block, key by key, against the flags it records (as the verifier wrote it from the
     options before the plan)."""
     for extra in ([], ["--reuses", "2", "--logprobs", "3", "--seed", "7", "--no-kv-audit", "--frontend", "async",
-                       "--jobs", "9", "--kv-connector", "ExampleConnector"]):  # fmt: skip
+                       "--jobs", "9", "--kv-connector", "ExampleConnector", "--engine-layout", "vllm"]):  # fmt: skip
         argv = [*selftest_cpu_argv(tiny_model, str(tmp_path / "r.json"), str(ROOT / SELFTEST_CPU_FIXTURE)), *extra]
         opts = parse_args(argv)
         plan = build_plan(opts, argv)
@@ -141,6 +175,7 @@ def test_the_reports_config_comes_from_the_plan_as_the_options_gave_it(tiny_mode
             "kv_connector": a.kv_connector, "kv_connector_module_path": a.kv_connector_module_path,
             "lmcache_config": a.lmcache_config, "kv_audit": a.kv_audit, "keep_kv": a.keep_kv,
             "batch_invariant": a.batch_invariant, "frontend": a.frontend,
+            "engine_layout": a.engine_layout or "one-process",  # the CPU's default
             "jobs": min(a.jobs or default_jobs(plan.engine, len(plan.arms)), len(plan.arms)),
             "decoding": "greedy, ignore_eos, enforce_eager",
         }  # fmt: skip
@@ -151,6 +186,7 @@ def test_the_reports_config_comes_from_the_plan_as_the_options_gave_it(tiny_mode
     [
         (["--scenarios", "nope"], "declares no scenarios"),  # the self-test's fixture has none
         (["--kv-connector", "native"], "--kv-connector"),  # a name the kit gives its own arm
+        (["--engine-layout", "one-process", "--device", "cuda"], "is for the CPU engine"),
     ],
 )
 def test_a_plan_that_cannot_be_made_is_one_usage_error(tiny_model, tmp_path, extra, message):

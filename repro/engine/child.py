@@ -332,6 +332,21 @@ def run_and_write(job: Job, keep: list) -> int:
     return code
 
 
+def slot_cores(environ) -> list[int] | None:
+    """The cores of this arm's slot where the engine runs inside this process (the one-process layout,
+    repro.plan.settings.engine_layout_env) and the slot names them (VLLM_CPU_OMP_THREADS_BIND, "1" or "0,2-3",
+    which vLLM's own layout binds its worker's threads to); None: nothing to pin."""
+    if environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+        return None
+    cores: list[int] = []
+    for part in (environ.get("VLLM_CPU_OMP_THREADS_BIND") or "").split(","):
+        lo, _, hi = part.strip().partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            return None  # auto, nobind, unset, or a list of lists: vLLM's own words, nothing for the kit to pin
+        cores.extend(range(int(lo), int(hi or lo) + 1))
+    return cores
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m repro.engine JOB.json", file=sys.stderr)
@@ -342,6 +357,10 @@ def main(argv: list[str]) -> int:
         f"kvkit-engine: arm={job.arm.name} pid={os.getpid()} PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED')}",
         flush=True,
     )
+    cores = slot_cores(os.environ)
+    if cores:  # before vLLM and torch start a thread: every one of them inherits the slot
+        os.sched_setaffinity(0, cores)
+        print(f"kvkit-engine: one-process engine layout, pinned to core(s) {cores}", flush=True)
     keep: list = []
     code = run_and_write(job, keep)
     sys.stdout.flush()

@@ -98,6 +98,10 @@ def effective_config(llm) -> dict:
     ktc = cfg.kv_transfer_config
     return {
         "frontend": frontend_name(llm),  # the front end that drove the engine (repro.engine.frontend)
+        # the engine's processes (repro.plan.settings.engine_layout_env): its core in this process or its own,
+        # and vLLM's executor (uni: the worker in the engine core's process; mp: a process of its own)
+        "engine_layout": "vllm" if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0" else "one-process",
+        "executor": str(getattr(cfg.parallel_config, "distributed_executor_backend", None)),
         "model": cfg.model_config.model,
         "revision": cfg.model_config.revision,
         "tokenizer": cfg.model_config.tokenizer,

@@ -40,6 +40,9 @@ def selftest_cpu_argv(model: str, report: str, fixture: str = SELFTEST_CPU_FIXTU
 
 
 MAX_TRIALS = 50
+# The processes of an arm's engine (--engine-layout): vLLM's own, or the engine core and its worker inside the
+# arm's child (repro.plan.settings.engine_layout_env says what each sets).
+ENGINE_LAYOUTS = ("vllm", "one-process")
 # The engine's front end (repro.engine.frontend holds the same names, which the child reads; a test pins
 # them equal, as the child never imports this side): vLLM's LLM, or a bare AsyncLLM as `vllm serve` drives.
 FRONTENDS = ("sync", "async")
@@ -119,6 +122,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="sync",
         help="how each arm's child drives its engine: sync (vLLM's LLM, the default) or async (a bare AsyncLLM, "
         "the front end of `vllm serve`); the same engine, requests and sampling either way",
+    )
+    p.add_argument(
+        "--engine-layout",
+        choices=ENGINE_LAYOUTS,
+        default=None,
+        help="the processes of each arm's vLLM engine: vllm (vLLM's own: the engine core and its worker each in a "
+        "process of their own; always on a GPU) or one-process (both inside the arm's child, vLLM's "
+        "VLLM_ENABLE_V1_MULTIPROCESSING=0, one OpenMP thread: a third of the start-up; the default on the CPU)",
     )
     p.add_argument(
         "--scenarios",
@@ -356,6 +367,11 @@ def validate(args: argparse.Namespace) -> Options:
         if problem:
             raise UsageError(f"--python {args.python}: {problem}")
     _check_report_path(Path(args.report), Path(args.fixture))
+    if args.engine_layout == "one-process" and devices.uses_cuda(args.device):
+        raise UsageError(
+            "--engine-layout one-process is for the CPU engine: on a GPU every arm runs vLLM's own layout "
+            "(add --device cpu, or drop the flag)"
+        )
     opts = Options(args=args, extra_config=extra, model_is_local=local)
     if getattr(args, "batch_invariant", False) and args.device == "auto" and not devices.uses_cuda(args.device):
         raise UsageError(f"--batch-invariant: {BATCH_INVARIANT_DEVICES}; no GPU is visible (--device auto)")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from repro.contract.job import Preflight
 from repro.plan.arms import PlannedArm, default_jobs, plan_arms, preflight_for, vocab_size
+from repro.plan.devices import uses_cuda
 from repro.plan.fixtures import Fixture, Probe, Scenario, check_probes_fit, load_fixture
 from repro.plan.options import Options
 from repro.plan.scenarios import select
@@ -75,6 +76,7 @@ def build_plan(opts: Options, argv: list[str]) -> RunPlan:
         logprobs=a.logprobs,
         batch_invariant=bool(a.batch_invariant),
         frontend=a.frontend,
+        engine_layout=a.engine_layout or ("vllm" if uses_cuda(a.device) else "one-process"),
     )
     fixture = load_fixture(a.fixture)
     probes = build_probes(fixture.probes, a.suite)

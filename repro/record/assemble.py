@@ -120,6 +120,7 @@ def config_block(plan: RunPlan) -> dict:
         "keep_kv": plan.kv_audit.keep_dir,
         "batch_invariant": engine.batch_invariant,
         "frontend": engine.frontend,
+        "engine_layout": engine.engine_layout,
         "jobs": min(plan.jobs, len(plan.arms)),
         "decoding": "greedy, ignore_eos, enforce_eager",
     }

@@ -22,6 +22,8 @@ Report schema (kind "kvkit-report"; JSON Schema in schemas/report.schema.json):
     model folder the kit converted from a packaged GGUF came from (repro.models: package and version,
     the GGUF's SHA-256, dequantized_from); absent for other models. config.frontend (--frontend: sync
     or async; absent: sync) and per arm effective_config.frontend (the front end that drove its engine).
+    config.engine_layout (--engine-layout: vllm or one-process; absent: vllm) and per arm
+    effective_config.engine_layout and executor (the engine's processes as they ran).
     The failure kinds disk-runaway and disk-low (repro.run.diskwatch: a child stopped, or not started, to
     keep the disk from filling). Per connector arm and per (scenario, connector arm) store (repro.plan.arms: how
     its run's connector state was made fresh, each setting it rewrote to a directory of the run's own, or
