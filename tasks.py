@@ -260,10 +260,20 @@ def test(c, k="", fast=False):
     for lint in ("-m ruff check .", "-m ruff format --check ."):
         if run_py(c, py, lint, warn=True).exited != 0:
             raise Exit("ruff found problems (above): `ruff check --fix .` and `ruff format .` fix most", code=1)
-    args = "-m pytest -q -ra" + (f" -k '{k}'" if k else "") + (" -m 'not e2e'" if fast else "")
-    result = run_py(c, py, args, warn=True)
-    if result.exited != 0:
-        raise Exit(code=result.exited)
+    # Two sessions. The engine-free tests first, on every core (pytest-xdist): a failure among them stops make test
+    # before any engine starts. Then the end-to-end tests in one session, whose real-engine runs are shared and
+    # made ahead (tests/e2e_runs.py); its summary line is the last thing printed.
+    select = f" -k '{k}'" if k else ""
+    sessions = [f"-m pytest -q -ra -n auto -m 'not e2e'{select}"] + (
+        [] if fast else [f"-m pytest -q -ra -m e2e{select}"]
+    )
+    codes = []
+    for args in sessions:
+        codes.append(run_py(c, py, args, warn=True).exited)
+        if codes[-1] not in (0, 5):  # 5: -k selected none of this session's tests
+            raise Exit(code=codes[-1])
+    if set(codes) == {5}:
+        raise Exit(f"no test matches -k '{k}'", code=5)
 
 
 @task(

@@ -1,4 +1,5 @@
-"""Shared fixtures: the tiny model. Helpers live in kvkit_testutil (re-exported here)."""
+"""Shared fixtures: the tiny model, the end-to-end runs several files read (e2e_runs), the order (engine-free
+tests first). Helpers live in kvkit_testutil (re-exported here)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,54 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Python's usual handler (children then get the default disposition back across exec).
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+import e2e_runs
+from e2e_runs import (  # noqa: F401
+    e2e_lane,
+    e2e_runs_ahead,
+    machine_alone,
+    planted_scenarios_run,
+    selftest_run,
+    selftest_sequential_run,
+)
 from kvkit_testutil import ARTIFACTS, ROOT, have_vllm, run_cli  # noqa: F401
+
+_session: pytest.Session | None = None
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--engine-free-fail-fast",
+        action="store_true",
+        help="stop at the first failing engine-free test (they run first), before any end-to-end test starts",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The engine-free tests first and the end-to-end ones (marker e2e: real engines, minutes each) last, so a
+    broken unit shows in minutes; of those, the ones that need the machine alone first, before the lane of runs
+    made ahead starts (e2e_runs). A stable sort keeps each group in its usual order."""
+    items.sort(key=lambda item: (item.get_closest_marker("e2e") is not None, "machine_alone" not in item.fixturenames))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _session
+    _session = session
+
+
+def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo) -> None:
+    """Ctrl-C: the lane of runs made ahead starts no other, and the engines it started in this process (in their
+    own sessions, which the terminal's signal does not reach) are stopped, as the kit stops its own."""
+    from repro.run import runner
+
+    e2e_runs.stop_lanes()
+    runner.stop_all_children()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """--engine-free-fail-fast (`make test`): an engine-free failure stops the run before the engines start."""
+    session = _session
+    if report.failed and "e2e" not in report.keywords and session and session.config.getoption("engine_free_fail_fast"):
+        session.shouldfail = f"an engine-free test failed ({report.nodeid}): the end-to-end tests did not run"
 
 
 @pytest.fixture(scope="session")

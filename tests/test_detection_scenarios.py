@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 from conftest import ROOT, have_vllm
+from e2e_runs import shared_run
 from kvkit_testutil import committed_or_skip
 
 from repro.detection import scenarios as study
@@ -95,7 +96,7 @@ def test_a_faulted_request_that_fails_is_caught_per_window():
 
 
 def test_schedule_numerics_is_never_caught():
-    # the control diverged at the same request: repro.judge.verdict classes it schedule-numerics (INCONCLUSIVE)
+    # the control diverged at the same request: repro.judge.scenario_verdict classes it schedule-numerics (INCONCLUSIVE)
     reqs = [request(1, "alpha", "reuse", V_INCONCLUSIVE, 3, pf(384, [0], IN_FLIGHT_OPEN), SCHEDULE_NUMERICS)]
     cell = fault_cell(scenario_records({"requests": reqs}), "catch")
     assert cell["status"] == INCONCLUSIVE and cell["held"] is None
@@ -277,11 +278,9 @@ def test_the_committed_report_renders_and_its_cells_follow_from_their_requests()
     assert render_page(report) == (ROOT / study.DEFAULT_SITE).read_text(encoding="utf-8")
 
 
-@pytest.mark.e2e
-@pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")
-def test_the_in_flight_gate_is_caught_by_the_in_flight_scenario_on_the_real_engine(tmp_path, tiny_model):
+def _in_flight_column(model: str, tmp) -> tuple:
     """Three engines (about 100 s alone on two cores): the plain baseline, the in-flight scenario's schedule
-    control and its in_flight row. Run under `flock /tmp/kvkit-e2e.lock`."""
+    control and its in_flight row (the column only once the baseline ran)."""
     import os
     from pathlib import Path
 
@@ -290,13 +289,27 @@ def test_the_in_flight_gate_is_caught_by_the_in_flight_scenario_on_the_real_engi
     from repro.models.tiny import MODEL_SEED
     from repro.run.runner import child_env
 
-    model = str(Path(tiny_model).resolve())
+    model = str(Path(model).resolve())
     env = child_env(dict(os.environ), hashseed="0", extra={})
-    s = study.Study(Runner(work=tmp_path, env=env, timeout_s=600), plan.engine_config(model))
-    base = s.run(plan.baseline_job(tmp_path, MODEL_SEED, model))
-    assert base.failure is None
+    s = study.Study(Runner(work=tmp, env=env, timeout_s=600), plan.engine_config(model))
+    base = s.run(plan.baseline_job(tmp, MODEL_SEED, model))
+    if base.failure is not None:
+        return base, None, None
     sc = {x.name: x for x in study.SCENARIOS}["in-flight"]
-    section, results = study.run_column(s, sc, base.result, only=("in_flight",))
+    return (base, *study.run_column(s, sc, base.result, only=("in_flight",)))
+
+
+# one engine at a time: made ahead by the tests' lane (tests/e2e_runs.py), in its thread as the kit runs arms
+in_flight_column = shared_run("in_flight_column", _in_flight_column, lane=True)
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")
+def test_the_in_flight_gate_is_caught_by_the_in_flight_scenario_on_the_real_engine(in_flight_column):
+    """Three engines (about 100 s alone on two cores): the plain baseline, the in-flight scenario's schedule
+    control and its in_flight row. Run under `flock /tmp/kvkit-e2e.lock`."""
+    base, section, results = in_flight_column
+    assert base.failure is None
     assert section["control"]["status"] == "ok" and list(results) == ["in_flight~scenario.in-flight"]
     (entry,) = section["arms"]
     cell = fault_cell(scenario_records(entry), "catch")

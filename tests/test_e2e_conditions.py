@@ -8,6 +8,7 @@ import json
 
 import pytest
 from conftest import have_vllm, run_cli
+from e2e_runs import shared_run
 from planted_fixtures import CONTENDED_ARM, CONTENDED_FIXTURE, INTERMITTENT_ARM, write_intermittent_fixture
 
 from repro.plan.options import CPU_ENGINE_FLAGS
@@ -24,12 +25,13 @@ def _arm(report: dict, name: str) -> dict:
     return next(a for a in report["arms"] if a["name"] == name)
 
 
-def test_a_fault_that_needs_a_busy_machine_is_contention_dependent(tiny_model, tmp_path):
+def test_a_fault_that_needs_a_busy_machine_is_contention_dependent(tiny_model, tmp_path, machine_alone):
     """Five arms at once beside the --cpu-load neighbour (a spinning process on every core): the contended
     arm's loads wait on a run queue and fault, however quiet the machine; the kit stops and reaps the
     neighbour, then re-runs the arm alone (nothing of the kit's running), where it is clean:
     contention-dependent, both results kept. Without the neighbour the shared run was busy only if the
-    other arms happened to hold the copy's core, which a quiet machine often did not."""
+    other arms happened to hold the copy's core, which a quiet machine often did not. machine_alone: no run
+    of the tests' lane (tests/e2e_runs.py) goes on beside it, which would load the run alone."""
     report = tmp_path / "contended.json"
     proc = run_cli(_argv(tiny_model, CONTENDED_FIXTURE, report, "--compare-native", "--jobs", "5", "--cpu-load"))
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
@@ -54,11 +56,19 @@ def test_a_fault_that_needs_a_busy_machine_is_contention_dependent(tiny_model, t
         assert _arm(data, name)["verdict"] == "PASS" and _arm(data, name)["confirmation"]["status"] == "not needed"
 
 
-def test_a_fault_in_one_engine_of_three_is_intermittent_with_its_rate(tiny_model, tmp_path):
+def _intermittent_run(model: str, tmp) -> tuple:
+    fixture = write_intermittent_fixture(tmp)
+    report = tmp / "intermittent.json"
+    return run_cli(_argv(model, fixture, report, "--trials", "3", "--jobs", "1")), report
+
+
+# one arm at a time: made ahead by the tests' lane (tests/e2e_runs.py)
+intermittent_run = shared_run("intermittent_run", _intermittent_run, lane=True)
+
+
+def test_a_fault_in_one_engine_of_three_is_intermittent_with_its_rate(intermittent_run):
     """--trials 3 --jobs 1: the engine that wins the claim faults, the other two load faithfully."""
-    fixture = write_intermittent_fixture(tmp_path)
-    report = tmp_path / "intermittent.json"
-    proc = run_cli(_argv(tiny_model, fixture, report, "--trials", "3", "--jobs", "1"))
+    proc, report = intermittent_run
     assert proc.returncode == 1, proc.stderr[-3000:]  # a finding, though two runs in three were clean
     arm = _arm(json.loads(report.read_text()), INTERMITTENT_ARM)
     trials = arm["trials"]

@@ -1,14 +1,14 @@
-"""End to end on the real vLLM CPU engine: the self-test's five arms and the report contract."""
+"""End to end on the real vLLM CPU engine: the self-test's five arms and the report contract, on the self-test
+run that tests/test_e2e_kernels.py reads too (tests/e2e_runs.py: under ATen's portable kernels)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from conftest import have_vllm, run_cli
+from conftest import have_vllm
 from kvkit_testutil import SELFTEST_VERDICTS, run_test_connector
 
-from repro.plan.options import selftest_cpu_argv
 from repro.record.atomic import dumps_json
 from repro.record.report import REPORT_SCHEMA_VERSION
 
@@ -28,12 +28,10 @@ REQUIRED_TOP = {
 }
 
 
-@pytest.fixture(scope="module")
-def selftest(tiny_model, tmp_path_factory):
-    """The self-test with two arms at a time (what `make repro` does on two cores)."""
-    report = tmp_path_factory.mktemp("selftest") / "selftest.json"
-    proc = run_cli([*selftest_cpu_argv(tiny_model, str(report)), "--jobs", "2"])
-    return proc, report
+@pytest.fixture
+def selftest(selftest_run):
+    """The self-test with two arms at a time (what `make repro KERNELS=generic` does on two cores)."""
+    return selftest_run.proc, selftest_run.report
 
 
 def _comparable(report: dict) -> dict:
@@ -52,15 +50,21 @@ def _comparable(report: dict) -> dict:
     return {"arms": arms, "acceptance": report["acceptance"], "generations": report["generations"]}
 
 
-def test_arms_at_the_same_time_give_the_report_of_arms_one_after_another(selftest, tiny_model, tmp_path):
-    """--jobs 2 (the module's self-test) against --jobs 1: every verdict, token ID, logprob, hit
-    counter and KV audit figure the same; only timings, paths and request IDs differ."""
+def test_arms_at_the_same_time_give_the_report_of_arms_one_after_another(selftest, selftest_sequential_run):
+    """--jobs 2 in the one-process engine layout (the shared self-test, the CPU's default) against --jobs 1 in
+    vLLM's own layout (the engine core and its worker in processes of their own): every verdict, token ID,
+    logprob, hit counter and KV audit figure the same; only timings, paths and request IDs differ. Neither the
+    arms running at once nor the engine's processes change one bit."""
     _, concurrent = selftest
-    report = tmp_path / "sequential.json"
-    proc = run_cli([*selftest_cpu_argv(tiny_model, str(report)), "--jobs", "1", "--quiet"])
+    proc, report = selftest_sequential_run.proc, selftest_sequential_run.report
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "arm baseline" not in proc.stderr  # --quiet: the summary alone
-    assert _comparable(json.loads(report.read_text())) == _comparable(json.loads(concurrent.read_text()))
+    one, own = json.loads(concurrent.read_text()), json.loads(report.read_text())
+    assert (one["config"]["engine_layout"], own["config"]["engine_layout"]) == ("one-process", "vllm")
+    for data, layout, executor in ((one, "one-process", "uni"), (own, "vllm", "mp")):
+        ran = {(a["effective_config"]["engine_layout"], a["effective_config"]["executor"]) for a in data["arms"]}
+        assert ran == {(layout, executor)}
+    assert _comparable(own) == _comparable(one)
 
 
 def test_selftest_exit_code_and_summary(selftest):

@@ -1,8 +1,11 @@
 """--frontend async against sync, end to end on the real vLLM CPU engine (issue 23 item 3): the self-test's
 probes (its fixture probe and the acceptance suite's chat probes), on the baseline and native prefix
 caching arms, once through vLLM's LLM and once through a bare AsyncLLM, give the same record request by
-request: token IDs, logprobs, cached-token counts, kv_transfer_params, request IDs, text. The self-test's
-connector arms are left out to keep the cost down: the front end is the same code for every arm."""
+request: token IDs, logprobs, cached-token counts, kv_transfer_params, request IDs, text. The sync side is the
+session's self-test one arm after another (tests/e2e_runs.py; its kernels: ATen's portable ones, which the async
+run takes too; vLLM's own engine layout, where the async run takes the CPU's one-process default, so the two
+agreeing says that neither the front end nor the layout changes a request), read on its baseline and native arms; the async run leaves the self-test's connector arms out to keep
+the cost down: the front end is the same code for every arm."""
 
 from __future__ import annotations
 
@@ -10,8 +13,10 @@ import json
 
 import pytest
 from conftest import ROOT, have_vllm, run_cli
+from e2e_runs import SELFTEST_KERNELS, shared_run
 
 from repro.plan.options import CPU_ENGINE_FLAGS, SELFTEST_CPU_FIXTURE
+from repro.record.provenance import KERNEL_VARIANTS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
 
@@ -20,25 +25,37 @@ ARMS = ("baseline", "native")
 SAME = ("role", "request_id", "token_ids", "logprobs", "cached_tokens", "kv_transfer_params", "finish_reason", "text")
 
 
-@pytest.fixture(scope="module")
-def runs(tiny_model, tmp_path_factory):
-    """The self-test's probes on baseline and native, one arm at a time, under each front end."""
-    tmp = tmp_path_factory.mktemp("frontend")
+def _arms_of(report: dict, arms=ARMS) -> dict:
+    """The report with only these arms (the sync side's self-test has its connector arms too)."""
+    return {**report, "arms": [a for a in report["arms"] if a["name"] in arms]}
+
+
+def _async_run(model: str, tmp) -> tuple:
+    """The self-test's probes on baseline and native alone, one arm at a time, through a bare AsyncLLM."""
     data = json.loads((ROOT / SELFTEST_CPU_FIXTURE).read_text())
     data.pop("arms")  # baseline and native only (--compare-native), with the self-test's expectations for native
     for key in ("expected", "expected_kv"):
         data[key] = {arm: verdicts for arm, verdicts in data[key].items() if arm in ARMS}
     fixture = tmp / "selftest-native.json"
     fixture.write_text(json.dumps(data))
-    out = {}
-    for name in ("sync", "async"):
-        report = tmp / f"{name}.json"
-        argv = ["--model", tiny_model, *CPU_ENGINE_FLAGS, "--suite", "acceptance", "--compare-native",
-                "--fixture", str(fixture), "--jobs", "1", "--quiet", "--report", str(report), "--frontend", name]  # fmt: skip
-        proc = run_cli(argv)
-        assert report.exists(), proc.stdout[-2000:] + proc.stderr[-3000:]
-        out[name] = (proc, json.loads(report.read_text()))
-    return out
+    report = tmp / "async.json"
+    argv = ["--model", model, *CPU_ENGINE_FLAGS, "--suite", "acceptance", "--compare-native",
+            "--fixture", str(fixture), "--jobs", "1", "--quiet", "--report", str(report), "--frontend", "async"]  # fmt: skip
+    proc = run_cli(argv, env=KERNEL_VARIANTS[SELFTEST_KERNELS])
+    assert report.exists(), proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc, json.loads(report.read_text())
+
+
+frontend_async_run = shared_run("frontend_async_run", _async_run, lane=True)
+
+
+@pytest.fixture(scope="module")
+def runs(selftest_sequential_run, frontend_async_run):
+    """The self-test's probes on baseline and native, one arm at a time, under each front end: sync, the
+    session's self-test with --jobs 1 (its baseline and native arms); async, those two arms alone."""
+    sync = selftest_sequential_run
+    assert sync.data is not None, sync.proc.stdout[-2000:] + sync.proc.stderr[-3000:]
+    return {"sync": (sync.proc, _arms_of(sync.data)), "async": frontend_async_run}
 
 
 def _requests(report: dict) -> dict:

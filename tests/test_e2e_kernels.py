@@ -1,15 +1,14 @@
 """End to end on the real vLLM CPU engine under another kernel variant (`make repro KERNELS=...`): the self-test's
-expectations hold on kernels other than the machine's best, and the report says which kernels it asked for."""
+expectations hold on kernels other than the machine's best, and the report says which kernels it asked for. The
+run is the session's self-test (tests/e2e_runs.py), which tests/test_e2e_cpu.py reads too."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from conftest import have_vllm, run_cli
+from conftest import have_vllm
+from e2e_runs import SELFTEST_KERNELS
 from kvkit_testutil import SELFTEST_VERDICTS
 
-from repro.plan.options import selftest_cpu_argv
 from repro.record.provenance import KERNEL_VARIANTS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
@@ -20,12 +19,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM 
 VARIANT = "generic"
 
 
-@pytest.fixture(scope="module")
-def selftest(tiny_model, tmp_path_factory):
+@pytest.fixture
+def selftest(selftest_run):
     """The self-test once under the variant, two arms at a time, as `make repro KERNELS=generic` runs it."""
-    report = tmp_path_factory.mktemp("kernels") / f"selftest-{VARIANT}.json"
-    proc = run_cli([*selftest_cpu_argv(tiny_model, str(report)), "--jobs", "2"], env=KERNEL_VARIANTS[VARIANT])
-    return proc, json.loads(report.read_text()) if report.is_file() else None
+    assert SELFTEST_KERNELS == VARIANT
+    return selftest_run.proc, selftest_run.data
 
 
 def test_the_selftest_holds_under_the_variant(selftest):

@@ -9,6 +9,7 @@ import os
 
 import pytest
 from conftest import ROOT, have_vllm
+from e2e_runs import shared_run
 from kvkit_testutil import run_test_connector
 
 from repro.contract.job import ArmSpec, EngineConfig, ProbeJob, build_job
@@ -34,10 +35,17 @@ def _baseline(tiny_model, tmp_path, kv_audit_dir):
     return outcome.result
 
 
-def test_the_reference_recorder_does_not_change_the_baseline(tiny_model, tmp_path):
+def _plain_and_audited(model: str, tmp) -> tuple:
+    return _baseline(model, tmp, None), _baseline(model, tmp, str(tmp / "kv"))
+
+
+# one engine at a time: made ahead by the tests' lane (tests/e2e_runs.py), in its thread as the kit runs arms
+recorded_baselines = shared_run("recorded_baselines", _plain_and_audited, lane=True)
+
+
+def test_the_reference_recorder_does_not_change_the_baseline(recorded_baselines):
     """The recorder adds a KV connector to the baseline's config: its output must not move."""
-    plain = _baseline(tiny_model, tmp_path, None)
-    audited = _baseline(tiny_model, tmp_path, str(tmp_path / "kv"))
+    plain, audited = recorded_baselines
     assert plain.effective_config["kv_transfer_config"] is None
     assert audited.effective_config["kv_transfer_config"]["kv_connector"] == "KVAuditObserver"
     # a producer, not kv_both: vLLM's scheduler treats a consumer differently (kvaudit.OBSERVER_ROLE)

@@ -4,7 +4,8 @@ tests/test_planted_gates_scenarios.py).
 - Plain probes (the verifier, one request at a time): a zero_blocks fault gated on `when: in_flight` and
   one gated on `when: after_eviction` both PASS, every reuse hit, and each reuse's recorded gate figures
   say why its load was faithful (one request in flight; every block from the local tier, though the
-  tier overflowed between probes).
+  tier overflowed between probes). Read on the session's planted scenarios run (tests/e2e_runs.py), whose
+  plain probes are these two arms.
 - The same connector driven directly (a vLLM LLM built as the kit's child builds it, this file run as a
   script in a fresh process): three prompts in one generate call with max_num_seqs 3 fault on their
   reuse, and A, B, A with a local tier smaller than A and B together faults A's reload, and only that.
@@ -21,10 +22,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import have_vllm, run_cli
-from planted_fixtures import _fixture, _planted_arm, write_fixture
-
-from repro.plan.options import CPU_ENGINE_FLAGS
+from conftest import have_vllm
+from e2e_runs import PLANTED_SCENARIOS_FIXTURE, shared_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
 
@@ -32,9 +31,14 @@ ROOT = Path(__file__).resolve().parent.parent
 IN_FLIGHT_ARM = "PlantedFault-in-flight"
 EVICTION_ARM = "PlantedFault-after-eviction"
 BLOCK = 16
-# The local tier of the plain-probe run: at least the longest probe's stored blocks (the fixture probe,
-# 1502 tokens: 93), less than the probes' sum (93 + 31 + 32 + 32), so the tier overflows between probes.
-PLAIN_CAPACITY = 96
+# The local tier of the plain-probe run (the planted scenarios fixture's, 100): at least the longest probe's stored
+# blocks (the fixture probe, 1502 tokens: 93), less than the probes' sum (93 + 31 + 32 + 32), so the tier overflows
+# between probes.
+PLAIN_CAPACITY = next(
+    a["extra_config"]["local_capacity_blocks"]
+    for a in json.loads((ROOT / PLANTED_SCENARIOS_FIXTURE).read_text(encoding="utf-8"))["arms"]
+    if a["name"] == EVICTION_ARM
+)
 # A, B, A below: chat-511 stores 31 blocks, chat-512 32; 48 holds either, not both.
 ABA_CAPACITY = 48
 ZERO16 = {"fault": "zero_blocks", "first_block": 0, "num_blocks": 16}
@@ -43,37 +47,20 @@ ZERO16 = {"fault": "zero_blocks", "first_block": 0, "num_blocks": 16}
 PLAIN_PROBES = ("fixture", "chat-511", "chat-512", "chat-513")
 
 
-def scenario_gates_fixture() -> dict:
-    """Both gated faults, expected to PASS with EXACT KV on every probe of the acceptance suite: the kit's
-    own acceptance check says the gates stayed shut, the test reads why from each reuse's figures."""
-    fixture = _fixture(
-        "planted-scenario-gates",
-        "The planted fault gated on what plain probes never do: a load faults only while another request is "
-        "in flight with it (in_flight), or only when some of its blocks were evicted from a local tier of "
-        f"{PLAIN_CAPACITY} blocks (after_eviction). Plain probes, one request at a time, never open either.",
-        [
-            _planted_arm(IN_FLIGHT_ARM, **ZERO16, when="in_flight"),
-            _planted_arm(EVICTION_ARM, **ZERO16, when="after_eviction", local_capacity_blocks=PLAIN_CAPACITY),
-        ],
-    )
-    arms = (IN_FLIGHT_ARM, EVICTION_ARM)
-    fixture["expected"] = {arm: dict.fromkeys(PLAIN_PROBES, "PASS") for arm in arms}
-    fixture["expected_kv"] = {arm: dict.fromkeys(PLAIN_PROBES, "EXACT") for arm in arms}
-    return fixture
-
-
 def _arm(report: dict, name: str) -> dict:
     return next(a for a in report["arms"] if a["name"] == name)
 
 
-def test_plain_probes_never_open_the_scenario_gates(tiny_model, tmp_path):
-    fixture = write_fixture(tmp_path / "fixture-scenario-gates.json", scenario_gates_fixture())
-    report = tmp_path / "plain.json"
-    argv = ["--model", tiny_model, *CPU_ENGINE_FLAGS, "--fixture", str(fixture), "--suite", "acceptance",
-            "--jobs", "1", "--quiet", "--report", str(report)]  # fmt: skip
-    proc = run_cli(argv)
+def test_plain_probes_never_open_the_scenario_gates(planted_scenarios_run):
+    """Both gated faults, expected (by the fixture) to PASS with EXACT KV on every probe of the acceptance suite: the
+    kit's own acceptance check says the gates stayed shut, the test reads why from each reuse's figures."""
+    assert 93 <= PLAIN_CAPACITY < 93 + 31 + 32 + 32
+    proc, data = planted_scenarios_run.proc, planted_scenarios_run.data
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    data = json.loads(report.read_text())
+    fixture = json.loads((ROOT / PLANTED_SCENARIOS_FIXTURE).read_text(encoding="utf-8"))
+    for arm in (IN_FLIGHT_ARM, EVICTION_ARM):
+        assert fixture["expected"][arm] == dict.fromkeys(PLAIN_PROBES, "PASS"), fixture["expected"][arm]
+        assert fixture["expected_kv"][arm] == dict.fromkeys(PLAIN_PROBES, "EXACT"), fixture["expected_kv"][arm]
     assert data["acceptance"]["matched"] is True, data["acceptance"]
     evictions = 0
     for name, figures_key in ((IN_FLIGHT_ARM, "in_flight"), (EVICTION_ARM, "after_eviction")):
@@ -130,14 +117,35 @@ def _drive(tiny_model: str, tmp_path: Path, extra: dict, steps: list[list[str]],
     return out
 
 
-def test_in_flight_faults_requests_submitted_together(tiny_model, tmp_path):
+def _in_flight_drive(model: str, tmp: Path) -> dict:
+    probes = ["chat-511", "chat-512", "chat-513"]
+    return _drive(model, tmp, {**ZERO16, "when": "in_flight"}, [probes, probes, ["chat-511"]], 3)
+
+
+def _aba_drive(model: str, tmp: Path) -> dict:
+    steps = [["chat-511"], ["chat-511"], ["chat-512"], ["chat-511"], ["chat-511"]]
+    return _drive(model, tmp, {**ZERO16, "when": "after_eviction", "local_capacity_blocks": ABA_CAPACITY}, steps, 1)
+
+
+def _preemption_drive(model: str, tmp: Path) -> dict:
+    probes = ["chat-511", "chat-512", "chat-513"]
+    engine = {"kv_cache_tokens": 1600, "max_tokens": 48, "max_model_len": 1024}
+    return _drive(model, tmp, {"fault": "none"}, [[p] for p in probes] + [probes], 3, **engine)
+
+
+# each drive is one engine: made ahead by the tests' lane (tests/e2e_runs.py)
+in_flight_drive = shared_run("in_flight_drive", _in_flight_drive, lane=True)
+aba_drive = shared_run("aba_drive", _aba_drive, lane=True)
+preemption_drive = shared_run("preemption_drive", _preemption_drive, lane=True)
+
+
+def test_in_flight_faults_requests_submitted_together(in_flight_drive):
     """Three prompts in one generate call are in flight together, but not always from the first step: the engine
     core may schedule the first request alone before the others reach it (seen on a fresh clone's `make test`
     on 2 loaded cores: chat-511's load had 1 request in flight and stayed faithful). So the test checks that each
     load's fault follows its own recorded gate figures, and that the two requests that arrive while the first
     one still runs (it decodes 16 tokens) load with it in flight and fault."""
-    probes = ["chat-511", "chat-512", "chat-513"]
-    out = _drive(tiny_model, tmp_path, {**ZERO16, "when": "in_flight"}, [probes, probes, ["chat-511"]], 3)
+    out = in_flight_drive
     cold, together, alone = out["steps"]
     assert all(r["cached_tokens"] == 0 and r["planted_fault"]["loaded_tokens"] == 0 for r in cold)
     opened = []
@@ -164,10 +172,8 @@ def test_in_flight_faults_requests_submitted_together(tiny_model, tmp_path):
         assert line["clean_max_abs_diff"] == 0.0 and all(d > 0 for _, d in line["faulted_max_abs_diff"])
 
 
-def test_after_eviction_faults_the_reload_of_a_b_a(tiny_model, tmp_path):
-    steps = [["chat-511"], ["chat-511"], ["chat-512"], ["chat-511"], ["chat-511"]]
-    extra = {**ZERO16, "when": "after_eviction", "local_capacity_blocks": ABA_CAPACITY}
-    out = _drive(tiny_model, tmp_path, extra, steps, 1)
+def test_after_eviction_faults_the_reload_of_a_b_a(aba_drive):
+    out = aba_drive
     (a_cold,), (a_reuse,), (b_cold,), (a_reload,), (a_again,) = out["steps"]
     assert a_cold["cached_tokens"] == 0 and b_cold["cached_tokens"] == 0
     # right after its cold request A is served from the local tier: faithful, the cold answer
@@ -189,7 +195,7 @@ def test_after_eviction_faults_the_reload_of_a_b_a(tiny_model, tmp_path):
 
 
 def main(config: dict) -> None:
-    """The driver: the engine as repro.engine.child builds it for a connector arm (repro.engine.engine_args.engine_kwargs), but
+    """The driver: the engine as repro.engine.child builds it for a connector arm (its _engine_kwargs), but
     max_num_seqs from the config, so several requests can be in flight."""
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
@@ -245,14 +251,12 @@ def main(config: dict) -> None:
     Path(config["out"]).write_text(json.dumps({"steps": steps}, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def test_a_request_preempted_and_resumed_loads_its_blocks_again(tiny_model, tmp_path):
+def test_a_request_preempted_and_resumed_loads_its_blocks_again(preemption_drive):
     """A KV cache of 100 blocks, three reuses of about 33 blocks each in flight together, 48 tokens each: the
     cache runs out while they decode, vLLM preempts one, and on resuming it is promised its prompt's stored
     blocks again. The faithful connector (fault none) must load them: every answer is its cold one. Before
     the resumed load existed, chat-513 resumed on whatever its fresh blocks held and answered otherwise."""
-    probes = ["chat-511", "chat-512", "chat-513"]
-    engine = {"kv_cache_tokens": 1600, "max_tokens": 48, "max_model_len": 1024}
-    out = _drive(tiny_model, tmp_path, {"fault": "none"}, [[p] for p in probes] + [probes], 3, **engine)
+    out = preemption_drive
     cold = {r["probe"]: r["token_ids"] for step in out["steps"][:3] for r in step}
     together = out["steps"][3]
     resumed = [r for r in together if any(ld["resumed"] for ld in r["planted_fault"].get("loads", []))]

@@ -10,6 +10,7 @@ import re
 
 import pytest
 from conftest import have_vllm, run_cli
+from e2e_runs import shared_run
 from planted_fixtures import REPLAY_ARM, replay_fixture, write_fixture
 
 from repro.judge.replays import MIN_REPLAY_TOKENS
@@ -20,16 +21,22 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM 
 AUDIT_SOURCE = re.compile(r"^probe (\S+) block \d+$")
 
 
-@pytest.fixture(scope="module")
-def run(tiny_model, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("replay")
+def _replay_run(model: str, tmp) -> tuple:
     fixture = write_fixture(tmp / "fixture-replay.json", replay_fixture())
     report = tmp / "replay.json"
-    argv = ["--model", tiny_model, *CPU_ENGINE_FLAGS, "--fixture", str(fixture), "--suite", "acceptance",
+    argv = ["--model", model, *CPU_ENGINE_FLAGS, "--fixture", str(fixture), "--suite", "acceptance",
             "--jobs", "1", "--quiet", "--report", str(report)]  # fmt: skip
     proc = run_cli(argv)
     assert report.exists(), proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc, json.loads(report.read_text()), report
+
+
+replay_run = shared_run("replay_run", _replay_run, lane=True)  # one arm at a time: made ahead (tests/e2e_runs.py)
+
+
+@pytest.fixture
+def run(replay_run):
+    return replay_run
 
 
 def _arm(data: dict, name: str) -> dict:

@@ -1,5 +1,6 @@
 """End to end on the real vLLM CPU engine: kill -9 of the kit mid-run takes every arm's engine
-child, vLLM's engine core and the lifeline watchers with it (repro.run.lifeline)."""
+child, vLLM's engine core (in vLLM's own engine layout, where it is a grandchild) and the lifeline
+watchers with it (repro.run.lifeline)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,9 @@ def _comm(pid: int) -> str:
 def test_kill_9_of_the_kit_stops_the_engines_it_started(tiny_model, tmp_path):
     report = tmp_path / "r.json"
     kit = subprocess.Popen(
-        [sys.executable, "-m", "repro.verify_kv_reuse", *selftest_cpu_argv(tiny_model, str(report)), "--jobs", "2"],
+        # vLLM's own engine layout: the engine core and its worker are the kit's grandchildren, which must go too
+        [sys.executable, "-m", "repro.verify_kv_reuse", *selftest_cpu_argv(tiny_model, str(report))]
+        + ["--jobs", "2", "--engine-layout", "vllm"],
         cwd=ROOT,
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
         stdout=subprocess.DEVNULL,

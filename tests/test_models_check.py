@@ -11,6 +11,7 @@ import sys
 from importlib import metadata
 
 import pytest
+from e2e_runs import shared_run
 from kvkit_testutil import ROOT, have_vllm
 
 from repro.models.registry import SMOLLM2
@@ -61,11 +62,31 @@ def test_every_tensor_reads_as_the_gguf_package_dequantizes_it(converted, tmp_pa
     assert summary["figures"]["gguf_dequantize"] == "272/272 tensors identical"
 
 
+def _check_everything(_model: str, tmp) -> tuple:
+    """The folder converted as `converted` makes it (here into this run's own folder), then every step of
+    check-model on it, vLLM's greedy tokens included: one engine, made ahead by the tests' lane (tests/e2e_runs.py).
+    None without accelerate (transformers' GGUF loading needs it): the test skips."""
+    from importlib.util import find_spec
+
+    from repro.models.convert import convert, installed_gguf
+
+    if find_spec("accelerate") is None:
+        return None
+
+    gguf, package = installed_gguf(SMOLLM2)
+    folder = tmp / "smollm2-f16"
+    convert(SMOLLM2, gguf, package, folder, "float16")
+    return check_model(folder, tmp_path=tmp)
+
+
+checked_model = shared_run("checked_model", _check_everything, lane=True)
+
+
 @pytest.mark.e2e
 @pytest.mark.skipif(not have_vllm(), reason="needs vLLM")
-def test_vllm_on_the_folder_decodes_as_transformers_on_the_gguf(converted, tmp_path):
+def test_vllm_on_the_folder_decodes_as_transformers_on_the_gguf(checked_model):
     pytest.importorskip("accelerate")
-    proc, summary = check_model(converted, tmp_path=tmp_path)
+    proc, summary = checked_model
     assert proc.returncode == 0, proc.stderr[-3000:]
     figures = summary["figures"]
     assert summary["matched"] is True and figures["transformers_weights"] == "272/272 weights identical"

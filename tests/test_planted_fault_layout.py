@@ -6,6 +6,7 @@ import os
 
 import pytest
 from conftest import have_vllm
+from e2e_runs import shared_run
 
 from repro.detection import plan
 from repro.run.runner import child_env, run_arm
@@ -13,12 +14,10 @@ from repro.run.runner import child_env, run_arm
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
 
 
-@pytest.fixture(scope="module")
-def stored_blocks(tiny_model, tmp_path_factory):
+def _stored_blocks(model: str, work) -> list:
     """One faithful arm (fault none): the engine stores real KV blocks; the reuse must match the cold run."""
-    work = tmp_path_factory.mktemp("layout")
     conn = plan.planted_connector(work, "none", "none", {})
-    job = plan.arm_job("layout-none", "connector", conn, tiny_model, [("alpha", 389, 2)], max_tokens=8)
+    job = plan.arm_job("layout-none", "connector", conn, model, [("alpha", 389, 2)], max_tokens=8)
     out = run_arm(
         job,
         workdir=work,
@@ -30,6 +29,10 @@ def stored_blocks(tiny_model, tmp_path_factory):
     cold, reuse = out.result.probes[0].requests
     assert reuse.cached_tokens == 384 and reuse.token_ids == cold.token_ids
     return sorted((work / "none.store").glob("*.pt"))
+
+
+# one engine: made ahead by the tests' lane (tests/e2e_runs.py), in its thread as the kit runs arms
+stored_blocks = shared_run("stored_blocks", _stored_blocks, lane=True)
 
 
 def test_each_head_holds_k_rows_then_v_rows(stored_blocks):

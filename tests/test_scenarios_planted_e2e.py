@@ -8,21 +8,18 @@ It runs `--scenarios in-flight,eviction`: the two scenarios the claim is about. 
 nothing to what is asserted here (the fixture's expectations for them were measured with `--scenarios all`,
 4 min 8 s, and native under every scenario is tests/test_scenarios_e2e.py's). Measured on 2026-12-01 (2
 shared cores, --jobs 2, under the e2e lock, another helper's engines running meanwhile): 211 s and 229 s
-in two runs (plain arms 77 / 88 s, scenarios 125 / 134 s). Run under `flock /tmp/kvkit-e2e.lock`."""
+in two runs (plain arms 77 / 88 s, scenarios 125 / 134 s). Run under `flock /tmp/kvkit-e2e.lock`. The run is the
+session's (tests/e2e_runs.py): tests/test_e2e_planted_scenario_gates.py reads its plain probes too."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from conftest import have_vllm, run_cli
+from conftest import have_vllm
 
-from repro.plan.options import selftest_cpu_argv
 from repro.record.report import validate_report
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
 
-FIXTURE = "fixtures/scenarios-cpu-planted.json"
 IN_FLIGHT = "PlantedFault-in-flight"
 EVICTION = "PlantedFault-after-eviction"
 CAPACITY = 100  # the fixture's local_capacity_blocks
@@ -31,14 +28,12 @@ PROBES = ("fixture", "chat-511", "chat-512", "chat-513")
 ZEROED = list(range(16))  # zero_blocks, first_block 0, num_blocks 16
 
 
-@pytest.fixture(scope="module")
-def planted_run(tiny_model, tmp_path_factory):
+@pytest.fixture
+def planted_run(planted_scenarios_run):
     """The CPU self-test's command line (the CPU engine flags, the acceptance suite, native) on this fixture."""
-    report = tmp_path_factory.mktemp("scenarios-planted") / "planted.json"
-    scenarios = ["--scenarios", "in-flight,eviction", "--jobs", "2", "--quiet"]
-    proc = run_cli([*selftest_cpu_argv(tiny_model, str(report), FIXTURE), *scenarios], timeout=3000)
-    assert report.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc, json.loads(report.read_text())
+    run = planted_scenarios_run
+    assert run.data is not None, run.proc.stdout[-3000:] + run.proc.stderr[-3000:]
+    return run.proc, run.data
 
 
 def _plain(report: dict, name: str) -> dict:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import have_vllm, run_cli
+from e2e_runs import shared_run
 
 from repro.plan.options import CPU_ENGINE_FLAGS, SELFTEST_CPU_FIXTURE
 
@@ -36,9 +37,8 @@ def _two_invocations(model: str, tmp: Path) -> tuple[Path, list]:
     return store, runs
 
 
-@pytest.fixture(scope="module")
-def fixed_store_runs(tiny_model, tmp_path_factory):
-    return _two_invocations(tiny_model, tmp_path_factory.mktemp("fixed-store"))
+# one arm at a time: made ahead by the tests' lane (tests/e2e_runs.py)
+fixed_store_runs = shared_run("fixed_store_runs", _two_invocations, lane=True)
 
 
 @pytest.mark.e2e
