@@ -12,7 +12,7 @@ from repro.detection import plan
 from repro.detection.blame import blame_outcome, control_blame, drop_unreferenced, fault_blame, summarize_blame
 from repro.detection.matrix import summarize
 from repro.detection.page import load_matrix, page_model, render_page
-from repro.judge.verdict import CORRUPT, EXACT, FAIL, PASS, UNAVAILABLE
+from repro.judge.verdict import CORRUPT, EXACT, FAIL, FOREIGN, KV_VERDICTS, MISPLACED, PASS, UNAVAILABLE
 
 BLOCKS, LAYERS = 3, 2
 WINDOWS = [str(w) for w in plan.WINDOWS]
@@ -183,8 +183,10 @@ def _control(corrupt: dict[str, list[set]], problem: str | None = None) -> dict:
 def test_a_control_with_a_corrupt_cell_is_a_false_blame_and_fails_the_study():
     entry = _control({"alpha": [set(), set()], "bravo": [set(), {(1, 0)}]})
     kv = entry["kv_blame"]
-    assert kv["verdicts"] == {EXACT: 1, "NUMERIC": 0, CORRUPT: 1, UNAVAILABLE: 0}
-    assert kv["false_blames"] == [{"probe": "bravo", "blame": entry["probes"][1]["kv"]["blame"]["text"]}]
+    assert kv["verdicts"] == {v: 0 for v in KV_VERDICTS} | {EXACT: 1, CORRUPT: 1}
+    assert kv["false_blames"] == [
+        {"probe": "bravo", "verdict": CORRUPT, "blame": entry["probes"][1]["kv"]["blame"]["text"]}
+    ]
     assert entry["probes"][1]["kv"]["blamed_blocks"] == [[], [1]]
     s = summarize_blame([], [entry])
     assert s["present"] and s["false_blames"] == 1 and not s["ok"]
@@ -193,6 +195,50 @@ def test_a_control_with_a_corrupt_cell_is_a_false_blame_and_fails_the_study():
     assert not summarize([fault], [control], True)["ok"]
     clean = dict(control, kv_blame=_control({"alpha": [set(), set()]})["kv_blame"])
     assert summarize([fault], [clean], True)["ok"]
+
+
+def _with_sources(raw: dict, arm: str, probe: str, reuse: int, source: str) -> dict:
+    """The comparison found every differing cell of that reuse equal to `source` ('block 2': this prompt's own
+    block 2, misplaced; 'probe bravo block 0': another prompt's, foreign)."""
+    figures = raw["arms"][arm][probe][str(reuse)]
+    figures["matches"] = [
+        {"layer": li, "plane": plane, "block": b, "source": source}
+        for plane in ("K", "V")
+        for li, row in enumerate(figures["planes"][plane]["identical"])
+        for b, same in enumerate(row)
+        if not same
+    ]
+    return raw
+
+
+def test_misplaced_cells_are_blamed_like_corrupt_ones_and_named():
+    """A planted fault that serves the prompt's own KV from another block: its blocks are blamed (MISPLACED is a
+    finding as CORRUPT is), blamed exactly, and the probe's verdict names the class."""
+    entry = _fault_entry({"alpha": FAIL})
+    result = _result("swap-head", ["decoy", "alpha"], faulted=[0])
+    raw = _with_sources(_raw("swap-head", {"alpha": [{(0, 0), (0, 1)}]}), "swap-head", "alpha", 1, "block 2")
+    fault_blame(entry, result, "swap-head", raw, None, 16)
+    kv = entry["probes"][0]["kv"]
+    assert (kv["verdict"], kv["outcome"], kv["blamed_blocks"], kv["blamed_classes"]) == (
+        MISPLACED, "exact", [[0]], [["m"]]
+    )  # fmt: skip
+    assert entry["kv_blame"]["cell"] == "detected"
+
+
+def test_a_control_with_a_foreign_cell_is_a_false_blame_that_names_its_class():
+    entry = {"arm": "native", "model_seed": 1, "error": None, "probes": [{"name": "alpha"}]}
+    corrupt = {"alpha": [set(), {(1, 0)}]}
+    raw = _with_sources(_raw("native-seed1", corrupt), "native-seed1", "alpha", 2, "probe bravo block 0")
+    control_blame(entry, _result("native-seed1", ["alpha"], reuses=2), "native-seed1", "native", raw, None, 16)
+    kv = entry["kv_blame"]
+    assert kv["verdicts"][FOREIGN] == 1 and [b["verdict"] for b in kv["false_blames"]] == [FOREIGN]
+    assert not summarize_blame([], [entry])["ok"]
+    control = dict(V1["controls"][0], **entry)
+    report = dict(V1, schema_version=plan.SCHEMA_VERSION, faults=[], controls=[control])
+    m = page_model(report)
+    assert m.kv_finer and f"alpha: FOREIGN: {kv['false_blames'][0]['blame']}" in m.controls[0].false_blames.text
+    html = render_page(report)
+    assert "any finding (CORRUPT, FOREIGN or MISPLACED) cell" in html and "FOREIGN when\nthey are" in html
 
 
 def test_an_unaudited_control_probe_is_listed_with_its_reason():
@@ -289,3 +335,5 @@ def test_the_page_shows_the_audit_column_and_the_false_blames():
     )
     assert "the largest relative error of the\narm's own cold prefills' KV against the baseline's" in html
     assert "The floors measured in this run: largest relative error 0 over 2 arms; 2 of them computed" in html
+    # no foreign or misplaced cell: the page reads as it did before those classes
+    assert not page_model(report).kv_finer and "with any CORRUPT cell equals the blocks" in html

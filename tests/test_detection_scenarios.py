@@ -29,7 +29,7 @@ from repro.detection.scenario_cells import (
 from repro.detection.scenario_page import render_page
 from repro.errors import UsageError
 from repro.judge.scenario_verdict import SCHEDULE_NUMERICS
-from repro.judge.verdict import CORRUPT, EXACT, FAIL, PASS
+from repro.judge.verdict import CORRUPT, EXACT, FAIL, FOREIGN, MISPLACED, PASS
 from repro.judge.verdict import INCONCLUSIVE as V_INCONCLUSIVE
 
 
@@ -253,6 +253,28 @@ def test_the_page_keeps_not_exercised_apart_from_missed():
     assert '<td class="missed"><b>missed</b><br><span class="mono">caught 0/5 · gate opened 5</span>' in html
     assert "expected miss: held" in html and "expected catch: did not hold" in html
     assert 'held in\n<span class="bad">1 of 2</span>' in html
+
+
+def test_misplaced_and_foreign_kv_are_counted_by_class_and_a_controls_false_blames():
+    """A faulted request whose KV is MISPLACED is counted apart from CORRUPT; a no-fault arm's FOREIGN is a false
+    blame that names its class; the page says both, and what a false blame now is."""
+    reqs = [
+        request(1, "alpha", "reuse", FAIL, first_diff=3, params=pf(384, [0], IN_FLIGHT_OPEN), kv=MISPLACED),
+        request(1, "bravo", "reuse", PASS, params=pf(416, [0], IN_FLIGHT_OPEN), kv=CORRUPT),
+    ]
+    cell = fault_cell(scenario_records({"requests": reqs}), "catch")
+    assert (cell["kv_corrupt"], cell["kv_misplaced"], cell["kv_foreign"]) == (1, 1, 0)
+    ctl = control_cell(
+        scenario_records({"requests": [request(1, "alpha", "reuse", PASS, None, pf(384, []), kv=FOREIGN)]})
+    )
+    assert ctl["false_blames"] == ["step 1 alpha (FOREIGN)"] and ctl["kv_foreign"] == 1
+    report = _report()
+    report["cells"][1].update(kv_misplaced=2, kv_corrupt=3)
+    report["controls"][1].update(false_blames=["step 1 alpha (FOREIGN)"], kv_foreign=1)
+    html = render_page(report)
+    assert "KV CORRUPT 3/5 · KV MISPLACED 2/5" in html and "false blames 1" in html
+    assert "every KV finding (CORRUPT, FOREIGN or MISPLACED) a false blame" in html
+    assert "every KV CORRUPT a false blame" in render_page(_report())  # as before, without those classes
 
 
 @pytest.mark.parametrize("extra", [["--model", "smollm2"], ["--seeds", "1"], ["--faults", "stale"]])

@@ -12,7 +12,8 @@ import pytest
 from conftest import ROOT
 
 from repro.errors import EXIT_MISMATCH, EXIT_OK, UsageError
-from repro.judge.verdict import CORRUPT, EXACT, NUMERIC, UNAVAILABLE
+from repro.judge.expectations import expectation_problem
+from repro.judge.verdict import CORRUPT, EXACT, FOREIGN, KV_VERDICTS, MISPLACED, NUMERIC, UNAVAILABLE
 from repro.plan.fixtures import load_fixture, parse_fixture
 from repro.readmodel import as_report
 from repro.record.acceptance import (
@@ -22,7 +23,7 @@ from repro.record.acceptance import (
     excused_scenario_kv,
     unexpected_kv_findings,
 )
-from repro.record.exit_rule import exit_code
+from repro.record.exit_rule import _scenario_reason, exit_code, exit_reason
 from repro.record.report import ReportInvalid, validate_report
 
 FIXTURES = ROOT / "fixtures"
@@ -235,6 +236,31 @@ def test_a_stated_scenario_corrupt_is_excused_and_an_unstated_one_is_not():
     assert excused_scenario_kv(single) == {("a-b-a", "native")}
     either = check_scenario_acceptance(report["scenarios"], tokens, "acceptance", {"native": {"a-b-a": EITHER}})
     assert either["matched"] is False and excused_scenario_kv(either) == set()
+
+
+def test_the_finer_kv_findings_are_findings_a_set_may_not_mix_with_their_absence():
+    """MISPLACED and FOREIGN are findings as CORRUPT is: a set may hold several findings, never one beside EXACT."""
+    assert expectation_problem([CORRUPT, MISPLACED], KV_VERDICTS) is None
+    assert expectation_problem(FOREIGN, KV_VERDICTS) is None
+    assert "mixes a finding (MISPLACED) with its absence" in expectation_problem([EXACT, MISPLACED], KV_VERDICTS)
+    assert "mixes a finding (FOREIGN)" in expectation_problem([FOREIGN, NUMERIC], KV_VERDICTS)
+
+
+def test_a_stated_scenario_misplaced_is_excused_and_a_stated_corrupt_does_not_excuse_it():
+    report = _with_kv(_scenario_report(), "native", MISPLACED)
+    tokens = {"native": {"a-b-a": "PASS"}, "ExampleConnector": {"a-b-a": "PASS"}}
+    stated = check_scenario_acceptance(report["scenarios"], tokens, "acceptance", {"native": {"a-b-a": MISPLACED}})
+    assert stated["matched"] is True and excused_scenario_kv(stated) == {("a-b-a", "native")}
+    corrupt = check_scenario_acceptance(report["scenarios"], tokens, "acceptance", {"native": {"a-b-a": CORRUPT}})
+    assert corrupt["matched"] is False and excused_scenario_kv(corrupt) == set()
+    report["acceptance"]["scenarios"] = {"matched": None, "checked": [], "unchecked": []}
+    assert exit_reason(report)[0] != EXIT_OK
+    assert _scenario_reason(report) == (
+        EXIT_MISMATCH,
+        "scenario KV MISPLACED that the fixture does not state: a-b-a native",
+    )
+    report["acceptance"]["scenarios"] = stated
+    assert _scenario_reason(report) is None
 
 
 def test_a_failed_set_reads_exact_or_numeric():

@@ -27,7 +27,9 @@ PARENT_ONLY = (
     "repro.record.acceptance",
     "repro.record.exit_rule",
 )
-VERDICT_NAMES = {"PASS", "FAIL", "INCONCLUSIVE", "ERROR", "SKIPPED", "EXACT", "NUMERIC", "CORRUPT", "UNAVAILABLE"}
+VERDICT_NAMES = {
+    "PASS", "FAIL", "INCONCLUSIVE", "ERROR", "SKIPPED", "EXACT", "NUMERIC", "MISPLACED", "FOREIGN", "CORRUPT", "UNAVAILABLE"
+}  # fmt: skip
 # The same words that are not verdicts: logscan reads log levels (WARNING, ERROR, CRITICAL).
 NOT_VERDICTS = {"repro.judge.logscan": {"ERROR"}}
 

@@ -174,7 +174,9 @@ def test_the_floor_is_the_arms_own_cold_prefill_and_classes_follow_it():
         entries = _entries()
         annotate(entries, results, _raw(drift, ident, reuse_rel), None, 16)
         arm = entries[1]
-        assert arm["kv_audit"]["floor"] == {"rel": 0.002, "max_abs": 1.0, "cells": 4, "identical": False}
+        assert arm["kv_audit"]["floor"] == {
+            "rel": 0.002, "max_abs": 1.0, "cells": 4, "identical": False, "by_layer": {"K": [0.001], "V": [0.002]}
+        }  # fmt: skip
         kv = arm["probes"][0]["kv"]
         assert kv["verdict"] == want
         assert (kv["blame"] and {k: kv["blame"][k] for k in ("blocks", "planes", "layers")}) == blame

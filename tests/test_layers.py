@@ -45,7 +45,7 @@ base       repro repro.errors repro.paths repro.record.atomic repro.contract rep
            repro.plan.settings repro.plan.interpreter repro.run.exits repro.lmcache.mp_ports
 core       repro.judge.verdict repro.judge.wording repro.judge.trials repro.plan.fixtures repro.plan.suite repro.judge.evaluate repro.record.report
            repro.models repro.models.tiny repro.record.provenance repro.matrix.spec repro.matrix.cell
-           repro.judge.kv_verdict repro.judge.scenario_verdict repro.judge.batch_invariance repro.judge.expectations
+           repro.judge.kv_verdict repro.judge.kv_shape repro.judge.scenario_verdict repro.judge.batch_invariance repro.judge.expectations
            repro.record.acceptance repro.record.exit_rule
            repro.plan.scenarios repro.record.publish
 engine     repro.engine

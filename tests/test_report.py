@@ -7,10 +7,10 @@ import copy
 import pytest
 
 from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME
-from repro.judge.verdict import CORRUPT, EXACT, NUMERIC, UNAVAILABLE
+from repro.judge.verdict import CORRUPT, EXACT, FOREIGN, MISPLACED, NUMERIC, UNAVAILABLE
 from repro.publish.summary import format_summary
-from repro.record.acceptance import check_acceptance
-from repro.record.exit_rule import exit_code
+from repro.record.acceptance import check_acceptance, excused_kv_findings, kv_findings
+from repro.record.exit_rule import exit_code, exit_reason
 
 
 def _arm(name: str, mode: str, verdicts: dict[str, str], arm_verdict: str | None = None) -> dict:
@@ -109,7 +109,7 @@ def _kv_arm(name: str, mode: str, verdicts: dict[str, str], kv: dict[str, str | 
     arm = _arm(name, mode, verdicts)
     for p in arm["probes"]:
         verdict = kv.get(p["name"])
-        blame = {"text": f"blocks 0–1 of {p['name']}"} if verdict == CORRUPT else None
+        blame = {"text": f"blocks 0–1 of {p['name']}"} if verdict in (CORRUPT, FOREIGN, MISPLACED) else None
         p["kv"] = None if verdict is None else {"verdict": verdict, "reasons": [], "blame": blame}
     return arm
 
@@ -212,6 +212,43 @@ def test_a_probe_without_a_kv_verdict_need_not_be_listed_in_expected_kv():
     expected = {"Conn": {"a": "FAIL"}, "native": EXPECTED["native"]}
     acc = check_acceptance(arms, expected, "acceptance", {"Conn": {"a": CORRUPT}, "native": EXPECTED_KV["native"]})
     assert acc["matched"] is True and acc["unchecked_probes"] == []
+
+
+# --- the finer KV findings: MISPLACED (this prompt's KV in the wrong slot), FOREIGN (another prompt's KV) ---
+
+
+def _finer_arms(a: str, b: str = EXACT) -> list[dict]:
+    return [KV_ARMS[0], _kv_arm("Conn", "connector", {"a": "FAIL", "b": "PASS"}, {"a": a, "b": b}), KV_ARMS[2]]
+
+
+@pytest.mark.parametrize("finding", [MISPLACED, FOREIGN])
+def test_a_misplaced_or_foreign_kv_verdict_is_a_finding_exit_1_unless_the_fixture_states_it(finding):
+    """As CORRUPT: exit 1 when the fixture states no KV expectation (every token verdict matched), named by its
+    class; exit 0 when the fixture states that very class; never excused by a stated CORRUPT."""
+    unstated = _kv_report(_finer_arms(finding), None)
+    assert unstated["acceptance"]["matched"] is True and [p["name"] for _, p in kv_findings(unstated)] == ["a"]
+    code, why = exit_reason(unstated)
+    assert code == EXIT_MISMATCH and why == f"KV {finding} that the fixture does not state: Conn a"
+    text = _summary(unstated)
+    assert f"  Conn (None) / a: {finding}: blocks 0–1 of a" in text.splitlines()
+    assert f"FAIL                 KV {finding}: blocks 0–1 of a" in text  # the probe line names it too
+    stated = _kv_report(_finer_arms(finding), {**EXPECTED_KV, "Conn": {"a": finding, "b": EXACT}})
+    assert exit_code(stated) == EXIT_OK and excused_kv_findings(stated["acceptance"]) == {("Conn", "a")}
+    assert f"  Conn (None) / a: {finding}: blocks 0–1 of a (expected by the fixture)" in _summary(stated)
+    as_corrupt = _kv_report(_finer_arms(finding), EXPECTED_KV)  # the fixture states CORRUPT: not this finding
+    assert as_corrupt["acceptance"]["matched"] is False and exit_code(as_corrupt) == EXIT_MISMATCH
+    either = _kv_report(_finer_arms(finding), {**EXPECTED_KV, "Conn": {"a": [CORRUPT, finding], "b": EXACT}})
+    assert exit_code(either) == EXIT_OK  # a set of findings states each of them
+    without_suite = _kv_report(_finer_arms(finding), EXPECTED_KV, suite=None)
+    without_suite["arms"] = [KV_ARMS[0], dict(without_suite["arms"][1], verdict="PASS"), KV_ARMS[2]]
+    assert exit_code(without_suite) == EXIT_MISMATCH
+
+
+def test_several_kv_finding_classes_each_say_their_class():
+    report = _kv_report(_finer_arms(MISPLACED, FOREIGN), None)
+    code, why = exit_reason(report)
+    assert code == EXIT_MISMATCH
+    assert why == "KV FOREIGN and MISPLACED that the fixture does not state: Conn a (MISPLACED); Conn b (FOREIGN)"
 
 
 def _summary(report: dict) -> str:

@@ -18,13 +18,15 @@ from repro.contract.failure import Failure
 from repro.contract.job import ArmSpec
 from repro.errors import EXIT_MISMATCH
 from repro.judge import trials
+from repro.judge.verdict import FOREIGN, MISPLACED
 from repro.plan.arms import PlannedArm
 from repro.publish.issue_md import format_issue_md
 from repro.publish.site_index import build_index_row
 from repro.publish.site_scenarios import _scenario_arm
 from repro.publish.summary import format_summary
 from repro.readmodel import as_report
-from repro.record.exit_rule import scenario_exit, scenario_trial_findings
+from repro.readmodel.scenario_trials import RequestRate
+from repro.record.exit_rule import later_findings, scenario_exit, scenario_trial_findings
 from repro.record.report import ReportInvalid, validate_report
 from repro.run.runner import ArmOutcome
 from repro.run.scenarios import judge_run, trial_run
@@ -83,7 +85,8 @@ def test_a_finding_in_every_trial_is_consistent():
     assert (rates["n"], rates["class"], len(rates["runs"])) == (2, trials.CONSISTENT, 2)
     assert rates["rates"] == [
         {"step": 1, "probe": "fixture", "nth": 0, "verdicts": ["FAIL", "FAIL"], "first_diffs": [2, 2],
-         "kv": [None, None], "failed": 2, "kv_corrupt": 0, "of": 2, "class": trials.EVERY_TRIAL},
+         "kv": [None, None], "failed": 2, "kv_corrupt": 0, "kv_foreign": 0, "kv_misplaced": 0, "of": 2,
+         "class": trials.EVERY_TRIAL},
     ]  # fmt: skip
 
 
@@ -112,6 +115,34 @@ def test_corrupt_kv_under_matching_tokens_is_a_finding_of_its_own():
     assert (rate["verdicts"], rate["kv"]) == (["PASS", "PASS"], ["CORRUPT", None])
     assert (rate["failed"], rate["kv_corrupt"], rate["class"]) == (0, 1, trials.INTERMITTENT)
     assert rates["runs"][0]["kv"] == "CORRUPT"
+
+
+def test_misplaced_or_foreign_kv_under_matching_tokens_is_a_finding_counted_by_its_class():
+    """MISPLACED and FOREIGN are KV findings as CORRUPT is: the request is listed, counted by class, named."""
+    misplaced, foreign = _judge(None), _judge(None)
+    misplaced["requests"][1]["kv"] = misplaced["kv"] = {"verdict": MISPLACED}
+    foreign["requests"][1]["kv"] = foreign["kv"] = {"verdict": FOREIGN}
+    rates = trials.scenario_trial_rates(_runs(misplaced, _judge(None), foreign))
+    (rate,) = rates["rates"]
+    assert rate["kv"] == [MISPLACED, None, FOREIGN]
+    assert (rate["kv_corrupt"], rate["kv_foreign"], rate["kv_misplaced"], rate["class"]) == (
+        0, 1, 1, trials.INTERMITTENT
+    )  # fmt: skip
+    read = RequestRate(rate)
+    assert read.runs_text == "#1 PASS KV MISPLACED · #2 PASS · #3 PASS KV FOREIGN"
+    assert read.cls == trials.INTERMITTENT and read.kv_count(MISPLACED) == 1
+    assert read.kv_count(FOREIGN) == 1 and RequestRate({"kv": [MISPLACED, MISPLACED]}).kv_count(MISPLACED) == 2
+
+
+def test_a_later_trial_whose_kv_is_misplaced_is_a_finding_for_the_exit_code():
+    """PlantedFault's own run is CORRUPT (the fixture states it); a later trial's MISPLACED is another kind of
+    finding, never hidden behind trial 1's CORRUPT."""
+    report = _with_trials()
+    planted = report["scenarios"][0]["arms"][0]
+    later = planted["trials"]["runs"][1]
+    later["kv"] = MISPLACED
+    assert ("a-b-a", "PlantedFault") in scenario_trial_findings(report)
+    assert ("PlantedFault", "trial 2", "scenario a-b-a", MISPLACED) in later_findings(report)
 
 
 def test_a_probe_twice_in_one_step_is_two_requests():

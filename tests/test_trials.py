@@ -2,6 +2,7 @@
 made while sharing, and who overlapped whom (pure functions, no engine)."""
 
 from repro.judge import trials
+from repro.judge.verdict import CORRUPT, FOREIGN, MISPLACED
 from repro.run.sharing import ARM, CPU_CORES, GPU_LOAD, SERVER, Window, sharing_of, who_shared
 
 
@@ -28,6 +29,9 @@ FAILED = ("chat", "FAIL", "EXACT", [(None, 0), (6, 256)])
 FAILED_ELSEWHERE = ("chat", "FAIL", "EXACT", [(None, 0), (9, 256)])
 FAILED_OTHER_PROBE = ("other", "FAIL", "EXACT", [(None, 0), (6, 256)])
 CORRUPTED = ("chat", "PASS", "CORRUPT", [(None, 0), (None, 256)])
+MISPLACED_KV = ("chat", "PASS", MISPLACED, [(None, 0), (None, 256)])
+FOREIGN_KV = ("chat", "PASS", FOREIGN, [(None, 0), (None, 256)])
+NO_KV = {"kv_corrupt": 0, "kv_foreign": 0, "kv_misplaced": 0}
 
 
 def _run(probe, trial=1, shared=True, verdict=None):
@@ -54,7 +58,7 @@ def test_one_failing_trial_of_three_is_intermittent_with_its_rate():
     runs = [_run(FAILED, 1), _run(CLEAN, 2), _run(CLEAN, 3)]
     out = trials.trial_rates(runs)
     assert out["class"] == trials.INTERMITTENT
-    assert out["rates"] == [{"probe": "chat", "failed": 1, "kv_corrupt": 0, "of": 3, "class": trials.INTERMITTENT}]
+    assert out["rates"] == [{"probe": "chat", "failed": 1, **NO_KV, "of": 3, "class": trials.INTERMITTENT}]
     assert trials.rate_text(out) == "chat FAIL 1/3 (intermittent)"
 
 
@@ -64,6 +68,30 @@ def test_every_trial_failing_is_consistent_and_none_is_clean():
     # a CORRUPT block with the right tokens is a finding too
     rates = trials.trial_rates([_run(CORRUPTED, 1), _run(CLEAN, 2)])
     assert rates["rates"][0]["kv_corrupt"] == 1 and rates["class"] == trials.INTERMITTENT
+
+
+def test_every_kv_finding_is_a_finding_counted_by_its_class():
+    """MISPLACED and FOREIGN with the right tokens are findings as CORRUPT is, each counted apart and named."""
+    rates = trials.trial_rates([_run(MISPLACED_KV, 1), _run(CLEAN, 2), _run(FOREIGN_KV, 3), _run(CORRUPTED, 4)])
+    rate = rates["rates"][0]
+    assert (rate["kv_corrupt"], rate["kv_foreign"], rate["kv_misplaced"]) == (1, 1, 1)
+    assert rate["class"] == rates["class"] == trials.INTERMITTENT and trials.kv_found(rate) == 3
+    assert trials.rate_text(rates) == "chat FAIL 0/4, KV CORRUPT 1/4, KV FOREIGN 1/4, KV MISPLACED 1/4 (intermittent)"
+    every = trials.trial_rates([_run(MISPLACED_KV, k) for k in (1, 2)])
+    assert every["class"] == trials.CONSISTENT and every["rates"][0]["kv_misplaced"] == 2
+    # a rate written before the finer classes has kv_corrupt only: the others read as none
+    assert trials.kv_rate_counts({"kv_corrupt": 2}) == [(CORRUPT, 2)] and trials.kv_found({"kv_corrupt": 0}) == 0
+    assert trials.needs_confirmation([_run(FOREIGN_KV, 1)])["trial"] == 1
+
+
+def test_a_run_alone_that_blames_another_kv_class_is_not_deterministic():
+    """The same probe blamed again alone, but MISPLACED where the shared run said CORRUPT: not the same finding."""
+    shared = [_run(CORRUPTED, 1)]
+    assert trials.classify_confirmation(shared, _run(CORRUPTED, None, shared=False))[0] == trials.DETERMINISTIC
+    assert trials.classify_confirmation(shared, _run(MISPLACED_KV, None, shared=False))[0] == trials.REPRODUCED_VARYING
+    assert trials.classify_confirmation([_run(MISPLACED_KV, 1)], _run(CLEAN, None, False))[0] == (
+        trials.CONTENTION_DEPENDENT
+    )
 
 
 def test_only_a_finding_made_while_sharing_needs_confirming():

@@ -3,16 +3,18 @@ planted connector faulted, and the no-fault controls' false blames (pure, no I/O
 
 The verdicts are the verifier's own: repro.judge.kvaudit.annotate classes every block x layer x K/V plane a
 reuse read against the arm's floor (the largest relative error of the arm's own cold prefills' KV
-against the baseline's) and decides each probe's KV verdict. This module only compares the blamed
-blocks with the planted ones and counts.
+against the baseline's) and decides each probe's KV verdict. A block is blamed when any of its cells is a
+finding: corrupt, foreign (another prompt's KV) or misplaced (this prompt's KV from another block or plane),
+as the probe's KV verdict blames it. This module only compares the blamed blocks with the planted ones and
+counts.
 """
 
 from __future__ import annotations
 
 from repro.contract.result import ArmResult
 from repro.judge import kvaudit
-from repro.judge.kv_verdict import CELL_CORRUPT
-from repro.judge.verdict import CORRUPT, EXACT, FAIL, NUMERIC, UNAVAILABLE
+from repro.judge.kv_verdict import FINDING_OF
+from repro.judge.verdict import FAIL, KV_FINDINGS, KV_VERDICTS, UNAVAILABLE
 from repro.readmodel import Request
 
 # exact: the blamed blocks are the planted blocks; over: a strict superset; under: a strict subset
@@ -28,8 +30,9 @@ def drop_unreferenced(job: dict, baseline_probes: set[str]) -> dict:
     return {**job, "arms": arms}
 
 
-def corrupt_blocks(request_audit: dict | None) -> list[int] | None:
-    """The blocks with any CORRUPT cell in one reuse request's audit (None: nothing was audited)."""
+def blamed_blocks(request_audit: dict | None) -> list[int] | None:
+    """The blocks with any finding cell (corrupt, foreign, misplaced) in one reuse request's audit (None: nothing
+    was audited)."""
     if not request_audit or request_audit.get("planes") is None:
         return None
     return sorted(
@@ -38,16 +41,25 @@ def corrupt_blocks(request_audit: dict | None) -> list[int] | None:
             for plane in request_audit["planes"].values()
             for row in plane["class"]
             for b, c in enumerate(row)
-            if c == CELL_CORRUPT
+            if c in FINDING_OF
         }
     )
+
+
+def blamed_classes(request_audit: dict | None) -> list[str] | None:
+    """The finding cells' classes in one reuse request's audit, worst first (None: nothing was audited)."""
+    if not request_audit or request_audit.get("planes") is None:
+        return None
+    found = {c for plane in request_audit["planes"].values() for row in plane["class"] for c in row}
+    return [c for c in FINDING_OF if c in found]
 
 
 def audit_probes(
     name: str, mode: str, result: dict, probes: list[str], raw: dict | None, problem: str | None, block_size: int
 ) -> tuple[dict, dict[str, dict]]:
     """The arm's audit status (status, reason, floor) and, per probe in `probes`, the verifier's KV
-    verdict with its reasons and blame, the blocks each reuse request's audit found corrupt, and the
+    verdict with its reasons and blame, the blocks each reuse request's audit blamed (any finding cell) and the
+    classes of those cells, and the
     other prompts whose blocks it found in each reuse (served_from: what its wrong bytes equal)."""
     by_name = {p["name"]: p for p in result["probes"]}
     shim = {
@@ -63,7 +75,8 @@ def audit_probes(
         reuses = p["requests"][1:]
         out[p["name"]] = {
             **kv,
-            "blamed_blocks": [corrupt_blocks(r["kv_audit"]) for r in reuses],
+            "blamed_blocks": [blamed_blocks(r["kv_audit"]) for r in reuses],
+            "blamed_classes": [blamed_classes(r["kv_audit"]) for r in reuses],
             # the study's prompts load at most 28 blocks: layers 0 and 1 (112 cells) always fit in the matches
             # the report keeps (repro.judge.kvaudit.MATCHES_KEPT), so no prompt's KV goes unnamed for want of room
             "served_from": [list(Request.from_json(r).audit_source_probes) for r in reuses],
@@ -83,8 +96,8 @@ def blame_outcome(blamed: set[int], planted: set[int]) -> str:
 
 
 def probe_blame(kv: dict, planted: list[list[int] | None], tokens_changed: bool) -> dict:
-    """One fault probe's audit column: blamed exactly iff, for every reuse request, the blocks with a
-    CORRUPT cell are the blocks the planted connector faulted for that request."""
+    """One fault probe's audit column: blamed exactly iff, for every reuse request, the blocks with a finding
+    cell (corrupt, foreign, misplaced) are the blocks the planted connector faulted for that request."""
     blamed = kv["blamed_blocks"]
     planted_sets = [set(p or ()) for p in planted]
     if kv["verdict"] == UNAVAILABLE or any(b is None for b in blamed) or len(blamed) != len(planted):
@@ -97,6 +110,7 @@ def probe_blame(kv: dict, planted: list[list[int] | None], tokens_changed: bool)
         "reasons": kv["reasons"],
         "blame": kv["blame"],
         "blamed_blocks": blamed,
+        **({"blamed_classes": kv["blamed_classes"]} if "blamed_classes" in kv else {}),
         "planted_blocks": [sorted(p) for p in planted_sets],
         "outcome": outcome,
         "tokens_changed": tokens_changed,
@@ -147,7 +161,7 @@ def control_blame(
     entry: dict, result: dict | None, name: str, mode: str, raw: dict | None, problem: str | None, bs: int
 ) -> None:
     """Fill one control entry's audit column in place: probes[].kv and kv_blame. With no fault
-    planted, any CORRUPT cell is a false blame."""
+    planted, any KV finding (CORRUPT, FOREIGN, MISPLACED) is a false blame."""
     if entry["error"] is not None or result is None:
         entry["kv_blame"] = dict(control_cell([]), **_absent("error", "the arm failed: nothing to audit"))
         return
@@ -158,14 +172,14 @@ def control_blame(
 
 
 def control_cell(probes: list[dict]) -> dict:
-    verdicts = {v: sum(p["kv"]["verdict"] == v for p in probes) for v in (EXACT, NUMERIC, CORRUPT, UNAVAILABLE)}
+    verdicts = {v: sum(p["kv"]["verdict"] == v for p in probes) for v in KV_VERDICTS}
     return {
         "probes": len(probes),
         "verdicts": verdicts,
         "false_blames": [
-            {"probe": p["name"], "blame": (p["kv"]["blame"] or {}).get("text")}
+            {"probe": p["name"], "verdict": p["kv"]["verdict"], "blame": (p["kv"]["blame"] or {}).get("text")}
             for p in probes
-            if p["kv"]["verdict"] == CORRUPT
+            if p["kv"]["verdict"] in KV_FINDINGS
         ],
         "unavailable": [
             {"probe": p["name"], "reason": "; ".join(p["kv"]["reasons"])}

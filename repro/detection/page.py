@@ -9,7 +9,9 @@ from pathlib import Path
 from repro.detection.matrix import replay_tally, summarize
 from repro.detection.plan import KIND, READABLE_VERSIONS, SCHEMA_VERSION
 from repro.errors import UsageError
+from repro.judge.kv_verdict import CELL_FOREIGN, CELL_MISPLACED
 from repro.judge.replays import MIN_REPLAY_TOKENS
+from repro.judge.verdict import CORRUPT, FOREIGN, MISPLACED
 from repro.publish.environment import make_environment
 from repro.readmodel import Replay
 from repro.record.atomic import write_bytes_atomic
@@ -47,7 +49,7 @@ class ControlRow:
     exercised: int
     false_positives: tuple[tuple[int, str], ...]  # (count, cell class): none is good news, any is bad
     inconclusive: tuple[int, ...]
-    false_blames: CellView  # KV audit: probes with any CORRUPT cell ("absent" before the audit)
+    false_blames: CellView  # KV audit: probes with a KV finding, CORRUPT, FOREIGN or MISPLACED ("absent" before it)
     kv_unavailable: str  # probes the audit could not judge, and why
     error: str
 
@@ -97,6 +99,9 @@ class DetectionPage:
     divergent_reuses: int
     control_replaying: int
     replay_min: int = MIN_REPLAY_TOKENS
+    # some probe's KV is FOREIGN or MISPLACED, or some blamed cell is: the page then says a block is blamed for
+    # any finding cell (a matrix made before those classes never has one, and its page reads as it always did)
+    kv_finer: bool = False
 
 
 def load_matrix(path: Path) -> dict:
@@ -150,6 +155,21 @@ def _served_text(replay: dict) -> str:
     return f"the KV audit found {found} blocks in it, not {replay['probe']}'s: a match by chance"
 
 
+def _finer(report: dict) -> bool:
+    """Some probe's KV verdict is FOREIGN or MISPLACED, or some reuse's blamed cells are foreign or misplaced."""
+    kvs = [p.get("kv") or {} for e in report["faults"] + report["controls"] for p in e.get("probes") or []]
+    classes = {c for kv in kvs for per_reuse in kv.get("blamed_classes") or [] for c in per_reuse or []}
+    return any(kv.get("verdict") in (FOREIGN, MISPLACED) for kv in kvs) or bool(
+        classes & {CELL_FOREIGN, CELL_MISPLACED}
+    )
+
+
+def _kv_class(verdict: object) -> str:
+    """' (MISPLACED)' after a probe whose KV finding is FOREIGN or MISPLACED; '' for CORRUPT and the rest (a
+    matrix made before those classes blamed CORRUPT cells only)."""
+    return f" ({verdict})" if verdict in (FOREIGN, MISPLACED) else ""
+
+
 def _span(blocks: list[int]) -> str:
     return ",".join(map(str, blocks)) or "none"
 
@@ -166,7 +186,9 @@ def _kv_cell(f: dict) -> tuple[CellView, tuple[str, ...]]:
         if b["outcome"] in ("over", "under", "other"):
             blamed = "; ".join(_span(x) for x in b["blamed_blocks"])
             planted = "; ".join(_span(x) for x in b["planted_blocks"])
-            notes.append(f"{p['name']}: {b['outcome']} (blamed {blamed}, planted {planted})")
+            notes.append(
+                f"{p['name']}{_kv_class(b.get('verdict'))}: {b['outcome']} (blamed {blamed}, planted {planted})"
+            )
     notes += [f"{u['probe']}: unavailable ({u['reason']})" for u in kv["unavailable"]]
     if kv["tokens_unchanged_blamed_exactly"]:
         notes.append("tokens never changed, blamed exactly: " + ", ".join(kv["tokens_unchanged_blamed_exactly"]))
@@ -215,7 +237,13 @@ def _control_row(c: dict, windows: tuple[str, ...]) -> ControlRow:
         n = len(kv["false_blames"])
         false_blames = CellView(
             "detected" if n == 0 else "missed",
-            f"{n}/{kv['probes']}" + "".join(f"; {b['probe']}: {b['blame']}" for b in kv["false_blames"]),
+            f"{n}/{kv['probes']}"
+            + "".join(
+                f"; {b['probe']}: "
+                + (f"{b['verdict']}: " if b.get("verdict", CORRUPT) != CORRUPT else "")
+                + f"{b['blame']}"
+                for b in kv["false_blames"]
+            ),
         )
         unavailable = "; ".join(f"{u['probe']}: {u['reason']}" for u in kv["unavailable"]) or "none"
         if kv["reason"]:
@@ -292,6 +320,7 @@ def page_model(report: dict) -> DetectionPage:
         replaying_own_earlier=s["replays"].get("replaying_own_earlier", 0),
         divergent_reuses=s["replays"].get("divergent_reuses", 0),
         control_replaying=s["replays"].get("control_replaying", 0),
+        kv_finer=_finer(report),
     )
 
 

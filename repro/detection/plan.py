@@ -19,14 +19,17 @@ KIND = "kvkit-detection-matrix"
 #    and is compared with its model's baseline (repro.judge.kvaudit). New: faults[].kv_blame (probes whose
 #    audit blamed exactly the planted blocks, and which blamed more, fewer or other blocks, or could
 #    not be audited; probes whose tokens never changed), faults[].probes[].kv, controls[].kv_blame
-#    (false blames: probes with any CORRUPT cell; probes UNAVAILABLE and why), controls[].probes[].kv,
+#    (false blames: probes with a KV finding; probes UNAVAILABLE and why), controls[].probes[].kv,
 #    the top-level kv_audit (each seed's reference and comparison), config.kv_audit, and the
 #    summary's kv_audit. A version 1 file still loads and renders, its audit column shown as absent.
 #    Additions to version 2 that older files lack (no bump; readers show them as not counted): the replays
 #    column, faults[].probes[].reuse_replays and controls[].probes[].reuse_replays (per reuse, what the
 #    verifier's repro.judge.replays found: null when it matched the baseline) and the summary's replays; the
 #    other_prompt fault (a whole loaded prefix from another prompt, at its one position "prefix") and
-#    config.fault_positions.
+#    config.fault_positions. With the KV classes FOREIGN and MISPLACED: a block is blamed for any finding cell
+#    (corrupt, foreign, misplaced; a file written before them blamed corrupt cells, the only finding then);
+#    probes[].kv.blamed_classes (per reuse, the finding cells' classes), controls[].kv_blame.verdicts counts
+#    every KV verdict, and each false blame names its verdict.
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 DEFAULT_REPORT = "reports/detection/detection-matrix.json"

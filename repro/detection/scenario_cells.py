@@ -22,13 +22,17 @@ from __future__ import annotations
 
 from repro.detection.plan import WINDOWS
 from repro.judge.scenario_verdict import SCHEDULE_NUMERICS
-from repro.judge.verdict import CORRUPT, FAIL, hit_count
+from repro.judge.trials import kv_counts
+from repro.judge.verdict import CORRUPT, FAIL, KV_FINDINGS, hit_count
 
 # The study's report (written by repro.detection.scenarios, read by its page and the site's catalog, which must
 # not import the study's runner): its kind and version.
 KIND = "kvkit-detection-scenarios"
 # 1: first version (rows x columns, per cell: status, hypothesis, held, caught per window, gate opened,
-#    KV CORRUPT, the judged requests; the no-fault controls per column).
+#    KV CORRUPT, the judged requests; the no-fault controls per column). Additions without a bump (a file written
+#    before them has none: read as 0): per cell and per control, kv_foreign and kv_misplaced beside kv_corrupt
+#    (repro.judge.trials.KV_RATE_FIELDS); a control's false blame of another KV finding than CORRUPT names it
+#    after its label ("step 1 alpha (MISPLACED)").
 SCHEMA_VERSION = 1
 
 CAUGHT, MISSED, NOT_EXERCISED, INCONCLUSIVE, ERROR = "caught", "missed", "not exercised", "inconclusive", "error"
@@ -173,7 +177,7 @@ def fault_cell(
         "gate_opened": opened,
         "loads": loads,
         "resumed_loads": sum(load["resumed"] for r in records for load in r["loads"]),
-        "kv_corrupt": sum(r["kv"] == CORRUPT for r in judged),
+        **kv_counts(r["kv"] for r in judged),
         "schedule_numerics": excluded,
         # a request that FAILs though no load of it faulted: the row's false positive (none expected)
         "unplanted_fails": [r["label"] for r in records if r["fail_windows"] and r not in faulted],
@@ -194,15 +198,18 @@ def held(hypothesis: str, status: str) -> bool | None:
 
 
 def control_cell(records: list[dict], error: str | None = None, windows: tuple[int, ...] = WINDOWS) -> dict:
-    """One no-fault arm in one column: every FAIL is a false positive (per window), every KV CORRUPT a false
-    blame; schedule-numerics requests are counted apart."""
+    """One no-fault arm in one column: every FAIL is a false positive (per window), every KV finding (CORRUPT,
+    FOREIGN, MISPLACED) a false blame; schedule-numerics requests are counted apart."""
     judged = [r for r in records if not r["schedule_numerics"]]
     return {
         "status": ERROR if error is not None else "ok",
         "requests": len(records),
         "hits": sum(r["hit"] for r in records),
         "false_positives_by_window": {str(w): sum(w in r["fail_windows"] for r in judged) for w in windows},
-        "false_blames": [r["label"] for r in judged if r["kv"] == CORRUPT],
+        "false_blames": [
+            r["label"] + ("" if r["kv"] == CORRUPT else f" ({r['kv']})") for r in judged if r["kv"] in KV_FINDINGS
+        ],
+        **kv_counts(r["kv"] for r in judged),
         "kv_audited": sum(r["kv"] is not None for r in judged),
         "schedule_numerics": [r["label"] for r in records if r["schedule_numerics"]],
         "error": error,

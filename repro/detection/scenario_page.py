@@ -9,6 +9,8 @@ from pathlib import Path
 
 from repro.detection.scenario_cells import CAUGHT, ERROR, INCONCLUSIVE, KIND, MISSED, NOT_EXERCISED, SCHEMA_VERSION
 from repro.errors import UsageError
+from repro.judge.trials import kv_rate_counts
+from repro.judge.verdict import CORRUPT
 from repro.publish.environment import make_environment
 from repro.record.atomic import write_bytes_atomic
 
@@ -64,6 +66,9 @@ class ScenarioPage:
     undecided: tuple[str, ...]
     schedule_controls: tuple[str, ...]
     top_window: str
+    # some cell or control counts a FOREIGN or MISPLACED KV verdict: the page then says every KV finding is a false
+    # blame (a report made before those classes has none, and its page reads as it always did)
+    kv_finer: bool = False
 
 
 def cell_view(cell: dict, top: str) -> CellView:
@@ -81,6 +86,7 @@ def cell_view(cell: dict, top: str) -> CellView:
         by_window = sorted(cell["caught_by_window"].items(), key=lambda item: int(item[0]))
         parts.append("by window " + ", ".join(f"{w}: {c}/{n}" for w, c in by_window))
         parts.append(f"KV CORRUPT {cell['kv_corrupt']}/{n}")
+        parts += [f"KV {v} {k}/{n}" for v, k in kv_rate_counts(cell) if v != CORRUPT]
         if cell["resumed_loads"]:
             parts.append(f"{cell['resumed_loads']} resumed loads")
         if cell["schedule_numerics"]:
@@ -153,6 +159,7 @@ def page_model(report: dict) -> ScenarioPage:
             for name, s in sorted(report["schedule_controls"].items(), key=lambda item: _order(names, item[0]))
         ),
         top_window=top,
+        kv_finer=any(v != CORRUPT for c in [*cells, *report["controls"]] for v, _ in kv_rate_counts(c)),
     )
 
 

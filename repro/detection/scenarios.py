@@ -136,7 +136,8 @@ METHOD = (
     "Windows: greedy decoding is causal, so a request FAILs at window w iff its first diff is below w; in the "
     "preemption column whether and when a request is preempted depends on how long the batch decodes, so there "
     "it only says the first diff fell below w within the 32-token run. KV: each reuse's blocks against the plain "
-    "baseline's KV (repro.judge.kvaudit), CORRUPT counted per cell. One model seed for every arm (the controls too)."
+    "baseline's KV (repro.judge.kvaudit), each KV finding (CORRUPT, FOREIGN, MISPLACED) counted per cell by its "
+    "class. One model seed for every arm (the controls too)."
 )
 
 

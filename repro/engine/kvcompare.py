@@ -6,13 +6,16 @@ arm's reused or computed blocks), one layer of one request at a time, and writes
 cell: bit-identical or not, max |difference| and ||difference|| / ||reference|| (in float32). For a
 cell that is not identical it names what the loaded bytes equal when they equal something known:
 another block of the same prompt, a block of another probe's prompt (same layer), the other plane,
-or zeros. It decides nothing: classes and verdicts are the parent's (repro.judge.kvaudit, repro.judge.verdict).
+or zeros; and when they equal nothing exactly, the reference block-plane nearest them by relative
+error where it is nearer than the cell's own position (the parent keeps it when it is within the
+arm's floor: the same KV drifted as a prefill drifts). It decides nothing: classes and verdicts are the parent's (repro.judge.kvaudit, repro.judge.verdict).
 
 JOB: {"reference": {"dir": D, "probes": {probe: seq}},
       "arms": [{"name": A, "dir": D, "requests": [{"probe": P, "index": i, "seq": s, "kind": "reused"|"computed",
                                                     "layers": n}]}]}
 OUT: {"arms": {A: {P: {str(index): {"kind", "num_blocks", "layers", "planes": {"K": {"identical", "max_abs", "rel"},
-      "V": ...}, "matches": [...], "error"}}}}}
+      "V": ...}, "matches": [{"layer", "plane", "block", "source", "probe", "src_block", "src_plane", "rel"}],
+      "error"}}}}}
 """
 
 from __future__ import annotations
@@ -51,36 +54,94 @@ def _num(x: float) -> float | None:
 
 
 class ReferenceIndex:
-    """What a non-identical cell's bytes equal: sha256 of every reference block-plane, per layer."""
+    """What a non-identical cell's bytes equal: every reference block-plane of every probe, per layer, by the
+    sha256 of its bytes (equal) and as rows of one matrix (nearest, by relative error)."""
 
     def __init__(self, ref_dir: str, ref_probes: dict[str, int]):
         self.ref_dir, self.ref_probes = ref_dir, ref_probes
-        self._by_layer: dict[int, dict[str, tuple[str, int, str]]] = {}
+        self._by_layer: dict[int, dict[str, list[tuple[str, int, str]]]] = {}
+        self._rows: dict[int, tuple[torch.Tensor, torch.Tensor, list[tuple[str, int, str]]] | None] = {}
 
-    def layer(self, li: int) -> dict[str, tuple[str, int, str]]:
+    def layer(self, li: int) -> dict[str, list[tuple[str, int, str]]]:
         if li not in self._by_layer:
-            index: dict[str, tuple[str, int, str]] = {}
+            index: dict[str, list[tuple[str, int, str]]] = {}
             for probe, seq in sorted(self.ref_probes.items()):
                 ref = _load(self.ref_dir, seq, "computed", li)
                 if ref is None:
                     continue
                 for b in range(ref.shape[0]):
                     for p, plane in enumerate(PLANES):
-                        index.setdefault(_digest(ref[b, p]), (probe, b, plane))
+                        index.setdefault(_digest(ref[b, p]), []).append((probe, b, plane))
             self._by_layer[li] = index
         return self._by_layer[li]
 
-    def source(self, li: int, probe: str, block: int, plane: str, loaded: torch.Tensor) -> str | None:
+    def rows(self, li: int):
+        """(rows [M, D] float32, their norms [M], who each row is) for layer li, or None without references."""
+        if li not in self._rows:
+            mats, labels = [], []
+            for probe, seq in sorted(self.ref_probes.items()):
+                ref = _load(self.ref_dir, seq, "computed", li)
+                if ref is None:
+                    continue
+                for p, plane in enumerate(PLANES):
+                    mats.append(ref[:, p].reshape(ref.shape[0], -1).float())
+                    labels += [(probe, b, plane) for b in range(ref.shape[0])]
+            rows = torch.cat(mats) if mats else None
+            self._rows[li] = None if rows is None else (rows, rows.norm(dim=1), labels)
+        return self._rows[li]
+
+    def source(self, li: int, probe: str, block: int, plane: str, loaded: torch.Tensor) -> dict | None:
+        """The block-plane whose bytes the loaded ones equal exactly (this probe's own first), or zeros; None when
+        none does, or only the cell's own position does."""
         if not bool(_bytes(loaded).any()):
-            return "zeros"
-        hit = self.layer(li).get(_digest(loaded))
-        if hit is None:
-            return None
-        p, b, pl = hit
-        if p == probe and b == block:
-            return None if pl == plane else f"its {pl} plane"  # K and V exchanged
-        where = f"block {b}" if p == probe else f"probe {p} block {b}"
-        return where if pl == plane else f"{where} ({pl} plane)"
+            return _match("zeros", None, None, None, 0.0)
+        hits = self.layer(li).get(_digest(loaded), [])
+        hits = [h for h in hits if h[0] == probe] or hits
+        hits = [h for h in hits if h != (probe, block, plane)]
+        return _labelled(hits[0], probe, block, plane, 0.0) if hits else None
+
+    def nearest(self, li: int, probe: str, cells: list[tuple[int, str, torch.Tensor, float | None]]) -> list:
+        """For each cell (block, plane, loaded bytes, its own rel) of one layer: the block-plane of any probe nearest
+        the loaded bytes by relative error, when it is not the cell's own position and is nearer than that (None
+        otherwise); the parent decides whether it is near enough (the floor)."""
+        found = self.rows(li)
+        if found is None or not cells:
+            return [None] * len(cells)
+        rows, norms, labels = found
+        xs = torch.stack([c[2].reshape(-1).float() for c in cells])  # [k, D]
+        # a short list by the expanded distance (one product for the layer), then each candidate's error computed
+        # directly, with no cancellation
+        approx = ((norms**2)[None, :] - 2 * (xs @ rows.T) + (xs * xs).sum(1)[:, None]).clamp_min(0)
+        approx = approx.sqrt() / norms.clamp_min(1e-30)[None, :]
+        short = approx.topk(min(4, len(labels)), dim=1, largest=False).indices.tolist()
+        out = []
+        for (block, plane, _, own_rel), x, candidates in zip(cells, xs, short):
+            best = None
+            for i in candidates:
+                r = float((rows[i] - x).norm() / norms[i]) if float(norms[i]) > 0 else math.inf
+                key = (r, labels[i][0] != probe, abs(labels[i][1] - block))
+                if best is None or key < best[0]:
+                    best = (key, labels[i])
+            near = best is not None and math.isfinite(best[0][0]) and best[1] != (probe, block, plane)
+            if near and (own_rel is None or best[0][0] < own_rel):
+                out.append(_labelled(best[1], probe, block, plane, best[0][0]))
+            else:
+                out.append(None)
+        return out
+
+
+def _match(source: str, src_probe: str | None, src_block: int | None, src_plane: str | None, rel: float) -> dict:
+    return {"source": source, "probe": src_probe, "src_block": src_block, "src_plane": src_plane, "rel": rel}
+
+
+def _labelled(hit: tuple[str, int, str], probe: str, block: int, plane: str, rel: float) -> dict:
+    """A match in the words every comparison writes ('block 92', 'probe chat-511 block 30', 'its V plane',
+    'block 5 (V plane)') beside its structured fields."""
+    p, b, pl = hit
+    if p == probe and b == block:
+        return _match(f"its {pl} plane", p, b, pl, rel)  # K and V exchanged
+    where = f"block {b}" if p == probe else f"probe {p} block {b}"
+    return _match(where if pl == plane else f"{where} ({pl} plane)", p, b, pl, rel)
 
 
 def compare_request(ref_dir: str, ref_seq: int, arm_dir: str, req: dict, index: ReferenceIndex) -> dict:
@@ -104,6 +165,8 @@ def compare_request(ref_dir: str, ref_seq: int, arm_dir: str, req: dict, index: 
         diff = got.float() - ref.float()
         max_abs = diff.abs().amax(-1)
         dn, rn = diff.norm(dim=-1), ref.float().norm(dim=-1)
+        layer_matches: dict[tuple[int, str], dict] = {}
+        unknown: list[tuple[int, str, torch.Tensor, float | None]] = []  # no exact match: the nearest, batched
         for p, plane in enumerate(PLANES):
             planes[plane]["identical"].append([bool(v) for v in same[:, p]])
             planes[plane]["max_abs"].append([_num(float(v)) for v in max_abs[:, p]])
@@ -114,8 +177,14 @@ def compare_request(ref_dir: str, ref_seq: int, arm_dir: str, req: dict, index: 
                 if not bool(same[b, p]):
                     src = index.source(li, req["probe"], b, plane, got[b, p])
                     if src is not None:
-                        matches.append({"layer": li, "plane": plane, "block": b, "source": src})
+                        layer_matches[(b, plane)] = src
+                    else:
+                        unknown.append((b, plane, got[b, p], rel[-1]))
             planes[plane]["rel"].append(rel)
+        for (b, plane, _, _), src in zip(unknown, index.nearest(li, req["probe"], unknown)):
+            if src is not None:
+                layer_matches[(b, plane)] = src
+        matches += [{"layer": li, "plane": pl, "block": b, **src} for (b, pl), src in sorted(layer_matches.items())]
     return {
         "kind": req["kind"],
         "num_blocks": num_blocks or 0,

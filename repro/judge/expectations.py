@@ -3,14 +3,15 @@
 An expectation is one verdict ("PASS") or a set of them (["EXACT", "NUMERIC"]): a set states what must hold
 where the numerics legitimately depend on the machine's kernels (a reused prefix computed by a prefill of
 another length is bit-identical on one CPU and within the floor on the next). A set never mixes a finding
-(FAIL, CORRUPT) with its absence: that would accept a finding and its absence alike (repro.plan.fixtures refuses it).
+(FAIL, or a KV finding: CORRUPT, FOREIGN, MISPLACED) with its absence: that would accept a finding and its absence
+alike (repro.plan.fixtures refuses it). A set of findings (["CORRUPT", "MISPLACED"]) is a finding either way.
 """
 
 from __future__ import annotations
 
-from repro.judge.verdict import CORRUPT, FAIL
+from repro.judge.verdict import FAIL, KV_FINDINGS
 
-FINDINGS = (FAIL, CORRUPT)
+FINDINGS = (FAIL, *KV_FINDINGS)
 
 
 def expectation_values(want: object) -> tuple[str, ...]:
@@ -28,7 +29,7 @@ def expectation_met(want: object, got: str | None) -> bool:
 
 
 def expectation_states(want: object, verdict: str) -> bool:
-    """Whether the expectation states this verdict (a stated CORRUPT or FAIL: a planted fault meant to be caught)."""
+    """Whether the expectation states this verdict (a stated FAIL or KV finding: a planted fault meant to be caught)."""
     return verdict in expectation_values(want)
 
 

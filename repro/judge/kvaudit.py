@@ -11,13 +11,18 @@ computation drifted between two processes, measured in this run, never a constan
 
 from __future__ import annotations
 
+import re
+
 from repro.contract.result import ArmResult
+from repro.judge.kv_shape import describe
 from repro.judge.kv_verdict import (
     CELL_CORRUPT,
-    CELL_EXACT,
-    CELL_NUMERIC,
+    CELL_FOREIGN,
+    CELL_MISPLACED,
+    COUNT_NAMES,
     KVRequestAudit,
     KVVerdict,
+    Source,
     classify_kv_cell,
     decide_kv_probe,
     decide_kv_unavailable,
@@ -88,21 +93,27 @@ def _round(x: float | None) -> float | None:
 def arm_floor(raw_arm: dict) -> dict:
     """The arm's measured floor: its own prefills' KV against the baseline's, every cell: the cold
     requests', and on native-matched the priming prefills' too (the KV its reuses then read, from a
-    prefill of another length than the baseline's)."""
+    prefill of another length than the baseline's). rel is the largest relative error over every cell (the
+    arm's summary figure); by_layer the largest of each layer and plane, which each cell is classed against:
+    one layer that drifts does not raise the bar of the others."""
     rels, abss, cells, identical = [], [], 0, True
+    by_layer: dict[str, list[float]] = {plane: [] for plane in PLANES}
     prefills = [v for per_req in raw_arm.values() for k, v in per_req.items() if k == "0" or k.startswith("prime")]
     for cold in prefills:
         if not cold or cold.get("error") or cold.get("kind") != "computed":
             continue
         for plane in PLANES:
             pl = cold["planes"][plane]
-            for row_i, row_r, row_a in zip(pl["identical"], pl["rel"], pl["max_abs"]):
+            layers = by_layer[plane]
+            for li, (row_i, row_r, row_a) in enumerate(zip(pl["identical"], pl["rel"], pl["max_abs"])):
+                layers.extend([0.0] * (li + 1 - len(layers)))
                 for same, rel, ab in zip(row_i, row_r, row_a):
                     cells += 1
                     identical = identical and same
                     if not same:
                         rels.append(float("inf") if rel is None else rel)
                         abss.append(float("inf") if ab is None else ab)
+                        layers[li] = max(layers[li], rels[-1])
     if cells == 0:
         return {"rel": None, "max_abs": None, "cells": 0, "identical": False}
     worst_rel = max(rels, default=0.0)
@@ -112,12 +123,23 @@ def arm_floor(raw_arm: dict) -> dict:
         "max_abs": None if worst_abs == float("inf") else worst_abs,
         "cells": cells,
         "identical": identical,
+        "by_layer": {plane: [None if r == float("inf") else r for r in rows] for plane, rows in by_layer.items()},
     }
+
+
+def cell_floor(floor: dict, layer: int, plane: str) -> float | None:
+    """The floor a cell of this layer and plane is classed against: its layer's and plane's where measured, else
+    the arm's one figure."""
+    rows = (floor.get("by_layer") or {}).get(plane) or []
+    return rows[layer] if layer < len(rows) else floor.get("rel")
 
 
 def _shown(floor: dict) -> dict:
     """The floor as the report shows it (4 significant digits); never what a cell is classed against."""
-    return {**floor, "rel": _round(floor["rel"]), "max_abs": _round(floor["max_abs"])}
+    shown = {**floor, "rel": _round(floor["rel"]), "max_abs": _round(floor["max_abs"])}
+    if "by_layer" in floor:
+        shown["by_layer"] = {plane: [_round(r) for r in rows] for plane, rows in floor["by_layer"].items()}
+    return shown
 
 
 def _cold_entry(raw: dict) -> dict:
@@ -146,25 +168,66 @@ def _unavailable(reason: str) -> dict:
         "layers": 0,
         "planes": None,
         "matches": [],
-        "counts": {"exact": 0, "numeric": 0, "corrupt": 0},
+        "counts": dict.fromkeys(COUNT_NAMES.values(), 0),
     }
 
 
-def reuse_entry(raw: dict, record: dict, floor_rel: float | None) -> tuple[dict, KVRequestAudit]:
-    """One reuse request's report field and its audit for the verdict."""
-    planes, corrupt, counts = {}, [], {"exact": 0, "numeric": 0, "corrupt": 0}
+_SOURCE_TEXT = re.compile(r"^(?:probe (?P<probe>\S+) )?block (?P<block>\d+)(?: \((?P<plane>[KV]) plane\))?$")
+_OTHER_PLANE = re.compile(r"^its (?P<plane>[KV]) plane$")
+
+
+def match_source(match: dict, probe: str) -> Source | None:
+    """What a comparison's match says a cell's bytes equal, for the reuse of `probe`: another block of this prompt
+    or of another probe's (in its plane or the other), the other plane of its own block, or zeros (probe None).
+    The structured fields (repro.engine.kvcompare) when there, else its `source` words, which every comparison
+    has written (so the matches kept in a report read the same way)."""
+    rel = float(match.get("rel") or 0.0)
+    if "src_block" in match:
+        src_probe = match.get("probe")
+        if src_probe is None:
+            return Source(None)
+        return Source(src_probe, int(match["src_block"]), match.get("src_plane"), rel)
+    text = str(match.get("source") or "")
+    if text == "zeros":
+        return Source(None)
+    if m := _OTHER_PLANE.match(text):
+        return Source(probe, int(match["block"]), m["plane"], rel)
+    if m := _SOURCE_TEXT.match(text):
+        return Source(m["probe"] or probe, int(m["block"]), m["plane"] or match.get("plane"), rel)
+    return None
+
+
+def _kept(match: dict) -> dict:
+    """A match as the report keeps it: where, and its source in words (which match_source reads back), with its
+    relative error when the bytes are near the source rather than equal to it."""
+    kept = {k: match[k] for k in ("layer", "plane", "block", "source")}
+    return {**kept, "rel": _round(match["rel"])} if match.get("rel") else kept
+
+
+def reuse_entry(raw: dict, record: dict, floor: dict, probe: str) -> tuple[dict, KVRequestAudit]:
+    """One reuse request (of `probe`) its report field and its audit for the verdict: each cell classed
+    (repro.judge.kv_verdict.classify_kv_cell against its layer's and plane's floor, arm_floor, with what the
+    comparison found its bytes equal) and, where cells are misplaced or foreign, the shape of it
+    (repro.judge.kv_shape)."""
+    sources = {(m["block"], m["layer"], m["plane"]): match_source(m, probe) for m in raw.get("matches", [])}
+    planes, counts = {}, dict.fromkeys(COUNT_NAMES.values(), 0)
+    found: dict[str, list] = {CELL_CORRUPT: [], CELL_FOREIGN: [], CELL_MISPLACED: []}
+    classed: dict[tuple[int, int, str], tuple[str, Source | None]] = {}
     for plane in PLANES:
         pl = raw["planes"][plane]
         classes = []
         for li, (row_i, row_r) in enumerate(zip(pl["identical"], pl["rel"])):
-            row = "".join(classify_kv_cell(s, r, floor_rel) for s, r in zip(row_i, row_r))
+            at = cell_floor(floor, li, plane)
+            row = "".join(
+                classify_kv_cell(s, r, at, sources.get((b, li, plane)), probe)
+                for b, (s, r) in enumerate(zip(row_i, row_r))
+            )
             classes.append(row)
             for b, c in enumerate(row):
-                if c == CELL_CORRUPT:
-                    corrupt.append((b, li, plane))
-            counts["exact"] += row.count(CELL_EXACT)
-            counts["numeric"] += row.count(CELL_NUMERIC)
-            counts["corrupt"] += row.count(CELL_CORRUPT)
+                counts[COUNT_NAMES[c]] += 1
+                if c in found:
+                    found[c].append((b, li, plane))
+                    classed[(b, li, plane)] = (c, sources.get((b, li, plane)))
         planes[plane] = {
             "class": classes,
             "rel": [[_round(r) for r in row] for row in pl["rel"]],
@@ -179,10 +242,22 @@ def reuse_entry(raw: dict, record: dict, floor_rel: float | None) -> tuple[dict,
         "num_blocks": raw["num_blocks"],
         "layers": raw["layers"],
         "planes": planes,
-        "matches": raw.get("matches", [])[:MATCHES_KEPT],
+        "matches": [_kept(m) for m in raw.get("matches", [])[:MATCHES_KEPT]],
         "counts": counts,
     }
-    audit = KVRequestAudit(True, None, tuple(corrupt), counts["numeric"], counts["exact"])
+    shape = describe(classed, probe, raw["num_blocks"])
+    if shape:
+        entry["shape"] = shape
+    audit = KVRequestAudit(
+        True,
+        None,
+        tuple(found[CELL_CORRUPT]),
+        counts["numeric"],
+        counts["exact"],
+        tuple(found[CELL_MISPLACED]),
+        tuple(found[CELL_FOREIGN]),
+        shape,
+    )
     return entry, audit
 
 
@@ -280,7 +355,7 @@ def annotate(
                     r["kv_audit"] = _unavailable(why)
                     audits.append(KVRequestAudit(False, why))
                     continue
-                r["kv_audit"], audit = reuse_entry(got, rec, floor["rel"])
+                r["kv_audit"], audit = reuse_entry(got, rec, floor, p["name"])
                 audits.append(audit)
             v = decide_kv_unavailable(arm_problem) if arm_problem else decide_kv_probe(audits, floor["rel"])
             p["kv"] = _kv(v, block_size)

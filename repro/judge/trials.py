@@ -2,15 +2,18 @@
 request for a scenario run), and the class of a finding (pure: judged report entries in, small dicts out).
 
 A finding is what a reuse arm's run says is wrong: a probe whose token verdict is FAIL (with the
-first diffs of its requests), or a probe whose KV verdict is CORRUPT. Two runs "find the same" when
-they fail the same probes at the same first diffs and blame KV on the same probes. A (scenario, arm)'s
+first diffs of its requests), or a probe whose KV verdict is a KV finding (CORRUPT, FOREIGN, MISPLACED). Two
+runs "find the same" when they fail the same probes at the same first diffs and blame KV on the same probes with
+the same class. A rate counts the trials of each KV finding apart (KV_RATE_FIELDS). A (scenario, arm)'s
 runs are compared request by request instead: a request is its step, its probe and which of that probe's
 requests in the step it is.
 """
 
 from __future__ import annotations
 
-from repro.judge.verdict import CORRUPT, ERROR, FAIL, INCONCLUSIVE, PASS
+from collections.abc import Iterable, Mapping
+
+from repro.judge.verdict import CORRUPT, ERROR, FAIL, FOREIGN, INCONCLUSIVE, KV_FINDINGS, MISPLACED, PASS
 
 EVERY_TRIAL = "every trial"
 INTERMITTENT = "intermittent"
@@ -24,6 +27,31 @@ NOT_REPRODUCED = "not reproduced"
 UNCONFIRMED = "unconfirmed"
 # A run whose arm verdict is one of these decided nothing about the finding.
 UNDECIDED = (ERROR, INCONCLUSIVE)
+# A rate's count of the trials whose KV verdict was each KV finding, worst first. kv_corrupt is as old as trials;
+# kv_foreign and kv_misplaced came with those classes (a report written before them has neither: read as 0).
+# A probe (a request) has one KV verdict per trial, so their sum is the trials with any KV finding.
+KV_RATE_FIELDS = {CORRUPT: "kv_corrupt", FOREIGN: "kv_foreign", MISPLACED: "kv_misplaced"}
+
+
+def kv_counts(kvs: Iterable[object]) -> dict[str, int]:
+    """A rate's KV counts from its trials' KV verdicts (None: that trial has none): every field, 0 when none."""
+    kvs = list(kvs)
+    return {key: sum(1 for kv in kvs if kv == verdict) for verdict, key in KV_RATE_FIELDS.items()}
+
+
+def kv_rate_counts(rate: Mapping) -> list[tuple[str, int]]:
+    """(KV finding, trials) of every KV finding a rate counts in some trial, worst first (an absent field: 0)."""
+    out = []
+    for verdict, key in KV_RATE_FIELDS.items():
+        n = rate.get(key)
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            out.append((verdict, n))
+    return out
+
+
+def kv_found(rate: Mapping) -> int:
+    """The trials whose KV verdict was a finding of any class."""
+    return sum(n for _, n in kv_rate_counts(rate))
 
 
 def run_summary(entry: dict, trial: int, shared: bool | None) -> dict:
@@ -59,13 +87,13 @@ def _error(entry: dict) -> dict | None:
 
 
 def findings(run: dict) -> frozenset:
-    """The run's findings: ("tokens", probe, first diffs) and ("kv", probe) items."""
+    """The run's findings: ("tokens", probe, first diffs) and ("kv", probe, KV finding) items."""
     out = set()
     for p in run["probes"]:
         if p["verdict"] == FAIL:
             out.add(("tokens", p["name"], tuple(p["first_diffs"])))
-        if p["kv"] == CORRUPT:
-            out.add(("kv", p["name"]))
+        if p["kv"] in KV_FINDINGS:
+            out.add(("kv", p["name"], p["kv"]))
     return frozenset(out)
 
 
@@ -77,9 +105,12 @@ def decided(run: dict) -> bool:
     return run["verdict"] not in UNDECIDED
 
 
-def _probe_found(run: dict, name: str) -> tuple[bool, bool]:
+def _probe_found(run: dict, name: str) -> tuple[bool, str | None]:
+    """Whether the run FAILed the probe, and its KV finding (None: none)."""
     p = next((p for p in run["probes"] if p["name"] == name), None)
-    return (p is not None and p["verdict"] == FAIL), (p is not None and p["kv"] == CORRUPT)
+    if p is None:
+        return False, None
+    return p["verdict"] == FAIL, (p["kv"] if p["kv"] in KV_FINDINGS else None)
 
 
 def finished(run: dict) -> bool:
@@ -99,11 +130,10 @@ def trial_rates(runs: list[dict]) -> dict:
     for name in names:
         hits = [_probe_found(run, name) for run in done]
         failed = sum(1 for tokens, _ in hits if tokens)
-        corrupt = sum(1 for _, kv in hits if kv)
         either = sum(1 for tokens, kv in hits if tokens or kv)
         cls = _class(either, len(done))
         rates.append(
-            {"probe": name, "failed": failed, "kv_corrupt": corrupt, "of": len(runs), "class": cls}
+            {"probe": name, "failed": failed, **kv_counts(kv for _, kv in hits), "of": len(runs), "class": cls}
             | ({"errors": len(runs) - len(done)} if len(done) < len(runs) else {})
         )
     return {"n": len(runs), "runs": runs, "rates": rates, "class": _overall(rates)}
@@ -169,19 +199,19 @@ def _keyed(run: dict) -> dict[tuple, dict]:
 
 def scenario_trial_rates(runs: list[dict]) -> dict:
     """A (scenario, arm)'s `trials` from every run of it (trial 1 is its own run): per request that is not a
-    PASS (or whose KV is CORRUPT) in some trial, its verdict, first diff and KV verdict in each trial (null where that trial has no such request:
-    it failed), in how many it FAILed and had CORRUPT KV, and the class of that finding."""
+    PASS (or whose KV is a finding) in some trial, its verdict, first diff and KV verdict in each trial (null where
+    that trial has no such request: it failed), in how many it FAILed and had each KV finding, and the class of
+    that finding."""
     keyed = [_keyed(run) for run in runs]
     done = sum(1 for run in runs if finished(run))
     keys: list[tuple] = []
     for by_key in keyed:
-        keys += [k for k, r in by_key.items() if (r["verdict"] != PASS or r["kv"] == CORRUPT) and k not in keys]
+        keys += [k for k, r in by_key.items() if (r["verdict"] != PASS or r["kv"] in KV_FINDINGS) and k not in keys]
     rates = []
     for key in sorted(keys, key=lambda k: k[0] if isinstance(k[0], int) else -1):  # by step, then as they ran
         found = [by_key.get(key) for by_key in keyed]
         failed = sum(1 for r in found if r is not None and r["verdict"] == FAIL)
-        corrupt = sum(1 for r in found if r is not None and r["kv"] == CORRUPT)
-        either = sum(1 for r in found if r is not None and (r["verdict"] == FAIL or r["kv"] == CORRUPT))
+        either = sum(1 for r in found if r is not None and (r["verdict"] == FAIL or r["kv"] in KV_FINDINGS))
         step, probe, nth = key
         rates.append(
             {
@@ -192,7 +222,7 @@ def scenario_trial_rates(runs: list[dict]) -> dict:
                 "first_diffs": [r["first_diff"] if r is not None else None for r in found],
                 "kv": [r["kv"] if r is not None else None for r in found],
                 "failed": failed,
-                "kv_corrupt": corrupt,
+                **kv_counts(r["kv"] for r in found if r is not None),
                 "of": len(runs),
                 "class": _class(either, done),
             }
@@ -202,12 +232,11 @@ def scenario_trial_rates(runs: list[dict]) -> dict:
 
 
 def rate_text(rates: dict) -> str:
-    """'chat-511 FAIL 3/5 (intermittent); fixture 0/5' for the summary lines."""
+    """'chat-511 FAIL 3/5 (intermittent); fixture FAIL 0/5, KV MISPLACED 2/5' for the summary lines."""
     parts = []
     for r in rates["rates"]:
         what = f"FAIL {r['failed']}/{r['of']}"
-        if r["kv_corrupt"]:
-            what += f", KV CORRUPT {r['kv_corrupt']}/{r['of']}"
+        what += "".join(f", KV {verdict} {n}/{r['of']}" for verdict, n in kv_rate_counts(r))
         parts.append(f"{r['probe']} {what}" + (f" ({r['class']})" if r["class"] == INTERMITTENT else ""))
     return "; ".join(parts)
 
@@ -273,9 +302,9 @@ def classify_confirmation(shared_runs: list[dict], alone: dict) -> tuple[str, st
 
 
 def _clean_on(run: dict, names: set[str]) -> bool:
-    """The run ran every one of these probes to a PASS with no CORRUPT KV (whatever it said elsewhere)."""
+    """The run ran every one of these probes to a PASS with no KV finding (whatever it said elsewhere)."""
     by = {p["name"]: p for p in run.get("probes") or []}
-    return all(n in by and by[n]["verdict"] == PASS and by[n]["kv"] != CORRUPT for n in names)
+    return all(n in by and by[n]["verdict"] == PASS and by[n]["kv"] not in KV_FINDINGS for n in names)
 
 
 def _probes(run: dict) -> set[str]:

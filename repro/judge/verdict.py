@@ -15,7 +15,13 @@ above never changes because of it):
 EXACT: every block the reuses read is bit-identical to the KV the cache-off baseline computed.
 NUMERIC: none is corrupt, some differ but no more than the arm's own cold prefill differed from
 the baseline (the floor the kit measures in every run and reports).
-CORRUPT: some block x layer x plane differs by more than that floor (a finding, exit 1).
+MISPLACED: some block x layer x plane differs by more than that floor, and its bytes are this prompt's own KV
+from another position or plane (equal, or within the floor, to the baseline's block there): real KV in the
+wrong slot, a block-mapping fault (a finding, exit 1).
+FOREIGN: some cell's bytes are another prompt's KV (equal, or within the floor, to the baseline's block of
+another probe, a request this engine also ran): another request's KV served (a finding, exit 1).
+CORRUPT: some cell differs by more than the floor and equals nothing known (garbage, zeros: a finding, exit 1).
+A probe takes the worst class of its cells: CORRUPT over FOREIGN over MISPLACED over NUMERIC over EXACT.
 UNAVAILABLE: the audit could not see what was reused (with the reason).
 
 Every divergence (a request's first token that differs from the baseline) also gets a class, which
@@ -44,7 +50,10 @@ from repro.judge.compare import NEAR_TIE_NATS, first_diff
 PASS, FAIL, INCONCLUSIVE, ERROR, SKIPPED = "PASS", "FAIL", "INCONCLUSIVE", "ERROR", "SKIPPED"
 VERDICTS = (PASS, FAIL, INCONCLUSIVE, ERROR, SKIPPED)
 EXACT, NUMERIC, CORRUPT, UNAVAILABLE = "EXACT", "NUMERIC", "CORRUPT", "UNAVAILABLE"
-KV_VERDICTS = (EXACT, NUMERIC, CORRUPT, UNAVAILABLE)
+MISPLACED, FOREIGN = "MISPLACED", "FOREIGN"
+KV_VERDICTS = (EXACT, NUMERIC, MISPLACED, FOREIGN, CORRUPT, UNAVAILABLE)
+# The KV verdicts that are findings (the bytes a reuse read are not the baseline's), worst first.
+KV_FINDINGS = (CORRUPT, FOREIGN, MISPLACED)
 # The class of a divergence, from the baseline's top-1/top-2 gap at its index (classify_divergence).
 DECISIVE, NEAR_TIE, UNCLASSED = "decisive", "near-tie", "unclassed"
 DIVERGENCE_CLASSES = (DECISIVE, NEAR_TIE, UNCLASSED)

@@ -10,8 +10,8 @@ Fixture schema (kind "kvkit-fixture"; JSON Schema in schemas/fixture.schema.json
     sets: in any of the four tables an expectation may be a non-empty list of distinct verdicts
     (["EXACT", "NUMERIC"]: either holds) where a correct stack may legitimately give either, such as
     KV that a prefill of another length or batch shape computed; a list never mixes a finding (FAIL,
-    CORRUPT) with a non-finding. A kit older than sets refuses such a fixture with a one-line error
-    (it checked each entry was one verdict), so nothing is read differently.
+    or a KV finding: CORRUPT, FOREIGN, MISPLACED) with a non-finding. A kit older than sets refuses such
+    a fixture with a one-line error (it checked each entry was one verdict), so nothing is read differently.
 """
 
 from __future__ import annotations

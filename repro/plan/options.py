@@ -113,8 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-confirm",
         dest="confirm",
         action="store_false",
-        help="do not re-run alone an arm whose FAIL or CORRUPT came while it shared its GPU (or the CPU's cores) "
-        "with other arms; the report says the finding was not confirmed",
+        help="do not re-run alone an arm whose FAIL or KV finding (CORRUPT, FOREIGN, MISPLACED) came while it shared "
+        "its GPU (or the CPU's cores) with other arms; the report says the finding was not confirmed",
     )
     p.add_argument(
         "--frontend",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from repro.judge.verdict import CORRUPT
+from repro.judge.verdict import KV_FINDINGS
 
 MATRIX_KIND = "kvkit-matrix"  # repro.matrix.status.MATRIX_KIND
 CELLS_DIR = "site"  # repro.matrix.commands.SITE_DIR: a matrix's cell pages, beside its summary
@@ -93,16 +93,18 @@ def _matrix(path: Path, out: Path, write: Callable, render_folder: Callable) -> 
 
 
 def _tally(page) -> str:
-    """'16 FAIL · 12 PASS, KV CORRUPT ×4' over every reuse arm's probe of every cell."""
+    """'16 FAIL · 12 PASS, KV CORRUPT ×4, KV MISPLACED ×2' over every reuse arm's probe of every cell: each KV
+    finding by its class, worst first."""
     verdicts: dict[str, int] = {}
-    corrupt = 0
+    kv = dict.fromkeys(KV_FINDINGS, 0)
     for row in page.rows:
         for marks in row.marks:
             for m in marks:
                 verdicts[m.verdict] = verdicts.get(m.verdict, 0) + 1
-                corrupt += m.kv == CORRUPT
+                if m.kv in kv:
+                    kv[m.kv] += 1
     text = " · ".join(f"{n} {v}" for v, n in sorted(verdicts.items())) or "no verdicts"
-    return text + (f", KV CORRUPT ×{corrupt}" if corrupt else "") + " (reuse arm × probe)"
+    return text + "".join(f", KV {v} ×{n}" for v, n in kv.items() if n) + " (reuse arm × probe)"
 
 
 def _detection(path: Path, out: Path, write: Callable) -> Entry:

@@ -4,8 +4,12 @@ a K and a V panel) and the page's legend, as SVG geometry the template only prin
 Fill is the cell's relative error against the baseline's KV on a log scale (LOG_MIN..LOG_MAX), in
 blue for a numeric cell (within the arm's measured floor) and orange to dark red for a corrupt
 one, which is also outlined; an exact cell is neutral grey, and a corrupt cell whose error is not
-a finite number takes the darkest red. Blocks a planted fault corrupted on purpose are framed by
-a dashed band. Every cell has a <title>; the caption says the same in words. Pure: no I/O.
+a finite number takes the darkest red. The other findings take one colour each whatever their error, from a
+palette colour-blind readers tell apart (Okabe-Ito), and an outline of their own: a misplaced cell (this
+prompt's own KV from another block or plane) bluish green with a dashed outline, a foreign cell (another
+prompt's KV) reddish purple with a dotted one. Blocks a planted fault corrupted on purpose are framed by
+a dashed band. Every cell has a <title>; the caption says the same in words. The legend shows the misplaced
+and foreign keys only on a page that has such cells. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -13,7 +17,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from repro.judge.kv_verdict import CELL_CORRUPT, CELL_EXACT, CELL_NUMERIC
+from repro.judge.kv_verdict import (
+    CELL_CLASSES,
+    CELL_CORRUPT,
+    CELL_EXACT,
+    CELL_FOREIGN,
+    CELL_MISPLACED,
+    CELL_NUMERIC,
+    COUNT_NAMES,
+)
 from repro.judge.wording import blocks_text, number, spans
 from repro.readmodel import Request, floor_rel_text
 
@@ -21,12 +33,22 @@ LOG_MIN, LOG_MAX = -8, 0  # 1e-8 .. 1: the float32 floor sits near the left, a z
 EXACT_FILL = "#d5d9df"
 NUMERIC_RAMP = ((125, 180, 250), (30, 58, 138))  # blue: even the lightest stands apart from the grey of exact
 CORRUPT_RAMP = ((253, 186, 116), (127, 29, 29))  # orange to dark red
+MISPLACED_FILL = "#009e73"  # Okabe-Ito bluish green: apart from the blue ramp, the grey and the reds
+FOREIGN_FILL = "#cc79a7"  # Okabe-Ito reddish purple
+FLAT_FILLS = {CELL_MISPLACED: MISPLACED_FILL, CELL_FOREIGN: FOREIGN_FILL}
+# The outlined cells' css (the template draws each one's outline: kv-c solid, kv-m dashed, kv-f dotted).
+FINDING_CSS = {CELL_CORRUPT: "kv-c", CELL_MISPLACED: "kv-m", CELL_FOREIGN: "kv-f"}
 OUTLINE = "#111111"
 PLANTED_STROKE = "#7c3aed"
 LABEL_W = 74  # room for "K · layer 27"
 TOP = 18  # room for the block numbers
 PANEL_GAP = 14
-CLASS_NAMES = {CELL_EXACT: "exact", CELL_NUMERIC: "numeric", CELL_CORRUPT: "corrupt"}
+CLASS_NAMES = dict(COUNT_NAMES)
+# What each finding class is, in the legend.
+LEGEND_WORDS = {
+    CELL_MISPLACED: "misplaced: this prompt's own KV from another block or plane (dashed outline)",
+    CELL_FOREIGN: "foreign: another prompt's KV (dotted outline)",
+}
 
 
 @dataclass(frozen=True)
@@ -36,7 +58,7 @@ class Rect:
     w: float
     h: float
     fill: str
-    css: str  # kv-e, kv-n, kv-c (outlined), planted, swatch
+    css: str  # kv-e, kv-n, kv-c, kv-m, kv-f (the last three outlined), planted, swatch
     title: str
 
 
@@ -59,6 +81,7 @@ class Heatmap:
     labels: tuple[Label, ...]
     caption: str
     counts: str
+    classes: tuple[str, ...] = ()  # the cell classes it draws (repro.judge.kv_verdict.CELL_CLASSES order)
 
 
 @dataclass(frozen=True)
@@ -86,6 +109,8 @@ def _position(rel: float | None) -> float:
 def cell_fill(cls: str, rel: float | None) -> str:
     if cls == CELL_EXACT:
         return EXACT_FILL
+    if cls in FLAT_FILLS:
+        return FLAT_FILLS[cls]
     return _mix(NUMERIC_RAMP if cls == CELL_NUMERIC else CORRUPT_RAMP, _position(rel))
 
 
@@ -141,8 +166,8 @@ def _row_rects(panel: _Panel, layer: int, row: str, rel: list, max_abs: list) ->
         if block in panel.planted:
             what += " · planted fault"
         title = panel.title(layer, block, block, what)
-        if cls == CELL_CORRUPT:  # inset, so the outline stays inside the cell and its neighbours' outlines show
-            rects.append(Rect(x + 0.5, y + 0.5, panel.cw - 1, panel.ch - 1, cell_fill(cls, r), "kv-c", title))
+        if cls in FINDING_CSS:  # inset, so the outline stays inside the cell and its neighbours' outlines show
+            rects.append(Rect(x + 0.5, y + 0.5, panel.cw - 1, panel.ch - 1, cell_fill(cls, r), FINDING_CSS[cls], title))
         else:
             rects.append(Rect(x, y, panel.cw, panel.ch, cell_fill(cls, r), "kv-n", title))
         b += 1
@@ -178,6 +203,9 @@ def build_heatmap(request: Request, *, label: str, anchor: str, floor: object, b
             bands.append(Rect(x, panel.top - 2.5, w, panel_h + 5, "none", "planted", title))
     counts = audit.counts
     total = sum(v for v in counts.values() if isinstance(v, int))
+    drawn = {c for plane in ("K", "V") for row in audit.planes[plane]["class"] for c in str(row)}
+    # misplaced and foreign are named where there are some (a report written before them has no such count)
+    named = [c for c in CELL_CLASSES if c not in FLAT_FILLS or counts.get(COUNT_NAMES[c])]
     return Heatmap(
         anchor=anchor,
         label=label,
@@ -188,18 +216,20 @@ def build_heatmap(request: Request, *, label: str, anchor: str, floor: object, b
         labels=tuple(labels),
         caption=(
             f"planted: {blocks_text(sorted(planted), block_size)}; "
-            f"blamed: {blocks_text(audit.corrupt_blocks, block_size)}; {floor_rel_text(floor)}"
+            f"blamed: {blocks_text(audit.blamed_blocks, block_size)}; {floor_rel_text(floor)}"
         ),
         counts=(
-            f"{counts.get('exact', 0)} exact · {counts.get('numeric', 0)} numeric · {counts.get('corrupt', 0)} corrupt "
-            f"of {total} cells (block × layer × plane)"
+            " · ".join(f"{counts.get(COUNT_NAMES[c], 0)} {COUNT_NAMES[c]}" for c in named)
+            + f" of {total} cells (block × layer × plane)"
             + (f"; KV {audit.get('origin')}ly loaded" if audit.get("origin") in ("external", "local") else "")
         ),
+        classes=tuple(c for c in CELL_CLASSES if c in drawn),
     )
 
 
-def build_legend() -> Legend:
-    """The colour scale (log relative error, numeric and corrupt), the exact colour, the outline and the band."""
+def build_legend(classes: tuple[str, ...] | frozenset[str] | set[str] = ()) -> Legend:
+    """The colour scale (log relative error, numeric and corrupt), the exact colour, the outline and the band;
+    then a key for each of misplaced and foreign that `classes` (the cell classes the page draws) holds."""
     steps, sw, x0 = 16, 18, 170
     cells, labels = [], []
     for row, (cls, name) in enumerate(
@@ -221,4 +251,9 @@ def build_legend() -> Legend:
     labels.append(Label(x0 + sw * 2 + 6, y + 12, "exact (bit-identical)", "start"))
     cells.append(Rect(x0 + 170, y - 2, sw * 2, 20, "none", "planted", "planted fault"))
     labels.append(Label(x0 + 170 + sw * 2 + 8, y + 12, "blocks a planted fault corrupted", "start"))
+    for cls in (c for c in (CELL_MISPLACED, CELL_FOREIGN) if c in classes):
+        y += 24
+        words = LEGEND_WORDS[cls]
+        cells.append(Rect(x0 + 0.5, y + 0.5, sw * 2 - 1, 15, FLAT_FILLS[cls], FINDING_CSS[cls], words))
+        labels.append(Label(x0 + sw * 2 + 6, y + 12, words, "start"))
     return Legend(width=x0 + steps * sw + 330, height=y + 22, cells=tuple(cells), labels=tuple(labels))

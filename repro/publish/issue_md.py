@@ -7,6 +7,7 @@ import sys
 
 from repro.commands import ArgumentParser
 from repro.errors import EXIT_OK
+from repro.judge.kv_verdict import COUNT_NAMES
 from repro.judge.verdict import ERROR, PASS
 from repro.judge.wording import blocks_text, number, span_text
 from repro.publish.issue_facts import format_conditions, format_maintainer_facts
@@ -14,6 +15,7 @@ from repro.publish.markdown import format_tokens, margin_text, markdown_table
 from repro.publish.scenario_md import format_scenarios
 from repro.readmodel import (
     DIVERGENCE_LEGEND,
+    KV_FINER_LEGEND,
     REPLAY_LEGEND,
     Arm,
     BlamedChunk,
@@ -32,6 +34,7 @@ MAX_WARNINGS = 40
 TABLE_HEADER = ("arm", "probe", "tokens", "cached", "verdict", "first diffs")
 KV_HEADER = ("KV",)  # the verdict table's extra column when the run audited KV
 CHUNK_HEADER = ("arm", "probe", "reuse", "blocks (tokens)", "layers", "planes", "max rel error", "bytes equal")
+CLASS_HEADER = ("cells",)  # after "reuse", where some chunk holds a foreign or misplaced cell: its cells by class
 MAX_CHUNK_ROWS = 60
 TRIALS_HEADER = ("trials",)  # columns the verdict table gains when a report records trials / a re-run alone
 ALONE_HEADER = ("re-run alone",)
@@ -84,31 +87,50 @@ def format_table(report: Report | dict) -> str:
     return markdown_table(header, table_rows(report))
 
 
+def _chunks(report: Report) -> list[tuple[Arm, Probe, int, BlamedChunk]]:
+    return [
+        (arm, p, reuse_no, c)
+        for arm in report.reuse_arms
+        for p in arm.probes
+        for reuse_no, r in p.numbered_requests()
+        for c in (r.kv_audit.blamed_chunks if r.kv_audit is not None else ())
+    ]
+
+
+def _classed(report: Report) -> bool:
+    """Some blamed chunk holds a foreign or misplaced cell: the chunk table says each chunk's cells by class (a
+    report written before those classes blames corrupt cells only, and its table is as it always was)."""
+    return any(not c.only_corrupt for *_, c in _chunks(report))
+
+
+def _class_cell(chunk: BlamedChunk) -> str:
+    """'misplaced 12, corrupt 3': the chunk's finding cells by class, worst first."""
+    return ", ".join(f"{COUNT_NAMES.get(cls, cls)} {n}" for cls, n in chunk.classes)
+
+
 def chunk_rows(report: Report | dict) -> list[tuple[str, ...]]:
-    """One row per blamed chunk (a run of adjacent blocks with corrupt cells) of every audited reuse."""
+    """One row per blamed chunk (a run of adjacent blocks with finding cells: corrupt, foreign, misplaced) of every
+    audited reuse; with a cells-by-class column after the reuse where some chunk is not all corrupt."""
     report = as_report(report)
+    classed = _classed(report)
     rows = []
-    for arm in report.reuse_arms:
-        for p in arm.probes:
-            for reuse_no, r in p.numbered_requests():
-                for c in r.kv_audit.blamed_chunks if r.kv_audit is not None else ():
-                    rows.append(
-                        (
-                            arm.title,
-                            p.name,
-                            str(reuse_no),
-                            blocks_text(c.blocks, report.block_size),
-                            span_text(c.layers),
-                            "+".join(c.planes),
-                            "not finite" if c.max_rel is None else number(c.max_rel),
-                            _sources(c),
-                        )
-                    )
+    for arm, p, reuse_no, c in _chunks(report):
+        rows.append(
+            (arm.title, p.name, str(reuse_no))
+            + ((_class_cell(c),) if classed else ())
+            + (
+                blocks_text(c.blocks, report.block_size),
+                span_text(c.layers),
+                "+".join(c.planes),
+                "not finite" if c.max_rel is None else number(c.max_rel),
+                _sources(c),
+            )
+        )
     return rows
 
 
 def _sources(chunk: BlamedChunk) -> str:
-    """'zeros (3 of 128 cells)': what the chunk's corrupt cells' bytes equal, where the audit found it."""
+    """'zeros (3 of 128 cells)': what the chunk's finding cells' bytes equal, where the audit found it."""
     counts: dict[str, int] = {}
     for source in chunk.sources:
         counts[source] = counts.get(source, 0) + 1
@@ -117,28 +139,38 @@ def _sources(chunk: BlamedChunk) -> str:
 
 
 def format_kv_audit(report: Report) -> str:
-    """Each reuse arm's audit and floor, then every blamed chunk in one table."""
+    """Each reuse arm's audit and floor, then every blamed chunk in one table, then what the foreign and misplaced
+    cells of each reuse hold (its shape), where the audit said."""
     if not report.kv_audit_state:
         return "KV audit: off for this run (token verdicts only)."
+    finer = f" {KV_FINER_LEGEND}." if report.shows_finer_kv else ""
     lines = [
         (
             "Each reuse's KV blocks, per layer and K/V plane, against the KV the cache-disabled baseline computed "
             "for the same tokens: EXACT bit-identical, NUMERIC within the arm's floor (its own cold prefill against "
-            "the baseline), CORRUPT beyond it."
+            f"the baseline), CORRUPT beyond it.{finer}"
         ),
         "",
     ]
     lines += [f"- **{a.title}**: {a.kv_text}" for a in report.arms]
+    shapes = [
+        f"- **{a.title}** / `{p.name}` {shape}" for a in report.reuse_arms for p in a.probes for shape in p.kv_shapes
+    ]
+    shapes = ["", "What the foreign and misplaced cells hold:", "", *shapes] if shapes else []
     rows = chunk_rows(report)
     if not rows:
-        return "\n".join([*lines, "", "No block was blamed."])
-    table = markdown_table(CHUNK_HEADER, rows[:MAX_CHUNK_ROWS])
+        return "\n".join([*lines, "", "No block was blamed.", *shapes])
+    classed = _classed(report)
+    header = CHUNK_HEADER[:3] + (CLASS_HEADER if classed else ()) + CHUNK_HEADER[3:]
+    table = markdown_table(header, rows[:MAX_CHUNK_ROWS])
     more = (
         f"\n\n_… {len(rows) - MAX_CHUNK_ROWS} more blamed chunks in the report JSON._"
         if len(rows) > MAX_CHUNK_ROWS
         else ""
     )
-    return "\n".join([*lines, "", "Blamed chunks (runs of adjacent blocks with a corrupt cell):", "", table]) + more
+    what = "a finding cell: corrupt, foreign or misplaced" if classed else "a corrupt cell"
+    body = "\n".join([*lines, "", f"Blamed chunks (runs of adjacent blocks with {what}):", "", table]) + more
+    return body + ("\n" + "\n".join(shapes) if shapes else "")
 
 
 def format_verdicts(report: Report | dict) -> str:

@@ -3,14 +3,28 @@ and outlined by the KV verdict, as SVG geometry the template only prints (above 
 
 Rows are the table's cells in its order; columns are probes, each a group with one square per reuse arm
 in the order the arms are first seen. A square's <title> says the cell, arm, probe and verdicts in words;
-an ERROR cell is one bar across its row. Pure: no I/O."""
+an ERROR cell is one bar across its row. The KV findings' outlines are thick: CORRUPT solid black, FOREIGN dotted
+reddish purple, MISPLACED dashed bluish green (the heatmap's colours); the key lists FOREIGN and MISPLACED only
+on a page that has one. Pure: no I/O."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from repro.judge.verdict import CORRUPT, ERROR, EXACT, FAIL, INCONCLUSIVE, NUMERIC, PASS, SKIPPED, UNAVAILABLE
-from repro.publish.heatmap import Label  # an SVG text label, as the KV heatmap draws them
+from repro.judge.verdict import (
+    CORRUPT,
+    ERROR,
+    EXACT,
+    FAIL,
+    FOREIGN,
+    INCONCLUSIVE,
+    MISPLACED,
+    NUMERIC,
+    PASS,
+    SKIPPED,
+    UNAVAILABLE,
+)
+from repro.publish.heatmap import FOREIGN_FILL, MISPLACED_FILL, Label  # as the KV heatmap draws them
 
 SQUARE, GAP, GROUP_GAP, ROW_GAP = 16, 3, 16, 4
 TOP = 22  # room for the probe names
@@ -20,6 +34,8 @@ NOT_RUN_FILL = "#ffffff"
 # (stroke, width, dash): the KV verdict's outline; a probe the audit did not judge keeps a thin grey one.
 OUTLINES = {
     CORRUPT: ("#111111", 3.0, ""),
+    FOREIGN: (FOREIGN_FILL, 3.0, "1.5 1.5"),
+    MISPLACED: (MISPLACED_FILL, 3.0, "4 2"),
     NUMERIC: ("#1e3a8a", 2.0, ""),
     EXACT: ("#9aa3ad", 1.0, ""),
     UNAVAILABLE: ("#6b7280", 1.5, "3 2"),
@@ -110,6 +126,8 @@ def build_picture(page) -> Picture:
     height = TOP + len(page.rows) * (SQUARE + ROW_GAP) + 4
     fills = tuple(Swatch(FILLS[v], NO_KV[0], 1.0, "", v) for v in (PASS, FAIL, INCONCLUSIVE, ERROR, SKIPPED))
     fills += (Swatch(NOT_RUN_FILL, "#b0b7c0", 1.0, "2 2", "not run"),)
-    outlines = tuple(Swatch("#ffffff", *OUTLINES[v], f"KV {v}") for v in (CORRUPT, NUMERIC, EXACT, UNAVAILABLE))
+    seen = {m.kv for row in page.rows for marks in row.marks for m in marks}
+    keyed = (CORRUPT, *(v for v in (FOREIGN, MISPLACED) if v in seen), NUMERIC, EXACT, UNAVAILABLE)
+    outlines = tuple(Swatch("#ffffff", *OUTLINES[v], f"KV {v}") for v in keyed)
     outlines += (Swatch("#ffffff", *NO_KV, "not audited"),)
     return Picture(int(width), int(height), tuple(squares), tuple(labels), arms, fills, outlines)

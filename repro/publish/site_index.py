@@ -61,7 +61,8 @@ def build_index_row(report: Report | dict, *, stem: str, href: str) -> IndexRow:
 
 
 def _plain_pass(arm: ScenarioArm) -> bool:
-    """A scenario run with nothing to say: PASS, no class, no CORRUPT KV, no finding or ERROR in a later trial."""
+    """A scenario run with nothing to say: PASS, no class, no KV finding (CORRUPT, FOREIGN, MISPLACED), no finding
+    or ERROR in a later trial."""
     later = arm.trials and (arm.trials.found or arm.trials.errors)
     return arm.verdict == PASS and not arm.cls and not arm.is_finding and not later
 

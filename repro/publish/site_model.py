@@ -16,6 +16,7 @@ from repro.publish.site_kv import KVDetail, kv_detail, kv_note
 from repro.publish.site_scenarios import ScenarioBlock, scenario_block, scenarios_note
 from repro.readmodel import (
     DIVERGENCE_LEGEND,
+    KV_FINER_LEGEND,
     REPLAY_LEGEND,
     Arm,
     Probe,
@@ -42,11 +43,11 @@ class TableRow:
     note: str
     anchor: str
     kv: str = ""  # the KV verdict's cell (schema 2 with the audit on), e.g. "CORRUPT: blocks 0–15 (…)"
-    kv_verdict: str = ""  # EXACT, NUMERIC, CORRUPT, UNAVAILABLE; "" when the probe was not audited
+    kv_verdict: str = ""  # EXACT, NUMERIC, MISPLACED, FOREIGN, CORRUPT, UNAVAILABLE; "" when not audited
     # a FAIL's divergences with their classes, ("@13 (near-tie, gap 0.045 nats)", "near-tie") each; then
     # the cell shows these instead of diff
     classes: tuple[tuple[str, str], ...] = ()
-    # what qualifies a FAIL (or KV CORRUPT): ("intermittent 3/5", True), ("5/5 trials", False); () without trials
+    # what qualifies a FAIL (or KV finding): ("intermittent 3/5", True), ("5/5 trials", False); () without trials
     marks: tuple[tuple[str, bool], ...] = ()
     replays: str = ""  # "reuse 1: replays fixture's answer from @0, 7 tokens"; "" when no reuse replays anything
 
@@ -132,6 +133,7 @@ class ReportPage:
     kv: bool = False  # a KV column and heatmaps (schema 2 with the audit on)
     kv_note: str = ""  # the audit's state near the table; "" for a report made before the audit
     kv_legend: Legend | None = None
+    kv_finer_legend: str = ""  # what MISPLACED and FOREIGN mean, on a page that shows one; "" otherwise
     divergence_legend: str = DIVERGENCE_LEGEND
     conditions: Conditions | None = None  # None: the report records none of the conditions (issue 18)
     conditions_warning: str = ""  # a finding that was intermittent or needed the shared device, by arm
@@ -340,13 +342,19 @@ def build_report_page(
         ),
         kv=bool(audit),
         kv_note=kv_note(report, audit),
-        kv_legend=build_legend() if audit else None,
+        kv_legend=build_legend(_drawn_classes(details)) if audit else None,
+        kv_finer_legend=KV_FINER_LEGEND if audit and report.shows_finer_kv else "",
         conditions=page_conditions(report),
         conditions_warning=report.conditions_warning,
         replay_legend=REPLAY_LEGEND if any(d.replays for d in details) else "",
         scenarios=tuple(scenario_block(sc, i) for i, sc in enumerate(report.scenarios)),
         scenarios_note=scenarios_note(report),
     )
+
+
+def _drawn_classes(details: list[ProbeDetail]) -> frozenset[str]:
+    """The KV cell classes the page's heatmaps draw (the legend keys the finer findings only where drawn)."""
+    return frozenset(c for d in details if d.kv is not None for h in d.kv.heatmaps for c in h.classes)
 
 
 def _config_pairs(arm: Arm) -> tuple[tuple[str, str], ...]:

@@ -24,7 +24,7 @@ class ScenarioRow:
     diff: str
     diff_class: str  # the divergence's class (decisive, near-tie, unclassed); "" when it did not diverge
     kv: str
-    kv_verdict: str  # EXACT, NUMERIC, CORRUPT, UNAVAILABLE; "" when not audited
+    kv_verdict: str  # EXACT, NUMERIC, MISPLACED, FOREIGN, CORRUPT, UNAVAILABLE; "" when not audited
     control: str
     cls: str = ""  # the request's class ("schedule-numerics"); "" when none
     note: str = ""  # what qualifies its check, e.g. an expected reuse not enforced

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from repro.judge.verdict import ERROR, PASS, SKIPPED
+from repro.judge.verdict import CORRUPT, ERROR, PASS, SKIPPED
 from repro.readmodel import Arm, Probe, Report, Scenario, as_report
 from repro.record.report import CLAIM_LINE
 
@@ -98,7 +98,10 @@ def format_summary(report: Report | Mapping[str, Any]) -> str:
         lines.append("KV findings:" + ("" if report.kv_findings else " none"))
         for a, p in report.kv_findings:
             expected = "" if (a.name, p.name) in unexpected else " (expected by the fixture)"
-            lines.append(f"  {a.title} / {p.name}: {p.kv.blame_text}{expected}")
+            # CORRUPT, the one KV finding before FOREIGN and MISPLACED, is the line as it always was
+            cls = "" if p.kv_verdict == CORRUPT else f"{p.kv_verdict}: "
+            lines.append(f"  {a.title} / {p.name}: {cls}{p.kv.blame_text}{expected}")
+            lines += [f"    {shape}"[:400] for shape in p.kv_shapes]
     lines += scenario_block(report)
     lines.append(CLAIM_LINE)
     return "\n".join(lines)

@@ -11,7 +11,7 @@ from typing import Any
 
 from repro.readmodel.arms import Arm, ArmAudit, floor_rel_text, floor_text
 from repro.readmodel.conditions import ArmConditions, ConditionMark, CopyPath, RunConditions, TrialRate
-from repro.readmodel.probes import Probe, ProbeKV, kv_blame_text
+from repro.readmodel.probes import KV_FINER_LEGEND, Probe, ProbeKV, kv_blame_text
 from repro.readmodel.reports import Report, commit_label
 from repro.readmodel.requests import (
     DIVERGENCE_LEGEND,
@@ -28,6 +28,7 @@ from repro.readmodel.scenarios import Scenario, ScenarioArm, Step
 
 __all__ = [
     "DIVERGENCE_LEGEND",
+    "KV_FINER_LEGEND",
     "REPLAY_LEGEND",
     "Arm",
     "ArmAudit",

@@ -9,10 +9,10 @@ from functools import cached_property
 from typing import Any
 
 from repro.judge.verdict import (
-    CORRUPT,
     DECISIVE,
     EXACT,
     FAIL,
+    KV_FINDINGS,
     NEAR_TIE,
     NUMERIC,
     UNAVAILABLE,
@@ -24,8 +24,8 @@ from repro.judge.wording import number
 from repro.readmodel.conditions import ArmConditions, ConditionMark
 from repro.readmodel.probes import Probe
 
-# The order a tally lists KV verdicts in: findings first.
-KV_TALLY_ORDER = (CORRUPT, UNAVAILABLE, NUMERIC, EXACT)
+# The order a tally lists KV verdicts in: findings first (CORRUPT, FOREIGN, MISPLACED), then the rest.
+KV_TALLY_ORDER = (*KV_FINDINGS, UNAVAILABLE, NUMERIC, EXACT)
 
 
 def floor_text(floor: object) -> str:
@@ -215,7 +215,8 @@ class Arm:
 
     @property
     def kv_tally(self) -> str:
-        """'CORRUPT×2 · EXACT×2': the probes counted by KV verdict, findings first; '—' when none was audited."""
+        """'CORRUPT×2 · MISPLACED×1 · EXACT×2': the probes counted by KV verdict, findings first; '—' when none was
+        audited."""
         counts: dict[str, int] = {}
         for probe in self.probes:
             if probe.kv_verdict is not None:
@@ -224,7 +225,7 @@ class Arm:
         return " · ".join(f"{v}×{counts[v]}" for v in order) or "—"
 
     def marks(self, probe: Probe) -> tuple[ConditionMark, ...]:
-        """The marks beside a probe's FAIL (or KV CORRUPT): 'intermittent 3/5', '5/5 trials', 'contention-dependent'."""
+        """The marks beside a probe's FAIL (or KV finding): 'intermittent 3/5', '5/5 trials', 'contention-dependent'."""
         return self.conditions.marks(probe.name) if probe.is_finding else ()
 
     def marks_text(self, probe: Probe) -> str:

@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from repro.judge.verdict import CORRUPT, ERROR, FAIL
+from repro.judge.trials import kv_found, kv_rate_counts
+from repro.judge.verdict import ERROR, FAIL, KV_FINDINGS
 from repro.judge.wording import NOT_RECORDED, seconds, show
 
 # The classes the report's trials and confirmation carry (schemas/report.schema.json, repro.judge.trials).
@@ -81,10 +82,11 @@ class TrialRate:
 
     @property
     def cell(self) -> str:
-        """'FAIL 3/5', 'FAIL 0/5, KV CORRUPT 2/5', 'FAIL 1/1 (1 ERROR)' (of the trials that finished)."""
+        """'FAIL 3/5', 'FAIL 0/5, KV CORRUPT 2/5', 'FAIL 0/5, KV MISPLACED 2/5', 'FAIL 1/1 (1 ERROR)' (of the trials
+        that finished; each KV finding counted apart, worst first)."""
         n = self.finished
         text = f"FAIL {self.data.get('failed', '?')}/{n}"
-        text += f", KV CORRUPT {self.data['kv_corrupt']}/{n}" if self.data.get("kv_corrupt") else ""
+        text += "".join(f", KV {verdict} {k}/{n}" for verdict, k in kv_rate_counts(self.data))
         return text + (f" ({self.errors} ERROR)" if self.errors else "")
 
     @property
@@ -93,7 +95,7 @@ class TrialRate:
         ERROR is set apart, never counted as one that did not find it); None for a probe clean in every trial."""
         if self.cls == CLEAN_RATE:
             return None
-        hits = max(self.data.get("failed") or 0, self.data.get("kv_corrupt") or 0)
+        hits = max(self.data.get("failed") or 0, kv_found(self.data))
         intermittent = self.cls == INTERMITTENT
         n = self.finished
         text = f"{INTERMITTENT} {hits}/{n}" if intermittent else f"{hits}/{n} trials"
@@ -105,18 +107,19 @@ class TrialRate:
 
 
 def run_probe_text(probe: Mapping[str, Any]) -> str:
-    """One probe of one run (a trial, the re-run alone): 'FAIL @6,7', 'PASS', 'PASS · KV CORRUPT'."""
+    """One probe of one run (a trial, the re-run alone): 'FAIL @6,7', 'PASS', 'PASS · KV CORRUPT', 'PASS · KV FOREIGN'."""
     seen: list[int] = []
     for d in probe.get("first_diffs") or []:
         if d is not None and d not in seen:
             seen.append(d)
     text = str(probe.get("verdict")) + (" @" + ",".join(map(str, seen)) if seen else "")
-    return text + (f" · KV {probe['kv']}" if probe.get("kv") == CORRUPT else "")
+    return text + (f" · KV {probe['kv']}" if probe.get("kv") in KV_FINDINGS else "")
 
 
 def _has_finding(run: Mapping[str, Any]) -> bool:
     return any(
-        isinstance(p, dict) and (p.get("verdict") == FAIL or p.get("kv") == CORRUPT) for p in run.get("probes") or []
+        isinstance(p, dict) and (p.get("verdict") == FAIL or p.get("kv") in KV_FINDINGS)
+        for p in run.get("probes") or []
     )
 
 

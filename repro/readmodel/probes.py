@@ -7,15 +7,23 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from repro.judge.verdict import CORRUPT, FAIL, UNAVAILABLE
+from repro.judge.verdict import FAIL, KV_FINDINGS, UNAVAILABLE
 from repro.judge.wording import blocks_text, shorten, span_text
 from repro.readmodel.requests import Divergence, Request
 
 KV_REASON_CHARS = 60  # an UNAVAILABLE reason in a table cell; the whole reason is in the probe's details
+# What the finer KV findings mean, beside the legend's "CORRUPT beyond it" on a view that shows one (a report
+# written before them never does, and its views read as they always did).
+KV_FINER_LEGEND = (
+    "Beyond the floor, a cell is MISPLACED when its bytes are this prompt's own KV from another block or plane "
+    "(a block-mapping fault), FOREIGN when they are another prompt's KV, and CORRUPT when they equal nothing "
+    "known (garbage, zeros): all three are findings"
+)
 
 
 def kv_blame_text(blame: object, block_size: int | None = None) -> str:
-    """What a CORRUPT verdict blames: the report's own text, else one made from its blocks, planes and layers."""
+    """What a KV finding (CORRUPT, FOREIGN, MISPLACED) blames: the report's own text, else one made from its
+    blocks, planes and layers."""
     if not isinstance(blame, Mapping):
         return "nothing named"
     if isinstance(blame.get("text"), str) and blame["text"]:
@@ -27,7 +35,8 @@ def kv_blame_text(blame: object, block_size: int | None = None) -> str:
 
 @dataclass(frozen=True)
 class ProbeKV:
-    """A probe's KV verdict (EXACT, NUMERIC, CORRUPT, UNAVAILABLE), its reasons and what it blames."""
+    """A probe's KV verdict (EXACT, NUMERIC, MISPLACED, FOREIGN, CORRUPT, UNAVAILABLE), its reasons and what a
+    finding blames."""
 
     data: Mapping[str, Any] = field(repr=False)
     block_size: int | None
@@ -41,13 +50,18 @@ class ProbeKV:
         return tuple(str(r) for r in self.data.get("reasons") or [])
 
     @property
+    def is_finding(self) -> bool:
+        """CORRUPT, FOREIGN or MISPLACED: the bytes a reuse read are not the baseline's (repro.judge.verdict)."""
+        return self.verdict in KV_FINDINGS
+
+    @property
     def blame_text(self) -> str:
         return kv_blame_text(self.data.get("blame"), self.block_size)
 
     @property
     def cell(self) -> str:
-        """'EXACT', 'UNAVAILABLE (why…)', 'CORRUPT: blocks 0–15 (…), K+V, layers 0–3'."""
-        if self.verdict == CORRUPT:
+        """'EXACT', 'UNAVAILABLE (why…)', 'CORRUPT: blocks 0–15 (…), K+V, layers 0–3', 'MISPLACED: blocks …'."""
+        if self.is_finding:
             return f"{self.verdict}: {self.blame_text}"
         reasons = self.data.get("reasons") or []
         if self.verdict == UNAVAILABLE and reasons:
@@ -63,6 +77,11 @@ class KVCells:
     @property
     def kv_verdict(self) -> str | None:
         return self.kv.verdict if self.kv is not None else None
+
+    @property
+    def kv_finding(self) -> bool:
+        """The KV verdict is a finding (CORRUPT, FOREIGN, MISPLACED); False when not audited."""
+        return self.kv is not None and self.kv.is_finding
 
     @property
     def kv_cell(self) -> str:
@@ -114,8 +133,18 @@ class Probe(KVCells):
 
     @property
     def is_finding(self) -> bool:
-        """A FAIL or a CORRUPT KV verdict."""
-        return self.verdict == FAIL or self.kv_verdict == CORRUPT
+        """A FAIL or a KV finding (CORRUPT, FOREIGN, MISPLACED)."""
+        return self.verdict == FAIL or self.kv_finding
+
+    @property
+    def kv_shapes(self) -> tuple[str, ...]:
+        """'reuse 1: slots 2–46 hold this prompt's blocks 92…48 in reverse': what each reuse's misplaced and
+        foreign cells hold, said as one sentence (repro.judge.kv_shape); () when none says anything."""
+        return tuple(
+            f"{self.request_label(no, r)}: {r.kv_audit.shape}"
+            for no, r in self.numbered_requests()
+            if r.kv_audit is not None and r.kv_audit.shape
+        )
 
     @property
     def cached_cell(self) -> str:

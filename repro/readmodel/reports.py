@@ -10,7 +10,8 @@ from functools import cached_property
 from typing import Any
 
 from repro.judge.expectations import expectation_text
-from repro.judge.verdict import CORRUPT
+from repro.judge.kv_verdict import CELL_FOREIGN, CELL_MISPLACED
+from repro.judge.verdict import FOREIGN, MISPLACED
 from repro.judge.wording import is_commit_hash
 from repro.readmodel.arms import Arm
 from repro.readmodel.conditions import RunConditions
@@ -108,7 +109,7 @@ class Report:
 
     @property
     def exit_text(self) -> str:
-        """'exit 0: acceptance matched: every verdict as the fixture states', 'exit 1: KV CORRUPT that the fixture
+        """'exit 0: acceptance matched: every verdict as the fixture states', 'exit 1: KV MISPLACED that the fixture
         does not state: …': the exit code the run ended with and why (repro.record.exit_rule.exit_reason), which the
         headline shows beside acceptance.matched, since a matched acceptance alone can sit above exit 1."""
         try:
@@ -164,8 +165,29 @@ class Report:
 
     @property
     def kv_findings(self) -> tuple[tuple[Arm, Probe], ...]:
-        """(arm, probe) of every probe whose KV verdict is CORRUPT, in report order."""
-        return tuple((a, p) for a in self.reuse_arms for p in a.probes if p.kv_verdict == CORRUPT)
+        """(arm, probe) of every probe whose KV verdict is a finding (CORRUPT, FOREIGN, MISPLACED), in report order."""
+        return tuple((a, p) for a in self.reuse_arms for p in a.probes if p.kv_finding)
+
+    @cached_property
+    def shows_finer_kv(self) -> bool:
+        """Some KV verdict (of a probe, a scenario run or one of its requests) is FOREIGN or MISPLACED, or some
+        audited cell is foreign or misplaced: the views then say what those classes mean. A report written
+        before them never does, and reads as it always did."""
+        finer = (FOREIGN, MISPLACED)
+        verdicts = [p.kv_verdict for a in self.reuse_arms for p in a.probes]
+        verdicts += [a.kv_verdict for s in self.scenarios for a in s.arms]
+        verdicts += [r.kv_verdict for s in self.scenarios for a in s.arms for r in a.requests]
+        if any(v in finer for v in verdicts):
+            return True
+        audits = [r.kv_audit for a in self.reuse_arms for p in a.probes for r in p.requests if r.kv_audit]
+        return any(
+            c in (CELL_FOREIGN, CELL_MISPLACED)
+            for audit in audits
+            for plane in audit.planes.values()
+            if isinstance(plane, Mapping)
+            for row in plane.get("class") or []
+            for c in str(row)
+        )
 
     @property
     def unexpected_kv_findings(self) -> tuple[tuple[Arm, Probe], ...]:
@@ -190,7 +212,7 @@ class Report:
 
     @property
     def scenario_findings(self) -> tuple[tuple[Scenario, ScenarioArm], ...]:
-        """(scenario, arm) of every scenario FAIL (or KV CORRUPT), in report order."""
+        """(scenario, arm) of every scenario FAIL (or KV finding), in report order."""
         return tuple((s, a) for s in self.scenarios for a in s.findings)
 
     @property

@@ -9,7 +9,7 @@ from functools import cached_property
 from typing import Any
 
 from repro.judge.compare import NEAR_TIE_NATS
-from repro.judge.kv_verdict import CELL_CORRUPT
+from repro.judge.kv_verdict import CELL_CORRUPT, FINDING_OF
 from repro.judge.kvaudit import MATCHES_KEPT
 from repro.judge.replays import BASELINE as REPLAY_BASELINE
 from repro.judge.replays import MIN_REPLAY_TOKENS
@@ -106,6 +106,20 @@ class RequestAudit:
     def counts(self) -> Mapping[str, Any]:
         return self.data.get("counts") or {}
 
+    @property
+    def shape(self) -> str:
+        """What the misplaced and foreign cells hold, as one sentence (repro.judge.kv_shape); '' when nothing
+        (a report written before those classes, or no such cell)."""
+        found = self.data.get("shape")
+        return found if isinstance(found, str) else ""
+
+    def _blocks_with(self, classes: frozenset[str] | set[str] | tuple[str, ...]) -> tuple[int, ...]:
+        found = set()
+        for plane in self.planes.values() if isinstance(self.planes, Mapping) else ():
+            for row in (plane or {}).get("class") or []:
+                found.update(self.first_block + i for i, c in enumerate(str(row)) if c in classes)
+        return tuple(sorted(found))
+
     def get(self, key: str) -> Any:
         """A recorded figure as the report stores it (num_blocks, layers, max_rel, origin, ...)."""
         return self.data.get(key)
@@ -127,33 +141,36 @@ class RequestAudit:
     @cached_property
     def corrupt_blocks(self) -> tuple[int, ...]:
         """The prompt blocks with at least one corrupt cell (absolute block numbers)."""
-        found = set()
-        for plane in self.planes.values() if isinstance(self.planes, Mapping) else ():
-            for row in (plane or {}).get("class") or []:
-                found.update(self.first_block + i for i, c in enumerate(str(row)) if c == CELL_CORRUPT)
-        return tuple(sorted(found))
+        return self._blocks_with((CELL_CORRUPT,))
+
+    @cached_property
+    def blamed_blocks(self) -> tuple[int, ...]:
+        """The prompt blocks the audit blames: with at least one finding cell, corrupt, foreign or misplaced (the
+        bytes are not the baseline's, whatever they are), as the probe's KV verdict blames them."""
+        return self._blocks_with(tuple(FINDING_OF))
 
     @cached_property
     def blamed_chunks(self) -> tuple[BlamedChunk, ...]:
-        """The corrupt cells grouped by runs of adjacent blocks; none unless the reuse was audited."""
+        """The finding cells (corrupt, foreign, misplaced) grouped by runs of adjacent blocks; none unless the
+        reuse was audited."""
         if not self.audited:
             return ()
         first = self.first_block
         matches = {(m.get("layer"), m.get("plane"), m.get("block")): m.get("source") for m in self.matches}
-        cells = []  # (block, layer, plane, rel)
+        cells = []  # (block, layer, plane, rel, class)
         for name, plane in sorted(self.planes.items()):
             for layer, row in enumerate(plane.get("class") or []):
                 rels = (plane.get("rel") or [])[layer] if layer < len(plane.get("rel") or []) else []
                 cells += [
-                    (first + i, layer, name, rels[i] if i < len(rels) else None)
+                    (first + i, layer, name, rels[i] if i < len(rels) else None, c)
                     for i, c in enumerate(str(row))
-                    if c == CELL_CORRUPT
+                    if c in FINDING_OF
                 ]
         chunks = []
         for a, b in spans([c[0] for c in cells]):
             inside = [c for c in cells if a <= c[0] <= b]
             rels = [c[3] for c in inside]
-            sources = [matches[(layer, p, blk)] for blk, layer, p, _ in inside if (layer, p, blk) in matches]
+            sources = [matches[(layer, p, blk)] for blk, layer, p, _, _ in inside if (layer, p, blk) in matches]
             chunks.append(
                 BlamedChunk(
                     blocks=tuple(range(a, b + 1)),
@@ -162,6 +179,7 @@ class RequestAudit:
                     max_rel=None if any(r is None for r in rels) else max(rels),
                     cells=len(inside),
                     sources=tuple(str(s) for s in sources),
+                    classes=tuple((c, n) for c in FINDING_OF if (n := sum(1 for x in inside if x[4] == c))),
                 )
             )
         return tuple(chunks)
@@ -169,15 +187,22 @@ class RequestAudit:
 
 @dataclass(frozen=True)
 class BlamedChunk:
-    """A run of adjacent blocks with corrupt cells: the layers and planes with one, how many, the largest
-    relative error (None: one is not finite) and what the cells' bytes equal where the audit found it."""
+    """A run of adjacent blocks with finding cells (corrupt, foreign, misplaced): the layers and planes with one,
+    how many, the largest relative error (None: one is not finite), what the cells' bytes equal where the audit
+    found it, and how many cells of each class (worst first)."""
 
     blocks: tuple[int, ...]
     layers: tuple[int, ...]
     planes: tuple[str, ...]
     max_rel: float | None
     cells: int
-    sources: tuple[str, ...]  # one per corrupt cell whose bytes the audit matched
+    sources: tuple[str, ...]  # one per finding cell whose bytes the audit matched
+    classes: tuple[tuple[str, int], ...] = ()  # (cell class, cells): ("c", 3), ("m", 12); worst first
+
+    @property
+    def only_corrupt(self) -> bool:
+        """Every cell is corrupt (as in every report written before the foreign and misplaced classes)."""
+        return all(cls == CELL_CORRUPT for cls, _ in self.classes)
 
 
 def _deep(layer: object) -> bool:

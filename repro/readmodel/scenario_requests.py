@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from repro.judge.verdict import CORRUPT, PASS
+from repro.judge.verdict import PASS
 from repro.judge.wording import NOT_RECORDED
 from repro.readmodel.probes import KVCells, ProbeKV
 from repro.readmodel.requests import Divergence, Request
@@ -146,14 +146,14 @@ class StepRequest(KVCells, Placed, Judged, Request):
 
     @property
     def trial_mark(self) -> str:
-        """'in 2 of 2 trials, KV CORRUPT in 2 of 2': how many trials gave this request its verdict (and its
-        CORRUPT KV); '' with one trial."""
+        """'in 2 of 2 trials, KV CORRUPT in 2 of 2': how many trials gave this request its verdict (and its KV
+        finding, by its class: 'KV MISPLACED in 1 of 2'); '' with one trial."""
         rate = self.rate
         if rate is None or rate.of is None:
             return ""
         mark = f"in {rate.count(self.verdict)} of {rate.of} trials"
-        if self.kv_verdict == CORRUPT:
-            mark += f", KV CORRUPT in {int_field(rate.data.get('kv_corrupt')) or 0} of {rate.of}"
+        if self.kv_finding:
+            mark += f", KV {self.kv_verdict} in {rate.kv_count(str(self.kv_verdict))} of {rate.of}"
         return mark
 
     @property

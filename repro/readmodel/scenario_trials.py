@@ -8,14 +8,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from repro.judge.verdict import CORRUPT, ERROR, FAIL
+from repro.judge.trials import KV_RATE_FIELDS
+from repro.judge.verdict import ERROR, FAIL, KV_FINDINGS
 from repro.readmodel.scenario_fields import Placed, int_field
 
 
 @dataclass(frozen=True)
 class RequestRate(Placed):
-    """One request of a (scenario, arm) across its trials (one that was not a PASS, or had CORRUPT KV, in
-    some trial): its verdict, first diff and KV in each trial, how many FAILed and had CORRUPT KV, the class."""
+    """One request of a (scenario, arm) across its trials (one that was not a PASS, or had a KV finding, in
+    some trial): its verdict, first diff and KV in each trial, how many FAILed and had each KV finding, the class."""
 
     data: Mapping[str, Any] = field(repr=False)
 
@@ -35,16 +36,22 @@ class RequestRate(Placed):
         """The trials whose verdict of this request was this one."""
         return sum(1 for v in self._each("verdicts") if v == verdict)
 
+    def kv_count(self, verdict: str) -> int:
+        """The trials whose KV verdict of this request was this finding: the rate's own count (kv_corrupt,
+        kv_foreign, kv_misplaced), else counted from the per-trial KV verdicts."""
+        stored = int_field(self.data.get(KV_RATE_FIELDS.get(verdict, "")))
+        return stored if stored is not None else sum(1 for v in self._each("kv") if v == verdict)
+
     @property
     def runs_text(self) -> str:
-        """'#1 FAIL @0 KV CORRUPT · #2 PASS · #3 not run' (not run: that trial recorded no such request)."""
+        """'#1 FAIL @0 KV CORRUPT · #2 PASS KV MISPLACED · #3 not run' (not run: that trial recorded no such request)."""
         verdicts, diffs, kvs = self._each("verdicts"), self._each("first_diffs"), self._each("kv")
         parts = []
         for i, verdict in enumerate(verdicts):
             diff = diffs[i] if i < len(diffs) else None
             kv = kvs[i] if i < len(kvs) else None
             text = "not run" if verdict is None else str(verdict) + (f" @{diff}" if diff is not None else "")
-            parts.append(f"#{i + 1} {text}" + (" KV CORRUPT" if kv == CORRUPT else ""))
+            parts.append(f"#{i + 1} {text}" + (f" KV {kv}" if kv in KV_FINDINGS else ""))
         return " · ".join(parts)
 
     @property
@@ -56,7 +63,7 @@ class RequestRate(Placed):
         ran = [i for i, v in enumerate(verdicts) if v is not None]
         if not ran:
             return str(self.data.get("class") or "")
-        found = sum(1 for i in ran if verdicts[i] == FAIL or (i < len(kvs) and kvs[i] == CORRUPT))
+        found = sum(1 for i in ran if verdicts[i] == FAIL or (i < len(kvs) and kvs[i] in KV_FINDINGS))
         return "none" if found == 0 else "every trial" if found == len(ran) else "intermittent"
 
     @property
@@ -90,7 +97,7 @@ class ScenarioTrials:
 
     @property
     def found(self) -> int:
-        """The trials that found something: a request FAIL, or CORRUPT KV."""
+        """The trials that found something: a request FAIL, or a KV finding."""
         return sum(1 for run in self.runs if _run_found(run))
 
     @property
@@ -123,10 +130,10 @@ class ScenarioTrials:
 
 
 def _run_found(run: Mapping[str, Any]) -> bool:
-    if run.get("kv") == CORRUPT:
+    if run.get("kv") in KV_FINDINGS:
         return True
     requests = run.get("requests")
     return any(
-        isinstance(r, dict) and (r.get("verdict") == FAIL or r.get("kv") == CORRUPT)
+        isinstance(r, dict) and (r.get("verdict") == FAIL or r.get("kv") in KV_FINDINGS)
         for r in (requests if isinstance(requests, list) else [])
     )

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from repro.judge.verdict import CORRUPT, FAIL
+from repro.judge.verdict import FAIL, KV_FINDINGS
 from repro.readmodel.arms import floor_rel_text
 from repro.readmodel.conditions import ArmConditions
 from repro.readmodel.probes import ProbeKV
@@ -135,7 +135,8 @@ class ScenarioArm(Judged, RunFacts):
 
     @property
     def kv_text(self) -> str:
-        """'KV EXACT · floor rel 0 over 1248 cells', 'KV CORRUPT: blocks …'; '' when not audited."""
+        """'KV EXACT · floor rel 0 over 1248 cells', 'KV CORRUPT: blocks …', 'KV MISPLACED: blocks …'; '' when not
+        audited."""
         if self.kv is None:
             return ""
         floor = self.kv.data.get("floor")
@@ -181,8 +182,8 @@ class ScenarioArm(Judged, RunFacts):
 
     @property
     def is_finding(self) -> bool:
-        """A FAIL, or a CORRUPT KV verdict (as for a probe)."""
-        return self.verdict == FAIL or self.kv_verdict == CORRUPT
+        """A FAIL, or a KV finding (CORRUPT, FOREIGN, MISPLACED; as for a probe)."""
+        return self.verdict == FAIL or self.kv_verdict in KV_FINDINGS
 
     @property
     def failing(self) -> tuple[StepRequest, ...]:
@@ -239,5 +240,5 @@ class Scenario:
 
     @property
     def findings(self) -> tuple[ScenarioArm, ...]:
-        """The arms whose run of this scenario is a FAIL."""
+        """The arms whose run of this scenario is a finding: a FAIL, or a KV finding."""
         return tuple(a for a in self.arms if a.is_finding)

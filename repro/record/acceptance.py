@@ -1,11 +1,12 @@
 """Acceptance: the observed verdicts (token and KV, of the plain arms and of the scenarios) against what the
-fixture states, and the CORRUPT KV verdicts a matched acceptance excuses (planted faults meant to be caught).
+fixture states, and the KV findings (CORRUPT, FOREIGN, MISPLACED) a matched acceptance excuses (planted faults meant
+to be caught): only the class the fixture states for that probe, never another.
 """
 
 from __future__ import annotations
 
 from repro.judge.expectations import expectation_met, expectation_states
-from repro.judge.verdict import CORRUPT, ERROR, SKIPPED
+from repro.judge.verdict import ERROR, KV_FINDINGS, SKIPPED
 
 
 def kv_verdict(probe: dict) -> str | None:
@@ -15,13 +16,13 @@ def kv_verdict(probe: dict) -> str | None:
 
 
 def kv_findings(report: dict) -> list[tuple[dict, dict]]:
-    """(arm, probe) of every probe whose KV verdict is CORRUPT, in report order."""
+    """(arm, probe) of every probe whose KV verdict is a finding (CORRUPT, FOREIGN, MISPLACED), in report order."""
     return [
         (arm, probe)
         for arm in report["arms"]
         if arm["mode"] != "baseline"
         for probe in arm.get("probes") or []
-        if kv_verdict(probe) == CORRUPT
+        if kv_verdict(probe) in KV_FINDINGS
     ]
 
 
@@ -102,29 +103,29 @@ def _checked(check: str, arm: str, probe: str, want: str | list[str], got: str |
 
 
 def unexpected_kv_findings(report: dict) -> list[tuple[dict, dict]]:
-    """(arm, probe) of every CORRUPT KV verdict the acceptance did not expect: an expected CORRUPT
-    is excused only when the fixture stated it for that arm and probe and acceptance matched."""
+    """(arm, probe) of every KV finding the acceptance did not expect: an expected one (CORRUPT, FOREIGN,
+    MISPLACED) is excused only when the fixture stated that class for that arm and probe and acceptance matched."""
     excused = excused_kv_findings(report["acceptance"])
     return [(a, p) for a, p in kv_findings(report) if (a["name"], p["name"]) not in excused]
 
 
 def excused_kv_findings(acceptance: dict) -> set[tuple[str, str]]:
-    """(arm, probe) names whose CORRUPT KV verdict the fixture stated and a matched acceptance checked:
-    observed CORRUPT, and CORRUPT is what the expectation (a verdict or a set) states."""
+    """(arm, probe) names whose KV finding the fixture stated and a matched acceptance checked: observed a
+    finding (CORRUPT, FOREIGN, MISPLACED), and that very class is what the expectation (a verdict or a set) states."""
     return _excused(acceptance, "probe")
 
 
 def _excused(acceptance: dict, what: str) -> set[tuple[str, str]]:
     """(arm, probe) ("probe") or (scenario, arm) ("scenario") of every KV item a matched acceptance checked
-    whose observed CORRUPT its expectation states."""
+    whose observed KV finding its expectation states."""
     if not acceptance.get("matched"):
         return set()
     return {
         (c["arm"], c["probe"]) if what == "probe" else (c["scenario"], c["arm"])
         for c in acceptance.get("checked", [])
         if c.get("check") == "kv"
-        and c.get("observed") == CORRUPT
-        and expectation_states(c.get("expected"), CORRUPT)
+        and c.get("observed") in KV_FINDINGS
+        and expectation_states(c.get("expected"), str(c.get("observed")))
         and c.get("ok")
     }
 
@@ -184,7 +185,7 @@ def check_scenario_acceptance(
 
 
 def excused_scenario_kv(acc: dict) -> set[tuple[str, str]]:
-    """(scenario, arm) whose CORRUPT KV verdict the fixture stated (expected_scenarios_kv: CORRUPT, or a set
-    of findings holding it) and a matched scenario acceptance checked: a planted fault the scenario is meant
-    to catch, as excused_kv_findings for the plain arms."""
+    """(scenario, arm) whose KV finding the fixture stated (expected_scenarios_kv: CORRUPT, FOREIGN or MISPLACED,
+    or a set of findings holding the one observed) and a matched scenario acceptance checked: a planted fault the
+    scenario is meant to catch, as excused_kv_findings for the plain arms."""
     return _excused(acc, "scenario")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME
 from repro.judge.expectations import expectation_text
-from repro.judge.verdict import CORRUPT, ERROR, FAIL, PASS, SKIPPED
+from repro.judge.verdict import ERROR, FAIL, KV_FINDINGS, PASS, SKIPPED
 from repro.record.acceptance import (
     excused_scenario_kv,
     kv_verdict,
@@ -17,8 +17,9 @@ from repro.record.acceptance import (
 
 
 def _kinds(verdict: object, kv: object) -> set[str]:
-    """The kinds of finding one probe (or one scenario run) shows: FAIL, CORRUPT."""
-    return ({FAIL} if verdict == FAIL else set()) | ({CORRUPT} if kv == CORRUPT else set())
+    """The kinds of finding one probe (or one scenario run) shows: FAIL, and its KV finding (CORRUPT, FOREIGN or
+    MISPLACED: each a kind of its own, so a later run's MISPLACED is not hidden behind trial 1's CORRUPT)."""
+    return ({FAIL} if verdict == FAIL else set()) | ({str(kv)} if kv in KV_FINDINGS else set())
 
 
 def _later_runs(arm: dict) -> list[tuple[str, dict]]:
@@ -29,7 +30,7 @@ def _later_runs(arm: dict) -> list[tuple[str, dict]]:
 
 
 def later_findings(report: dict) -> list[tuple[str, str, str, str]]:
-    """(arm, run, probe or "scenario <name>", kind) of every FAIL or CORRUPT that a later run (a trial 2..N, the
+    """(arm, run, probe or "scenario <name>", kind) of every FAIL or KV finding that a later run (a trial 2..N, the
     re-run alone) made and the arm's own run (trial 1) did not show of the same kind on the same probe (for a
     scenario: the same (scenario, arm)). Whatever trial 1 was (PASS, an expected INCONCLUSIVE, a FAIL with KV
     EXACT), a kind of finding it did not show is a finding all the same, never hidden behind it."""
@@ -71,7 +72,7 @@ def trial_findings(report: dict) -> list[tuple[str, str]]:
 
 
 def scenario_trial_findings(report: dict) -> list[tuple[str, str]]:
-    """(scenario, arm) where a later trial found a kind of finding (a FAIL, a CORRUPT KV verdict) that its own
+    """(scenario, arm) where a later trial found a kind of finding (a FAIL, a KV finding) that its own
     run did not show (later_findings)."""
     return list(dict.fromkeys((scenario, arm) for scenario, arm, _, _ in _scenario_later(report)))
 
@@ -124,21 +125,21 @@ def _error_kind(entry: dict) -> str:
 
 
 def _scenario_reason(report: dict) -> tuple[int, str] | None:
-    """The scenarios' own part of the exit rule beyond ERRORs and later findings: a CORRUPT KV verdict the
-    fixture did not state, an acceptance not matched, or without the acceptance suite a verdict other than
-    PASS or SKIPPED (None: nothing)."""
+    """The scenarios' own part of the exit rule beyond ERRORs and later findings: a KV finding the fixture did
+    not state, an acceptance not matched, or without the acceptance suite a verdict other than PASS or SKIPPED
+    (None: nothing)."""
     pairs = scenario_arms(report)
     if not pairs:
         return None
     acc = (report.get("acceptance") or {}).get("scenarios") or {"matched": None}
     excused = excused_scenario_kv(acc)
-    corrupt = [
-        f"{sc['name']} {arm['arm']}"
+    found = [
+        (f"{sc['name']} {arm['arm']}", str(scenario_kv_verdict(arm)))
         for sc, arm in pairs
-        if scenario_kv_verdict(arm) == CORRUPT and (sc["name"], arm["arm"]) not in excused
+        if scenario_kv_verdict(arm) in KV_FINDINGS and (sc["name"], arm["arm"]) not in excused
     ]
-    if corrupt:
-        return EXIT_MISMATCH, "scenario KV CORRUPT that the fixture does not state: " + _some(corrupt)
+    if found:
+        return EXIT_MISMATCH, "scenario " + _kv_reason(found)
     if acc.get("matched") is None:
         bad = [
             f"{sc['name']} {arm['arm']} {arm['verdict']}" for sc, arm in pairs if arm["verdict"] not in (PASS, SKIPPED)
@@ -166,6 +167,15 @@ def _some(items: list[str], n: int = 3) -> str:
     return "; ".join(items[:n]) + (f"; and {len(items) - n} more" if len(items) > n else "")
 
 
+def _kv_reason(found: list[tuple[str, str]]) -> str:
+    """'KV CORRUPT that the fixture does not state: A p; B q' from (where, KV finding) pairs; with more than one
+    class, each where says its own: 'KV CORRUPT and MISPLACED that …: A p (CORRUPT); B q (MISPLACED)'."""
+    classes = [v for v in KV_FINDINGS if any(kind == v for _, kind in found)]
+    named = " and ".join(classes) if len(classes) < 3 else f"{', '.join(classes[:-1])} and {classes[-1]}"
+    items = [where if len(classes) == 1 else f"{where} ({kind})" for where, kind in found]
+    return f"KV {named} that the fixture does not state: " + _some(items)
+
+
 def _acceptance_misses(acc: dict, what: str) -> list[str]:
     """What kept an acceptance from matching, as short phrases."""
     key = "scenario" if what == "scenario" else "probe"
@@ -185,9 +195,10 @@ def _acceptance_misses(acc: dict, what: str) -> list[str]:
 def exit_reason(report: dict) -> tuple[int, str]:
     """The exit code and why, one rule for plain arms and scenarios alike (docs/verdicts.md#exit-codes):
     3 for any ERROR anywhere (an arm, a trial, the re-run alone, a scenario's control or run; run_errors);
-    1 for any FAIL or CORRUPT that a later run made and trial 1 did not already show of the same kind
-    (later_findings), for a CORRUPT KV verdict the fixture did not state (plain arms or scenarios), for an
-    acceptance not matched, and without the acceptance suite for a verdict other than PASS; else 0."""
+    1 for any FAIL or KV finding that a later run made and trial 1 did not already show of the same kind
+    (later_findings), for a KV finding (CORRUPT, FOREIGN, MISPLACED) the fixture did not state (plain arms or
+    scenarios), for an acceptance not matched, and without the acceptance suite for a verdict other than PASS;
+    else 0."""
     errors = run_errors(report)
     if errors:
         return EXIT_RUNTIME, f"{len(errors)} ERROR{'s' if len(errors) > 1 else ''}: " + _some(errors)
@@ -195,9 +206,9 @@ def exit_reason(report: dict) -> tuple[int, str]:
     if later:
         found = [f"{arm} {run}: {what} {kind}" for arm, run, what, kind in later]
         return EXIT_MISMATCH, "a later run found what the arm's own run did not show: " + _some(found)
-    kv = [f"{a['name']} {p['name']}" for a, p in unexpected_kv_findings(report)]
+    kv = [(f"{a['name']} {p['name']}", str(kv_verdict(p))) for a, p in unexpected_kv_findings(report)]
     if kv:
-        return EXIT_MISMATCH, "KV CORRUPT that the fixture does not state: " + _some(kv)
+        return EXIT_MISMATCH, _kv_reason(kv)
     scen = _scenario_reason(report)
     if scen is not None:
         return scen

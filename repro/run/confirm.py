@@ -32,7 +32,7 @@ def summaries(entries: list[dict], ran, sharing: Sharing) -> dict[int, list[tupl
 
 
 def to_confirm(entries: list[dict], ran, sharing: Sharing, confirm: bool) -> list[tuple[int, object]]:
-    """The arms to re-run alone: a FAIL or a CORRUPT found while sharing (--no-confirm: none), each with the
+    """The arms to re-run alone: a FAIL or a KV finding found while sharing (--no-confirm: none), each with the
     trial that found it (None: the arm's own run)."""
     if not confirm:
         return []

@@ -420,7 +420,7 @@ def annotate_kv(entry: dict, result: ArmResult | None, raw: dict | None, problem
             v = decide_kv_unavailable(why)
             counts, origin = None, None
         else:
-            audited, audit = kvaudit.reuse_entry(got, rec, floor["rel"])
+            audited, audit = kvaudit.reuse_entry(got, rec, floor, r["probe"])
             v = decide_kv_probe([audit], floor["rel"])
             counts, origin = audited["counts"], audited["origin"]
         r["kv"] = {**_kv(v, block_size), "counts": counts, "origin": origin}

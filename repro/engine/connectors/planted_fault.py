@@ -34,6 +34,14 @@ The faults, each a bug class seen in KV offloading code:
                  not apply): the request runs on another prompt's stored KV at the same positions,
                  usually the previous probe's (a prefix served under another prompt's key); only its
                  own last partial block is computed. Its answer may be that prompt's (a replay)
+  reverse_blocks the touched blocks in reverse order: block first+i gets block first+k-1-i's KV (k touched; the
+                 middle one of an odd k keeps its own and is not reported as faulted). With num_blocks at least
+                 the loaded count, a complete permutation of the loaded prefix: every key and value is there,
+                 each with the rotary position it was computed at, in another slot
+  shift_beyond   the connector reports a hit on the first num_blocks stored blocks only, and loaded block j
+                 gets block j + n (n loaded) of the same prompt: the reused slots hold the prompt's blocks from
+                 beyond the reused prefix, which it then computes again itself (those keys twice, the prefix's
+                 own missing); a block with no stored block n further on loads faithfully, not faulted
   swap_kv        K and V exchanged within each head (a transposed K/V layout)
   corrupt_layer  Gaussian noise added to one layer's K and V only (a per-layer offset bug)
   overwrite_tail the last num_blocks loaded blocks (a partial last chunk) overwritten with noise
@@ -83,6 +91,8 @@ FAULTS = (
     "overwrite_tail",
     "drop_tail",
     "other_prompt",
+    "reverse_blocks",
+    "shift_beyond",
 )
 TAIL_FAULTS = ("overwrite_tail", "drop_tail")
 
@@ -115,6 +125,7 @@ class _Op:
     sources: dict[int, str] = field(default_factory=dict)  # faulted index -> key its bytes come from
     gate: dict | None = None  # why the gates let this load's fault apply or not (None: no gate set)
     resumed: bool = False  # a load on resuming after preemption
+    prompt_keys: list[str] = field(default_factory=list)  # shift_beyond: every block key of the prompt
 
 
 @dataclass
@@ -169,6 +180,8 @@ class PlantedFaultConnector(LoadGates, KVConnectorBase_V1):
             if not self._have(key):
                 break
             hit += 1
+        if self.fault == "shift_beyond":  # a hit on the first num_blocks only, so that stored blocks lie beyond it
+            hit = min(hit, self.num_blocks)
         return max(hit * self.block_size - num_computed_tokens, 0), False
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
@@ -194,6 +207,17 @@ class PlantedFaultConnector(LoadGates, KVConnectorBase_V1):
             if self.fault == "shift_blocks":
                 src = j + 1 if j + 1 < n else j - 1
                 if src < 0:
+                    continue
+                op.sources[j] = op.keys[src]
+            elif self.fault == "shift_beyond":
+                src = op.first_loaded_block + j + n  # the block n further on: beyond the loaded prefix
+                if src >= len(op.prompt_keys) or not self._have(op.prompt_keys[src]):
+                    continue
+                op.sources[j] = op.prompt_keys[src]
+            elif self.fault == "reverse_blocks":
+                touched = faulted_indices(self.fault, self.first_block, self.num_blocks, n)
+                src = touched[0] + touched[-1] - j
+                if src == j:  # the middle of an odd run keeps its own block: not faulted
                     continue
                 op.sources[j] = op.keys[src]
             elif self.fault in ("stale", "other_prompt"):
@@ -244,6 +268,8 @@ class PlantedFaultConnector(LoadGates, KVConnectorBase_V1):
         local = computed - external
         b0, b1 = local // self.block_size, (local + external) // self.block_size
         op = _Op(req_id, "load", self._keys(tokens, b1)[b0:], block_ids[b0:b1], b0, resumed=resumed)
+        if self.fault == "shift_beyond":
+            op.prompt_keys = self._keys(tokens, (len(tokens) - 1) // self.block_size)
         self._plan_load(op, step)
         self._loaded.setdefault(req_id, []).append((external, [b0 + j for j in op.faulted], op.gate, op.resumed))
         return op
@@ -285,7 +311,8 @@ class PlantedFaultConnector(LoadGates, KVConnectorBase_V1):
         if self.fault == "overwrite_tail":
             g = torch.Generator().manual_seed(1000 + j)
             return (self.scale * torch.randn(blob.shape, generator=g)).to(blob.dtype)
-        return blob  # shift_blocks, stale and other_prompt: the bytes already come from the wrong block
+        return blob  # shift_blocks, shift_beyond, reverse_blocks, stale and other_prompt: the bytes already come
+        # from the wrong block
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
         layers = list(self._kv.values())
