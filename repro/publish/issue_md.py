@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import shlex
 import sys
+from pathlib import Path
 
 from repro.commands import ArgumentParser
-from repro.errors import EXIT_OK
+from repro.errors import EXIT_OK, UsageError
 from repro.judge.kv_verdict import COUNT_NAMES
 from repro.judge.verdict import ERROR, PASS
 from repro.judge.wording import blocks_text, number, span_text
@@ -331,12 +332,28 @@ def main(argv: list[str]) -> int:
     """`python -m repro issue-md REPORT [--out FILE]`: print the issue body, or write it to FILE."""
     parser = ArgumentParser(prog="python -m repro issue-md", description=main.__doc__)
     parser.add_argument("report", help="a kvkit report JSON")
-    parser.add_argument("--out", help="write the Markdown to this file instead of stdout")
+    parser.add_argument("--out", help="write the Markdown to this file instead of stdout (and repro_min.py beside it)")
+    parser.add_argument("--repro-min", help="write the reproducer without the kit here (default: beside --out)")
+    parser.add_argument("--arm", help="the reuse arm repro_min.py reproduces (default: the first with a finding)")
     args = parser.parse_args(argv)
-    body = format_issue_md(read_report(args.report))
+    report = read_report(args.report)
+    body = format_issue_md(report)
     if args.out:
         write_bytes_atomic(args.out, body.encode("utf-8"))
         print(f"wrote {args.out} ({len(body)} characters)", file=sys.stderr)
     else:
         sys.stdout.write(body)
+    target = args.repro_min or (str(Path(args.out).parent / "repro_min.py") if args.out else None)
+    if target:
+        from repro.publish.repro_min import make_repro_min
+
+        try:
+            script = make_repro_min(report.data, args.arm, Path(args.report).name)
+        except UsageError as exc:
+            if args.repro_min or args.arm:
+                raise
+            print(f"no repro_min.py: {exc}", file=sys.stderr)
+            return EXIT_OK
+        write_bytes_atomic(target, script.encode("utf-8"))
+        print(f"wrote {target} ({script.count(chr(10))} lines)", file=sys.stderr)
     return EXIT_OK
