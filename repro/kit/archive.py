@@ -18,7 +18,12 @@ from repro.kit.git import committed_files, dirty_paths, head_commit, read_blob
 from repro.kit.readme import render_readme
 from repro.record.atomic import write_bytes_atomic
 
-MAX_KIT_BYTES = 1_000_000
+# What the kit may weigh: small enough to attach to an upstream issue and download in a moment (GitHub takes 25 MB
+# per attachment), and a catch for a report or folder that should not be packed. 1 MB until the kit's own code and
+# tests reached it (1,005,006 bytes at 14377e7, the three default reports unchanged); 1.2 MB since, a choice about
+# size, not about any verdict. `make kit REPORT=` the SmolLM2 report then fits too (1,166,854 bytes at dde9763), with
+# 33 KB to spare: its KV grid still has to shrink before the kit's code grows again.
+MAX_KIT_BYTES = 1_200_000
 SIZE_PARTS_SHOWN = 6  # the largest parts named in the size line and in the too-big error
 # What a maintainer needs to run the kit; everything else in the repository stays out.
 KIT_PATHS = (

@@ -21,7 +21,7 @@ from repro.record.report import REPORT_KIND
 # newest release still does it. The other committed reports (runs these supersede, a timing run, a rejected
 # configuration, the MP connector's runs, the studies and matrices) stay in the repository; the kit's README
 # names each. Pages are not packed: the kit renders them from these files on demand (PAGES_COMMAND). Every
-# committed top-level report with its page made a 1.24 MB kit, over MAX_KIT_BYTES; these three with their logs
+# committed top-level report with its page made a 1.24 MB kit, over the 1 MB MAX_KIT_BYTES of the time; these three with their logs
 # and writeups are about 165 KB of gzip.
 DEFAULT_REPORTS: Mapping[str, str] = {
     "reports/conditions/h200-conditions-tiny-five-v028.json": (
