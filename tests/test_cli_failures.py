@@ -357,6 +357,46 @@ BAD_INPUT = {
         lambda s: ["--kv-connector", "native", "--compare-native"],
         "--kv-connector: 'native' is reserved",
     ),
+    # issue 36: vLLM's own offloading, as its flag makes it (CUDA only)
+    "offloading size zero": (lambda s: ["--kv-offloading-size", "0", "--compare-native"], "must be a positive"),
+    "offloading size negative": (lambda s: ["--kv-offloading-size", "-8", "--compare-native"], "must be a positive"),
+    "offloading on the CPU": (
+        lambda s: ["--kv-offloading-size", "8", "--device", "cpu", "--compare-native"],
+        "OffloadingConnector runs only on CUDA or XPU GPUs",
+    ),
+    "offloading with an LMCache connector": (
+        lambda s: ["--kv-offloading-size", "8", "--kv-connector", "LMCacheConnectorV1"],
+        "drop --kv-connector LMCacheConnectorV1 (vLLM's --kv-offloading-backend lmcache",
+    ),
+    "fixture offloading arm on the CPU": (
+        lambda s: (
+            _edit_fixture(s, arms=[{"name": "off", "kv_offloading_size": 4, "kv_offloading_backend": "simple"}])
+            + ["--device", "cpu", "--compare-native"]
+        ),
+        "SimpleCPUOffloadConnector runs only on CUDA or XPU GPUs",
+    ),
+    "fixture offloading arm size zero": (
+        lambda s: _edit_fixture(s, arms=[{"name": "off", "kv_offloading_size": 0}]) + ["--compare-native"],
+        "kv_offloading_size: must be a positive",
+    ),
+    "fixture offloading arm beside a connector": (
+        lambda s: (
+            _edit_fixture(s, arms=[{"name": "off", "kv_offloading_size": 4, "connector": "X"}]) + ["--compare-native"]
+        ),
+        "drop connector and extra_config",
+    ),
+    "fixture GPU cache reset unknown": (
+        lambda s: (
+            _edit_fixture(
+                s,
+                arms=[
+                    {"name": "x", "connector": "ExampleConnector", "gpu_prefix_cache": True, "gpu_cache_reset": "now"}
+                ],
+            )
+            + ["--compare-native"]
+        ),
+        "gpu_cache_reset: must be one of before-reuse, never",
+    ),
     "command-line connector named native-matched": (
         lambda s: ["--kv-connector", "native-matched", "--compare-native"],
         "--kv-connector: 'native-matched' is reserved",

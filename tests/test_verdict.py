@@ -140,3 +140,32 @@ def test_child_failures_refusals_and_degraded_mode_are_named_errors():
     assert decide_lmcache_degraded(crash, ["entering degraded mode"]) is crash  # an ERROR keeps its own error
     degraded = decide_lmcache_degraded(ok, ["entering degraded mode"])
     assert degraded.verdict == ERROR and degraded.error_kind == "lmcache-degraded"
+
+
+def _beneath(cached, external, ids=(1, 2, 3)):
+    """A reuse on an arm whose connector sits beneath the GPU prefix cache (repro.plan.offloading)."""
+    return Request(ids, cached, external, counts_external=True)
+
+
+def test_beneath_the_gpu_cache_only_the_connectors_own_hits_clear_it():
+    cold = Request((1, 2, 3), 0)
+    # every hit from the connector: PASS
+    assert decide_probe((1, 2, 3), cold, [_beneath(32, 32)]).verdict == PASS
+    # the GPU cache served it all: not a PASS of the connector
+    pv = decide_probe((1, 2, 3), cold, [_beneath(32, 0)])
+    assert pv.verdict == INCONCLUSIVE and "connector not exercised" in pv.reasons[0]
+    # the connector's count missing (or vLLM's -1): inconclusive, never read as zero or a hit
+    for missing in (None, -1):
+        pv = decide_probe((1, 2, 3), cold, [_beneath(32, missing)])
+        assert pv.verdict == INCONCLUSIVE and "the connector's hit counter missing" in pv.reasons[0], pv.reasons
+    # one reuse served by the connector, one not: the unproven one keeps the probe from a PASS
+    assert decide_probe((1, 2, 3), cold, [_beneath(32, 32), _beneath(32, 0)]).verdict == INCONCLUSIVE
+
+
+def test_beneath_the_gpu_cache_a_changed_answer_fails_whoever_served_it():
+    cold = Request((1, 2, 3), 0)
+    for external, says in ((16, "16 from the connector"), (0, "0 from the connector"), (None, "count missing")):
+        pv = decide_probe((1, 2, 3), cold, [_beneath(32, external, ids=(1, 9, 3))])
+        assert pv.verdict == FAIL and "@1" in pv.reasons[0] and says in pv.reasons[0], pv.reasons
+    # no hit at all: nothing was reused, whatever the connector's count says
+    assert decide_probe((1, 2, 3), cold, [_beneath(0, 0)]).verdict == INCONCLUSIVE

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field, fields
 from repro.contract.failure import ContractError, read_field, read_ints
 
 MODES = ("baseline", "connector", "native")
+# How the kit makes a connector beneath the GPU prefix cache serve (ConnectorSpec.gpu_cache_reset).
+GPU_CACHE_RESETS = ("before-reuse", "never")
 
 
 def progress_path(output: str) -> str:
@@ -24,12 +26,33 @@ PROBES_FILE_KEY = "probes"  # a native-matched arm's probes file: {"probes": [..
 
 @dataclass(frozen=True)
 class ConnectorSpec:
+    """A connector arm's connector. gpu_prefix_cache: the arm runs with vLLM's GPU prefix cache on, the connector
+    beneath it (vLLM's offloading connectors, as vLLM ships them; repro.plan.offloading); its hits are then the
+    connector's own count, and gpu_cache_reset says how the kit makes the connector serve ("before-reuse": the GPU
+    prefix cache is reset before each reuse, the connector's tier kept; "never"). shipped_as: the vLLM setting the
+    arm stands for when the kit spelled it out (--kv-offloading-size)."""
+
     name: str
     module_path: str | None = None
     extra_config: dict = field(default_factory=dict)
+    gpu_prefix_cache: bool = False
+    gpu_cache_reset: str | None = None
+    shipped_as: str | None = None
+
+    def __post_init__(self):
+        if self.gpu_cache_reset not in ((None,) if not self.gpu_prefix_cache else GPU_CACHE_RESETS):
+            raise ContractError(
+                f"connector {self.name}: gpu_cache_reset {self.gpu_cache_reset!r} "
+                + ("needs the GPU prefix cache on" if not self.gpu_prefix_cache else f"not one of {GPU_CACHE_RESETS}")
+            )
 
     def to_json(self) -> dict:
-        return {"name": self.name, "module_path": self.module_path, "extra_config": dict(self.extra_config)}
+        out = {"name": self.name, "module_path": self.module_path, "extra_config": dict(self.extra_config)}
+        if self.gpu_prefix_cache:  # only then: every report before it had the GPU prefix cache off for a connector
+            out.update(gpu_prefix_cache=True, gpu_cache_reset=self.gpu_cache_reset)
+        if self.shipped_as is not None:
+            out["shipped_as"] = self.shipped_as
+        return out
 
     @classmethod
     def from_json(cls, data: object, where: str = "connector") -> ConnectorSpec:
@@ -37,6 +60,9 @@ class ConnectorSpec:
             name=read_field(data, "name", str, where),
             module_path=read_field(data, "module_path", str, where, optional=True),
             extra_config=dict(read_field(data, "extra_config", dict, where, optional=True) or {}),
+            gpu_prefix_cache=bool(read_field(data, "gpu_prefix_cache", bool, where, optional=True)),
+            gpu_cache_reset=read_field(data, "gpu_cache_reset", str, where, optional=True),
+            shipped_as=read_field(data, "shipped_as", str, where, optional=True),
         )
 
 

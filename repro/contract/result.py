@@ -36,9 +36,13 @@ class RequestResult:
     request_id: str | None = None
     # what the KV audit recorded for this request (repro.engine.kvaudit's <seq>.json, or why none)
     kv_audit_record: dict | None = None
+    # a connector beneath the GPU prefix cache: the tokens its own counter says it loaded for this request
+    # (vLLM's vllm:external_prefix_cache_hits across the request; None: not measured, or not a count)
+    external_tokens: int | None = None
 
     def to_json(self) -> dict:
-        return {
+        extra = {} if self.external_tokens is None else {"external_tokens": self.external_tokens}
+        return extra | {
             "kv_audit_record": self.kv_audit_record,
             "role": self.role,
             "request_id": self.request_id,
@@ -66,6 +70,7 @@ class RequestResult:
             text=read_field(data, "text", str, where, optional=True),
             request_id=read_field(data, "request_id", str, where, optional=True),
             kv_audit_record=read_field(data, "kv_audit_record", dict, where, optional=True),
+            external_tokens=read_field(data, "external_tokens", int, where, optional=True),
         )
 
 

@@ -136,7 +136,7 @@ def _top_logprobs(step) -> list[list]:
     return [[t, lp] for t, lp in items]
 
 
-def _request(out, role: str, kv_audit_record: dict | None = None) -> RequestResult:
+def _request(out, role: str, kv_audit_record: dict | None = None, external: int | None = None) -> RequestResult:
     comp = out.outputs[0]
     cached = getattr(out, "num_cached_tokens", None)
     ktp = json.loads(json.dumps(out.kv_transfer_params, default=str)) if out.kv_transfer_params else None
@@ -150,6 +150,7 @@ def _request(out, role: str, kv_audit_record: dict | None = None) -> RequestResu
         kv_transfer_params=ktp,
         text=comp.text,
         kv_audit_record=kv_audit_record,
+        external_tokens=external,
     )
 
 
@@ -175,7 +176,7 @@ def run_job(job: Job, keep: list) -> ArmResult:
         temperature=0.0, max_tokens=job.max_tokens, ignore_eos=True, logprobs=job.logprobs, seed=job.engine.seed
     )
     t_gen = time.monotonic()
-    probes, scenario = [], None
+    probes, scenario, gpu_resets = [], None, []
     if job.scenario is not None:
         probes, scenario = run_scenario(llm, job, tokenizer, sp, audit)
     for n, probe in enumerate(job.probes if job.scenario is None else (), start=1):
@@ -184,7 +185,8 @@ def run_job(job: Job, keep: list) -> ArmResult:
             ids, messages = list(probe.prompt["token_ids"]), None
         else:
             ids, messages = build_chat_prompt(tokenizer, probe.prompt["chat"])
-        if job.arm.mode == "native":
+        beneath = job.arm.connector is not None and job.arm.connector.gpu_prefix_cache
+        if job.arm.mode == "native" or beneath:
             llm.reset_prefix_cache()  # belt and braces: probes are also isolated by content
         requests = []
         for i in range(probe.requests):
@@ -192,8 +194,14 @@ def run_job(job: Job, keep: list) -> ArmResult:
                 primed = _prime(llm, ids[: probe.match_tokens[i - 1]], audit)
                 if primed is not None:
                     audit.primes.append({"probe": probe.name, "reuse": i, "record": primed})
+            if i > 0 and beneath and job.arm.connector.gpu_cache_reset == "before-reuse":
+                # the GPU prefix cache forgets, the connector's tier stays: the reuse is the connector's to serve
+                gpu_resets.append(bool(llm.reset_prefix_cache()))
+            before = external_hits()[0] if beneath else None
             out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0]
-            requests.append(_request(out, "cold" if i == 0 else "reuse", audit.take(ids)))
+            after = external_hits()[0] if beneath else None
+            ext = None if before is None or after is None else after - before
+            requests.append(_request(out, "cold" if i == 0 else "reuse", audit.take(ids), ext))
         probes.append(
             ProbeResult(name=probe.name, prompt_token_ids=tuple(ids), messages=messages, requests=tuple(requests))
         )
@@ -208,7 +216,11 @@ def run_job(job: Job, keep: list) -> ArmResult:
         probes=tuple(probes),
         pid=os.getpid(),
         versions=versions,
-        effective_config={**effective_config(llm), **process_facts(probes, audit, scenario)},
+        effective_config={
+            **effective_config(llm),
+            **process_facts(probes, audit, scenario),
+            **({"gpu_cache_resets": gpu_resets} if gpu_resets else {}),
+        },
         # from process start to a ready engine: interpreter, imports and engine construction
         engine_start_s=round(ready - _T_PROCESS - waited, 3),
         import_s=round(t0 - _T_PROCESS - waited, 3),
@@ -220,22 +232,34 @@ def run_job(job: Job, keep: list) -> ArmResult:
 
 
 PREEMPTIONS_METRIC = "vllm:num_preemptions"
+# tokens a connector loaded, as the scheduler counts them at admission (connector_prefix_cache_stats)
+EXTERNAL_HITS_METRIC = "vllm:external_prefix_cache_hits"
 
 
-def preemption_count() -> tuple[int | None, str]:
-    """The engine's cumulative count of preempted requests and where it came from: vLLM's Prometheus
-    counter vllm:num_preemptions (v1/metrics/loggers.py, fed by the scheduler's PREEMPTED events), read
+def _counter(metric: str) -> tuple[int | None, str]:
+    """One of the engine's cumulative Prometheus counters and where it came from (v1/metrics/loggers.py), read
     in this process as LLM.get_metrics() reads it (vllm.v1.metrics.reader.get_metrics_snapshot), which
     serves the synchronous LLM and the bare AsyncLLM alike; (None, "unavailable: why") otherwise."""
     try:
         from vllm.v1.metrics.reader import get_metrics_snapshot
 
-        values = [m.value for m in get_metrics_snapshot() if m.name == PREEMPTIONS_METRIC]
+        values = [m.value for m in get_metrics_snapshot() if m.name == metric]
     except Exception as exc:  # noqa: BLE001 - a counter that cannot be read is reported as such
         return None, f"unavailable: {type(exc).__name__}: {str(exc)[:200]}"
     if not values:
-        return None, f"unavailable: vLLM's metrics have no {PREEMPTIONS_METRIC} (stat logging off?)"
-    return int(sum(values)), f"{PREEMPTIONS_METRIC} (vLLM's Prometheus counter, as LLM.get_metrics() reads it)"
+        return None, f"unavailable: vLLM's metrics have no {metric} (stat logging off?)"
+    return int(sum(values)), f"{metric} (vLLM's Prometheus counter, as LLM.get_metrics() reads it)"
+
+
+def preemption_count() -> tuple[int | None, str]:
+    """The engine's cumulative count of preempted requests (fed by the scheduler's PREEMPTED events)."""
+    return _counter(PREEMPTIONS_METRIC)
+
+
+def external_hits() -> tuple[int | None, str]:
+    """The tokens every connector load so far brought in, as the scheduler counted them: a request sent alone
+    gets the difference across it (its own connector hits, apart from the GPU prefix cache's)."""
+    return _counter(EXTERNAL_HITS_METRIC)
 
 
 def run_scenario(llm, job: Job, tokenizer, sp, audit: AuditRecords) -> tuple[list[ProbeResult], ScenarioResult]:

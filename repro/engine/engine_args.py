@@ -44,7 +44,9 @@ def engine_kwargs(job: Job) -> dict:
         "max_num_batched_tokens": e.max_num_batched_tokens or max(e.max_model_len, 2048),
         # one request at a time, but for a scenario's requests in flight together (repro.run.scenarios)
         "max_num_seqs": e.max_num_seqs or 1,
-        "enable_prefix_caching": arm.mode == "native",
+        # native, and a connector beneath the GPU prefix cache (repro.plan.offloading); any other arm's hits are
+        # the connector's alone
+        "enable_prefix_caching": arm.mode == "native" or bool(arm.connector and arm.connector.gpu_prefix_cache),
         "disable_log_stats": False,
     }
     if e.async_scheduling is not None:  # a scenario's engine; else vLLM's default (on for CUDA, off on the CPU)

@@ -68,8 +68,8 @@ def comparability_problems(baseline: ArmResult, other: ArmResult) -> list[str]:
     return problems
 
 
-def _view(req: RequestResult) -> Request:
-    return Request(token_ids=tuple(req.token_ids), cached_tokens=req.cached_tokens)
+def _view(req: RequestResult, counts_external: bool = False) -> Request:
+    return Request(tuple(req.token_ids), req.cached_tokens, req.external_tokens, counts_external)
 
 
 def margin_of(index: int | None, base: RequestResult, req: RequestResult) -> dict | None:
@@ -86,8 +86,11 @@ def margin_of(index: int | None, base: RequestResult, req: RequestResult) -> dic
     ).as_dict()
 
 
-def probe_verdict(probe: ProbeResult, baseline_probe: ProbeResult | None, mode: str) -> ProbeVerdict:
-    """The verdict for one probe (a baseline probe alone, or a reuse probe against the baseline's)."""
+def probe_verdict(
+    probe: ProbeResult, baseline_probe: ProbeResult | None, mode: str, counts_external: bool = False
+) -> ProbeVerdict:
+    """The verdict for one probe (a baseline probe alone, or a reuse probe against the baseline's).
+    counts_external: the arm's connector sits beneath the GPU prefix cache (its own hits are the ones that count)."""
     if mode == "baseline":
         return decide_baseline_probe(_view(probe.requests[0]))
     if baseline_probe is None:
@@ -97,7 +100,7 @@ def probe_verdict(probe: ProbeResult, baseline_probe: ProbeResult | None, mode: 
     return decide_probe(
         tuple(base.token_ids),
         _view(reqs[0]),
-        [_view(r) for r in reqs[1:]],
+        [_view(r, counts_external) for r in reqs[1:]],
         baseline_verdict=decide_baseline_probe(_view(base)).verdict,
     )
 
@@ -114,12 +117,13 @@ def judge_probe(
     baseline_probe: ProbeResult | None,
     mode: str,
     answers: Mapping[str, list[int]] | None = None,
+    counts_external: bool = False,
 ) -> tuple[dict, ProbeVerdict]:
     """The report entry for one probe (requests annotated with diffs and margins) and its verdict.
 
     answers: every probe's baseline continuation by name; each reuse that differs from its own baseline
     gets `replays` (a list, empty when it replays nothing), one that does not gets None."""
-    pv = probe_verdict(probe, baseline_probe, mode)
+    pv = probe_verdict(probe, baseline_probe, mode, counts_external)
     reqs = [r.to_json() for r in probe.requests]
     for r in reqs:
         del r["kv_audit_record"]  # the child's bookkeeping; the report carries repro.judge.kvaudit's kv_audit
@@ -167,6 +171,7 @@ def judge_arm(
     block_size: int,
     skip_probes: dict[str, str] | None = None,
     asked: Mapping[str, int] | None = None,
+    counts_external: bool = False,
 ) -> tuple[list[dict], ArmVerdict]:
     """(probe entries, arm verdict) for an arm whose child delivered a result.
 
@@ -181,7 +186,7 @@ def judge_arm(
             return [], decide_incomparable(problems)
     base_probes = {p.name: p for p in (baseline.probes if baseline else ())}
     answers = {name: list(p.requests[0].token_ids) for name, p in base_probes.items() if p.requests}
-    judged = [judge_probe(p, base_probes.get(p.name), mode, answers) for p in result.probes]
+    judged = [judge_probe(p, base_probes.get(p.name), mode, answers, counts_external) for p in result.probes]
     judged += [(_skipped_entry(name, why), decide_skipped(why)) for name, why in sorted((skip_probes or {}).items())]
     verdicts = {entry["name"]: pv for entry, pv in judged}
     got = {p.name: len(p.requests) for p in result.probes}

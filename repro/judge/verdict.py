@@ -69,6 +69,10 @@ class Request:
 
     token_ids: tuple[int, ...]
     cached_tokens: int | None  # None: the engine reported nothing, which is never read as zero
+    # a connector beneath the GPU prefix cache (counts_external): its own count of the tokens it loaded; the
+    # hit that counts is that one (cached_tokens is the GPU cache's and the connector's together)
+    external_tokens: int | None = None
+    counts_external: bool = False
 
     @property
     def hits(self) -> int | None:
@@ -229,6 +233,8 @@ def decide_probe(
             unproven.append(f"reuse {i}: {counter_missing(req.cached_tokens)}")
         elif req.hits == 0:
             unproven.append(f"reuse {i}: zero cached tokens, reuse not exercised")
+        elif req.counts_external:
+            _judge_beneath(i, req, diff, failed, unproven)
         elif diff is not None:
             failed.append(f"reuse {i}: {req.cached_tokens} cached tokens, differs from baseline @{diff}")
     if failed:
@@ -236,6 +242,23 @@ def decide_probe(
     if unproven:
         return ProbeVerdict(INCONCLUSIVE, tuple(unproven), cold_diff, diffs, diffs_cold)
     return ProbeVerdict(PASS, (), cold_diff, diffs, diffs_cold)
+
+
+def _judge_beneath(i: int, req: Request, diff: int | None, failed: list, unproven: list) -> None:
+    """A reuse with hits on an arm whose connector sits beneath the GPU prefix cache: only the connector's own
+    count says it served. A reuse that differs is a FAIL whoever served it (an answer changed after a hit); one
+    that matches clears the connector only where the connector loaded something."""
+    ext = hit_count(req.external_tokens)
+    if diff is not None:
+        whose = "the connector's count missing" if ext is None else f"{ext} from the connector"
+        failed.append(f"reuse {i}: {req.cached_tokens} cached tokens ({whose}), differs from baseline @{diff}")
+    elif ext is None:
+        why = counter_missing(req.external_tokens, "the connector's")
+        unproven.append(f"reuse {i}: {why} (the GPU prefix cache is on: cached tokens do not say who served)")
+    elif ext == 0:
+        unproven.append(
+            f"reuse {i}: {req.cached_tokens} cached tokens, all from the GPU prefix cache: connector not exercised"
+        )
 
 
 def classify_divergence(baseline_top_gap: float | None, near_tie: bool | None = None) -> str:

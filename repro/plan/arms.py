@@ -21,7 +21,7 @@ from repro.contract.job import (
 )
 from repro.contract.result import ArmResult
 from repro.errors import UsageError
-from repro.plan import devices
+from repro.plan import devices, offloading
 from repro.plan.fixtures import Fixture, Probe, arm_name_problem
 from repro.plan.options import DEFAULT_ENGINE_MODULE
 from repro.plan.settings import ArmsAsked, EngineSettings
@@ -83,7 +83,10 @@ def plan_arms(asked: ArmsAsked, fixture: Fixture, lmcache_config: str | None = N
     """baseline first, then the connector arm(s) (the command line's, else the fixture's), then native.
     lmcache_config: the YAML an LMCache arm's processes read (--lmcache-config)."""
     arms = [PlannedArm(ArmSpec("baseline", "baseline"))]
-    if asked.kv_connector:
+    if asked.offloading_size is not None:
+        conn = offloading.offloading_connector(asked.offloading_size, asked.offloading_backend)
+        arms.append(PlannedArm(ArmSpec(conn.name, "connector", conn)))
+    elif asked.kv_connector:
         if (problem := arm_name_problem(asked.kv_connector)) is not None:  # the arm is named after it
             raise UsageError(f"--kv-connector: {problem}")
         extra = dict(asked.extra_config)
@@ -91,12 +94,13 @@ def plan_arms(asked: ArmsAsked, fixture: Fixture, lmcache_config: str | None = N
             extra.setdefault("shared_storage_path", TMPDIR_TOKEN)
         if asked.kv_connector == "PlantedFaultConnector" and asked.module_path == PLANTED_FAULT_MODULE:
             extra.setdefault("store_dir", TMPDIR_TOKEN)
-        conn = ConnectorSpec(asked.kv_connector, asked.module_path, extra)
+        conn = _beneath(ConnectorSpec(asked.kv_connector, asked.module_path, extra), None, None)
         yaml = _lmcache_yaml(conn, lmcache_config)
         arms.append(PlannedArm(ArmSpec(asked.kv_connector, "connector", conn), lmcache_config=yaml))
     else:
         for spec in fixture.arms:
-            conn = ConnectorSpec(spec.connector, spec.module_path, dict(spec.extra_config))
+            conn = ConnectorSpec(spec.connector, spec.module_path, dict(spec.extra_config), shipped_as=spec.shipped_as)
+            conn = _beneath(conn, spec.gpu_prefix_cache, spec.gpu_cache_reset)
             arms.append(
                 PlannedArm(
                     ArmSpec(spec.name, "connector", conn),
@@ -117,6 +121,17 @@ def plan_arms(asked: ArmsAsked, fixture: Fixture, lmcache_config: str | None = N
             "nothing to compare: give --kv-connector or --compare-native (or a fixture that declares arms)"
         )
     return arms
+
+
+def _beneath(conn: ConnectorSpec, asked: bool | None, reset: str | None) -> ConnectorSpec:
+    """The connector with the GPU prefix cache on beneath it where asked, else where the kit knows it sits there
+    (repro.plan.offloading); such an arm is made to serve by a GPU-cache reset before each reuse unless told."""
+    on = offloading.beneath_gpu_cache(conn.name) if asked is None else asked
+    if not on:
+        if reset is not None:
+            raise UsageError(f"connector {conn.name}: gpu_cache_reset needs the GPU prefix cache on (gpu_prefix_cache)")
+        return replace(conn, gpu_prefix_cache=False, gpu_cache_reset=None)
+    return replace(conn, gpu_prefix_cache=True, gpu_cache_reset=reset or "before-reuse")
 
 
 def is_lmcache_connector(conn: ConnectorSpec | None) -> bool:

@@ -24,6 +24,7 @@ from pathlib import Path
 from repro.errors import UsageError
 from repro.judge.expectations import expectation_problem
 from repro.judge.verdict import KV_VERDICTS, VERDICTS
+from repro.plan import offloading
 
 FIXTURE_KIND = "kvkit-fixture"
 FIXTURE_SCHEMA_VERSION = 1
@@ -65,6 +66,11 @@ class ArmSpec:
     skip_probes: dict = field(default_factory=dict)  # probe name -> why this arm cannot run it
     lmcache_ops: str | None = None  # this arm's own --lmcache-ops (one connector twice, once per copy path)
     skip_scenarios: dict = field(default_factory=dict)  # scenario name -> why this arm cannot run it
+    # the GPU prefix cache on beneath the connector (None: as repro.plan.offloading knows the connector) and how
+    # the kit makes the connector serve; shipped_as: the vLLM setting a kv_offloading_size arm stands for
+    gpu_prefix_cache: bool | None = None
+    gpu_cache_reset: str | None = None
+    shipped_as: str | None = None
 
 
 # --lmcache-ops values (repro.lmcache.ops.MODES; that module imports heavier things, so spelled here too)
@@ -228,11 +234,12 @@ def _parse_arm(obj: object, where: str, path) -> ArmSpec:
     name = _require(obj, "name", str, where, path)
     if (problem := arm_name_problem(name)) is not None:
         raise _fail(path, f"{where}.name: {problem}")
-    connector = _require(obj, "connector", str, where, path)
+    offload = _offloading_arm(obj, where, path)
+    connector = offload.name if offload else _require(obj, "connector", str, where, path)
     module_path = obj.get("module_path")
     if module_path is not None and not isinstance(module_path, str):
         raise _fail(path, f"{where}.module_path: wrong type")
-    extra = obj.get("extra_config", {})
+    extra = dict(offload.extra_config) if offload else obj.get("extra_config", {})
     skip = obj.get("skip_probes", {})
     if not isinstance(extra, dict) or not isinstance(skip, dict) or not all(isinstance(v, str) for v in skip.values()):
         raise _fail(path, f"{where}: extra_config and skip_probes must be objects (skip reasons are strings)")
@@ -242,6 +249,12 @@ def _parse_arm(obj: object, where: str, path) -> ArmSpec:
     skip_sc = obj.get("skip_scenarios", {})
     if not isinstance(skip_sc, dict) or not all(isinstance(v, str) for v in skip_sc.values()):
         raise _fail(path, f"{where}.skip_scenarios: must be an object of scenario -> why (a string)")
+    beneath = obj.get("gpu_prefix_cache", offload.gpu_prefix_cache if offload else None)
+    if beneath is not None and not isinstance(beneath, bool):
+        raise _fail(path, f"{where}.gpu_prefix_cache: must be true or false")
+    reset = obj.get("gpu_cache_reset")
+    if reset is not None and (problem := offloading.reset_problem(reset)) is not None:
+        raise _fail(path, f"{where}.gpu_cache_reset: {problem}")
     return ArmSpec(
         name=name,
         connector=connector,
@@ -250,7 +263,30 @@ def _parse_arm(obj: object, where: str, path) -> ArmSpec:
         skip_probes=skip,
         lmcache_ops=ops,
         skip_scenarios=skip_sc,
+        gpu_prefix_cache=beneath,
+        gpu_cache_reset=reset,
+        shipped_as=offload.shipped_as if offload else None,
     )
+
+
+def _offloading_arm(obj: dict, where: str, path):
+    """A fixture arm written as vLLM ships its offloading ({"kv_offloading_size": GiB, "kv_offloading_backend":
+    "native"|"simple"}): the connector vLLM makes of it (repro.plan.offloading), or None for a connector arm."""
+    if "kv_offloading_size" not in obj:
+        if "kv_offloading_backend" in obj:
+            raise _fail(path, f"{where}.kv_offloading_backend: needs kv_offloading_size")
+        return None
+    if "connector" in obj or "extra_config" in obj:
+        raise _fail(
+            path, f"{where}: kv_offloading_size names vLLM's offloading connector; drop connector and extra_config"
+        )
+    size = obj["kv_offloading_size"]
+    if (problem := offloading.size_problem(size)) is not None:
+        raise _fail(path, f"{where}.kv_offloading_size: {problem}")
+    backend = obj.get("kv_offloading_backend", "native")
+    if backend not in offloading.BACKENDS:
+        raise _fail(path, f"{where}.kv_offloading_backend: must be one of {', '.join(offloading.BACKENDS)}")
+    return offloading.offloading_connector(size, backend)
 
 
 def parse_fixture(data: object, path: str | Path, digest: str) -> Fixture:

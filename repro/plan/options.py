@@ -20,7 +20,7 @@ from pathlib import Path
 
 from repro.commands import ArgumentParser
 from repro.errors import UsageError
-from repro.plan import devices
+from repro.plan import devices, offloading
 from repro.plan.interpreter import probe_python
 from repro.plan.settings import DEFAULT_MAX_CHILD_DISK_GB
 
@@ -64,6 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-connector-module-path", default=None, help="module to load the connector class from")
     p.add_argument("--kv-connector-extra-config", default=None, help="JSON object passed as kv_connector_extra_config")
     p.add_argument("--lmcache-config", default=None, help="LMCache YAML, given to the child as LMCACHE_CONFIG_FILE")
+    p.add_argument(
+        "--kv-offloading-size",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="vLLM's own KV offloading as its flag of that name makes it: OffloadingConnector (SimpleCPUOffloadConnector "
+        "with VLLM_USE_SIMPLE_KV_OFFLOAD=1) with a CPU tier of GIB, beneath the GPU prefix cache (CUDA only)",
+    )
     p.add_argument("--dtype", default="auto")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.45)
     p.add_argument("--max-model-len", type=int, default=2048)
@@ -303,8 +311,31 @@ def _fixture_has_lmcache(path: str | None) -> bool:
     return any(isinstance(a, dict) and "lmcache" in str(a.get("connector", "")).lower() for a in arms)
 
 
+def _check_offloading(args: argparse.Namespace) -> None:
+    """--kv-offloading-size: a positive size, a GPU, and no connector of another kind beside it (one line, exit 2);
+    a fixture arm that names an offloading connector on the CPU is refused alike."""
+    cpu = args.device == "cpu" or (args.device == "auto" and not devices.uses_cuda(args.device))
+    size = args.kv_offloading_size
+    if size is not None:
+        if (problem := offloading.size_problem(size)) is not None:
+            raise UsageError(f"--kv-offloading-size {problem}")
+        if args.kv_connector:
+            also = " (vLLM's --kv-offloading-backend lmcache is not an arm the kit runs)" if "lmcache" in (
+                args.kv_connector.lower()) else ""  # fmt: skip
+            raise UsageError(
+                f"--kv-offloading-size makes vLLM's own offloading connector the arm; drop --kv-connector "
+                f"{args.kv_connector}{also}"
+            )
+        name = offloading.BACKENDS["simple" if offloading.simple_from_env(os.environ) else "native"]
+        if (problem := offloading.gpu_only_problem(name, cpu)) is not None:
+            raise UsageError(f"--kv-offloading-size: {problem}")
+    if args.kv_connector and (problem := offloading.gpu_only_problem(args.kv_connector, cpu)) is not None:
+        raise UsageError(problem)  # a fixture's arms are checked once it is read (repro.plan.run_plan)
+
+
 def validate(args: argparse.Namespace) -> Options:
     """Every check that needs no engine; each failure is one line and exit 2."""
+    _check_offloading(args)
     if args.kv_connector_module_path and not args.kv_connector:
         raise UsageError("--kv-connector-module-path needs --kv-connector (the class name in that module)")
     if args.kv_connector_extra_config and not args.kv_connector:

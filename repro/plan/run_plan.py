@@ -4,10 +4,13 @@ scenarios and the arms. After build_plan nothing reads the options again: every 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from repro.contract.job import Preflight
+from repro.errors import UsageError
+from repro.plan import offloading
 from repro.plan.arms import PlannedArm, default_jobs, plan_arms, preflight_for, vocab_size
 from repro.plan.devices import uses_cuda
 from repro.plan.fixtures import Fixture, Probe, Scenario, check_probes_fit, load_fixture
@@ -94,8 +97,14 @@ def build_plan(opts: Options, argv: list[str]) -> RunPlan:
         extra_config=dict(opts.extra_config),
         compare_native=a.compare_native,
         native_matched=not a.no_native_matched,
+        offloading_size=a.kv_offloading_size,
+        offloading_backend="simple" if offloading.simple_from_env(os.environ) else "native",
     )
     arms = plan_arms(asked, fixture, a.lmcache_config)
+    for arm in arms:  # vLLM's offloading connectors refuse its CPU backend: one line, before any engine
+        conn = arm.spec.connector
+        if conn and (problem := offloading.gpu_only_problem(conn.name, not uses_cuda(engine.device))) is not None:
+            raise UsageError(f"arm {arm.name}: {problem}")
     children = ChildSettings(
         python=a.python,
         engine_module=a.engine_module,

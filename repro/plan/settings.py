@@ -99,6 +99,10 @@ class ArmsAsked:
     extra_config: dict = field(default_factory=dict)
     compare_native: bool = False
     native_matched: bool = True
+    # --kv-offloading-size GiB: vLLM's own offloading as its flag makes it (repro.plan.offloading), instead of a
+    # connector; offloading_backend "native" or "simple" (VLLM_USE_SIMPLE_KV_OFFLOAD=1 in the kit's environment)
+    offloading_size: float | None = None
+    offloading_backend: str = "native"
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,8 @@ def arm_entry(
         verdict = decide_child_failure(outcome.failure.kind, outcome.failure.detail)
         entry.update(error=outcome.failure.to_json(), verdict=verdict.verdict, reasons=list(verdict.reasons))
         return entry
-    probes, verdict = judge_arm(res, baseline, spec.mode, block_size, arm.skip_probes, outcome.asked)
+    beneath = bool(spec.connector and spec.connector.gpu_prefix_cache)  # its own hits count (repro.plan.offloading)
+    probes, verdict = judge_arm(res, baseline, spec.mode, block_size, arm.skip_probes, outcome.asked, beneath)
     entry["probes"] = probes
     if spec.connector is not None and "lmcache" in spec.connector.name.lower():
         evidence = lmcache_evidence(

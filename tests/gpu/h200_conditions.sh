@@ -51,6 +51,8 @@
 #                                              an exact MP L1; in-flight with each child alone
 #   tests/gpu/h200_conditions.sh scenarios028h OUT
 #                                              preemption with async scheduling off, then on (the mechanism test)
+#   tests/gpu/h200_conditions.sh classes OUT   on the 0.26.0 bundle, one GPU: V1 alone with the KV classes (tiny model,
+#                                              then SmolLM2), and the offloading connectors beneath the GPU cache
 #   tests/gpu/h200_conditions.sh monitor OUT   host memory, load and GPU memory every 5 s (in the background)
 #   tests/gpu/h200_conditions.sh reference028 OUT
 #                                              on that stack, LMCache's ops as its wheel ships them: both
@@ -78,7 +80,10 @@ common=(--model "$MODEL" --lmcache-config fixtures/lmcache-local-cpu.yaml --dtyp
 verify() {  # NAME GPU ARGS...: one run on one GPU, its logs packed beside its report
   local name=$1 gpu=$2; shift 2
   local rc=0
-  CUDA_VISIBLE_DEVICES=$gpu "$PY" -m repro.verify_kv_reuse "${common[@]}" "$@" --report "$OUT/$name.json" \
+  local base=("${common[@]}")
+  # a run without an LMCache arm (NO_LMCACHE=1): the kit refuses an LMCache YAML no arm reads
+  if [ -n "${NO_LMCACHE:-}" ]; then base=("${common[@]:0:2}" "${common[@]:4}"); fi
+  CUDA_VISIBLE_DEVICES=$gpu "$PY" -m repro.verify_kv_reuse "${base[@]}" "$@" --report "$OUT/$name.json" \
     >"$OUT/$name.out" 2>&1 || rc=$?
   echo "exit $rc" >>"$OUT/$name.out"
   if [ -d "$OUT/$name.logs" ]; then
@@ -182,6 +187,17 @@ case ${1:?step} in
       echo "$(date -u +%T) gpu1 done" >>"$OUT/progress.txt"
     ) &
     wait
+    echo "all done" >>"$OUT/progress.txt" ;;
+  classes)  # OUT, on the 0.26.0 bundle, one GPU, one run at a time (2026-12-03): the V1 finding re-run alone with
+    # the KV classes (issue 35 item 3), tiny model then SmolLM2 (compiled ops), and vLLM's offloading connectors as
+    # vLLM ships them, beneath the GPU prefix cache (issue 36 item 1); most needed first
+    OUT=${2:?OUT}; mkdir -p "$OUT"
+    "$0" wait-build "$OUT"
+    "$0" step "$OUT" v1-compiled-alone-classes --fixture fixtures/conditions-gpu-lmcache-v1.json --jobs 1 \
+      --lmcache-ops compiled
+    NO_LMCACHE=1 "$0" step "$OUT" offloading-tiny --fixture fixtures/offloading-gpu.json --compare-native
+    "$0" step "$OUT" smollm2-v1-compiled-alone-classes --model "$SMOLLM2" --fixture fixtures/smollm2-gpu-lmcache.json \
+      --kv-connector LMCacheConnectorV1 --jobs 1 --lmcache-ops compiled
     echo "all done" >>"$OUT/progress.txt" ;;
   step)  # OUT NAME ARGS...: one verify run on GPU $GPU (default 0), its start and end in OUT/progress.txt
     OUT=${2:?OUT}; name=${3:?NAME}; shift 3
