@@ -95,3 +95,16 @@ def test_the_connector_spec_round_trips_and_refuses_a_reset_without_the_cache():
         ConnectorSpec("X", gpu_cache_reset="never")
     with pytest.raises(ContractError):
         ConnectorSpec("X", gpu_prefix_cache=True, gpu_cache_reset="sometimes")
+
+
+def test_the_connectors_count_comes_from_the_audits_record_before_vllms_counter():
+    from repro.engine.child import connector_tokens
+
+    # the scheduler's num_external_tokens as the KV audit recorded it wins: on vLLM 0.26 (H200) the counter
+    # stayed at 0 while every reuse was loaded by OffloadingConnector
+    assert connector_tokens({"external_tokens": 1488}, 10, 10) == 1488
+    assert connector_tokens({"external_tokens": 0}, 0, 1488) == 0
+    # no audit record (--no-kv-audit) or none for this request: the counter's difference, else nothing
+    assert connector_tokens(None, 100, 1588) == 1488
+    assert connector_tokens({"seq": None, "unavailable": "x"}, 5, 5) == 0
+    assert connector_tokens(None, None, 7) is None and connector_tokens({"external_tokens": True}, None, None) is None

@@ -200,8 +200,9 @@ def run_job(job: Job, keep: list) -> ArmResult:
             before = external_hits()[0] if beneath else None
             out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0]
             after = external_hits()[0] if beneath else None
-            ext = None if before is None or after is None else after - before
-            requests.append(_request(out, "cold" if i == 0 else "reuse", audit.take(ids), ext))
+            record = audit.take(ids)
+            ext = connector_tokens(record, before, after) if beneath else None
+            requests.append(_request(out, "cold" if i == 0 else "reuse", record, ext))
         probes.append(
             ProbeResult(name=probe.name, prompt_token_ids=tuple(ids), messages=messages, requests=tuple(requests))
         )
@@ -254,6 +255,18 @@ def _counter(metric: str) -> tuple[int | None, str]:
 def preemption_count() -> tuple[int | None, str]:
     """The engine's cumulative count of preempted requests (fed by the scheduler's PREEMPTED events)."""
     return _counter(PREEMPTIONS_METRIC)
+
+
+def connector_tokens(record: dict | None, before: int | None, after: int | None) -> int | None:
+    """The tokens a connector beneath the GPU prefix cache loaded for one request sent alone: what the scheduler
+    told the connector it would load (update_state_after_alloc's num_external_tokens, as the KV audit's record of
+    the request keeps it), else vLLM's external-hit counter across the request. The counter alone is not enough:
+    on vLLM 0.26 with OffloadingConnector's asynchronous loads it stayed at 0 while the audit saw every reuse
+    loaded by the connector (H200, 2026-12-03). None: neither says."""
+    ext = (record or {}).get("external_tokens")
+    if isinstance(ext, int) and not isinstance(ext, bool):
+        return ext
+    return None if before is None or after is None else after - before
 
 
 def external_hits() -> tuple[int | None, str]:
