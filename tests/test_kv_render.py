@@ -563,10 +563,12 @@ def test_issue_markdown_without_the_audit():
     assert "KV audit" not in v1 and "| KV |" not in v1 and len(html_tables(v1)) == 1
     headings = [line for line in v1.splitlines() if line.startswith("#### ")]
     assert headings == [
+        "#### Expected vs actual",
+        "#### How to reproduce",
+        "#### Environment",
         "#### What maintainers ask for",
         "#### First diffs and margins",
         "#### Stack",
-        "#### Reproduce",
         "#### Warnings",
     ]
     off = format_issue_md(build_v2_report(audit=False))
