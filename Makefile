@@ -33,6 +33,9 @@ test: $(INV) ## Run all tests (unit, end-to-end on the real CPU engine)
 site: $(INV) ## Render site/ from reports/*.json (open site/index.html; works offline; REPORTS=dir: another folder, e.g. a kit's evidence/raw)
 	@$(INV) site $(if $(REPORTS),--reports "$(REPORTS)",)
 
+screenshots: $(INV) ## Screenshot the site's index and the SmolLM2 H200 report at 1280 and 390 px into docs/screenshots (needs chromium)
+	@$(INV) screenshots
+
 bench: $(INV) ## Time the CPU acceptance: wall, summed engine starts, ratio (figures, not a test)
 	@$(INV) bench
 

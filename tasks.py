@@ -295,6 +295,14 @@ def site(c, reports="reports", out="site"):
 
 
 @task
+def screenshots(c):
+    """Screenshot the site's index and one H200 report page at 1280 and 390 px wide into docs/screenshots."""
+    result = run_py(c, venv_python(PUBLISH_ENV, PUBLISH_REQUIREMENTS), "-m repro screenshots", warn=True)
+    if result.exited != 0:
+        raise Exit(code=result.exited)
+
+
+@task
 def bench(c):
     """Time the CPU acceptance (wall, summed engine starts, their ratio) and the KV audit's own cost on a
     synchronous and an asynchronous connector arm (with and without the audit): figures, not a test."""

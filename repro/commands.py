@@ -107,6 +107,13 @@ COMMANDS = (
         "repro.publish.site:main",
     ),
     Command(
+        "screenshots",
+        "[--reports DIR] [--out DIR] [--report PAGE]",
+        "screenshot the site's index and one report page at 1280 and 390 px wide (headless chromium) into "
+        "docs/screenshots",
+        "repro.publish.screenshots:main",
+    ),
+    Command(
         "issue-md",
         "REPORT [--out FILE]",
         "the report as GitHub Markdown to paste into an upstream issue",

@@ -51,13 +51,16 @@ PROBE_JS = """(() => {
   const visible = el => { if (!el) return false; const r = el.getBoundingClientRect(), s = getComputedStyle(el);
     return r.width > 0 && r.height > 0 && s.visibility !== 'hidden' && s.display !== 'none' && r.top < innerHeight * 4; };
   const banner = document.getElementById('claim-banner'), table = document.getElementById('cmp');
+  const headline = document.getElementById('headline');
   return {
+    headlineText: headline ? headline.innerText : null,
+    headlineTop: headline ? headline.getBoundingClientRect().top : null,
     bannerVisible: visible(banner), bannerText: banner ? banner.innerText : null,
     bannerTop: banner ? banner.getBoundingClientRect().top : null,
     tableVisible: visible(table),
     rows: table ? [...table.querySelectorAll('tr')].map(tr => [...tr.children].map(c => c.innerText.trim())) : [],
     scripts: document.querySelectorAll('script').length, imgs: document.querySelectorAll('img').length,
-    bodyText: document.body.innerText,
+    bodyText: document.body.innerText, bodyAll: document.body.textContent,
     scrollWidth: document.documentElement.scrollWidth, clientWidth: document.documentElement.clientWidth,
   };
 })()"""
@@ -213,7 +216,9 @@ def test_report_page_in_chromium_at_1280(browser, site):
     assert requested == [url]  # the page itself, nothing else: no font, script, style or image
     got = browser.evaluate(PROBE_JS)
     browser.screenshot(ARTIFACTS / "site-report-1280.png")
-    assert got["bannerVisible"] and got["bannerTop"] < 120
+    # the headline first, then the banner, both in the first screen
+    assert got["headlineText"].startswith("Planted-fault self-test (vLLM 0.28.0, CPU Intel(R) Xeon(R) Processor, tiny)")
+    assert got["headlineTop"] < got["bannerTop"] < 400 and got["bannerVisible"]
     assert (
         "claim_eligible=false" in got["bannerText"]
         and "no speed, cost, throughput or latency claim" in got["bannerText"]
@@ -247,6 +252,27 @@ def test_index_page_in_chromium(browser, site):
     )
 
 
+INDEX_JS = """(() => {
+  const cell = document.querySelector('#reports td.verdicts'), r = cell.getBoundingClientRect();
+  const badge = cell.querySelector('.verdict').getBoundingClientRect();
+  return { left: r.left, right: r.right, badgeTop: badge.top, badgeRight: badge.right, innerWidth: innerWidth,
+    innerHeight: innerHeight, headline: document.querySelector('#reports td.finding a').innerText,
+    scrollWidth: document.documentElement.scrollWidth, clientWidth: document.documentElement.clientWidth };
+})()"""
+
+
+def test_index_at_phone_width_shows_the_verdicts(browser, site):
+    """At 390 px each report is a card: its headline, then its verdicts, on screen with no sideways scrolling."""
+    url = (site / "index.html").as_uri()
+    assert browser.load(url, 390, 844, mobile=True) == [url]
+    got = browser.evaluate(INDEX_JS)
+    browser.screenshot(ARTIFACTS / "site-index-390.png", full_page=False)
+    assert got["headline"].startswith("Planted-fault self-test (vLLM 0.28.0")
+    assert 0 <= got["left"] and got["right"] <= got["innerWidth"] and got["badgeRight"] <= got["innerWidth"]
+    assert got["badgeTop"] < got["innerHeight"]  # the first verdict on the first screen
+    assert got["scrollWidth"] <= got["clientWidth"] + 1
+
+
 def test_hostile_model_text_stays_text_in_chromium(browser, tmp_path):
     report = json.loads((DATA / f"{STEM}.json").read_text(encoding="utf-8"))
     payload = '<script>alert(1)</script>"><img src=x onerror=alert(1)>'
@@ -261,7 +287,7 @@ def test_hostile_model_text_stays_text_in_chromium(browser, tmp_path):
     assert browser.load(url, 1280) == [url]  # an <img src=x> that got through would be requested
     got = browser.evaluate(PROBE_JS)
     assert got["scripts"] == 0 and got["imgs"] == 0
-    assert payload in got["bodyText"]
+    assert payload in got["bodyAll"]  # as text, in the folded requests table
 
 
 def test_the_network_check_sees_requests(browser, tmp_path):
@@ -308,6 +334,8 @@ KV_JS = """(() => {
     header: [...cmp.querySelectorAll('thead th')].map(th => th.innerText.trim()),
     kvCells: [...cmp.querySelectorAll('td.kv')].map(td => td.innerText.trim()),
     figures: document.querySelectorAll('figure.kvmap').length,
+    lead: (() => { const l = document.querySelector('#lead-map svg'); return l ? l.getBoundingClientRect().top : null; })(),
+    innerHeight: innerHeight,
     scripts: document.querySelectorAll('script').length, imgs: document.querySelectorAll('img').length,
     scrollWidth: document.documentElement.scrollWidth, clientWidth: document.documentElement.clientWidth,
   };
@@ -343,7 +371,9 @@ def test_kv_heatmap_in_chromium(browser, kv_site, width, mobile):
     assert got["bands"] == ["planted fault: blocks 0–15 (tokens 0–255)"] * 2
     assert got["nonFinite"] == ["V · layer 3 · block 20 (tokens 320–335): corrupt · rel not finite · max abs —"]
     assert got["header"][-1] == "KV" and "CORRUPT: blocks 0–15 (tokens 0–255), K+V, layers 0–3" in got["kvCells"]
-    assert got["figures"] == 16 and got["scripts"] == 0 and got["imgs"] == 0
+    # 16 heatmaps in the probes' details, and the first finding's again under the headline, seen without scrolling
+    assert got["figures"] == 17 and got["scripts"] == 0 and got["imgs"] == 0
+    assert got["lead"] is not None and got["lead"] < got["innerHeight"]
     assert 0 < got["svgWidth"] <= got["figWidth"] and got["svgHeight"] > 0  # the heatmap scales into its box
     assert got["scrollWidth"] <= got["clientWidth"] + 1  # no sideways scrolling, at a phone's width either
 
@@ -409,7 +439,7 @@ def test_mixed_and_index_classes_in_chromium(browser, near_tie_site):
     got = browser.evaluate(NEAR_TIE_JS)
     browser.screenshot(ARTIFACTS / "site-near-tie-index-1280.png", full_page=False)
     assert got["badge"] == "near-ties only: 6" and got["badgeSeen"] and got["badgeBg"] != got["failBg"]
-    cells = [r[6] for r in got["rows"][1:]]
+    cells = [r[1] for r in got["rows"][1:]]  # the verdicts column, after the finding
     assert "FAIL (decisive: 5, near-tie: 1)" in cells[0] and "FAIL near-ties only: 6" in cells[1]
 
 

@@ -247,5 +247,6 @@ def test_a_scenario_run_or_request_with_a_finer_kv_finding_is_a_finding_named_by
     read = as_report(report)
     assert ("a-b-a", "native") in {(s.name, a.name) for s, a in read.scenario_findings} and read.shows_finer_kv
     row = build_index_row(report, stem="r", href="r.html")
-    assert ("a-b-a · native prefix caching", "PASS") in row.scenarios  # never counted among the plain PASSes
+    assert ("a-b-a · native prefix caching", "PASS", "KV FOREIGN") in row.scenarios  # never a plain PASS
+    assert "scenario a-b-a: native prefix caching PASS with foreign KV" in row.headline
     assert "  a-b-a · native: PASS · KV FOREIGN · " in format_summary(report)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -14,7 +15,10 @@ import pytest
 from conftest import ROOT
 
 from repro.errors import UsageError
+from repro.publish.headline import headline
 from repro.publish.issue_md import GITHUB_BODY_LIMIT, format_issue_md, format_table
+from repro.publish.issue_sections import format_environment, reproduce_argv
+from repro.readmodel import as_report
 from repro.record.report import CLAIM_LINE
 
 SAMPLE = ROOT / "tests" / "data" / "kit-sample-report.json"
@@ -50,8 +54,11 @@ class TableParser(HTMLParser):
 
 
 def html_tables(md_text: str) -> list[list[list[str]]]:
+    """The tables as GitHub renders the body: Markdown inside <details> (blank lines around it) is Markdown there,
+    which Python-Markdown leaves as raw HTML, so the folding lines are left out before rendering."""
+    unfolded = re.sub(r"^<details><summary>.*?</summary>$|^</details>$", "", md_text, flags=re.MULTILINE)
     parser = TableParser()
-    parser.feed(markdown.markdown(md_text, extensions=["tables"]))
+    parser.feed(markdown.markdown(unfolded, extensions=["tables"]))
     return parser.tables
 
 
@@ -70,13 +77,57 @@ def test_markdown_renders_the_verdict_table():
     assert ["ExampleConnector", "chat-513", "", "—", "SKIPPED", ""] in rows
 
 
-def test_title_is_hardware_kit_commit_and_date():
-    # The commit as every view shows it (display.commit_label): a probe's failure is spelled out, not "unknown commit".
-    title = "### KV-cache reuse verification: CPU Intel(R) Xeon(R) Processor · kvkit {} · 2026-11-29\n"
+def test_title_is_the_headline_and_the_sections_come_in_the_maintainers_order():
     report = load_sample()
-    assert format_issue_md(report).startswith(title.format("unavailable: git exited 128 (dirty: unknown)"))
+    body = format_issue_md(report)
+    assert body.startswith(f"### {headline(report)}\n") and body.startswith("### Planted-fault self-test (vLLM 0.28.0")
+    order = ["#### Expected vs actual", "#### How to reproduce", "#### Environment", "<details><summary>Evidence"]
+    assert [body.index(h) for h in order] == sorted(body.index(h) for h in order)
+    assert body.index("</details>") < body.index(f"`{CLAIM_LINE}`")
+    # the commit as every view shows it (commit_label): a probe's failure is spelled out, not "unknown commit"
+    assert "(kit commit `unavailable: git exited 128 (dirty: unknown)`)" in body
     report["provenance"]["kit"] = {"commit": "0123456789abcdef0123456789abcdef01234567", "dirty": True}
-    assert format_issue_md(report).startswith(title.format("0123456789ab+dirty"))
+    assert "(kit commit `0123456789ab+dirty`)" in format_issue_md(report)
+
+
+def test_expected_vs_actual_shows_both_answers_at_the_first_divergence():
+    part = format_issue_md(load_sample()).split("#### Expected vs actual\n\n", 1)[1].split("\n\n####", 1)[0]
+    lines = part.split("```text\n", 1)[1].split("\n```", 1)[0].splitlines()
+    facts = {k.strip(): v for k, v in (line.split(" : ", 1) for line in lines)}
+    assert facts["probe"].startswith("fixture (1502 prompt tokens), greedy")
+    assert facts["first divergence: token 9"] == "expected id 152, actual id 228"
+    assert facts["expected token ids"] == "… 61 123 311 219 [152] 229 43 73 285 …"  # four either side
+    assert facts["actual token ids"].startswith("… 61 123 311 219 [228] ")
+    actual = next(k for k in facts if k.startswith("actual (PlantedFault, reuse 1, 1488 cached)"))
+    assert facts["expected (caching off)"].startswith('"') and facts[actual].startswith('"')  # the decoded answers
+    assert "no text per token" in part
+
+
+def test_how_to_reproduce_is_one_command_each_flag_once_no_machine_path():
+    argv = ["--model", "/tmp/models/a", "--dtype", "float16", "--compare-native", "--model", "/tmp/models/b",
+            "--report", "/tmp/out/r.json", "--python", "/opt/venv/bin/python", "--fixture", "fixtures/x.json",
+            "--lmcache-config=/home/me/l.yaml", "--quiet"]  # fmt: skip
+    assert reproduce_argv(argv) == [
+        "--dtype", "float16", "--compare-native", "--model", "MODEL_DIR", "--report", "report.json",
+        "--fixture", "fixtures/x.json", "--lmcache-config", "…/l.yaml", "--quiet",
+    ]  # fmt: skip
+    report = load_sample()
+    report["provenance"]["argv"] = argv
+    part = format_issue_md(report).split("#### How to reproduce\n\n", 1)[1].split("\n\n####", 1)[0]
+    cmd = part.split("```sh\n", 1)[1].split("\n```", 1)[0]
+    assert cmd.count("--model") == 1 and "/tmp" not in cmd and "/opt" not in cmd and "\n" not in cmd
+    assert "`MODEL_DIR`: tiny (sha256 of its files" in part and "repro_min.py MODEL_DIR" in part
+
+
+def test_the_environment_is_in_collect_envs_shape_with_the_lmcache_yaml():
+    report = as_report(load_sample())
+    text = format_environment(report, lmcache_yaml="chunk_size: 256\n")
+    for line in ("         vLLM Info", "vLLM Version                 : 0.28.0", "PyTorch version              : 2.13.0+cpu",
+                 "GPU models and configuration : none (CPU)", "Model                        : tiny"):  # fmt: skip
+        assert line in text
+    assert '- **ExampleConnector**: `{"kv_connector": "ExampleConnector"' in text
+    if report.provenance.get("lmcache_config"):
+        assert "```yaml\nchunk_size: 256\n```" in text
 
 
 def test_sections_a_maintainer_needs():
@@ -84,7 +135,7 @@ def test_sections_a_maintainer_needs():
     assert body.rstrip().endswith(f"`{CLAIM_LINE}`")
     assert "vllm 0.28.0" in body and "torch 2.13.0+cpu" in body  # stack versions
     assert "CPU Intel(R) Xeon(R) Processor" in body and "cpu_count 2" in body  # hardware
-    assert "python -m repro.verify_kv_reuse --model .cache/models/tiny" in body  # reproduce command
+    assert "python -m repro.verify_kv_reuse --model MODEL_DIR" in body  # reproduce command
     assert "first diff @9" in body and "baseline margin 0.682 nats" in body and "reuse margin 5.998" in body
     assert "`210 192 179 249 231 61 123 311 219 152 229 43 73 285 250 130`" in body  # baseline tokens
     assert "In connector.start_load_kv, but the attn_metadata is None" in body and "ExampleConnector ×8" in body

@@ -152,6 +152,8 @@ def test_readme_tells_the_finding_and_the_limits(repo, tmp_path):
         "| PlantedFault (PlantedFaultConnector) | fixture | 1502 | 0→1488×3 | FAIL | @9 (decisive ×3, gap 0.682 nats) |"
         in readme
     )
+    # each finding led by its headline (repro.publish.headline), the report's file under it
+    assert "\n### Planted-fault self-test (vLLM 0.28.0, CPU Intel(R) Xeon(R) Processor, tiny): PlantedFault " in readme
     assert "make repro PROFILE=cpu" in readme
     assert "No performance claim" in readme and "suffix shape" in readme
     assert "not available when the kit was built" in readme and "selftest.logs/native.log" in readme

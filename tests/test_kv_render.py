@@ -490,8 +490,9 @@ def test_the_index_has_a_kv_column_once_a_report_has_the_audit(v2, tmp_path):
     (reports / "b-v2.json").write_text(json.dumps(v2), encoding="utf-8")
     render_site(reports, tmp_path / "site2")
     rows = Page((tmp_path / "site2" / "index.html").read_text(encoding="utf-8")).rows["reports"]
-    assert rows[0][7] == "KV" and rows[1][7] == "—"  # the v1 report predates the audit
-    assert rows[2][7] == (
+    by_stem = {r[0][-4:]: r for r in rows[1:]}  # each row's finding cell ends with its file's stem
+    assert rows[0][2] == "KV" and by_stem["a-v1"][2] == "—"  # the v1 report predates the audit
+    assert by_stem["b-v2"][2] == (
         "ExampleConnector UNAVAILABLE×1 · EXACT×2 PlantedFault (PlantedFaultConnector) CORRUPT×4 "
         "native prefix caching NUMERIC×1 · EXACT×3"
     )
@@ -562,10 +563,12 @@ def test_issue_markdown_without_the_audit():
     assert "KV audit" not in v1 and "| KV |" not in v1 and len(html_tables(v1)) == 1
     headings = [line for line in v1.splitlines() if line.startswith("#### ")]
     assert headings == [
+        "#### Expected vs actual",
+        "#### How to reproduce",
+        "#### Environment",
         "#### What maintainers ask for",
         "#### First diffs and margins",
         "#### Stack",
-        "#### Reproduce",
         "#### Warnings",
     ]
     off = format_issue_md(build_v2_report(audit=False))

@@ -280,7 +280,10 @@ def test_the_class_the_error_and_the_inconclusive_reason_are_shown():
 
 
 def _scrub_scenarios(html: str) -> str:
+    """The page less its styles, its scenarios section, its headline (which names the scenario runs) and the exit code
+    under it (a scenario ERROR is exit 3)."""
     html = re.sub(r"<style>.*?</style>", "", html, flags=re.DOTALL)
+    html = re.sub(r"<title>.*?</title>|<h1 [^>]*>.*?</h1>|<p class=\"summary mono\">.*?</p>", "", html, flags=re.DOTALL)
     return re.sub(r'\n<h2 id="scenarios">.*?(?=\n<h2 id="details">)', "", html, flags=re.DOTALL)
 
 
@@ -288,8 +291,11 @@ def test_the_page_without_scenarios_is_the_page_before_them():
     report = scenario_report()
     plain = render_report_page(without_scenarios(report), stem="scn")
     assert 'id="scenarios"' not in plain and "schedule-numerics" not in plain
-    assert _scrub_scenarios(render_report_page(report, stem="scn")) == _scrub_scenarios(plain)
-    assert _scrub_scenarios(plain) == re.sub(r"<style>.*?</style>", "", plain, flags=re.DOTALL)
+    html = render_report_page(report, stem="scn")
+    assert _scrub_scenarios(html) == _scrub_scenarios(plain)
+    # the headline names the scenario runs that are not a plain PASS, the ERROR among them; the plain page's none
+    assert "scenario preemption: PlantedFault (PlantedFaultConnector) ERROR" in html.split("</h1>")[0]
+    assert "scenario" not in plain.split("</h1>")[0].split('<h1 class="headline"')[1]
 
 
 def test_scenarios_asked_for_but_absent_are_said():
@@ -321,14 +327,17 @@ def test_the_index_row_names_every_scenario_run_that_is_not_a_plain_pass(tmp_pat
     (reports / "scn.json").write_text(json.dumps(scenario_report()), encoding="utf-8")
     (reports / "plain.json").write_text(json.dumps(without_scenarios(scenario_report())), encoding="utf-8")
     render_site(reports, tmp_path / "site")
-    rows = {r[0]: r for r in cell_rows((tmp_path / "site" / "index.html").read_text(encoding="utf-8"), "reports")}
-    assert rows["scn"][6].endswith(
-        "scenarios: a-b-a · PlantedFault (PlantedFaultConnector) FAIL; in-flight · PlantedFault "
-        "(PlantedFaultConnector) FAIL; in-flight · native prefix caching PASS (schedule-numerics); preemption · "
-        "PlantedFault (PlantedFaultConnector) ERROR; preemption · native prefix caching INCONCLUSIVE; 1 PASS"
+    found = cell_rows((tmp_path / "site" / "index.html").read_text(encoding="utf-8"), "reports")[1:]
+    rows = {stem: next(r for r in found if r[0].endswith(stem)) for stem in ("scn", "plain")}  # the finding cell
+    assert rows["scn"][1].endswith(  # the verdicts column: every scenario run that is not a plain PASS, ERROR too
+        "scenarios: a-b-a · PlantedFault (PlantedFaultConnector) FAIL (KV CORRUPT) in-flight · PlantedFault "
+        "(PlantedFaultConnector) FAIL (KV CORRUPT) in-flight · native prefix caching PASS (schedule-numerics) "
+        "preemption · PlantedFault (PlantedFaultConnector) ERROR preemption · native prefix caching INCONCLUSIVE "
+        "1 more PASS"
     )
-    assert "scenarios:" not in rows["plain"][6]
-    assert rows["scn"][6].startswith(rows["plain"][6])  # the arms' verdicts first, as without scenarios
+    assert "scenario preemption: PlantedFault (PlantedFaultConnector) ERROR" in rows["scn"][0]  # in its headline
+    assert "scenarios:" not in rows["plain"][1] and "scenario" not in rows["plain"][0]
+    assert rows["scn"][1].startswith(rows["plain"][1])  # the arms' verdicts first, as without scenarios
 
 
 # --- the issue Markdown ----------------------------------------------------------------------------------
@@ -407,7 +416,11 @@ def test_the_issue_without_scenarios_is_the_issue_before_them():
     body = format_issue_md(report)
     section = _section(body, "#### Scenarios")
     error = "- ERROR PlantedFault (scenario preemption): crash: the engine child exited 1 before writing its result\n"
-    assert format_issue_md(without_scenarios(report)) == body.replace(section + "\n", "").replace(error, "")
+    plain = format_issue_md(without_scenarios(report))
+    # the same but for the headline (the title), which names the scenario runs that are not a plain PASS
+    assert "scenario preemption: PlantedFault (PlantedFaultConnector) ERROR" in body.split("\n", 1)[0]
+    rest = body.replace(section + "\n", "").replace(error, "").replace("per probe, scenarios,", "per probe,")
+    assert plain.split("\n", 1)[1] == rest.split("\n", 1)[1]  # and the evidence's summary names its sections
     assert "#### Scenarios" not in format_issue_md(json.loads((DATA / "render-selftest.json").read_text()))
 
 

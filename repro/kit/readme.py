@@ -11,6 +11,7 @@ from repro.kit.evidence import ChosenReport, LeftOut
 from repro.paths import RAW_DIR
 from repro.publish import issue_md
 from repro.publish.environment import make_environment
+from repro.publish.headline import headline
 from repro.readmodel import Report, as_report
 
 TEMPLATE = "kit-readme.md.j2"
@@ -23,6 +24,7 @@ class Finding:
     """One chosen report as the README shows it; every field is ready-made Markdown or plain text."""
 
     raw_path: str  # the report's path in the archive
+    headline: str  # the finding in one sentence (repro.publish.headline)
     why: str  # why the kit carries it
     hardware: str
     day: str
@@ -54,6 +56,7 @@ def build_finding(c: ChosenReport, files: Mapping[str, bytes]) -> Finding:
     r = as_report(c.report)
     return Finding(
         raw_path=c.raw_path,
+        headline=headline(r),
         why=c.why,
         hardware=r.hardware_label,
         day=r.day,

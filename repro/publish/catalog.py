@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import quote
 
@@ -28,6 +28,7 @@ class Entry:
     href: str
     title: str
     summary: str
+    row: object = None  # a report's index row (repro.publish.site_index.IndexRow), linked from the site's root
 
 
 def _kind(path: Path) -> str | None:
@@ -58,9 +59,9 @@ def render_catalog(
                 entries.append(_detection_scenarios(path, out_dir / folder.name, write))
         if jsons and all(kinds[p] == "kvkit-report" for p in jsons):  # a folder of reports: a site of its own
             for e in render_folder(folder, out_dir / folder.name):
-                entries.append(
-                    Entry("reports", f"{quote(folder.name)}/{e.href}", f"{folder.name}/{e.title}", e.summary)
-                )
+                href, title = f"{quote(folder.name)}/{e.href}", f"{folder.name}/{e.title}"
+                row = replace(e.row, href=href, stem=title) if e.row is not None else None
+                entries.append(Entry("reports", href, title, e.summary, row))
     return entries
 
 

@@ -10,8 +10,15 @@ from repro.commands import ArgumentParser
 from repro.errors import EXIT_OK, UsageError
 from repro.judge.kv_verdict import COUNT_NAMES
 from repro.judge.verdict import ERROR, PASS
-from repro.judge.wording import blocks_text, number, span_text
+from repro.judge.wording import blocks_text, machine_path_name, number, span_text
+from repro.publish.headline import acceptance_text, headline
 from repro.publish.issue_facts import format_conditions, format_maintainer_facts
+from repro.publish.issue_sections import (
+    find_lmcache_yaml,
+    format_environment,
+    format_expected_actual,
+    format_how_to_reproduce,
+)
 from repro.publish.markdown import format_tokens, margin_text, markdown_table
 from repro.publish.scenario_md import format_scenarios
 from repro.readmodel import (
@@ -177,7 +184,7 @@ def format_kv_audit(report: Report) -> str:
 def format_verdicts(report: Report | dict) -> str:
     """Each arm's verdict with its first reasons, and the acceptance result."""
     report = as_report(report)
-    lines = [f"- acceptance.matched = {report.acceptance_label()} · {report.generations} generations"]
+    lines = [f"- {acceptance_text(report)} · {report.generations} generations"]
     for arm in report.arms:
         reasons = "; ".join(arm.reasons)
         reasons = reasons if len(reasons) <= 400 else reasons[:399] + "…"
@@ -284,9 +291,10 @@ def _has_scenarios(report: Report) -> bool:
     return bool(report.scenarios or report.requested_scenarios)
 
 
-def render_body(report: Report, token_limit: int | None) -> str:
-    parts = [
-        f"### KV-cache reuse verification: {report.hardware_label} · kvkit {report.commit} · {report.day}",
+def render_body(report: Report, token_limit: int | None, lmcache_yaml: str | None = None) -> str:
+    """In the order maintainers read an issue: the finding in one sentence (the headline, also the title), expected
+    vs actual, how to reproduce, the environment (collect_env's shape), then the evidence folded."""
+    evidence = [
         (
             "Generated token IDs of each reuse are compared exactly with a no-reuse baseline run in a separate "
             "process (greedy decoding, `ignore_eos`). `0→1280×3`: the cold request reported 0 cached tokens, each "
@@ -301,28 +309,46 @@ def render_body(report: Report, token_limit: int | None) -> str:
         "#### What maintainers ask for\n\n" + format_maintainer_facts(report),
         "#### First diffs and margins\n\n" + format_diffs(report, token_limit),
         "#### Stack\n\n" + format_stack(report),
-        "#### Reproduce\n\n" + format_reproduce(report),
         "#### Warnings\n\n" + format_warnings(report),
+    ]
+    parts = [
+        f"### {headline(report)}",
+        f"Found by kvkit on {report.hardware_label}, {report.day}; {acceptance_text(report)}.",
+        "#### Expected vs actual\n\n" + format_expected_actual(report),
+        "#### How to reproduce\n\n" + format_how_to_reproduce(report),
+        "#### Environment\n\n" + format_environment(report, lmcache_yaml),
+        f"<details><summary>Evidence: {_evidence_summary(evidence)}</summary>\n\n"
+        + machine_path_name("\n\n".join(evidence))
+        + "\n\n</details>",  # no path of the machine
         f"`{CLAIM_LINE}`",
     ]
     return "\n\n".join(parts) + "\n"
 
 
+def _evidence_summary(evidence: list[str]) -> str:
+    """'verdicts per probe, conditions, KV audit, …': the folded sections, as their headings name them."""
+    names = [part.split("\n", 1)[0][5:].lower() for part in evidence if part.startswith("#### ")]
+    return ", ".join(["verdicts per probe", *(n.replace("kv audit", "KV audit") for n in names)])
+
+
 def hard_truncate(body: str, limit: int) -> str:
     """Cut at a line boundary, close an open code fence, say so, and keep the claim line last."""
     tail = f"\n\n_… truncated to fit GitHub's {GITHUB_BODY_LIMIT}-character limit; the full report is in the kit._\n\n`{CLAIM_LINE}`\n"
-    kept = body[: max(0, limit - len(tail) - 8)]
+    kept = body[: max(0, limit - len(tail) - 30)]
     kept = kept[: kept.rfind("\n")] if "\n" in kept else kept
     if kept.count("```") % 2:
         kept += "\n```"
+    if kept.count("<details>") > kept.count("</details>"):
+        kept += "\n\n</details>"
     return kept + tail
 
 
-def format_issue_md(report: Report | dict, limit: int = GITHUB_BODY_LIMIT) -> str:
-    """The issue body; token lists shrink first, then the body is cut, so it always fits in limit."""
+def format_issue_md(report: Report | dict, limit: int = GITHUB_BODY_LIMIT, lmcache_yaml: str | None = None) -> str:
+    """The issue body; token lists shrink first, then the body is cut, so it always fits in limit. lmcache_yaml: the
+    report's LMCache YAML where the report does not carry it (repro.publish.issue_sections.find_lmcache_yaml)."""
     report = as_report(report)
     for token_limit in TOKEN_LIMITS:
-        body = render_body(report, token_limit)
+        body = render_body(report, token_limit, lmcache_yaml)
         if len(body) <= limit:
             return body
     return hard_truncate(body, limit)
@@ -337,7 +363,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--arm", help="the reuse arm repro_min.py reproduces (default: the first with a finding)")
     args = parser.parse_args(argv)
     report = read_report(args.report)
-    body = format_issue_md(report)
+    body = format_issue_md(report, lmcache_yaml=find_lmcache_yaml(report))
     if args.out:
         write_bytes_atomic(args.out, body.encode("utf-8"))
         print(f"wrote {args.out} ({len(body)} characters)", file=sys.stderr)

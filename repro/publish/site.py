@@ -16,10 +16,12 @@ from markupsafe import Markup
 
 from repro.commands import ArgumentParser
 from repro.errors import EXIT_OK, UsageError
+from repro.judge.verdict import PASS
 from repro.paths import RAW_DIR
 from repro.publish.catalog import Entry, render_catalog
 from repro.publish.environment import make_environment
-from repro.publish.site_index import build_index_row
+from repro.publish.headline import ACCEPTANCE_MEANS
+from repro.publish.site_index import build_index_row, sort_rows
 from repro.publish.site_model import build_report_page
 from repro.publish.writeup import render_writeup
 from repro.readmodel import Report, read_report
@@ -58,13 +60,17 @@ def render_index(rows: list, env: jinja2.Environment | None = None, entries: lis
     """The site's one entrance: the report pages' table, then every matrix, the detection study and the
     reports of each folder (repro.publish.catalog), each with a one-line summary."""
     env = env or make_environment()
+    # every report, in this folder and one level down, in one table, newest stack first, each led by its headline
+    rows = sort_rows([*rows, *(e.row for e in entries or () if e.section == "reports" and e.row is not None)])
     kv_column = any(row.kv is not None for row in rows)  # a KV column once any report has the KV audit
     conditions = any(v.condition for row in rows for v in row.verdicts)
     sections = tuple(
-        (title, tuple(e for e in entries or () if e.section == key))
+        (title, tuple(e for e in entries or () if e.section == key and e.row is None))
         for key, title in (("matrix", "Matrices"), ("detection", "Detection study"), ("reports", "More reports"))
     )
     return env.get_template("index.html.j2").render(
+        acceptance_means=ACCEPTANCE_MEANS,
+        passed=PASS,
         rows=rows,
         kv_column=kv_column,
         conditions=conditions,
@@ -74,11 +80,14 @@ def render_index(rows: list, env: jinja2.Environment | None = None, entries: lis
 
 
 def index_entry(row) -> Entry:
-    """A report page as one line: 'NVIDIA H200 · 2026-12-01 · LMCacheConnectorV1 FAIL (decisive: 6), …'."""
+    """A report page as one line: 'NVIDIA H200 · 2026-12-01 · LMCacheConnectorV1 FAIL (decisive: 6), …; scenarios:
+    preemption · LMCacheMPConnector ERROR (1 of 2 trials ERROR)', with its row for the index's table."""
     verdicts = ", ".join(
         f"{v.arm} {v.verdict}" + (f" ({v.divergences})" if v.divergences else "") for v in row.verdicts
     )
-    return Entry("reports", row.href, row.stem, f"{row.hardware} · {row.date} · {verdicts}")
+    scenarios = ", ".join(f"{label} {v}" + (f" ({note})" if note else "") for label, v, note in row.scenarios)
+    summary = f"{row.hardware} · {row.date} · {verdicts}" + (f"; scenarios: {scenarios}" if scenarios else "")
+    return Entry("reports", row.href, row.stem, summary, row)
 
 
 def _kind_of(path: Path) -> str | None:

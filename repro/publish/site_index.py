@@ -1,12 +1,14 @@
-"""The site index's rows: one per report, its hardware, date, versions, each arm's verdict, the KV tallies and
-the scenario runs that are not a plain PASS. Pure, as repro.publish.site_model.
+"""The site index's rows: one per report, led by its headline (repro.publish.headline), then its hardware, date,
+versions, each arm's verdict, the KV tallies and the scenario runs that are not a plain PASS (an ERROR among them).
+Sorted newest stack first (sort_rows). Pure, as repro.publish.site_model.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from repro.judge.verdict import PASS
+from repro.judge.verdict import ERROR, KV_FINDINGS, PASS
+from repro.publish.headline import headline, stack_key
 from repro.readmodel import Arm, Report, ScenarioArm, as_report
 
 
@@ -33,8 +35,11 @@ class IndexRow:
     verdicts: tuple[IndexVerdict, ...]
     acceptance: str
     kv: tuple[tuple[str, str], ...] | None = None  # each reuse arm's KV verdicts tallied; None before the audit
-    scenarios: tuple[tuple[str, str], ...] = ()  # ("a-b-a · PlantedFault", "FAIL") per scenario run not a plain PASS
+    # ("preemption · LMCacheMPConnector", "ERROR", "1 of 2 trials ERROR") per scenario run not a plain PASS
+    scenarios: tuple[tuple[str, str, str], ...] = ()
     scenario_passes: int = 0  # the scenario runs that are a plain PASS (counted, not listed)
+    headline: str = ""  # the report's finding in one sentence (repro.publish.headline)
+    stack: tuple = ()  # the index's order: newest vLLM, LMCache and start time first (repro.publish.headline.stack_key)
 
 
 def build_index_row(report: Report | dict, *, stem: str, href: str) -> IndexRow:
@@ -51,13 +56,21 @@ def build_index_row(report: Report | dict, *, stem: str, href: str) -> IndexRow:
         acceptance=report.acceptance_label(short=True),
         kv=_index_kv(report),
         scenarios=tuple(
-            (f"{s.name} · {a.title}", _index_scenario_text(a))
+            (f"{s.name} · {a.title}", str(a.verdict), _index_scenario_note(a))
             for s in report.scenarios
             for a in s.arms
             if not _plain_pass(a)
         ),
         scenario_passes=sum(_plain_pass(a) for s in report.scenarios for a in s.arms),
+        headline=headline(report),
+        stack=stack_key(report),
     )
+
+
+def sort_rows(rows: list[IndexRow]) -> list[IndexRow]:
+    """Newest stack first (vLLM, then LMCache, then the run's start), then by name: the order the index lists."""
+    by_name = sorted(rows, key=lambda r: r.stem)
+    return sorted(by_name, key=lambda r: r.stack, reverse=True)
 
 
 def _plain_pass(arm: ScenarioArm) -> bool:
@@ -67,11 +80,14 @@ def _plain_pass(arm: ScenarioArm) -> bool:
     return arm.verdict == PASS and not arm.cls and not arm.is_finding and not later
 
 
-def _index_scenario_text(arm: ScenarioArm) -> str:
-    """The index's word on a scenario run: its verdict, and how many of its trials ended in ERROR."""
+def _index_scenario_note(arm: ScenarioArm) -> str:
+    """What qualifies a scenario run's verdict on the index: its class, how many of its trials ended in ERROR."""
+    notes = [arm.cls] if arm.cls else []
+    if arm.kv_verdict in KV_FINDINGS:
+        notes.append(f"KV {arm.kv_verdict}")
     if arm.trials and arm.trials.errors:
-        return f"{arm.verdict_text}, {arm.trials.errors} of {arm.trials.n} trials ERROR"
-    return arm.verdict_text
+        notes.append(f"{arm.trials.errors} of {arm.trials.n} trials {ERROR}")
+    return ", ".join(notes)
 
 
 def _index_verdict(arm: Arm) -> IndexVerdict:

@@ -7,10 +7,12 @@ Pure: no file, clock or environment access. Every date shown comes from the repo
 """
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from repro.judge.verdict import KV_FINDINGS
 from repro.judge.wording import flatten, machine_path_name, show
-from repro.publish.heatmap import Legend, build_legend
+from repro.publish.headline import acceptance_text, headline
+from repro.publish.heatmap import Heatmap, Legend, build_legend
 from repro.publish.site_conditions import Conditions, page_conditions
 from repro.publish.site_kv import KVDetail, kv_detail, kv_note
 from repro.publish.site_scenarios import ScenarioBlock, scenario_block, scenarios_note
@@ -107,6 +109,17 @@ class ProbeDetail:
 
 
 @dataclass(frozen=True)
+class LeadMap:
+    """The page's first picture, under its headline: one heatmap of the first probe with a KV finding."""
+
+    arm: str
+    probe: str
+    anchor: str  # the probe's details, where its other reuses' heatmaps are
+    heatmap: Heatmap
+    more: int  # the heatmaps the page draws in all
+
+
+@dataclass(frozen=True)
 class ArmLog:
     arm: str
     path: str
@@ -116,10 +129,11 @@ class ArmLog:
 @dataclass(frozen=True)
 class ReportPage:
     stem: str
-    title: str
+    title: str  # the headline (repro.publish.headline), also the page's <title>
     claim: str
     headline: str
-    subline: str
+    subline: str  # hardware · kit commit · date · generations · the exit code and why
+    acceptance: str  # acceptance.matched and what it is (the kit's self-check, not the stack's verdict)
     baseline: str
     blocks: tuple[ArmBlock, ...]
     details: tuple[ProbeDetail, ...]
@@ -140,6 +154,7 @@ class ReportPage:
     replay_legend: str = ""  # what a replay is, on a page that shows one; "" otherwise
     scenarios: tuple[ScenarioBlock, ...] = ()  # () for a report without scenarios (its page is as it was)
     scenarios_note: str = ""  # scenarios asked for (config.scenarios) but none in the report; "" otherwise
+    lead_map: LeadMap | None = None  # None: no probe with a KV finding has a heatmap
 
 
 def visible_text(text: object) -> str:
@@ -321,12 +336,14 @@ def build_report_page(
         for w in report.warnings
     )
     configs = tuple((a.title, _config_pairs(a)) for a in report.arms)
+    sentence = headline(report)
     return ReportPage(
         stem=stem,
-        title=f"{report.hardware_label} · {report.day}",
+        title=sentence,
         claim=show(report.claim_eligible),
-        headline=report.headline,
-        subline=f"{report.generations} generations · acceptance.matched = {report.acceptance_label()}",
+        headline=sentence,
+        subline=f"{report.headline} · {report.generations} generations · {report.exit_text}",
+        acceptance=acceptance_text(report),
         baseline=_baseline_line(report),
         blocks=tuple(blocks),
         details=tuple(details),
@@ -349,7 +366,19 @@ def build_report_page(
         replay_legend=REPLAY_LEGEND if any(d.replays for d in details) else "",
         scenarios=tuple(scenario_block(sc, i) for i, sc in enumerate(report.scenarios)),
         scenarios_note=scenarios_note(report),
+        lead_map=_lead_map(details),
     )
+
+
+def _lead_map(details: list[ProbeDetail]) -> LeadMap | None:
+    """The first heatmap of the first probe with a KV finding (CORRUPT, FOREIGN, MISPLACED), with its own anchor (the
+    same picture is drawn again in the probe's details)."""
+    drawn = sum(len(d.kv.heatmaps) for d in details if d.kv is not None)
+    for d in details:
+        if d.kv is not None and d.kv.heatmaps and d.kv.verdict in KV_FINDINGS:
+            h = d.kv.heatmaps[0]
+            return LeadMap(d.arm, d.probe, d.anchor, replace(h, anchor=f"lead-{h.anchor}"), drawn)
+    return None
 
 
 def _drawn_classes(details: list[ProbeDetail]) -> frozenset[str]:
