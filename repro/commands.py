@@ -120,6 +120,13 @@ COMMANDS = (
         "repro.publish.issue_md:main",
     ),
     Command(
+        "compact-report",
+        "IN OUT",
+        "migrate a schema_version 2 report to 3: its KV grid's figures only where not 0, in runs (lossless; "
+        "what the kit packs)",
+        "repro.record.compact:main",
+    ),
+    Command(
         "lmcache-ops",
         "build --python PY --sdist FILE [--arch 9.0] | show --python PY",
         "build LMCache's compiled ops from its sdist for PY's torch (into .cache/lmcache-ops), or show which "

@@ -24,8 +24,11 @@ from repro.kit import EVIDENCE, PAGES_COMMAND, archive, check, commands, evidenc
 from repro.plan.options import selftest_cpu_argv
 from repro.publish.site import render_site
 from repro.readmodel import as_report
+from repro.record.compact import compact_report
 
 SAMPLE = ROOT / "tests" / "data" / "kit-sample-report.json"
+V2_EXAMPLE = ROOT / "tests" / "data" / "report-v2-example.json"
+SMOLLM2 = ROOT / "reports" / "conditions" / "h200-conditions-smollm2-five-v028.json"
 SELFTEST = {"reports/selftest.json": "the planted-fault self-test"}  # the fixture repository's default report
 HAVE_GIT = shutil.which("git") is not None
 needs_git = pytest.mark.skipif(not HAVE_GIT, reason="building a kit needs git")
@@ -250,6 +253,21 @@ def test_extra_report_with_logs_from_disk(repo, tmp_path):
 
 
 @needs_git
+def test_a_version_2_report_is_packed_compacted_and_once(repo, tmp_path):
+    """A version 2 report goes into the kit as version 3 (its KV grid in runs, repro.record.compact), default or
+    --report; named again with --report, the same report is still carried once."""
+    v2 = V2_EXAMPLE.read_bytes()
+    _write(repo / "reports" / "audited.json", v2)
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "an audited report")
+    defaults = {"reports/audited.json": "an audited run"}
+    kit = archive.build_kit(repo, tmp_path / "out", [str(repo / "reports" / "audited.json")], defaults)
+    packed = read_member(kit, "evidence/raw/audited.json")
+    assert json.loads(packed) == compact_report(json.loads(v2)) and len(packed) < len(v2)
+    assert [n for n in members(kit) if n.endswith("audited.json")] == ["evidence/raw/audited.json"]
+
+
+@needs_git
 def test_size_limit_is_enforced(repo, tmp_path, monkeypatch):
     monkeypatch.setattr(archive, "MAX_KIT_BYTES", 1000)
     with pytest.raises(UsageError, match=r"limit 1000\); largest parts, gzipped: evidence/raw/selftest\.json ≈"):
@@ -453,6 +471,17 @@ def test_this_repositorys_default_kit_carries_the_finding_under_the_limit(tmp_pa
     committed = _git(ROOT, "ls-tree", "--name-only", "HEAD", "reports/").split()
     left_out = [p for p in committed if p.endswith(".json") and p not in evidence.DEFAULT_REPORTS]
     assert left_out and all(f"- `{p}`" in readme for p in left_out)
+
+
+@pytest.mark.skipif(not _in_checkout(), reason="building this kit needs its git checkout (an unpacked kit has none)")
+def test_the_smollm2_report_is_packed_compacted_under_the_limit(tmp_path, capsys):
+    """`make kit REPORT=` the SmolLM2 H200 report (issue 35, item 7; 1,166,854 bytes with 33 KB to spare when it
+    was packed as committed): its KV grid in runs, the same report otherwise, and the kit under the limit."""
+    assert run_command(commands.kit, ["--report", str(SMOLLM2), "--out-dir", str(tmp_path)]) == 0
+    (tarball,) = tmp_path.glob("*.tar.gz")
+    packed = json.loads(read_member(tarball, f"{EVIDENCE}/raw/{SMOLLM2.name}"))
+    assert packed == compact_report(json.loads(SMOLLM2.read_text())) and packed["migrated_from"] == 2
+    assert tarball.stat().st_size < archive.MAX_KIT_BYTES
 
 
 @pytest.mark.skipif(not _in_checkout(), reason="building this kit needs its git checkout (an unpacked kit has none)")

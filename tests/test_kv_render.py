@@ -26,7 +26,7 @@ from repro.publish.site import render_report_page, render_site
 from repro.publish.summary import format_summary
 from repro.readmodel import Probe, kv_blame_text
 from repro.record.acceptance import check_acceptance
-from repro.record.report import ReportInvalid, load_report, validate_report
+from repro.record.report import REPORT_SCHEMA_VERSION, ReportInvalid, load_report, validate_report
 
 DATA = ROOT / "tests" / "data"
 SELFTEST = DATA / "render-selftest.json"
@@ -300,10 +300,13 @@ def test_a_v1_report_loads_and_v1_reports_still_match_the_schema(tmp_path):
         validate_report(data)
 
 
-def test_version_3_is_refused_and_version_2_without_kv_fields_too(tmp_path, v2):
+def test_a_newer_version_is_refused_and_version_2_without_kv_fields_too(tmp_path, v2):
     path = tmp_path / "r.json"
-    path.write_text(json.dumps(dict(v2, schema_version=3)))
+    path.write_text(json.dumps(dict(v2, schema_version=REPORT_SCHEMA_VERSION + 1)))
     with pytest.raises(UsageError, match="upgrade the kit"):
+        load_report(path)
+    path.write_text(json.dumps(dict(v2, schema_version=3)))  # version 2's dense grids are not version 3's runs
+    with pytest.raises(UsageError, match=r"planes\.K must store its figures as runs"):
         load_report(path)
     v1_as_v2 = json.loads(SELFTEST.read_text())
     v1_as_v2["schema_version"] = 2

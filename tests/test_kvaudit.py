@@ -15,6 +15,7 @@ from repro.contract.result import ArmResult, ProbeResult, RequestResult
 from repro.engine import kvcompare
 from repro.engine.kv_blocks import detect_layout, split_planes
 from repro.engine.kvaudit_hooks import AuditRequest
+from repro.judge.kv_grid import dense_planes
 from repro.judge.kvaudit import annotate, arm_floor, compare_job
 
 H, BS, D, NB = 2, 4, 3, 10
@@ -104,6 +105,32 @@ def test_the_comparison_measures_every_cell_and_names_what_wrong_bytes_equal(tmp
     assert 0.005 < got["planes"]["K"]["rel"][0][0] < 0.02  # the 1 % scale, measured
     assert got["planes"]["K"]["rel"][1][3] == 1.0  # zeros: the whole reference is the error
     assert "no reference KV" in out["arms"]["A"]["missing"]["1"]["error"]
+
+
+def test_identical_bytes_measure_zero_unless_they_are_not_numbers_and_the_report_keeps_only_the_rest(tmp_path):
+    """What the report's compact grid (schema_version 3, repro.judge.kv_grid) relies on: a bit-identical cell's
+    figures are 0, so the runs leave it out; one whose KV holds NaN measures null, and is kept in a run."""
+    ref = _reference(3, n=3, layers=1)
+    ref[0][2, 1] = float("nan")  # block 2's V: bit-identical in the reuse, but not a number
+    loaded = [t.clone() for t in ref]
+    loaded[0][1, 0] = loaded[0][1, 0] * 1.5  # block 1's K: wrong
+    _write(tmp_path / "base", 0, "computed", ref)
+    _write(tmp_path / "arm", 7, "reused", loaded)
+    job = {"reference": {"dir": str(tmp_path / "base"), "probes": {"p": 0}},
+           "arms": [{"name": "A", "dir": str(tmp_path / "arm"),
+                     "requests": [{"probe": "p", "index": 1, "seq": 7, "kind": "reused", "layers": 1}]}]}  # fmt: skip
+    got = kvcompare.run(json.loads(json.dumps(job)))["arms"]["A"]["p"]["1"]
+    planes = got["planes"]
+    assert planes["K"]["identical"] == [[True, False, True]] and planes["V"]["identical"] == [[True, True, True]]
+    assert planes["K"]["max_abs"][0][0] == planes["K"]["rel"][0][0] == 0.0 == planes["V"]["rel"][0][1]
+    assert planes["V"]["max_abs"][0][2] is None and planes["V"]["rel"][0][2] is None
+    entries = _entries()
+    annotate(entries, _results(_record(1, reused=3)), {"arms": {"A": {"p": {"1": got}}}}, None, 16)
+    stored = entries[1]["probes"][0]["requests"][1]["kv_audit"]["planes"]
+    assert stored["K"]["class"][0][0] == stored["V"]["class"][0][2] == "e"
+    assert [(r["layer"], r["first_block"], len(r["rel"])) for r in stored["K"]["runs"]] == [(0, 1, 1)]
+    assert stored["V"]["runs"] == [{"layer": 0, "first_block": 2, "max_abs": [None], "rel": [None]}]
+    assert dense_planes(stored)["V"]["rel"] == [[0.0, 0.0, None]]
 
 
 def _record(seq, reused=0, computed=0, **extra):

@@ -46,7 +46,7 @@ base       repro repro.errors repro.paths repro.record.atomic repro.contract rep
 core       repro.judge.verdict repro.judge.wording repro.judge.trials repro.plan.fixtures repro.plan.suite repro.judge.evaluate repro.record.report
            repro.models repro.models.tiny repro.record.provenance repro.matrix.spec repro.matrix.cell
            repro.judge.kv_verdict repro.judge.kv_shape repro.judge.scenario_verdict repro.judge.batch_invariance repro.judge.expectations
-           repro.record.acceptance repro.record.exit_rule
+           repro.record.acceptance repro.record.exit_rule repro.judge.kv_grid repro.record.compact
            repro.plan.scenarios repro.record.publish
 engine     repro.engine
 options    repro.plan.options

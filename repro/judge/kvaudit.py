@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 from repro.contract.result import ArmResult
+from repro.judge.kv_grid import compact_plane
 from repro.judge.kv_shape import describe
 from repro.judge.kv_verdict import (
     CELL_CORRUPT,
@@ -228,11 +229,12 @@ def reuse_entry(raw: dict, record: dict, floor: dict, probe: str) -> tuple[dict,
                 if c in found:
                     found[c].append((b, li, plane))
                     classed[(b, li, plane)] = (c, sources.get((b, li, plane)))
-        planes[plane] = {
-            "class": classes,
-            "rel": [[_round(r) for r in row] for row in pl["rel"]],
-            "max_abs": [[_round(a) for a in row] for row in pl["max_abs"]],
-        }
+        # the report's compact form (schema_version 3): figures only where not 0, in runs (repro.judge.kv_grid)
+        planes[plane] = compact_plane(
+            classes,
+            [[_round(a) for a in row] for row in pl["max_abs"]],
+            [[_round(r) for r in row] for row in pl["rel"]],
+        )
     local_blocks = int(record.get("local_tokens", 0)) // max(1, int(record.get("block_size", 1)))
     entry = {
         "status": "audited",

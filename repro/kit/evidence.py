@@ -12,6 +12,8 @@ from repro.errors import UsageError
 from repro.kit import EVIDENCE
 from repro.kit.git import committed_files, read_blob
 from repro.paths import RAW_DIR
+from repro.record.atomic import dumps_json
+from repro.record.compact import packed_report
 from repro.record.report import REPORT_KIND
 
 # What a kit carries unless told otherwise, in the order its README shows them: the evidence behind the finding
@@ -87,13 +89,18 @@ def report_logs(report: dict) -> list[str]:
 
 
 def choose_report(name: str, data: bytes, log_reader: LogReader, why: str = EXTRA_WHY) -> ChosenReport:
-    """Parse a chosen report and fetch what it cites through log_reader."""
+    """Parse a chosen report and fetch what it cites through log_reader. A schema_version 2 report is packed as
+    version 3 (repro.record.compact: its KV grid's figures in runs, lossless, the pages the same), which takes
+    about 6 % off the SmolLM2 H200 report's gzip; any other version is packed byte for byte."""
     try:
         report = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise UsageError(f"report {name}: not valid JSON ({exc})") from None
     if not isinstance(report, dict) or report.get("kind") != REPORT_KIND:
         raise UsageError(f"report {name}: not a {REPORT_KIND} file")
+    packed = packed_report(report)
+    if packed is not report:
+        report, data = packed, dumps_json(packed).encode("utf-8")
     logs, missing = {}, []
     for rel in report_logs(report):
         blob = log_reader(rel)
@@ -163,9 +170,9 @@ def gather_reports(
         p = Path(path)
         if not p.is_file():
             raise UsageError(f"--report {path}: no such file")
-        data = p.read_bytes()
-        if not any(c.name == p.name and c.data == data for c in chosen + extras):
-            extras.append(choose_report(p.name, data, disk_reader(p.parent)))
+        extra = choose_report(p.name, p.read_bytes(), disk_reader(p.parent))
+        if not any(c.name == extra.name and c.data == extra.data for c in chosen + extras):
+            extras.append(extra)
     chosen += sorted(extras, key=lambda c: c.name)
     names = [c.name for c in chosen]
     dupes = sorted({n for n in names if names.count(n) > 1})

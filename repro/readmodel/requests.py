@@ -9,6 +9,7 @@ from functools import cached_property
 from typing import Any
 
 from repro.judge.compare import NEAR_TIE_NATS
+from repro.judge.kv_grid import dense_planes
 from repro.judge.kv_verdict import CELL_CORRUPT, FINDING_OF
 from repro.judge.kvaudit import MATCHES_KEPT
 from repro.judge.replays import BASELINE as REPLAY_BASELINE
@@ -98,9 +99,11 @@ class RequestAudit:
     def matches(self) -> tuple[Mapping[str, Any], ...]:
         return tuple(self.data.get("matches") or [])
 
-    @property
+    @cached_property
     def planes(self) -> Mapping[str, Any]:
-        return self.data.get("planes") or {}
+        """The cells, per plane: class, max_abs and rel, a row per layer and an entry per block, whichever form
+        the report stored them in (dense rows, schema_version 2; runs, 3 on: repro.judge.kv_grid)."""
+        return dense_planes(self.data.get("planes"))
 
     @property
     def counts(self) -> Mapping[str, Any]:

@@ -29,11 +29,21 @@ Report schema (kind "kvkit-report"; JSON Schema in schemas/report.schema.json):
     its run's connector state was made fresh, each setting it rewrote to a directory of the run's own, or
     fresh false and why when a store may persist between runs), and in a confirmation that ran, independent
     (false when the run alone's store persisted; its reason then says so) and the run alone's store.
+  schema_version 3: an audited reuse's KV grid stored compactly (repro.judge.kv_grid): per plane the class rows
+    as before and `runs` (each a layer, a first block, and the max_abs and rel of adjacent blocks whose figures
+    are not 0) in place of version 2's max_abs and rel for every cell; a cell in no run is 0 (an EXACT cell is
+    bit-identical, so 0 by construction). The SmolLM2 H200 report: 1,594,427 bytes in version 2, 1,021,707 in 3
+    (gzipped 144,659 and 135,057: gzip had already packed the zeros, the figures that are not 0 are what weighs).
+    Nothing else changed. migrated_from (top level): the version an explicit migration rewrote the report from
+    (python -m repro compact-report, repro.record.compact); absent from a report the verifier wrote.
 The schema is authoritative: validate_report checks every report before it is written (and the
 cross-field shape of the KV audit, which JSON Schema cannot say).
 A newer file is refused ("upgrade the kit"). A version 1 file loads as it is: version 2 only added
 fields, and a report without them is shown as one made before the KV audit (no KV column, no
-heatmap); no migration is needed or done.
+heatmap); no migration is needed or done. A version 2 file loads as it is too, its dense grids checked as
+version 2 wrote them (the read model reads both forms into one view, repro.readmodel.RequestAudit.planes);
+`python -m repro compact-report IN OUT` migrates it to version 3, which the kit packs. Each version's grid form is
+strict: a version 3 file with dense grids, or a version 2 file with runs, is refused.
 """
 
 from __future__ import annotations
@@ -42,13 +52,15 @@ import json
 from pathlib import Path
 
 from repro.errors import UsageError
+from repro.judge.kv_grid import FIGURES, is_compact, run_problems
 from repro.judge.kv_verdict import CELL_CLASSES, CELL_FOREIGN, CELL_MISPLACED, COUNT_NAMES
 from repro.paths import SCHEMAS_DIR
 
 REPORT_KIND = "kvkit-report"
-REPORT_SCHEMA_VERSION = 2
+REPORT_SCHEMA_VERSION = 3
 # Every version load_report reads; older ones are refused (no migration exists).
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
+COMPACT_GRID_VERSION = 3  # the first version whose audited reuses store their KV grid in runs
 CLAIM_LINE = "claim_eligible=false; no performance claim"
 
 
@@ -99,9 +111,11 @@ def load_report(path: str | Path) -> dict:
 
 
 def kv_audit_problems(report: dict) -> list[str]:
-    """What is wrong with a version-2 report's KV audit fields beyond what the schema says: each
-    field an object or null, and every audited reuse's cell grids shaped layers x blocks, with
-    counts that add up. Renderers index these grids, so the loader checks them too."""
+    """What is wrong with a version-2 (or later) report's KV audit fields beyond what the schema says: each
+    field an object or null, and every audited reuse's cell grids shaped layers x blocks in its version's form
+    (dense rows in version 2, runs from version 3), with counts that add up. Renderers index these grids, so the
+    loader checks them too."""
+    compact = report.get("schema_version", 0) >= COMPACT_GRID_VERSION
     config = report.get("config")
     if not isinstance(config, dict) or not isinstance(config.get("kv_audit"), bool):
         return ["config.kv_audit missing or not true/false"]
@@ -118,15 +132,17 @@ def kv_audit_problems(report: dict) -> list[str]:
                 if not isinstance(req, dict) or "kv_audit" not in req:
                     problems.append(f"{where}.requests[{k}].kv_audit missing")
                 elif isinstance(req["kv_audit"], dict):
-                    problems += [f"{where}.requests[{k}].kv_audit: {p}" for p in _grid_problems(req["kv_audit"])]
+                    found = _grid_problems(req["kv_audit"], compact)
+                    problems += [f"{where}.requests[{k}].kv_audit: {p}" for p in found]
                 elif req["kv_audit"] is not None:
                     problems.append(f"{where}.requests[{k}].kv_audit is not an object or null")
     return problems
 
 
-def _grid_problems(audit: dict) -> list[str]:
-    """An audited reuse: planes K and V, each with a class string, rel and max_abs row per layer,
-    one entry per block; counts equal to the classes' tally. Other statuses have no grid."""
+def _grid_problems(audit: dict, compact: bool) -> list[str]:
+    """An audited reuse: planes K and V, each with a class string per layer, one character per block, and
+    its figures: a rel and max_abs row per layer, one entry per block (dense), or runs (compact,
+    repro.judge.kv_grid); counts equal to the classes' tally. Other statuses have no grid."""
     if audit.get("status") != "audited":
         return []
     layers, blocks, planes = audit.get("layers"), audit.get("num_blocks"), audit.get("planes")
@@ -139,10 +155,16 @@ def _grid_problems(audit: dict) -> list[str]:
         plane = planes[name]
         if not isinstance(plane, dict):
             return [f"plane {name} is not an object"]
-        for key, row_type in (("class", str), ("rel", list), ("max_abs", list)):
+        if is_compact(plane) != compact or (compact and set(plane) != {"class", "runs"}):
+            form = "runs (schema_version 3 on)" if compact else "max_abs and rel rows (schema_version 2)"
+            return [f"planes.{name} must store its figures as {form}"]
+        dense = () if compact else tuple((key, list) for key in FIGURES)
+        for key, row_type in (("class", str), *dense):
             rows = plane.get(key)
             if not isinstance(rows, list) or len(rows) != layers or not all(_sized(r, row_type, blocks) for r in rows):
                 return [f"planes.{name}.{key} must be {layers} rows (layers) of {blocks} entries (blocks)"]
+        if compact and (found := run_problems(plane.get("runs"), layers, blocks)):
+            return [f"planes.{name}.{p}" for p in found]
         for row in plane["class"]:
             if set(row) - set(tally):
                 return [f"planes.{name}.class rows must be strings of {', '.join(tally)}"]
