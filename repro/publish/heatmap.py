@@ -28,6 +28,7 @@ from repro.judge.kv_verdict import (
 )
 from repro.judge.wording import blocks_text, number, spans
 from repro.readmodel import Request, floor_rel_text
+from repro.readmodel.requests import match_text
 
 LOG_MIN, LOG_MAX = -8, 0  # 1e-8 .. 1: the float32 floor sits near the left, a zeroed block (rel 1) at the right
 EXACT_FILL = "#d5d9df"
@@ -162,7 +163,8 @@ def _row_rects(panel: _Panel, layer: int, row: str, rel: list, max_abs: list) ->
         what = f"{CLASS_NAMES.get(cls, cls)} · rel {'not finite' if r is None else number(r)}"
         what += f" · max abs {number(max_abs[b] if b < len(max_abs) else None)}"
         if (layer, panel.plane, block) in panel.matches:
-            what += f" · bytes equal {panel.matches[(layer, panel.plane, block)]}"
+            said = panel.matches[(layer, panel.plane, block)]
+            what += f" · bytes {said}" if said.startswith("nearest ") else f" · bytes equal {said}"
         if block in panel.planted:
             what += " · planted fault"
         title = panel.title(layer, block, block, what)
@@ -180,7 +182,7 @@ def build_heatmap(request: Request, *, label: str, anchor: str, floor: object, b
     first, num_blocks, layers = int(audit.get("first_block")), int(audit.get("num_blocks")), int(audit.get("layers"))
     cw, ch = _sizes(num_blocks, layers)
     planted = frozenset(request.planted_blocks)
-    matches = {(m.get("layer"), m.get("plane"), m.get("block")): str(m.get("source")) for m in audit.matches}
+    matches = {(m.get("layer"), m.get("plane"), m.get("block")): match_text(m) for m in audit.matches}
     cells, bands, labels = [], [], []
     step = _tick_step(cw)
     labels += [

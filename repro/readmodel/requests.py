@@ -31,6 +31,16 @@ def margin_class(margin: object) -> str:
     return classify_divergence(margin.get("baseline_top_gap"), margin.get("near_tie"))
 
 
+def match_text(match: Mapping[str, Any], with_rel: bool = True) -> str:
+    """What an audit match says of a cell's bytes: the block they equal ("block 92"), or, where none is equal and the
+    audit kept the nearest by relative error (a `rel`), "nearest block 90 (rel 0.921)": nearest is not equal."""
+    source = str(match.get("source"))
+    rel = match.get("rel")
+    if isinstance(rel, (int, float)) and not isinstance(rel, bool):
+        return f"nearest {source}" + (f" (rel {rel:.3g})" if with_rel else "")
+    return source
+
+
 @dataclass(frozen=True)
 class Divergence:
     """The reuses of one probe that first differed at one index (the baseline's gap there is one number)."""
@@ -159,7 +169,9 @@ class RequestAudit:
         if not self.audited:
             return ()
         first = self.first_block
-        matches = {(m.get("layer"), m.get("plane"), m.get("block")): m.get("source") for m in self.matches}
+        matches = {
+            (m.get("layer"), m.get("plane"), m.get("block")): match_text(m, with_rel=False) for m in self.matches
+        }
         cells = []  # (block, layer, plane, rel, class)
         for name, plane in sorted(self.planes.items()):
             for layer, row in enumerate(plane.get("class") or []):

@@ -1,6 +1,6 @@
 """Bring one H200 conditions run (tests/gpu/h200_conditions.sh) into reports/conditions/ as h200-conditions-NAME.
 
-    python tests/gpu/import_conditions.py RAW_DIR NAME [--reports reports/conditions]
+    python tests/gpu/import_conditions.py RAW_DIR NAME [--reports reports/conditions] [--prefix h200-conditions-]
 
 RAW_DIR holds NAME.json and NAME.logs.tar.xz as the driver wrote them. Two things change, and the
 report says so in `diagnostics.imported`: (1) the file is renamed, so every path into its logs
@@ -61,9 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("raw", type=Path)
     ap.add_argument("name")
     ap.add_argument("--reports", type=Path, default=Path("reports/conditions"))
+    ap.add_argument("--prefix", default=PREFIX, help=f"the stem's prefix (default {PREFIX})")
     a = ap.parse_args(argv)
     src, logs_tar = a.raw / f"{a.name}.json", a.raw / f"{a.name}.logs.tar.xz"
-    stem = PREFIX + a.name
+    stem = a.prefix + a.name
     dest, dest_logs = a.reports / f"{stem}.json", a.reports / f"{stem}.logs"
     if dest.exists() or dest_logs.exists():
         print(f"error: {dest} or {dest_logs} exists already", file=sys.stderr)
