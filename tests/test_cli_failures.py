@@ -301,6 +301,14 @@ def _arms(s: dict, *names: str) -> list[str]:
     return ["--compare-native"]
 
 
+def _multi(s: dict, **extra) -> list[str]:
+    """A fixture MultiConnector arm with this extra_config (issue 36, item 5), run with --compare-native."""
+    _edit_fixture(s, arms=[{"name": "m", "connector": "MultiConnector", "extra_config": extra}])
+    return ["--compare-native"]
+
+
+_EXAMPLE_MEMBER = {"kv_connector": "ExampleConnector", "kv_role": "kv_both"}
+
 # case: (set-up returning extra flags, what the one-line message must name)
 BAD_INPUT = {
     "malformed fixture JSON": (lambda s: s["fixture"].write_text('{"kind": "kvkit-fixture",') and [], "not valid JSON"),
@@ -396,6 +404,31 @@ BAD_INPUT = {
             + ["--compare-native"]
         ),
         "gpu_cache_reset: must be one of before-reuse, never",
+    ),
+    # issue 36 (5): MultiConnector arms whose members the kit cannot run
+    "MultiConnector without connectors": (lambda s: _multi(s), "MultiConnector needs extra_config {'connectors'"),
+    "MultiConnector with no members": (lambda s: _multi(s, connectors=[]), "must be a non-empty list of member"),
+    "MultiConnector members not a list": (lambda s: _multi(s, connectors={"a": 1}), "must be a non-empty list"),
+    "MultiConnector member not an object": (lambda s: _multi(s, connectors=["ExampleConnector"]), "must be an object"),
+    "MultiConnector member unnamed": (
+        lambda s: _multi(s, connectors=[{"kv_role": "kv_both"}]),
+        "must name a connector",
+    ),
+    "MultiConnector inside MultiConnector": (
+        lambda s: _multi(s, connectors=[_EXAMPLE_MEMBER, {"kv_connector": "MultiConnector"}]),
+        "connectors[1] is itself a MultiConnector",
+    ),
+    "MultiConnector with an LMCache member": (
+        lambda s: _multi(s, connectors=[_EXAMPLE_MEMBER, {"kv_connector": "LMCacheConnectorV1"}]),
+        "connectors[1] is LMCacheConnectorV1: the kit makes LMCache's store fresh",
+    ),
+    "MultiConnector offloading member on the CPU": (
+        lambda s: _multi(s, connectors=[{"kv_connector": "OffloadingConnector"}]) + ["--device", "cpu"],
+        "arm m: OffloadingConnector runs only on CUDA or XPU GPUs",
+    ),
+    "command-line MultiConnector with no members": (
+        lambda s: ["--kv-connector", "MultiConnector", "--kv-connector-extra-config", '{"connectors": []}'],
+        "--kv-connector-extra-config: MultiConnector's connectors must be a non-empty list",
     ),
     "command-line connector named native-matched": (
         lambda s: ["--kv-connector", "native-matched", "--compare-native"],

@@ -24,6 +24,10 @@ PREFLIGHT_GATE_ENV = "KVKIT_PREFLIGHT_GATE"
 PROBES_FILE_KEY = "probes"  # a native-matched arm's probes file: {"probes": [...]} or {"stop": why}
 
 
+# vLLM's connector of connectors (repro.plan.multi): its report entries say which member served each reuse.
+MULTI_CONNECTOR = "MultiConnector"
+
+
 @dataclass(frozen=True)
 class ConnectorSpec:
     """A connector arm's connector. gpu_prefix_cache: the arm runs with vLLM's GPU prefix cache on, the connector

@@ -39,9 +39,14 @@ class RequestResult:
     # a connector beneath the GPU prefix cache: the tokens its own counter says it loaded for this request
     # (vLLM's vllm:external_prefix_cache_hits across the request; None: not measured, or not a count)
     external_tokens: int | None = None
+    # a MultiConnector arm: the member that loaded this request, as the KV audit saw MultiConnector choose it
+    # ({"index", "connector", "tokens"}; index None: none loaded, or {"index": None, "unavailable": why})
+    connector_member: dict | None = None
 
     def to_json(self) -> dict:
         extra = {} if self.external_tokens is None else {"external_tokens": self.external_tokens}
+        if self.connector_member is not None:
+            extra["connector_member"] = dict(self.connector_member)
         return extra | {
             "kv_audit_record": self.kv_audit_record,
             "role": self.role,
@@ -71,6 +76,7 @@ class RequestResult:
             request_id=read_field(data, "request_id", str, where, optional=True),
             kv_audit_record=read_field(data, "kv_audit_record", dict, where, optional=True),
             external_tokens=read_field(data, "external_tokens", int, where, optional=True),
+            connector_member=read_field(data, "connector_member", dict, where, optional=True),
         )
 
 

@@ -24,6 +24,21 @@ def audit_env(job: Job) -> None:
         os.environ[AUDIT_TARGET_ENV] = f"{c.module_path}:{c.name}" if c.module_path else c.name
 
 
+def served_member(record: dict | None, audited: str | None) -> dict:
+    """Which member of a MultiConnector loaded a request, from its KV audit record: {"index", "connector",
+    "tokens"} (index None and tokens 0: no member loaded anything), or {"index": None, "unavailable": why}."""
+    if not audited:
+        return {"index": None, "unavailable": "the KV audit is off: which member served is not recorded"}
+    if record is None or record.get("seq") is None:
+        why = (record or {}).get("unavailable") or "no KV audit record"
+        return {"index": None, "unavailable": f"the KV audit has no record of this request: {why}"}
+    member, tokens = record.get("connector_member"), int(record.get("external_tokens") or 0)
+    if member is None:
+        return {"index": None, "connector": None, "tokens": 0} if not tokens else {
+            "index": None, "unavailable": f"a member loaded {tokens} tokens; the audit did not see which"}  # fmt: skip
+    return {"index": member.get("index"), "connector": member.get("connector"), "tokens": tokens}
+
+
 class AuditRecords:
     """Maps the audit's per-request records (<seq>.json, in scheduling order) to the kit's requests."""
 

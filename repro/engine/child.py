@@ -19,7 +19,7 @@ import sys
 import traceback
 from dataclasses import replace
 
-from repro.contract.job import PREFLIGHT_GATE_ENV, PROBES_FILE_KEY, Job, ProbeJob, progress_path
+from repro.contract.job import MULTI_CONNECTOR, PREFLIGHT_GATE_ENV, PROBES_FILE_KEY, Job, ProbeJob, progress_path
 from repro.contract.result import (
     EXIT_OK,
     EXIT_RAISED,
@@ -30,7 +30,7 @@ from repro.contract.result import (
     ScenarioResult,
     StepRequest,
 )
-from repro.engine.audit_records import AuditRecords, audit_env
+from repro.engine.audit_records import AuditRecords, audit_env, served_member
 from repro.engine.engine_args import engine_kwargs
 from repro.engine.facts import collect_versions, effective_config, lmcache_build, process_facts
 from repro.engine.frontend import build_frontend, frontend_from_env
@@ -136,7 +136,9 @@ def _top_logprobs(step) -> list[list]:
     return [[t, lp] for t, lp in items]
 
 
-def _request(out, role: str, kv_audit_record: dict | None = None, external: int | None = None) -> RequestResult:
+def _request(
+    out, role: str, kv_audit_record: dict | None = None, external: int | None = None, member: dict | None = None
+) -> RequestResult:
     comp = out.outputs[0]
     cached = getattr(out, "num_cached_tokens", None)
     ktp = json.loads(json.dumps(out.kv_transfer_params, default=str)) if out.kv_transfer_params else None
@@ -151,6 +153,7 @@ def _request(out, role: str, kv_audit_record: dict | None = None, external: int 
         text=comp.text,
         kv_audit_record=kv_audit_record,
         external_tokens=external,
+        connector_member=member,
     )
 
 
@@ -177,6 +180,7 @@ def run_job(job: Job, keep: list) -> ArmResult:
     )
     t_gen = time.monotonic()
     probes, scenario, gpu_resets = [], None, []
+    multi = job.arm.connector is not None and job.arm.connector.name == MULTI_CONNECTOR
     if job.scenario is not None:
         probes, scenario = run_scenario(llm, job, tokenizer, sp, audit)
     for n, probe in enumerate(job.probes if job.scenario is None else (), start=1):
@@ -202,7 +206,8 @@ def run_job(job: Job, keep: list) -> ArmResult:
             after = external_hits()[0] if beneath else None
             record = audit.take(ids)
             ext = connector_tokens(record, before, after) if beneath else None
-            requests.append(_request(out, "cold" if i == 0 else "reuse", record, ext))
+            member = served_member(record, job.kv_audit_dir) if multi else None
+            requests.append(_request(out, "cold" if i == 0 else "reuse", record, ext, member))
         probes.append(
             ProbeResult(name=probe.name, prompt_token_ids=tuple(ids), messages=messages, requests=tuple(requests))
         )
@@ -284,6 +289,7 @@ def run_scenario(llm, job: Job, tokenizer, sp, audit: AuditRecords) -> tuple[lis
 
     prompts: dict[str, list[int]] = {}
     probes = []
+    multi = job.arm.connector is not None and job.arm.connector.name == MULTI_CONNECTOR
     for probe in job.probes:
         if "token_ids" in probe.prompt:
             ids, messages = list(probe.prompt["token_ids"]), None
@@ -309,7 +315,8 @@ def run_scenario(llm, job: Job, tokenizer, sp, audit: AuditRecords) -> tuple[lis
             for name, out, record in zip(names, outs, records):
                 cached = getattr(out, "num_cached_tokens", None)
                 role = "reuse" if cached else "cold"
-                requests.append(StepRequest(k, name, _request(out, role, record), grew))
+                member = served_member(record, job.kv_audit_dir) if multi else None
+                requests.append(StepRequest(k, name, _request(out, role, record, member=member), grew))
     count, source = preemption_count()
     return probes, ScenarioResult(job.scenario.name, tuple(requests), count, source)
 

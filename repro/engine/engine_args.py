@@ -4,7 +4,7 @@ audit when the job asks for it) and a KV cache sized in tokens where arms share 
 
 from __future__ import annotations
 
-from repro.contract.job import Job
+from repro.contract.job import MULTI_CONNECTOR, Job
 
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
 
@@ -68,6 +68,11 @@ def engine_kwargs(job: Job) -> dict:
         if ktc is None:  # baseline and native: a connector that only records
             ktc = {"kv_connector": kvaudit.OBSERVER, "kv_role": kvaudit.OBSERVER_ROLE}
         else:  # the arm's connector, wrapped in the auditing subclass (see repro.engine.kvaudit)
+            if arm.connector.name == MULTI_CONNECTOR and not _members_support_hma(ktc):
+                # vLLM turns the hybrid KV cache manager off for a MultiConnector whose members lack HMA by its name
+                # (KVConnectorFactory.supports_hma_config); under the audit's class name it would keep it on and
+                # MultiConnector's own assertion would stop the engine: the kit does what vLLM does unaudited
+                kwargs["disable_hybrid_kv_cache_manager"] = True
             ktc["kv_connector"] = kvaudit.WRAPPED
         ktc["kv_connector_module_path"] = kvaudit.MODULE
     if ktc is not None:
@@ -75,3 +80,11 @@ def engine_kwargs(job: Job) -> dict:
 
         kwargs["kv_transfer_config"] = KVTransferConfig(**ktc)
     return kwargs
+
+
+def _members_support_hma(ktc: dict) -> bool:
+    """Whether every member of a MultiConnector's kv_transfer_config supports the hybrid KV cache manager."""
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
+
+    return MultiConnector.all_children_support_hma(KVTransferConfig(**ktc))

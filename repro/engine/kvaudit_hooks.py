@@ -89,6 +89,8 @@ class AuditRequest:
     # num_computed_tokens as scheduled: after an asynchronous load, what vLLM counts as loaded (less than
     # local + external after a load error, one less on a full-prompt hit); None in older records
     computed_tokens: int | None = None
+    # MultiConnector: the member it chose to load this request ({"index", "connector"}), None when none loaded
+    member: dict | None = None
 
     def reused_blocks(self, block_size: int) -> list[int]:
         """Indices (within the prompt) of the full blocks whose KV was reused, not computed."""
@@ -125,6 +127,7 @@ class AuditHooks:
         self._audit_local: dict[str, int] = {}  # the local hit get_num_new_matched_tokens was shown
         self._audit_external: dict[str, int] = {}
         self._audit_pending: dict[str, tuple[int, int]] = {}  # async load started: (local, external)
+        self._audit_members: dict[str, dict] = {}  # MultiConnector: the member chosen to load each request
         self._audit_received: set[str] = set()  # worker: ids get_finished reported loaded
         self._audit_seq = 0
         self._audit_seqs: dict[str, int] = {}  # scheduler: each request id's seq, given at its first scheduling
@@ -159,8 +162,20 @@ class AuditHooks:
         try:
             self._audit_async[request.request_id] = bool(result[1]) if result else False
             self._audit_local[request.request_id] = int(num_computed_tokens or 0)
+            self._audit_note_member(request.request_id, result)
         except Exception:  # noqa: BLE001
             self._audit_fail("get_num_new_matched_tokens")
+
+    def _audit_note_member(self, rid: str, result) -> None:
+        """MultiConnector (vLLM 0.26 and 0.28) records the member it will load a request from in
+        _requests_to_connector when that member reports hits: read it right after it chose."""
+        chosen = getattr(self, "_requests_to_connector", None)
+        if chosen is None or not result or not result[0]:
+            return
+        index = chosen.get(rid)
+        if index is not None:
+            member = self._connectors[index]
+            self._audit_members[rid] = {"index": int(index), "connector": type(member).__name__}
 
     def _audit_alloc(self, request, num_external_tokens) -> None:
         """An allocation that starts an asynchronous load keeps its counts until the request is
@@ -194,6 +209,7 @@ class AuditHooks:
         try:
             for req in scheduler_output.scheduled_new_reqs:
                 local, ext, is_async = self._audit_counts(req)
+                member = self._audit_members.pop(str(req.req_id), None)
                 if str(req.req_id) in self._audit_seqs:
                     # a request resumed after preemption: under vLLM's model runner v2 (what the H200 runs, 0.26
                     # and 0.28 alike) vLLM 0.28's scheduler sends it as new again. Its first record stands and it
@@ -216,6 +232,7 @@ class AuditHooks:
                         + int(scheduler_output.num_scheduled_tokens[req.req_id]),
                         async_load=is_async,
                         computed_tokens=int(req.num_computed_tokens),
+                        member=member if ext else None,
                     )
                 )
                 self._audit_seq += 1
@@ -302,6 +319,7 @@ class AuditHooks:
             "dtype": getattr(self, "_audit_dtype", None),
             "unavailable": reason,
             "pid": os.getpid(),
+            "connector_member": r.member,
             "worker": self._audit_worker(),
         }
         path = os.path.join(self._audit_dir, f"{r.seq:06d}.json")

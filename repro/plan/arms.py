@@ -21,7 +21,7 @@ from repro.contract.job import (
 )
 from repro.contract.result import ArmResult
 from repro.errors import UsageError
-from repro.plan import devices, offloading
+from repro.plan import devices, multi, offloading
 from repro.plan.fixtures import Fixture, Probe, arm_name_problem
 from repro.plan.options import DEFAULT_ENGINE_MODULE
 from repro.plan.settings import ArmsAsked, EngineSettings
@@ -94,12 +94,19 @@ def plan_arms(asked: ArmsAsked, fixture: Fixture, lmcache_config: str | None = N
             extra.setdefault("shared_storage_path", TMPDIR_TOKEN)
         if asked.kv_connector == "PlantedFaultConnector" and asked.module_path == PLANTED_FAULT_MODULE:
             extra.setdefault("store_dir", TMPDIR_TOKEN)
+        if asked.kv_connector == multi.MULTI:
+            if (problem := multi.members_problem(extra)) is not None:
+                raise UsageError(f"--kv-connector-extra-config: {problem}")
+            extra = multi.planned_members(extra, TMPDIR_TOKEN)
         conn = _beneath(ConnectorSpec(asked.kv_connector, asked.module_path, extra), None, None)
         yaml = _lmcache_yaml(conn, lmcache_config)
         arms.append(PlannedArm(ArmSpec(asked.kv_connector, "connector", conn), lmcache_config=yaml))
     else:
         for spec in fixture.arms:
-            conn = ConnectorSpec(spec.connector, spec.module_path, dict(spec.extra_config), shipped_as=spec.shipped_as)
+            extra = dict(spec.extra_config)
+            if spec.connector == multi.MULTI:  # checked when the fixture was read (repro.plan.fixtures)
+                extra = multi.planned_members(extra, TMPDIR_TOKEN)
+            conn = ConnectorSpec(spec.connector, spec.module_path, extra, shipped_as=spec.shipped_as)
             conn = _beneath(conn, spec.gpu_prefix_cache, spec.gpu_cache_reset)
             arms.append(
                 PlannedArm(
@@ -126,7 +133,8 @@ def plan_arms(asked: ArmsAsked, fixture: Fixture, lmcache_config: str | None = N
 def _beneath(conn: ConnectorSpec, asked: bool | None, reset: str | None) -> ConnectorSpec:
     """The connector with the GPU prefix cache on beneath it where asked, else where the kit knows it sits there
     (repro.plan.offloading); such an arm is made to serve by a GPU-cache reset before each reuse unless told."""
-    on = offloading.beneath_gpu_cache(conn.name) if asked is None else asked
+    on = offloading.beneath_gpu_cache(conn.name) or (multi.is_multi(conn) and multi.beneath_gpu_cache(conn))
+    on = on if asked is None else asked
     if not on:
         if reset is not None:
             raise UsageError(f"connector {conn.name}: gpu_cache_reset needs the GPU prefix cache on (gpu_prefix_cache)")
@@ -167,7 +175,11 @@ def fresh_state(
     if conn is None:
         return arm, None
     run = _FreshRun(arm.name, scratch, root)
-    extra = {key: run.setting(conn, key, value) for key, value in conn.extra_config.items()}
+    extra = {key: run.setting(conn, key, value) for key, value in conn.extra_config.items() if key != multi.MEMBERS_KEY}
+    if multi.is_multi(conn):  # each member's settings made fresh as an arm's, labelled connectors[i].<key>
+        fresh = [{k: run.setting(m, k, v, f"{multi.MEMBERS_KEY}[{i}].{k}") for k, v in m.extra_config.items()}
+                 for i, m in enumerate(multi.member_specs(conn))]  # fmt: skip
+        extra[multi.MEMBERS_KEY] = multi.with_member_configs(conn, fresh)
     env, record = dict(arm.env), None
     if is_lmcache_connector(conn):
         environ = os.environ if environ is None else environ
@@ -209,18 +221,19 @@ class _FreshRun:
     def persisting(self, label: str, value: object, why: str) -> None:
         self.persists.append(f"{label} {value}: {why}")
 
-    def setting(self, conn: ConnectorSpec, key: str, value: object) -> object:
-        """One kv_connector_extra_config entry as this run gets it."""
+    def setting(self, conn: ConnectorSpec, key: str, value: object, label: str | None = None) -> object:
+        """One kv_connector_extra_config entry as this run gets it (label: how the record names it, else key)."""
+        label = label or key
         if value == TMPDIR_TOKEN:
-            return self.tmpdir(key)
+            return self.tmpdir(label)
         kind = _store_kind(conn, key)
         if kind == "dir" and isinstance(value, str) and value:
-            return self.subfolder(key, value)
+            return self.subfolder(label, value)
         if kind == "shared" and value:
-            self.persisting(key, value, "a store outside the run, shared by every run")
+            self.persisting(label, value, "a store outside the run, shared by every run")
         elif kind is None and _names_location(key, value):
             self.persisting(
-                key, value, "a setting the kit does not know names a place outside the run; a store there persists"
+                label, value, "a setting the kit does not know names a place outside the run; a store there persists"
             )
         return value
 
@@ -311,7 +324,9 @@ def persisting_store(arm: PlannedArm) -> str | None:
 def scratch_dirs(spec: ArmSpec) -> list[Path]:
     """The directories materialize made for an arm's connector (its stores): what its child writes there."""
     conn = spec.connector
-    values = conn.extra_config.values() if conn is not None else ()
+    values = list(conn.extra_config.values()) if conn is not None else []
+    if multi.is_multi(conn):
+        values += [v for m in multi.member_specs(conn) for v in m.extra_config.values()]
     return [
         Path(v)
         for v in values

@@ -24,7 +24,7 @@ from pathlib import Path
 from repro.errors import UsageError
 from repro.judge.expectations import expectation_problem
 from repro.judge.verdict import KV_VERDICTS, VERDICTS
-from repro.plan import offloading
+from repro.plan import multi, offloading
 
 FIXTURE_KIND = "kvkit-fixture"
 FIXTURE_SCHEMA_VERSION = 1
@@ -243,6 +243,8 @@ def _parse_arm(obj: object, where: str, path) -> ArmSpec:
     skip = obj.get("skip_probes", {})
     if not isinstance(extra, dict) or not isinstance(skip, dict) or not all(isinstance(v, str) for v in skip.values()):
         raise _fail(path, f"{where}: extra_config and skip_probes must be objects (skip reasons are strings)")
+    if connector == multi.MULTI and (problem := multi.members_problem(extra)) is not None:
+        raise _fail(path, f"{where}.extra_config: {problem}")
     ops = obj.get("lmcache_ops")
     if ops is not None and ops not in LMCACHE_OPS_MODES:
         raise _fail(path, f"{where}.lmcache_ops: must be one of {', '.join(LMCACHE_OPS_MODES)}")

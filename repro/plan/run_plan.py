@@ -10,7 +10,7 @@ from pathlib import Path
 
 from repro.contract.job import Preflight
 from repro.errors import UsageError
-from repro.plan import offloading
+from repro.plan import multi, offloading
 from repro.plan.arms import PlannedArm, default_jobs, plan_arms, preflight_for, vocab_size
 from repro.plan.devices import uses_cuda
 from repro.plan.fixtures import Fixture, Probe, Scenario, check_probes_fit, load_fixture
@@ -103,8 +103,9 @@ def build_plan(opts: Options, argv: list[str]) -> RunPlan:
     arms = plan_arms(asked, fixture, a.lmcache_config)
     for arm in arms:  # vLLM's offloading connectors refuse its CPU backend: one line, before any engine
         conn = arm.spec.connector
-        if conn and (problem := offloading.gpu_only_problem(conn.name, not uses_cuda(engine.device))) is not None:
-            raise UsageError(f"arm {arm.name}: {problem}")
+        for c in ([conn] if conn else []) + (multi.member_specs(conn) if multi.is_multi(conn) else []):
+            if (problem := offloading.gpu_only_problem(c.name, not uses_cuda(engine.device))) is not None:
+                raise UsageError(f"arm {arm.name}: {problem}")
     children = ChildSettings(
         python=a.python,
         engine_module=a.engine_module,

@@ -82,6 +82,7 @@ def format_summary(report: Report | Mapping[str, Any]) -> str:
         if arm.error:
             lines.append(f"  ERROR {arm.error['kind']}: {arm.error['detail']}"[:400])
         lines += _condition_lines(arm)
+        lines += [f"  {m.line}"[:400] for m in arm.members]
         if audit:
             lines.append(f"  {arm.kv_text}"[:400])
         for p in arm.probes:

@@ -85,6 +85,26 @@ class ArmAudit:
 
 
 @dataclass(frozen=True)
+class Member:
+    """One member of a MultiConnector arm (repro.judge.members): the reuses it served, its hits and verdict."""
+
+    data: Mapping[str, Any]
+
+    @property
+    def verdict(self) -> str:
+        return self.data["verdict"]
+
+    @property
+    def line(self) -> str:
+        """'member 0 ExampleConnector: served 2 reuses, 2976 tokens · PASS', then why where it is no PASS."""
+        n = len(self.data.get("reuses_served") or [])
+        name = f"member {self.data['index']} {self.data['connector']}"
+        text = f"{name}: served {n} reuse{'' if n == 1 else 's'}, {self.data.get('hits', 0)} tokens · {self.verdict}"
+        reasons = self.data.get("reasons") or []
+        return f"{text} — {reasons[0].removeprefix(name + ' ')}" if reasons else text
+
+
+@dataclass(frozen=True)
 class Arm:
     """One arm: baseline, native prefix caching or a connector; its verdict, probes and conditions."""
 
@@ -126,6 +146,11 @@ class Arm:
     @property
     def error(self) -> Mapping[str, Any] | None:
         return self.data.get("error") or None
+
+    @property
+    def members(self) -> tuple[Member, ...]:
+        """A MultiConnector arm's members, in its order; () for any other arm."""
+        return tuple(Member(m) for m in self.data.get("members") or [])
 
     @property
     def connector_name(self) -> object:
@@ -202,7 +227,11 @@ class Arm:
         note = self.class_text
         text = f"{self.verdict} ({note})" if note else str(self.verdict)
         qualifier = self.conditions.finding_class_text
-        return f"{text} · {qualifier}" if qualifier else text
+        text = f"{text} · {qualifier}" if qualifier else text
+        idle = [
+            f"member {m.data['index']} {m.data['connector']}" for m in self.members if not m.data.get("reuses_served")
+        ]
+        return f"{text} · not exercised: {', '.join(idle)}" if idle else text  # a MultiConnector's PASS is not theirs
 
     @property
     def kv_text(self) -> str:

@@ -12,9 +12,11 @@ from repro.contract.result import ArmResult
 from repro.judge import logscan
 from repro.judge.batch_invariance import BATCH_INVARIANT_INACTIVE, batch_invariance_state, decide_batch_invariance
 from repro.judge.evaluate import judge_arm
+from repro.judge.members import decide_members, served_reuses
 from repro.judge.verdict import LMCACHE_DEGRADED, decide_child_failure, decide_lmcache_degraded
 from repro.lmcache import mp as lmcache_mp
 from repro.lmcache.signals import lmcache_evidence
+from repro.plan import multi
 from repro.plan.arms import PlannedArm
 
 
@@ -57,6 +59,11 @@ def arm_entry(
     beneath = bool(spec.connector and spec.connector.gpu_prefix_cache)  # its own hits count (repro.plan.offloading)
     probes, verdict = judge_arm(res, baseline, spec.mode, block_size, arm.skip_probes, outcome.asked, beneath)
     entry["probes"] = probes
+    if multi.is_multi(spec.connector):  # hits and a verdict per member; the token verdict stays what served
+        members = decide_members([m.name for m in multi.member_specs(spec.connector)], served_reuses(probes),
+                                 verdict.verdict)  # fmt: skip
+        entry["members"] = [m.to_json() for m in members]
+        verdict = replace(verdict, reasons=(*verdict.reasons, *(r for m in members for r in m.reasons)))
     if spec.connector is not None and "lmcache" in spec.connector.name.lower():
         evidence = lmcache_evidence(
             probes,
