@@ -130,3 +130,24 @@ def test_the_summary_says_per_member_hits_and_that_the_pass_is_not_the_idle_memb
     assert "member 0 ExampleConnector: served 1 reuse, 1488 tokens · PASS" in text
     assert "member 1 PlantedFaultConnector: served 0 reuses, 0 tokens · INCONCLUSIVE — never served" in text
     assert ArmSpec("x", "connector", conn).connector.name == multi.MULTI
+
+
+def test_the_report_page_lists_each_members_service_under_the_table():
+    import json
+
+    from conftest import ROOT
+
+    from repro.publish.site import render_report_page
+
+    report = json.loads((ROOT / "reports" / "h200-lmcache-tiny.json").read_text(encoding="utf-8"))
+    members = decide_members(["ExampleConnector", "PlantedFaultConnector"], [Served("fixture reuse 1", 0, 1488, False)],
+                             PASS)  # fmt: skip
+    conn = ConnectorSpec("MultiConnector", None, {"connectors": [EXAMPLE, PLANTED]})
+    arm = {"name": "multi", "mode": "connector", "connector": conn.to_json(), "verdict": PASS, "error": None,
+           "reasons": [], "probes": [], "findings": [], "log": "x.logs/multi.log", "warnings": 0,
+           "members": [m.to_json() for m in members]}  # fmt: skip
+    html = render_report_page({**report, "arms": [*report["arms"], arm]}, stem="t")
+    assert '<ul id="members">' in html and "multi (MultiConnector)" in html
+    assert "member 1 PlantedFaultConnector: served 0 reuses, 0 tokens · INCONCLUSIVE" in html
+    # a report without a MultiConnector arm renders as before: no members list
+    assert 'id="members"' not in render_report_page(report, stem="t")

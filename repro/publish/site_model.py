@@ -155,6 +155,8 @@ class ReportPage:
     scenarios: tuple[ScenarioBlock, ...] = ()  # () for a report without scenarios (its page is as it was)
     scenarios_note: str = ""  # scenarios asked for (config.scenarios) but none in the report; "" otherwise
     lead_map: LeadMap | None = None  # None: no probe with a KV finding has a heatmap
+    # a MultiConnector arm's members: (arm title, each member's line: what it served, its hits, its verdict)
+    members: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 def visible_text(text: object) -> str:
@@ -367,6 +369,7 @@ def build_report_page(
         scenarios=tuple(scenario_block(sc, i) for i, sc in enumerate(report.scenarios)),
         scenarios_note=scenarios_note(report),
         lead_map=_lead_map(details),
+        members=tuple((a.title, tuple(m.line for m in a.members)) for a in report.arms if a.members),
     )
 
 
