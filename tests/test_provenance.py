@@ -35,3 +35,17 @@ def test_kernel_variables_are_recorded_and_name_the_variant():
     assert kernel_variant({"DNNL_MAX_CPU_ISA": "SSE41"}) == {"name": "custom", "env": {"DNNL_MAX_CPU_ISA": "SSE41"}}
     for name, variant in KERNEL_VARIANTS.items():
         assert kernel_variant(variant)["name"] == name
+
+
+def test_a_report_names_the_code_that_ran_whatever_git_says(tmp_path):
+    from repro.record.provenance import source_sha256
+
+    (tmp_path / "repro" / "a").mkdir(parents=True)
+    (tmp_path / "repro" / "a" / "x.py").write_text("x = 1\n")
+    (tmp_path / "repro" / "y.py").write_text("y = 2\n")
+    first = source_sha256(tmp_path)
+    assert len(first) == 64 and source_sha256(tmp_path) == first
+    (tmp_path / "repro" / "notes.txt").write_text("not code")  # only the kit's Python counts
+    assert source_sha256(tmp_path) == first
+    (tmp_path / "repro" / "a" / "x.py").write_text("x = 3\n")
+    assert source_sha256(tmp_path) != first

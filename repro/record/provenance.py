@@ -98,16 +98,30 @@ def _run(cmd: list[str], cwd: Path | None = None) -> str:
         return f"unavailable: {cmd[0]} timed out"
 
 
+def source_sha256(root: Path = KIT_ROOT) -> str:
+    """SHA-256 of the kit's own code as it ran: every repro/**/*.py, by path and bytes, in path order. A commit with
+    `dirty` true does not say what ran (a GPU host's copy of a working tree can carry an older .git than its
+    files, as the H200 copies of 2026-12-03 did); this does, whatever git says."""
+    digest = hashlib.sha256()
+    try:
+        for path in sorted((root / "repro").rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    except OSError as exc:
+        return f"unavailable: {exc.strerror or exc}"
+    return digest.hexdigest()
+
+
 def kit_commit() -> dict:
+    code = source_sha256()
     commit = _run(["git", "rev-parse", "HEAD"], KIT_ROOT)
     if commit.startswith("unavailable"):
         stamp = KIT_ROOT / "COMMIT"  # a packed kit carries the commit it was built from
         if stamp.is_file():
-            return {"commit": stamp.read_text().strip(), "dirty": False, "source": "COMMIT file"}
-        return {"commit": commit, "dirty": None, "source": "none"}
+            return {"commit": stamp.read_text().strip(), "dirty": False, "source": "COMMIT file", "source_sha256": code}
+        return {"commit": commit, "dirty": None, "source": "none", "source_sha256": code}
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], KIT_ROOT)
     dirty = None if status.startswith("unavailable") else bool(status)
-    return {"commit": commit, "dirty": dirty, "source": "git"}
+    return {"commit": commit, "dirty": dirty, "source": "git", "source_sha256": code}
 
 
 def package_version(name: str) -> str:
