@@ -113,3 +113,20 @@ def write_intermittent_fixture(directory: str | os.PathLike, fault: str = "zero_
 
 if __name__ == "__main__":
     print(write_fixture(CONTENDED_FIXTURE, contended_fixture()))
+
+
+def write_arms_fixture(path: Path, name: str, description: str, arms: list[dict], **extra) -> str:
+    """A fixture at `path` with the CPU self-test's tokenizer (and its probes unless `extra` gives others), these
+    arms and whatever else `extra` holds (probes, scenarios); no expectations: its tests read the report."""
+    selftest = json.loads(SELFTEST_CPU.read_text(encoding="utf-8"))
+    data = {k: selftest[k] for k in ("kind", "schema_version", "tool_version", "tokenizer", "probes")}
+    data.update(name=name, description=description, arms=arms, **extra)
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return str(path)
+
+
+def fixture_argv(model: str, fixture: str, report: Path, *extra: str) -> list[str]:
+    """The verifier's arguments for a test fixture on the CPU engine: the kit's CPU settings, then `extra`."""
+    from repro.plan.options import CPU_ENGINE_FLAGS
+
+    return ["--model", model, *CPU_ENGINE_FLAGS, "--fixture", fixture, "--report", str(report), *extra]

@@ -14,9 +14,7 @@ import json
 import pytest
 from conftest import have_vllm, run_cli
 from e2e_runs import shared_run
-from planted_fixtures import PLANTED_MODULE, SELFTEST_CPU
-
-from repro.plan.options import CPU_ENGINE_FLAGS
+from planted_fixtures import PLANTED_MODULE, fixture_argv, write_arms_fixture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
 
@@ -24,7 +22,6 @@ ALONE, SERVED, PLANTED = "Example-gpu-cache-only", "Example-beneath", "Planted-b
 
 
 def _fixture(tmp) -> str:
-    selftest = json.loads(SELFTEST_CPU.read_text(encoding="utf-8"))
     example = {"connector": "ExampleConnector", "extra_config": {"shared_storage_path": "@tmpdir"},
                "gpu_prefix_cache": True}  # fmt: skip
     arms = [
@@ -34,18 +31,14 @@ def _fixture(tmp) -> str:
          "extra_config": {"store_dir": "@tmpdir", "fault": "zero_blocks", "first_block": 0, "num_blocks": 16},
          "gpu_prefix_cache": True},
     ]  # fmt: skip
-    data = {**{k: selftest[k] for k in ("kind", "schema_version", "tool_version", "tokenizer", "probes")},
-            "name": "beneath-gpu-cache", "description": "connectors beneath the GPU prefix cache", "arms": arms}  # fmt: skip
-    path = tmp / "beneath.json"
-    path.write_text(json.dumps(data), encoding="utf-8")
-    return str(path)
+    return write_arms_fixture(
+        tmp / "beneath.json", "beneath-gpu-cache", "connectors beneath the GPU prefix cache", arms
+    )
 
 
 def _run(model: str, tmp) -> tuple:
     report = tmp / "beneath-report.json"
-    argv = ["--model", model, *CPU_ENGINE_FLAGS, "--fixture", _fixture(tmp), "--reuses", "2", "--report",
-            str(report), "--quiet"]  # fmt: skip
-    return run_cli(argv), report
+    return run_cli(fixture_argv(model, _fixture(tmp), report, "--reuses", "2", "--quiet")), report
 
 
 # one fixture probe, three arms and the baseline; made ahead by the tests' lane (tests/e2e_runs.py)

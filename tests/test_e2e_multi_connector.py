@@ -14,10 +14,9 @@ import json
 import pytest
 from conftest import have_vllm, run_cli
 from e2e_runs import shared_run
-from planted_fixtures import PLANTED_MODULE, SELFTEST_CPU
+from planted_fixtures import PLANTED_MODULE, fixture_argv, write_arms_fixture
 
 from repro.judge.verdict import CORRUPT, FAIL, INCONCLUSIVE, PASS
-from repro.plan.options import CPU_ENGINE_FLAGS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
 
@@ -33,24 +32,17 @@ def _planted(fault: str, **extra) -> dict:
 
 
 def _fixture(tmp) -> str:
-    selftest = json.loads(SELFTEST_CPU.read_text(encoding="utf-8"))
     faulty = _planted("zero_blocks", first_block=0, num_blocks=16)
     arms = [
         {"name": EXAMPLE_FIRST, "connector": "MultiConnector", "extra_config": {"connectors": [EXAMPLE, _planted("none")]}},
         {"name": PLANTED_FIRST, "connector": "MultiConnector", "extra_config": {"connectors": [faulty, EXAMPLE]}},
     ]  # fmt: skip
-    data = {**{k: selftest[k] for k in ("kind", "schema_version", "tool_version", "tokenizer", "probes")},
-            "name": "multi-connector", "description": "MultiConnector arms, hits per member", "arms": arms}  # fmt: skip
-    path = tmp / "multi.json"
-    path.write_text(json.dumps(data), encoding="utf-8")
-    return str(path)
+    return write_arms_fixture(tmp / "multi.json", "multi-connector", "MultiConnector arms, hits per member", arms)
 
 
 def _run(model: str, tmp) -> tuple:
     report = tmp / "multi-report.json"
-    argv = ["--model", model, *CPU_ENGINE_FLAGS, "--fixture", _fixture(tmp), "--reuses", "2", "--report",
-            str(report)]  # fmt: skip
-    return run_cli(argv), report
+    return run_cli(fixture_argv(model, _fixture(tmp), report, "--reuses", "2")), report
 
 
 # one fixture probe, two MultiConnector arms and the baseline; made ahead by the tests' lane (tests/e2e_runs.py)

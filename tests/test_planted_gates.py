@@ -202,3 +202,47 @@ def test_gates_combine(pf, gates, tmp_path, monkeypatch):
     winner._plan_load(ops[0])
     loser._plan_load(ops[1])
     assert ops[0].faulted and not ops[1].faulted and ops[1].gate["contended"]["missed"] is True
+
+
+# ---- in_flight_min and land_elsewhere (issue 36, item 3)
+
+
+def test_in_flight_min_sets_how_many_requests_open_the_gate(pf, gates):
+    conn = _bare(pf, when="in_flight", in_flight_min=16)
+    assert conn.in_flight_min == 16
+    shut = gates.in_flight_figures({f"r{i}" for i in range(15)}, set(), conn.in_flight_min)
+    opened = gates.in_flight_figures({f"r{i}" for i in range(10)}, {f"u{i}" for i in range(6)}, conn.in_flight_min)
+    assert (shut["open"], shut["min"]) == (False, 16) and (opened["in_flight"], opened["open"]) == (16, True)
+    assert _bare(pf, when="in_flight").in_flight_min == 2  # the gate as before
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [({"when": "in_flight", "in_flight_min": 1}, "at least 2"), ({"when": "in_flight", "in_flight_min": "16"}, "integer"),
+     ({"when": "always", "in_flight_min": 16}, "applies only to when=in_flight")],
+)  # fmt: skip
+def test_a_bad_in_flight_min_is_refused(pf, extra, message):
+    with pytest.raises(ValueError, match=message):
+        _bare(pf, **extra)
+
+
+def test_land_elsewhere_writes_the_steps_last_load_into_its_first_loads_block(pf):
+    conn = _bare(pf, fault="land_elsewhere")
+    conn._landed = {}
+    first, middle, last = (pf._Op(r, "load", ["a", "b"], [10 * i, 10 * i + 1]) for i, r in enumerate("xyz", 1))
+    store = pf._Op("s", "store", ["c"], [99])
+    conn._land_elsewhere([first, store, middle, last])
+    assert last.lands_in == 10 and first.lands_in is None and middle.lands_in is None
+    assert conn._landed == {"z": {"landed_in": "x"}, "x": {"overwritten_by": "z", "overwritten_block": 0}}
+    # the loader's own blocks load faithfully: the fault touches no block of the load itself
+    assert pf.faulted_indices("land_elsewhere", 0, 16, 8) == []
+
+
+def test_land_elsewhere_needs_two_loads_the_gates_let_through(pf):
+    conn = _bare(pf, fault="land_elsewhere")
+    conn._landed = {}
+    one = pf._Op("x", "load", ["a"], [1])
+    conn._land_elsewhere([one])
+    held = pf._Op("y", "load", ["b"], [2], gate={"apply": False})
+    conn._land_elsewhere([one, held])
+    assert one.lands_in is None and held.lands_in is None and conn._landed == {}

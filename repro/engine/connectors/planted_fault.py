@@ -47,6 +47,13 @@ The faults, each a bug class seen in KV offloading code:
   overwrite_tail the last num_blocks loaded blocks (a partial last chunk) overwritten with noise
   drop_tail      the last num_blocks loaded blocks are never written but still counted as a hit:
                  attention reads whatever the freshly allocated blocks held
+  land_elsewhere a load that lands in a block another request still reads: every load is faithful, but where
+                 a scheduler step loads for two or more requests (the gates permitting), the step's last load
+                 also writes its first block into the first loaded block of the step's first load, which that
+                 request then reads (vLLM #47282's shape: a block reused as a load destination while compute
+                 still reads it). The loader reports `landed_in`, the request whose block it overwrote
+                 `overwritten_by` (and that block), in their kv_transfer_params. One request at a time never
+                 shows it; with when "in_flight" and in_flight_min 16 only a step with 16 requests in flight does.
 
 Gates (repro.engine.connectors.planted_gates): optional conditions under which a load's fault applies
 at all ("when": always, contended, in_flight or after_eviction; "once_in": one engine of an arm's
@@ -93,14 +100,15 @@ FAULTS = (
     "other_prompt",
     "reverse_blocks",
     "shift_beyond",
+    "land_elsewhere",
 )
 TAIL_FAULTS = ("overwrite_tail", "drop_tail")
 
 
 def faulted_indices(fault: str, first_block: int | None, num_blocks: int, n_loaded: int) -> list[int]:
     """Indices among the n_loaded blocks of one load that the fault touches."""
-    if fault == "none" or n_loaded <= 0 or num_blocks <= 0:
-        return []
+    if fault in ("none", "land_elsewhere") or n_loaded <= 0 or num_blocks <= 0:
+        return []  # land_elsewhere: the loader's own blocks load faithfully (another request's do not)
     if fault == "other_prompt":
         return list(range(n_loaded))
     if first_block is None:
@@ -126,6 +134,7 @@ class _Op:
     gate: dict | None = None  # why the gates let this load's fault apply or not (None: no gate set)
     resumed: bool = False  # a load on resuming after preemption
     prompt_keys: list[str] = field(default_factory=list)  # shift_beyond: every block key of the prompt
+    lands_in: int | None = None  # land_elsewhere: another request's block this load also writes its first block into
 
 
 @dataclass
@@ -156,6 +165,7 @@ class PlantedFaultConnector(LoadGates, KVConnectorBase_V1):
         self._resume_prompts: dict[str, list[int]] = {}  # prompt of a request promised a load, until scheduled
         self._stored_prompts: list[list[str]] = []  # block keys of each stored prompt, oldest first
         self._kv: dict[str, torch.Tensor] = {}
+        self._landed: dict[str, dict] = {}  # land_elsewhere: request -> {"landed_in"|"overwritten_by": ..., ...}
 
     # ---- shared helpers
     def _keys(self, tokens: list[int], n_blocks: int) -> list[str]:
@@ -232,7 +242,7 @@ class PlantedFaultConnector(LoadGates, KVConnectorBase_V1):
         step = None
         if self.when == "in_flight":
             self._unfinished.update(req.req_id for req in scheduler_output.scheduled_new_reqs)
-            step = in_flight_figures(set(scheduler_output.num_scheduled_tokens), self._unfinished)
+            step = in_flight_figures(set(scheduler_output.num_scheduled_tokens), self._unfinished, self.in_flight_min)
         for req in scheduler_output.scheduled_new_reqs:
             tokens = list(req.prompt_token_ids or [])
             block_ids = list(req.block_ids[0])
@@ -260,7 +270,20 @@ class PlantedFaultConnector(LoadGates, KVConnectorBase_V1):
                 block_ids = list(cached.new_block_ids[i][0])
                 computed = cached.num_computed_tokens[i]
                 meta.ops.append(self._load_op(req_id, tokens, block_ids, computed, external, step, resumed=True))
+        if self.fault == "land_elsewhere":
+            self._land_elsewhere(meta.ops)
         return meta
+
+    def _land_elsewhere(self, ops: list[_Op]) -> None:
+        """The step's last load also writes into the first loaded block of its first load (the worker loads in
+        order, so that write stays): only where the gates let both loads' fault apply."""
+        loads = [op for op in ops if op.kind == "load" and op.block_ids and (op.gate is None or op.gate["apply"])]
+        if len(loads) < 2:
+            return
+        victim, loader = loads[0], loads[-1]
+        loader.lands_in = victim.block_ids[0]
+        self._landed[loader.req_id] = {"landed_in": victim.req_id}
+        self._landed[victim.req_id] = {"overwritten_by": loader.req_id, "overwritten_block": victim.first_loaded_block}
 
     def _load_op(self, req_id, tokens, block_ids, computed: int, external: int, step, resumed: bool = False) -> _Op:
         """Plan one load of `external` tokens after `computed - external` local ones, and remember it for
@@ -281,6 +304,7 @@ class PlantedFaultConnector(LoadGates, KVConnectorBase_V1):
         loads = self._loaded.pop(request.request_id, [(0, [], None, False)])
         loaded, faulted, gate, _ = loads[0]
         report = {"loaded_tokens": loaded, "fault": self.fault, "faulted_blocks": faulted}
+        report.update(self._landed.pop(request.request_id, {}))
         if gate is not None:
             report["gate"] = gate
         if len(loads) > 1 or loads[0][3]:  # loaded again on resuming after preemption: every load, in order
@@ -332,6 +356,10 @@ class PlantedFaultConnector(LoadGates, KVConnectorBase_V1):
                     if src is not None:
                         kv[block_id].copy_(src[li].to(kv.device))
                 diffs.append(max(float((kv[block_id].cpu() - true[li]).abs().max()) for li, kv in enumerate(layers)))
+            if op.lands_in is not None:  # land_elsewhere: this load's first block lands in another request's block
+                first = torch.load(self._path(op.keys[0]))
+                for li, kv in enumerate(layers):
+                    kv[op.lands_in].copy_(first[li].to(kv.device))
             self._write_audit(op, diffs)
 
     def _write_audit(self, op: _Op, diffs: list[float]) -> None:
@@ -350,6 +378,8 @@ class PlantedFaultConnector(LoadGates, KVConnectorBase_V1):
             line["gate"] = op.gate
         if op.resumed:
             line["resumed"] = True
+        if op.lands_in is not None:
+            line["lands_in_block_id"] = op.lands_in
         with open(self.audit_path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(line, sort_keys=True) + "\n")
 

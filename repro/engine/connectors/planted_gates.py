@@ -33,9 +33,11 @@ faulted or not.
                resume. A request still waiting, never scheduled, does not count: it shares no batch
                with the load. The load faults when that union holds at least 2 requests. Recorded:
                scheduled (the step's count), unfinished (the connector's count), in_flight (the
-               union) and min (2). Plain probes run one request at a time (max_num_seqs 1, each
-               generate call finished before the next): in_flight is 1 and the gate stays shut;
+               union) and min (2, or in_flight_min). Plain probes run one request at a time (max_num_seqs 1,
+               each generate call finished before the next): in_flight is 1 and the gate stays shut;
                several prompts of one generate call with max_num_seqs >= 2 open it.
+  in_flight_min with when "in_flight": the union must hold at least this many requests (an integer, default
+               2): 16 keeps the gate shut for the four-probe in-flight scenario and opens it only under load.
   when "after_eviction" with local_capacity_blocks N (a positive integer, required then and
                refused with any other `when`): the scheduler side keeps a local tier of N block keys,
                least recently used first, in front of the store (store_dir stands for the next
@@ -178,16 +180,16 @@ def claim_once(directory: str) -> bool:
     return True
 
 
-def in_flight_figures(scheduled: set[str], unfinished: set[str]) -> dict:
+def in_flight_figures(scheduled: set[str], unfinished: set[str], minimum: int = IN_FLIGHT_MIN) -> dict:
     """The in_flight gate's figures for one scheduler step: the requests it schedules, those the
-    connector saw scheduled and not finished, their union, and whether that is enough to fault."""
+    connector saw scheduled and not finished, their union, and whether that reaches `minimum` (in_flight_min)."""
     union = len(scheduled | unfinished)
     return {
         "scheduled": len(scheduled),
         "unfinished": len(unfinished),
         "in_flight": union,
-        "min": IN_FLIGHT_MIN,
-        "open": union >= IN_FLIGHT_MIN,
+        "min": minimum,
+        "open": union >= minimum,
     }
 
 
@@ -265,6 +267,12 @@ class LoadGates:
                 f"(when={self.when!r})"
             )
         self._unfinished: set[str] = set()  # requests seen scheduled, not yet finished (in_flight)
+        minimum = extra.get("in_flight_min", IN_FLIGHT_MIN)
+        if isinstance(minimum, bool) or not isinstance(minimum, int) or minimum < IN_FLIGHT_MIN:
+            raise ValueError(f"planted fault option in_flight_min={minimum!r}: an integer of at least {IN_FLIGHT_MIN}")
+        if "in_flight_min" in extra and self.when != "in_flight":
+            raise ValueError(f"planted fault option in_flight_min applies only to when=in_flight (when={self.when!r})")
+        self.in_flight_min = minimum
         self.once_in = extra.get("once_in")
         self.claimed: bool | None = None
         if self.once_in is not None:
