@@ -286,7 +286,7 @@ def _offloading_arm(obj: dict, where: str, path):
     if (problem := offloading.size_problem(size)) is not None:
         raise _fail(path, f"{where}.kv_offloading_size: {problem}")
     backend = obj.get("kv_offloading_backend", "native")
-    if backend not in offloading.BACKENDS:
+    if not isinstance(backend, str) or backend not in offloading.BACKENDS:
         raise _fail(path, f"{where}.kv_offloading_backend: must be one of {', '.join(offloading.BACKENDS)}")
     return offloading.offloading_connector(size, backend)
 
