@@ -31,17 +31,20 @@ def _fixture(tmp) -> str:
          "extra_config": {"store_dir": "@tmpdir", "fault": "zero_blocks", "first_block": 0, "num_blocks": 16},
          "gpu_prefix_cache": True},
     ]  # fmt: skip
-    return write_arms_fixture(
-        tmp / "beneath.json", "beneath-gpu-cache", "connectors beneath the GPU prefix cache", arms
-    )
+    again = {"name": "again", "description": "the fixture probe cold, then again: nothing resets the GPU prefix cache",
+             "steps": [{"submit": ["fixture"], "expect": "miss"}, {"submit": ["fixture"], "expect": "reuse"}]}  # fmt: skip
+    return write_arms_fixture(tmp / "beneath.json", "beneath-gpu-cache", "connectors beneath the GPU prefix cache", arms,
+                              scenarios=[again])  # fmt: skip
 
 
 def _run(model: str, tmp) -> tuple:
     report = tmp / "beneath-report.json"
-    return run_cli(fixture_argv(model, _fixture(tmp), report, "--reuses", "2", "--quiet")), report
+    argv = fixture_argv(model, _fixture(tmp), report, "--reuses", "2", "--scenarios", "all", "--quiet")
+    return run_cli(argv), report
 
 
-# one fixture probe, three arms and the baseline; made ahead by the tests' lane (tests/e2e_runs.py)
+# one fixture probe, three arms and the baseline, plain and in one scenario; made ahead by the tests' lane
+# (tests/e2e_runs.py)
 beneath_run = shared_run("beneath_run", _run, lane=True)
 
 
@@ -92,3 +95,16 @@ def test_a_fault_beneath_the_gpu_cache_is_still_found(beneath_run):
     assert probe["verdict"] == "FAIL", probe["reasons"]
     assert all(r["external_tokens"] > 0 for r in probe["requests"][1:])
     assert "from the connector" in " ".join(probe["reasons"])
+
+
+def test_in_a_scenario_a_reuse_the_gpu_cache_served_is_no_pass_of_the_connector(beneath_run):
+    """Scenarios keep the caches as they are (no reset): the second request of the fixture probe is served by the GPU
+    prefix cache, which no arm's connector is: each arm says so rather than PASS, the planted fault included."""
+    data = json.loads(beneath_run[1].read_text())
+    (scenario,) = data["scenarios"]
+    for name in (ALONE, SERVED, PLANTED):
+        arm = next(a for a in scenario["arms"] if a["arm"] == name)
+        cold, again = arm["requests"]
+        assert cold["external_tokens"] == 0 and again["cached_tokens"] > 0 and again["external_tokens"] == 0, again
+        assert again["verdict"] == "INCONCLUSIVE" and "connector not exercised" in again["reasons"][0]
+        assert arm["verdict"] == "INCONCLUSIVE" and "served no request" in " ".join(arm["reasons"]), arm["reasons"]

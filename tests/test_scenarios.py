@@ -500,3 +500,31 @@ def test_a_scenario_may_turn_async_scheduling_off(tmp_path):
     with pytest.raises(UsageError) as err:  # the CLI prints it as one line and exits 2 (the test above)
         load_fixture(bad)
     assert "\n" not in str(err.value) and "engine.async_scheduling: wrong type str" in str(err.value)
+
+
+# ---- a connector beneath the GPU prefix cache in a scenario (repro.plan.offloading)
+
+
+def test_beneath_the_gpu_cache_an_expected_reuse_counts_the_connectors_own_hits():
+    base = (1, 2, 3)
+
+    def req(cached, ext):
+        return Request(base, cached, ext, counts_external=True)
+
+    assert decide_scenario_request(base, req(32, 32), "reuse", True).verdict == PASS
+    gpu_only = decide_scenario_request(base, req(32, 0), "reuse", True)
+    assert gpu_only.verdict == INCONCLUSIVE and "connector not exercised" in gpu_only.reasons[0]
+    missing = decide_scenario_request(base, req(32, None), "reuse", True)
+    assert missing.verdict == INCONCLUSIVE and "the connector hit counter missing" in missing.reasons[0]
+    # no expectation stated: a hit from either cache is correct, as for any arm
+    assert decide_scenario_request(base, req(32, 0), None, True).verdict == PASS
+    # a changed answer after a hit is a FAIL whoever served it
+    assert decide_scenario_request(base, Request((1, 9, 3), 32, 0, True), None, True).verdict == FAIL
+
+
+def test_a_scenario_whose_connector_beneath_the_gpu_cache_served_nothing_is_no_pass():
+    ok = decide_scenario_request((1,), Request((1,), 16, 0, True), None, True)
+    assert decide_scenario_arm([("step 2 p", ok)], False, 0, connector_served=True).verdict == PASS
+    arm = decide_scenario_arm([("step 2 p", ok)], False, 0, connector_served=False)
+    assert arm.verdict == INCONCLUSIVE and "served no request" in arm.reasons[-1]
+    assert decide_scenario_arm([("step 2 p", ok)], False, 0).verdict == PASS  # not such an arm: as before

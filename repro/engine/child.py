@@ -290,6 +290,7 @@ def run_scenario(llm, job: Job, tokenizer, sp, audit: AuditRecords) -> tuple[lis
     prompts: dict[str, list[int]] = {}
     probes = []
     multi = job.arm.connector is not None and job.arm.connector.name == MULTI_CONNECTOR
+    beneath = job.arm.connector is not None and job.arm.connector.gpu_prefix_cache
     for probe in job.probes:
         if "token_ids" in probe.prompt:
             ids, messages = list(probe.prompt["token_ids"]), None
@@ -316,7 +317,10 @@ def run_scenario(llm, job: Job, tokenizer, sp, audit: AuditRecords) -> tuple[lis
                 cached = getattr(out, "num_cached_tokens", None)
                 role = "reuse" if cached else "cold"
                 member = served_member(record, job.kv_audit_dir) if multi else None
-                requests.append(StepRequest(k, name, _request(out, role, record, member=member), grew))
+                # beneath the GPU prefix cache: the connector's own count, from the audit's record alone (vLLM's
+                # counter cannot be split between requests in flight together)
+                ext = connector_tokens(record, None, None) if beneath else None
+                requests.append(StepRequest(k, name, _request(out, role, record, ext, member), grew))
     count, source = preemption_count()
     return probes, ScenarioResult(job.scenario.name, tuple(requests), count, source)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from repro.judge.compare import first_diff
-from repro.judge.verdict import FAIL, INCONCLUSIVE, PASS, ArmVerdict, Request, counter_missing, worst
+from repro.judge.verdict import FAIL, INCONCLUSIVE, PASS, ArmVerdict, Request, counter_missing, hit_count, worst
 
 # A divergence that the scenario's own cache-off run (the schedule control) shows too: the schedule
 # (batching, preemption) changed the numerics, so reuse is neither blamed nor cleared there.
@@ -55,6 +55,13 @@ def decide_scenario_request(
         found.append((FAIL, f"expected a miss, reported {cached} cached tokens"))
     if expect == REUSE and cached == 0:
         found.append((INCONCLUSIVE, "expected reuse, reported zero cached tokens: reuse not exercised"))
+    if req.counts_external and expect == REUSE and cached:  # beneath the GPU prefix cache: only its own hits count
+        ext = hit_count(req.external_tokens)
+        if ext is None:
+            found.append((INCONCLUSIVE, f"expected reuse: {counter_missing(req.external_tokens, 'the connector')}"))
+        elif ext == 0:
+            why = f"expected reuse: {cached} cached tokens, all from the GPU prefix cache: connector not exercised"
+            found.append((INCONCLUSIVE, why))
     if diff is not None:
         if control_matches is False:
             cls = SCHEDULE_NUMERICS
@@ -85,11 +92,14 @@ def decide_scenario_arm(
     requests: list[tuple[str, ScenarioRequestVerdict]] | tuple[tuple[str, ScenarioRequestVerdict], ...],
     preemption_required: bool,
     preemptions: int | None,
+    connector_served: bool | None = None,
 ) -> ArmVerdict:
     """A (scenario, arm): the worst of its requests' verdicts (each labelled, e.g. "step 2 chat-511"),
     INCONCLUSIVE when none ran or none reused cached tokens (it compared no reuse: never a PASS by default),
     and INCONCLUSIVE when the scenario says preemption must happen and the engine's counter stayed at 0 or
-    could not be read (the scenario then did not test what it says)."""
+    could not be read (the scenario then did not test what it says). connector_served: for a connector beneath the
+    GPU prefix cache, whether its own count says it served any request (False: INCONCLUSIVE, never a PASS of it;
+    None: not such an arm)."""
     verdicts = [v.verdict for _, v in requests]
     reasons = [f"{label}: {r}" for label, v in requests if v.verdict != PASS for r in v.reasons]
     if not requests:
@@ -97,6 +107,9 @@ def decide_scenario_arm(
     elif not any(v.role == REUSE for _, v in requests):
         verdicts.append(INCONCLUSIVE)
         reasons.append("no request reused cached tokens: the scenario compared no reuse")
+    elif connector_served is False:
+        verdicts.append(INCONCLUSIVE)
+        reasons.append("the connector beneath the GPU prefix cache served no request: the GPU cache served them all")
     if preemption_required and preemptions is None:
         verdicts.append(INCONCLUSIVE)
         reasons.append("the scenario needs preemption and the engine's preemption counter is unavailable")

@@ -264,6 +264,7 @@ def judge_run(
     ctl = control["requests"]
     judged: list[tuple[str, ScenarioRequestVerdict]] = []
     earlier: dict[str, list[tuple[str, list[int]]]] = {}
+    beneath = bool(arm.spec.connector and arm.spec.connector.gpu_prefix_cache)  # repro.plan.offloading
     for i, sr in enumerate(result.scenario.requests):
         req, step = sr.request, scenario.steps[sr.step]
         expect, note = step.expect, None
@@ -276,7 +277,7 @@ def judge_run(
         matches = None
         if ok and i < len(ctl) and (ctl[i]["step"], ctl[i]["probe"]) == (sr.step, sr.probe):
             matches = ctl[i]["matches_plain"]
-        view = Request(tuple(req.token_ids), req.cached_tokens)
+        view = Request(tuple(req.token_ids), req.cached_tokens, req.external_tokens, beneath)
         if base is None:
             v = decide_scenario_request_unbased(view)
         else:
@@ -310,7 +311,10 @@ def judge_run(
                 "control_matches": matches,
             }
         )
-    verdict = decide_scenario_arm(judged, bool(scenario.engine.get("preemption")), result.scenario.preemptions)
+        if beneath:  # the connector's own count (repro.plan.offloading); absent for every other arm, as before
+            entry["requests"][-1]["external_tokens"] = req.external_tokens
+    served = any((r.request.external_tokens or 0) > 0 for r in result.scenario.requests) if beneath else None
+    verdict = decide_scenario_arm(judged, bool(scenario.engine.get("preemption")), result.scenario.preemptions, served)
     verdict = lmcache_checks(entry, arm, outcome, verdict)
     entry.update(
         verdict=verdict.verdict,
