@@ -33,6 +33,7 @@ test: $(INV) ## Run all tests (unit, end-to-end on the real CPU engine)
 site: $(INV) ## Render site/ from reports/*.json (open site/index.html; works offline; REPORTS=dir: another folder, e.g. a kit's evidence/raw)
 	@$(INV) site $(if $(REPORTS),--reports "$(REPORTS)",)
 
+.PHONY: screenshots
 screenshots: $(INV) ## Screenshot the site's index and the SmolLM2 H200 report at 1280 and 390 px into docs/screenshots (needs chromium)
 	@$(INV) screenshots
 
