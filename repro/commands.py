@@ -49,6 +49,12 @@ COMMANDS = (
         "repro.models.tiny:main",
     ),
     Command(
+        "make-adapter",
+        "BASE DIR --seed N [--rank R] [--scale S]",
+        "write a seeded LoRA adapter (PEFT layout) for the model in BASE into DIR",
+        "repro.models.lora:main",
+    ),
+    Command(
         "convert-model",
         "NAME [--dtype float16|bfloat16] [--out DIR] [--gguf FILE]",
         "convert a packaged trained model's GGUF (smollm2) into a folder vLLM loads, under .cache/models",

@@ -173,7 +173,13 @@ def build_safetensors(seed: int = MODEL_SEED) -> bytes:
         else:
             arr = (rng.standard_normal(shape) * std).astype("<f4")
         blobs.append((name, shape, arr.tobytes()))
-    header: dict[str, object] = {"__metadata__": {"format": "pt", "generator": f"repro.tinymodel seed={seed}"}}
+    return serialize_f32(blobs, f"repro.tinymodel seed={seed}")
+
+
+def serialize_f32(blobs: list[tuple[str, tuple[int, ...], bytes]], generator: str) -> bytes:
+    """safetensors by hand: a sorted JSON header (its metadata naming the generator) and little-endian float32
+    data in name order; the same blobs give the same bytes on every machine."""
+    header: dict[str, object] = {"__metadata__": {"format": "pt", "generator": generator}}
     offset = 0
     for name, shape, data in sorted(blobs):
         header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + len(data)]}
