@@ -181,6 +181,7 @@ def run_job(job: Job, keep: list) -> ArmResult:
     t_gen = time.monotonic()
     probes, scenario, gpu_resets = [], None, []
     multi = job.arm.connector is not None and job.arm.connector.name == MULTI_CONNECTOR
+    beneath = job.arm.connector is not None and job.arm.connector.gpu_prefix_cache
     if job.scenario is not None:
         probes, scenario = run_scenario(llm, job, tokenizer, sp, audit)
     for n, probe in enumerate(job.probes if job.scenario is None else (), start=1):
@@ -189,7 +190,6 @@ def run_job(job: Job, keep: list) -> ArmResult:
             ids, messages = list(probe.prompt["token_ids"]), None
         else:
             ids, messages = build_chat_prompt(tokenizer, probe.prompt["chat"])
-        beneath = job.arm.connector is not None and job.arm.connector.gpu_prefix_cache
         if job.arm.mode == "native" or beneath:
             llm.reset_prefix_cache()  # belt and braces: probes are also isolated by content
         requests = []

@@ -221,10 +221,6 @@ def source_record(model: PackagedModel, package: dict | None, gg: GGUFFile, dige
     }
 
 
-def _dump(obj: dict) -> bytes:
-    return (json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
-
-
 def _writable_parent(dest: Path) -> Path:
     parent = dest.parent
     try:
@@ -273,7 +269,7 @@ def is_current(dest: Path, gguf_sha256: str, dtype: str) -> bool:
 
 def convert(model: PackagedModel, gguf_path: Path, package: dict | None, dest: Path, dtype: str) -> dict:
     """Convert the GGUF into dest (replacing an older conversion) and say what was done."""
-    from repro.models.tiny import digest_dir
+    from repro.models.tiny import digest_dir, json_file_bytes
 
     parent = _writable_parent(dest)
     started = time.monotonic()
@@ -299,7 +295,7 @@ def convert(model: PackagedModel, gguf_path: Path, package: dict | None, dest: P
     try:
         write_safetensors(tmp / "model.safetensors", gg, cfg, dtype)
         for name, obj in files.items():
-            (tmp / name).write_bytes(_dump(obj))
+            (tmp / name).write_bytes(json_file_bytes(obj))
         folder_digest = digest_dir(tmp)
         (tmp / "SHA256").write_text(folder_digest + "\n")
         os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the model from other users of the cache

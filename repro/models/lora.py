@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from repro.errors import UsageError
-from repro.models.tiny import serialize_f32
+from repro.models.tiny import json_file_bytes, serialize_f32
 from repro.record.atomic import write_bytes_atomic
 
 DEFAULT_RANK = 8
@@ -63,7 +63,7 @@ def adapter_files(config: dict, base: str, seed: int, rank: int = DEFAULT_RANK, 
     }
     generator = f"repro.models.lora seed={seed} rank={rank} scale={scale}"
     return {
-        "adapter_config.json": (json.dumps(adapter_config, indent=2, sort_keys=True) + "\n").encode(),
+        "adapter_config.json": json_file_bytes(adapter_config),
         "adapter_model.safetensors": serialize_f32(blobs, generator),
     }
 

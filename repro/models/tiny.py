@@ -189,19 +189,20 @@ def serialize_f32(blobs: list[tuple[str, tuple[int, ...], bytes]], generator: st
     return struct.pack("<Q", len(hbytes)) + hbytes + b"".join(d for _, _, d in sorted(blobs))
 
 
-def _dump(obj: dict) -> bytes:
+def json_file_bytes(obj: dict) -> bytes:
+    """A model folder's JSON file as bytes: two-space indent, sorted keys, a trailing newline."""
     return (json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
 
 
 def model_files(seed: int = MODEL_SEED) -> dict[str, bytes]:
     cfg = dict(CONFIG)
     return {
-        "config.json": _dump(cfg),
-        "generation_config.json": _dump({"bos_token_id": 256, "eos_token_id": 258, "do_sample": False}),
+        "config.json": json_file_bytes(cfg),
+        "generation_config.json": json_file_bytes({"bos_token_id": 256, "eos_token_id": 258, "do_sample": False}),
         "model.safetensors": build_safetensors(seed),
-        "special_tokens_map.json": _dump({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}),
-        "tokenizer.json": _dump(build_tokenizer_json()),
-        "tokenizer_config.json": _dump(build_tokenizer_config()),
+        "special_tokens_map.json": json_file_bytes({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}),
+        "tokenizer.json": json_file_bytes(build_tokenizer_json()),
+        "tokenizer_config.json": json_file_bytes(build_tokenizer_config()),
     }
 
 

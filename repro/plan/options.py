@@ -314,7 +314,7 @@ def _fixture_has_lmcache(path: str | None) -> bool:
 def _check_offloading(args: argparse.Namespace) -> None:
     """--kv-offloading-size: a positive size, a GPU, and no connector of another kind beside it (one line, exit 2);
     a fixture arm that names an offloading connector on the CPU is refused alike."""
-    cpu = args.device == "cpu" or (args.device == "auto" and not devices.uses_cuda(args.device))
+    cpu = not devices.uses_cuda(args.device)
     size = args.kv_offloading_size
     if size is not None:
         if (problem := offloading.size_problem(size)) is not None:
