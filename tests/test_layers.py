@@ -47,14 +47,14 @@ core       repro.judge.verdict repro.judge.wording repro.judge.trials repro.plan
            repro.models repro.models.tiny repro.record.provenance repro.matrix.spec repro.matrix.cell
            repro.judge.kv_verdict repro.judge.kv_shape repro.judge.scenario_verdict repro.judge.batch_invariance repro.judge.expectations
            repro.record.acceptance repro.record.exit_rule repro.judge.kv_grid repro.record.compact
-           repro.plan.scenarios repro.record.publish repro.judge.members
+           repro.plan.scenarios repro.record.publish repro.judge.members repro.plan.load
 engine     repro.engine
 options    repro.plan.options
 machinery  repro.plan.arms repro.run.scheduler repro.run.runner repro.run.workdir repro.lmcache.ops repro.lmcache.mp
            repro.lmcache.signals repro.run.neighbour repro.run.gpu_load repro.run.cpu_load repro.judge.kvaudit repro.run.scenarios
            repro.detection.plan
            repro.plan.run_plan repro.run.clock repro.run.launch repro.run.arm_runs repro.run.kvaudit repro.run.workspace
-           repro.run.scenario_runs repro.run.entries repro.run.confirm repro.record.assemble
+           repro.run.scenario_runs repro.run.entries repro.run.confirm repro.record.assemble repro.run.load_scenario
 read       repro.readmodel repro.matrix.status repro.detection.blame repro.detection.matrix
            repro.detection.scenario_cells
 publish    repro.publish repro.matrix.page repro.detection.page repro.detection.scenario_page

@@ -98,7 +98,7 @@ def test_the_connector_spec_round_trips_and_refuses_a_reset_without_the_cache():
 
 
 def test_the_connectors_count_comes_from_the_audits_record_before_vllms_counter():
-    from repro.engine.child import connector_tokens
+    from repro.engine.outputs import connector_tokens
 
     # the scheduler's num_external_tokens as the KV audit recorded it wins: on vLLM 0.26 (H200) the counter
     # stayed at 0 while every reuse was loaded by OffloadingConnector

@@ -116,10 +116,12 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     # a scenario's engine may set vLLM's async scheduling (None: vLLM's default for the platform)
     async_scheduling: bool | None = None
+    # a load scenario's chunked prefill: a request's tokens one step schedules at most (None: vLLM's default)
+    long_prefill_token_threshold: int | None = None
 
     def to_json(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        for key in ("kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens", "async_scheduling"):
+        for key in OPTIONAL_ENGINE_KEYS:
             if out[key] is None:
                 del out[key]
         return out
@@ -139,7 +141,12 @@ class EngineConfig:
             max_num_seqs=read_field(data, "max_num_seqs", int, where, optional=True),
             max_num_batched_tokens=read_field(data, "max_num_batched_tokens", int, where, optional=True),
             async_scheduling=read_field(data, "async_scheduling", bool, where, optional=True),
+            long_prefill_token_threshold=read_field(data, "long_prefill_token_threshold", int, where, optional=True),
         )
+
+
+OPTIONAL_ENGINE_KEYS = (
+    "kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens", "async_scheduling", "long_prefill_token_threshold")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -181,11 +188,14 @@ class StepJob:
     submit: tuple[str, ...]
     together: bool = False
     wait_s: float = 0.0  # idle seconds before the step is submitted (repro.plan.fixtures.ScenarioStep.wait_s)
+    cancel: dict = field(default_factory=dict)  # a load round's: probe -> "prefill" or "last-step" (repro.plan.load)
 
     def to_json(self) -> dict:
         out = {"submit": list(self.submit), "together": self.together}
         if self.wait_s:
             out["wait_s"] = self.wait_s
+        if self.cancel:
+            out["cancel"] = dict(self.cancel)
         return out
 
     @classmethod
@@ -197,7 +207,10 @@ class StepJob:
         if wait_s < 0:
             raise ContractError(f"{where}.wait_s: must not be negative")
         together = bool(read_field(data, "together", bool, where, optional=True))
-        return cls(submit=tuple(submit), together=together, wait_s=float(wait_s))
+        cancel = read_field(data, "cancel", dict, where, optional=True) or {}
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in cancel.items()):
+            raise ContractError(f"{where}.cancel: must map probe names to when")
+        return cls(submit=tuple(submit), together=together, wait_s=float(wait_s), cancel=dict(cancel))
 
 
 @dataclass(frozen=True)
@@ -206,9 +219,16 @@ class ScenarioJob:
 
     name: str
     steps: tuple[StepJob, ...]
+    # a load scenario (repro.plan.load): its rounds driven step by step (repro.engine.load); reference: first every
+    # prompt alone (the baseline's child: each prompt's cache-disabled answer)
+    load: bool = False
+    reference: bool = False
 
     def to_json(self) -> dict:
-        return {"name": self.name, "steps": [s.to_json() for s in self.steps]}
+        out = {"name": self.name, "steps": [s.to_json() for s in self.steps]}
+        if self.load:
+            out |= {"load": True, "reference": self.reference}
+        return out
 
     @classmethod
     def from_json(cls, data: object, where: str = "scenario") -> ScenarioJob:
@@ -216,6 +236,8 @@ class ScenarioJob:
         return cls(
             name=read_field(data, "name", str, where),
             steps=tuple(StepJob.from_json(s, f"{where}.steps[{i}]") for i, s in enumerate(steps)),
+            load=bool(read_field(data, "load", bool, where, optional=True)),
+            reference=bool(read_field(data, "reference", bool, where, optional=True)),
         )
 
 

@@ -116,14 +116,20 @@ class StepRequest:
     # growth of the engine's preemption counter over the request's step (shared by a together step's
     # requests); None: the counter could not be read
     preemptions: int | None = None
+    # a load round's cancelled attempt before this request was sent again (repro.engine.load): when it was
+    # aborted, what it had computed and generated; None: it was not cancelled
+    cancel: dict | None = None
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "step": self.step,
             "probe": self.probe,
             "request": self.request.to_json(),
             "preemptions": self.preemptions,
         }
+        if self.cancel is not None:
+            out["cancel"] = self.cancel
+        return out
 
     @classmethod
     def from_json(cls, data: object, where: str) -> StepRequest:
@@ -132,6 +138,7 @@ class StepRequest:
             probe=read_field(data, "probe", str, where),
             request=RequestResult.from_json(read_field(data, "request", dict, where), f"{where}.request"),
             preemptions=read_field(data, "preemptions", int, where, optional=True),
+            cancel=read_field(data, "cancel", dict, where, optional=True),
         )
 
 

@@ -104,6 +104,26 @@ class AuditRecords:
             out.append({**mine[0], "also_seqs": [r.get("seq") for r in mine[1:]]} if len(mine) > 1 else mine[0])
         return out
 
+    def take_requests(self, request_ids: list[str]) -> list[dict | None]:
+        """The records of requests the kit added itself (a load round, repro.engine.load), matched by the engine's
+        request ID: the first record of each is its own first scheduling, later ones ("also_seqs") its
+        rescheduling after a preemption. Records of other requests (a cancelled attempt) are set aside."""
+        if not self.directory:
+            return [None] * len(request_ids)
+        try:
+            records = self._new_records()
+        except Exception as exc:  # noqa: BLE001 - an audit failure never fails the arm
+            why = f"the audit record could not be read: {type(exc).__name__}: {exc}"
+            return [{"seq": None, "unavailable": why} for _ in request_ids]
+        out = []
+        for rid in request_ids:
+            mine = [r for r in records if r.get("req_id") == rid]
+            if not mine:
+                out.append({"seq": None, "unavailable": f"no audit record for request {rid} among {len(records)} new"})
+            else:
+                out.append({**mine[0], "also_seqs": [r.get("seq") for r in mine[1:]]} if len(mine) > 1 else mine[0])
+        return out
+
     def summary(self) -> dict | None:
         if not self.directory:
             return None

@@ -26,7 +26,6 @@ from repro.contract.result import (
     ArmResult,
     ChildError,
     ProbeResult,
-    RequestResult,
     ScenarioResult,
     StepRequest,
 )
@@ -34,6 +33,7 @@ from repro.engine.audit_records import AuditRecords, audit_env, served_member
 from repro.engine.engine_args import engine_kwargs
 from repro.engine.facts import collect_versions, effective_config, lmcache_build, process_facts
 from repro.engine.frontend import build_frontend, frontend_from_env
+from repro.engine.outputs import _request, connector_tokens, external_hits, preemption_count
 from repro.record.atomic import dumps_json, write_bytes_atomic
 
 
@@ -128,35 +128,6 @@ def build_chat_prompt(tokenizer, spec: dict) -> tuple[list[int], list[dict]]:
     return ids, final
 
 
-def _top_logprobs(step) -> list[list]:
-    """[[token_id, logprob], ...] best first, for one generated position."""
-    if step is None:
-        return []
-    items = sorted(((int(t), float(lp.logprob)) for t, lp in step.items()), key=lambda x: (-x[1], x[0]))
-    return [[t, lp] for t, lp in items]
-
-
-def _request(
-    out, role: str, kv_audit_record: dict | None = None, external: int | None = None, member: dict | None = None
-) -> RequestResult:
-    comp = out.outputs[0]
-    cached = getattr(out, "num_cached_tokens", None)
-    ktp = json.loads(json.dumps(out.kv_transfer_params, default=str)) if out.kv_transfer_params else None
-    return RequestResult(
-        role=role,
-        request_id=str(out.request_id),
-        cached_tokens=None if cached is None else int(cached),
-        token_ids=tuple(int(t) for t in comp.token_ids),
-        logprobs=tuple(_top_logprobs(s) for s in (comp.logprobs or [])),
-        finish_reason=comp.finish_reason,
-        kv_transfer_params=ktp,
-        text=comp.text,
-        kv_audit_record=kv_audit_record,
-        external_tokens=external,
-        connector_member=member,
-    )
-
-
 def run_job(job: Job, keep: list) -> ArmResult:
     """Run every probe of the arm in one engine; the engine is parked in `keep` so that it is not
     torn down before the result is written (the parent reaps its processes)."""
@@ -182,7 +153,11 @@ def run_job(job: Job, keep: list) -> ArmResult:
     probes, scenario, gpu_resets = [], None, []
     multi = job.arm.connector is not None and job.arm.connector.name == MULTI_CONNECTOR
     beneath = job.arm.connector is not None and job.arm.connector.gpu_prefix_cache
-    if job.scenario is not None:
+    if job.scenario is not None and job.scenario.load:
+        from repro.engine.load import run_load
+
+        probes, scenario = run_load(llm, job, sp, audit, report_stage)
+    elif job.scenario is not None:
         probes, scenario = run_scenario(llm, job, tokenizer, sp, audit)
     for n, probe in enumerate(job.probes if job.scenario is None else (), start=1):
         report_stage(job, f"probe {n} of {len(job.probes)}", preflight_ok=True)
@@ -235,49 +210,6 @@ def run_job(job: Job, keep: list) -> ArmResult:
         kv_audit=audit.summary(),
         scenario=scenario,
     )
-
-
-PREEMPTIONS_METRIC = "vllm:num_preemptions"
-# tokens a connector loaded, as the scheduler counts them at admission (connector_prefix_cache_stats)
-EXTERNAL_HITS_METRIC = "vllm:external_prefix_cache_hits"
-
-
-def _counter(metric: str) -> tuple[int | None, str]:
-    """One of the engine's cumulative Prometheus counters and where it came from (v1/metrics/loggers.py), read
-    in this process as LLM.get_metrics() reads it (vllm.v1.metrics.reader.get_metrics_snapshot), which
-    serves the synchronous LLM and the bare AsyncLLM alike; (None, "unavailable: why") otherwise."""
-    try:
-        from vllm.v1.metrics.reader import get_metrics_snapshot
-
-        values = [m.value for m in get_metrics_snapshot() if m.name == metric]
-    except Exception as exc:  # noqa: BLE001 - a counter that cannot be read is reported as such
-        return None, f"unavailable: {type(exc).__name__}: {str(exc)[:200]}"
-    if not values:
-        return None, f"unavailable: vLLM's metrics have no {metric} (stat logging off?)"
-    return int(sum(values)), f"{metric} (vLLM's Prometheus counter, as LLM.get_metrics() reads it)"
-
-
-def preemption_count() -> tuple[int | None, str]:
-    """The engine's cumulative count of preempted requests (fed by the scheduler's PREEMPTED events)."""
-    return _counter(PREEMPTIONS_METRIC)
-
-
-def connector_tokens(record: dict | None, before: int | None, after: int | None) -> int | None:
-    """The tokens a connector beneath the GPU prefix cache loaded for one request sent alone: what the scheduler
-    told the connector it would load (update_state_after_alloc's num_external_tokens, as the KV audit's record of
-    the request keeps it), else vLLM's external-hit counter across the request. The counter alone is not enough:
-    on vLLM 0.26 with OffloadingConnector's asynchronous loads it stayed at 0 while the audit saw every reuse
-    loaded by the connector (H200, 2026-12-03). None: neither says."""
-    ext = (record or {}).get("external_tokens")
-    if isinstance(ext, int) and not isinstance(ext, bool):
-        return ext
-    return None if before is None or after is None else after - before
-
-
-def external_hits() -> tuple[int | None, str]:
-    """The tokens every connector load so far brought in, as the scheduler counted them: a request sent alone
-    gets the difference across it (its own connector hits, apart from the GPU prefix cache's)."""
-    return _counter(EXTERNAL_HITS_METRIC)
 
 
 def run_scenario(llm, job: Job, tokenizer, sp, audit: AuditRecords) -> tuple[list[ProbeResult], ScenarioResult]:

@@ -49,6 +49,8 @@ def engine_kwargs(job: Job) -> dict:
         "enable_prefix_caching": arm.mode == "native" or bool(arm.connector and arm.connector.gpu_prefix_cache),
         "disable_log_stats": False,
     }
+    if e.long_prefill_token_threshold is not None:  # a load scenario's: prefills over several steps
+        kwargs["long_prefill_token_threshold"] = e.long_prefill_token_threshold
     if e.async_scheduling is not None:  # a scenario's engine; else vLLM's default (on for CUDA, off on the CPU)
         kwargs["async_scheduling"] = e.async_scheduling
     if e.kv_cache_tokens:

@@ -12,6 +12,10 @@ from repro.judge.verdict import FAIL, INCONCLUSIVE, PASS, ArmVerdict, Request, c
 # A divergence that the scenario's own cache-off run (the schedule control) shows too: the schedule
 # (batching, preemption) changed the numerics, so reuse is neither blamed nor cleared there.
 SCHEDULE_NUMERICS = "schedule-numerics"
+# A load request that differs from its prompt's cache-off answer exactly as the reuse control's answer to the same
+# request does (native prefix caching with a pool that holds every prompt): reuse at that length changes the
+# numerics, and the arm under test does no worse than native reuse; not counted as a differing request.
+REUSE_NUMERICS = "reuse-numerics"
 MISS, REUSE = "miss", "reuse"
 
 
@@ -79,6 +83,28 @@ def decide_scenario_request(
             found.append((INCONCLUSIVE, f"a miss ({counter}) differs from baseline @{diff}: no reuse to blame"))
     verdict = worst([v for v, _ in found]) if found else PASS
     return ScenarioRequestVerdict(verdict, tuple(r for _, r in found), role, diff, cls)
+
+
+def decide_load_request(
+    baseline: tuple[int, ...],
+    req: Request,
+    control_matches: bool | None,
+    preempted: bool,
+    reuse_control: tuple[tuple[int, ...], int | None] | None,
+) -> ScenarioRequestVerdict:
+    """A production-load request (repro.plan.load): against its prompt's cache-off answer (baseline), as any
+    scenario request, but a divergence the reuse control shows too, token for token (its tokens for the same
+    request, and how many it reused), is no finding: PASS, classed reuse-numerics, its reason saying both reuse
+    lengths. reuse_control None: that run failed or has no such request; the request is judged without it."""
+    diff = first_diff(list(baseline), list(req.token_ids))
+    if diff is not None and reuse_control is not None and tuple(req.token_ids) == tuple(reuse_control[0]):
+        why = (
+            f"differs from the cache-off answer @{diff} ({req.cached_tokens} cached tokens), exactly as native prefix "
+            f"caching with a pool that holds every prompt does here ({reuse_control[1]} cached tokens): reuse numerics"
+        )
+        checked = decide_scenario_request(tuple(req.token_ids), req, None, True, preempted)  # its counters still count
+        return ScenarioRequestVerdict(checked.verdict, (why, *checked.reasons), checked.role, diff, REUSE_NUMERICS)
+    return decide_scenario_request(baseline, req, None, control_matches, preempted)
 
 
 def decide_scenario_request_unbased(req: Request) -> ScenarioRequestVerdict:

@@ -24,7 +24,8 @@ from pathlib import Path
 from repro.errors import UsageError
 from repro.judge.expectations import expectation_problem
 from repro.judge.verdict import KV_VERDICTS, VERDICTS
-from repro.plan import multi, offloading
+from repro.plan import load, multi, offloading
+from repro.plan.load import LoadSpec, parse_load
 
 FIXTURE_KIND = "kvkit-fixture"
 FIXTURE_SCHEMA_VERSION = 1
@@ -85,10 +86,13 @@ SCENARIO_ENGINE_KEYS = {
     "max_num_batched_tokens": int,
     "preemption": bool,
     "async_scheduling": bool,
+    # chunked prefill's cap on one request's tokens a step (vLLM's long_prefill_token_threshold): a prefill over
+    # several steps, so that a load scenario's cancellation can land in it
+    "long_prefill_token_threshold": int,
 }
 # LMCache's MP server settings a scenario may set (repro.lmcache.mp.ServerSettings' fields).
 SCENARIO_MP_SERVER_KEYS = {"l1_size_gb": (int, float), "chunk_size": int, "eviction_policy": str, "l1_use_lazy": bool}
-_SCENARIO_KEYS = ("name", "description", "engine", "lmcache", "mp_server", "steps")
+_SCENARIO_KEYS = ("name", "description", "engine", "lmcache", "mp_server", "steps", "load")
 _STEP_KEYS = ("submit", "together", "expect", "wait_s")
 # The longest wait a step may ask for before it is submitted (seconds).
 MAX_STEP_WAIT_S = 300
@@ -104,6 +108,7 @@ class ScenarioStep:
     # seconds the engine sits idle before this step is submitted: time for a store's own background work
     # (LMCache's MP server evicts from its L1 in a loop once a second, not when a write finds it full)
     wait_s: float = 0.0
+    cancel: dict = field(default_factory=dict)  # a load round's cancellations: probe -> when (repro.plan.load)
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,8 @@ class Scenario:
     lmcache: dict | None  # LMCache YAML keys overridden for LMCache arms
     mp_server: dict | None  # SCENARIO_MP_SERVER_KEYS, for LMCacheMPConnector's server
     steps: tuple[ScenarioStep, ...]
+    load: LoadSpec | None = None  # a production-load scenario (repro.plan.load): its steps and probes generated
+    generated: tuple[Probe, ...] = ()  # the prompts it made itself
 
     @property
     def probe_names(self) -> tuple[str, ...]:
@@ -420,6 +427,8 @@ def parse_scenario(obj: object, where: str, path) -> Scenario:
         raise _fail(path, f"{where}.lmcache: must be an object of LMCache YAML keys with scalar values")
     mp = obj.get("mp_server")
     mp = None if mp is None else _settings(mp, SCENARIO_MP_SERVER_KEYS, f"{where}.mp_server", path)
+    if "load" in obj:
+        return _load_scenario(obj, name, description, engine, lmcache, mp, where, path)
     steps_raw = _require(obj, "steps", list, where, path)
     if not steps_raw:
         raise _fail(path, f"{where}.steps: empty")
@@ -430,6 +439,26 @@ def parse_scenario(obj: object, where: str, path) -> Scenario:
         raise _fail(
             path, f"{where}.engine.max_num_seqs: {seqs} is fewer than its largest together step ({scenario.widest})"
         )
+    return scenario
+
+
+def _load_scenario(obj: dict, name: str, description: str, engine: dict, lmcache, mp, where: str, path) -> Scenario:
+    """A production-load scenario: its prompts and rounds generated from its `load` object (repro.plan.load)."""
+    if "steps" in obj:
+        raise _fail(path, f"{where}: a load scenario generates its steps; give load or steps, not both")
+    try:
+        spec = parse_load(obj["load"], f"{where}.load")
+    except UsageError as exc:
+        raise _fail(path, str(exc)) from None
+    made = load.prompts(spec)
+    probes = tuple(Probe(n, ids) for n, ids in made)
+    steps = tuple(
+        ScenarioStep(order, True, None, 0.0, cancel) for order, cancel in load.rounds(spec, [n for n, _ in made])
+    )
+    scenario = Scenario(name, description, engine, lmcache, mp, steps, spec, probes)
+    seqs = engine.get("max_num_seqs")
+    if seqs is not None and seqs < 2:
+        raise _fail(path, f"{where}.engine.max_num_seqs: a load scenario runs requests in flight (at least 2)")
     return scenario
 
 
@@ -470,21 +499,3 @@ def load_fixture(path: str | Path) -> Fixture:
     except (UnicodeDecodeError, ValueError) as exc:
         raise _fail(path, f"not valid JSON ({str(exc).splitlines()[0][:200]})") from None
     return parse_fixture(data, path, hashlib.sha256(raw).hexdigest())
-
-
-def check_probes_fit(
-    probes: list[Probe], *, vocab_size: int | None, max_model_len: int, max_tokens: int, where: str
-) -> None:
-    """Reject prompts the engine could not take: out-of-vocabulary IDs, or too long for the window."""
-    limit = max_model_len - max_tokens
-    for p in probes:
-        if p.length > limit:
-            raise UsageError(
-                f"{where}: probe {p.name!r} has {p.length} prompt tokens, over max_model_len - max_tokens = {limit}"
-            )
-        if vocab_size is not None and p.token_ids is not None:
-            bad = [t for t in p.token_ids if t >= vocab_size]
-            if bad:
-                raise UsageError(
-                    f"{where}: probe {p.name!r} has token ID {bad[0]} outside the vocabulary (size {vocab_size})"
-                )

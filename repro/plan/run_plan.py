@@ -13,9 +13,9 @@ from repro.errors import UsageError
 from repro.plan import multi, offloading
 from repro.plan.arms import PlannedArm, default_jobs, plan_arms, preflight_for, vocab_size
 from repro.plan.devices import uses_cuda
-from repro.plan.fixtures import Fixture, Probe, Scenario, check_probes_fit, load_fixture
+from repro.plan.fixtures import Fixture, Probe, Scenario, load_fixture
 from repro.plan.options import Options
-from repro.plan.scenarios import select
+from repro.plan.scenarios import check_load, select
 from repro.plan.settings import (
     ArmsAsked,
     ChildSettings,
@@ -83,9 +83,10 @@ def build_plan(opts: Options, argv: list[str]) -> RunPlan:
     )
     fixture = load_fixture(a.fixture)
     probes = build_probes(fixture.probes, a.suite)
+    vocab = vocab_size(engine)
     check_probes_fit(
         probes,
-        vocab_size=vocab_size(engine),
+        vocab_size=vocab,
         max_model_len=engine.max_model_len,
         max_tokens=engine.max_tokens,
         where=f"fixture {a.fixture}",
@@ -101,6 +102,8 @@ def build_plan(opts: Options, argv: list[str]) -> RunPlan:
         offloading_backend="simple" if offloading.simple_from_env(os.environ) else "native",
     )
     arms = plan_arms(asked, fixture, a.lmcache_config)
+    check_load(chosen, [arm.spec.mode for arm in arms], engine.frontend, lambda ps, where: check_probes_fit(
+        ps, vocab_size=vocab, max_model_len=engine.max_model_len, max_tokens=engine.max_tokens, where=where))  # fmt: skip
     for arm in arms:  # vLLM's offloading connectors refuse its CPU backend: one line, before any engine
         conn = arm.spec.connector
         for c in ([conn] if conn else []) + (multi.member_specs(conn) if multi.is_multi(conn) else []):
@@ -128,3 +131,21 @@ def build_plan(opts: Options, argv: list[str]) -> RunPlan:
         kv_audit=KVAuditSettings(enabled=a.kv_audit, keep_dir=a.keep_kv),
         output=OutputSettings(report=Path(a.report), quiet=a.quiet),
     )
+
+
+def check_probes_fit(
+    probes: list[Probe], *, vocab_size: int | None, max_model_len: int, max_tokens: int, where: str
+) -> None:
+    """Reject prompts the engine could not take: out-of-vocabulary IDs, or too long for the window."""
+    limit = max_model_len - max_tokens
+    for p in probes:
+        if p.length > limit:
+            raise UsageError(
+                f"{where}: probe {p.name!r} has {p.length} prompt tokens, over max_model_len - max_tokens = {limit}"
+            )
+        if vocab_size is not None and p.token_ids is not None:
+            bad = [t for t in p.token_ids if t >= vocab_size]
+            if bad:
+                raise UsageError(
+                    f"{where}: probe {p.name!r} has token ID {bad[0]} outside the vocabulary (size {vocab_size})"
+                )

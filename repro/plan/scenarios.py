@@ -32,7 +32,8 @@ def select(fixture: Fixture, asked: str | None, probes: list[Probe], max_model_l
     have = {p.name for p in probes}
     boundary = {f"chat-{n}" for n in BOUNDARY_LENGTHS}
     for sc in chosen:
-        missing = [n for n in sc.probe_names if n not in have]
+        own = {p.name for p in sc.generated}
+        missing = [n for n in sc.probe_names if n not in have and n not in own]
         if missing:
             hint = " (the acceptance suite's probe: add --suite acceptance)" if missing[0] in boundary else ""
             raise UsageError(
@@ -45,3 +46,23 @@ def select(fixture: Fixture, asked: str | None, probes: list[Probe], max_model_l
                 f"{max_model_len} (vLLM refuses a KV cache that cannot hold one request of that length)"
             )
     return chosen
+
+
+def check_load(chosen: list[Scenario], arm_modes: list[str], frontend: str, fits) -> None:
+    """A load scenario's needs, before any child starts: its reuse control is native prefix caching (a native arm
+    in the run), it drives vLLM's engine step by step (the synchronous front end), and its generated prompts fit
+    the model and window (fits: run_plan.check_probes_fit with the run's model bound)."""
+    for sc in chosen:
+        if sc.load is None:
+            continue
+        if "native" not in arm_modes:
+            raise UsageError(
+                f"scenario {sc.name}: a load scenario's reuse control is native prefix caching with a pool that holds "
+                "every prompt; add --compare-native"
+            )
+        if frontend != "sync":
+            raise UsageError(
+                f"scenario {sc.name}: a load scenario drives vLLM's engine step by step (its cancellations): "
+                f"--frontend sync, not {frontend}"
+            )
+        fits(list(sc.generated), f"scenario {sc.name}")

@@ -8,6 +8,7 @@ from typing import Any
 
 from repro.judge.verdict import CORRUPT, ERROR, PASS, SKIPPED
 from repro.readmodel import Arm, Probe, Report, Scenario, as_report
+from repro.readmodel.scenario_load import SUMMARY_REQUESTS, controls_text, spec_text
 from repro.record.report import CLAIM_LINE
 
 VERDICT_COLUMN = 20  # the summary's token-verdict column before the KV column, at least
@@ -40,13 +41,24 @@ def _scenario_lines(scenario: Scenario) -> list[str]:
     that is not a PASS (in how many trials), and one per request only a later trial did not pass."""
     control = scenario.control.summary_line if scenario.control is not None else ""
     lines = [f"  {scenario.name} · {control}"] if control else []
+    if scenario.load is not None:  # what it generated, and its reference and reuse control
+        lines += [
+            f"  {scenario.name} · {spec_text(scenario.load)}",
+            f"  {scenario.name} · {controls_text(scenario.load)}",
+        ]
     for arm in scenario.arms:
         lines.append(f"  {scenario.name} · {arm.name}: {arm.summary_line}")
         if arm.verdict in (ERROR, SKIPPED) or not arm.requests:
             why = [arm.error_text] if arm.error_text else []
             lines += [f"      {r}" for r in why + [r for r in arm.reasons[:3] if r not in arm.error_text]]
             continue
-        lines += [f"      {r.line}" for r in arm.failing]
+        failing = arm.failing
+        if scenario.load is not None and len(failing) > SUMMARY_REQUESTS:  # the report and the page list them all
+            more = len(failing) - SUMMARY_REQUESTS
+            failing = failing[:SUMMARY_REQUESTS]
+            lines += [f"      {r.line}" for r in failing] + [f"      … and {more} more requests that are not PASS"]
+        else:
+            lines += [f"      {r.line}" for r in failing]
         lines += [f"      {r}" for r in arm.reasons if not r.startswith("step ")]  # a request's reason is on its line
         lines += [f"      trials: {r.line}" for r in arm.later_rates]
     return [line[:400] for line in lines]

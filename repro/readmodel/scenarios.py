@@ -16,6 +16,7 @@ from repro.readmodel.arms import floor_rel_text
 from repro.readmodel.conditions import ArmConditions
 from repro.readmodel.probes import ProbeKV
 from repro.readmodel.scenario_fields import EXPECT_TEXT, Judged, RunFacts, int_field
+from repro.readmodel.scenario_load import arm_rates_text, controls_text, spec_text
 from repro.readmodel.scenario_requests import ControlRequest, ScenarioControl, StepRequest
 from repro.readmodel.scenario_trials import RequestRate, ScenarioTrials
 
@@ -160,8 +161,15 @@ class ScenarioArm(Judged, RunFacts):
         (then, with trials, 'found in 2 of 2 trials (FAIL, FAIL)')."""
         facts = [self.verdict, self.cls, f"KV {self.kv_verdict}" if self.kv is not None else ""]
         facts += [f"preemptions {self.preemptions}" if self.preemptions is not None else ""]
-        facts += [f"hits {self.hits_text}" if self.requests else "", self.trials_text]
+        rates = arm_rates_text(self.load) if self.load is not None else ""  # a load scenario: rates, not 192 hits
+        facts += [rates or (f"hits {self.hits_text}" if self.requests else ""), self.trials_text]
         return " · ".join(f for f in facts if f)
+
+    @property
+    def load(self) -> Mapping[str, Any] | None:
+        """A load scenario arm's rates per round (repro.run.load_scenario.rates); None for any other."""
+        found = self.data.get("load")
+        return found if isinstance(found, Mapping) else None
 
     @property
     def error(self) -> Mapping[str, Any] | None:
@@ -234,6 +242,17 @@ class Scenario:
     @property
     def control_text(self) -> str:
         return self.control.text if self.control is not None else "schedule control: not recorded"
+
+    @property
+    def load(self) -> Mapping[str, Any] | None:
+        """A production-load scenario's generated plan and its two other runs (repro.plan.load); None for any other."""
+        found = self.data.get("load")
+        return found if isinstance(found, Mapping) else None
+
+    @property
+    def load_text(self) -> str:
+        """What a load scenario generated and how its reference and reuse control ran; '' for any other."""
+        return f"{spec_text(self.load)} · {controls_text(self.load)}" if self.load is not None else ""
 
     def arm(self, name: str) -> ScenarioArm | None:
         return next((a for a in self.arms if a.name == name), None)

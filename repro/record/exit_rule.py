@@ -105,6 +105,13 @@ def _scenario_errors(report: dict) -> dict[str, str]:
         control = sc.get("control") or {}
         if control.get("status") == "error":
             found.setdefault(f"baseline (scenario {sc.get('name')})", str(control.get("error") or ERROR).split(":")[0])
+        for which in ("reference", "reuse_control"):  # a load scenario's other runs (repro.run.load_scenario)
+            got = (sc.get("load") or {}).get(which) or {}
+            if got.get("status") == "error":
+                found.setdefault(
+                    f"{which.replace('_', ' ')} (scenario {sc.get('name')})",
+                    str(got.get("error") or ERROR).split(":")[0],
+                )
         for arm in sc.get("arms") or []:
             where = f"{arm.get('arm')} (scenario {sc.get('name')})"
             if arm.get("verdict") == ERROR:

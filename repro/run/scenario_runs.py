@@ -14,7 +14,7 @@ from repro.contract.result import ArmResult
 from repro.judge import trials
 from repro.plan.arms import arm_slots
 from repro.plan.run_plan import RunPlan
-from repro.run import scenarios
+from repro.run import load_scenario, scenarios
 from repro.run.clock import Clock
 from repro.run.kvaudit import run_compare
 from repro.run.launch import run_arms
@@ -43,11 +43,11 @@ class ScenarioRuns:
         for sc in chosen:
             runs, skipped[sc.name] = scenarios.runs_of(sc, self.arms)
             todo += [(sc, original, run, 1) for original, run in runs]
-        # trials 2..N after every first run, each a fresh engine (and store); the control runs once
+        # trials 2..N after every first run, each a fresh engine (and store); the controls run once
         todo += [
             (sc, original, scenarios.trial_run(run, k), k)
             for sc, original, run, _ in list(todo)
-            if original.spec.mode != "baseline"
+            if original.spec.mode != "baseline" and not load_scenario.is_control(run.name)
             for k in range(2, self.n_trials + 1)
         ]
         plan = []  # (scenario, original arm, run arm, derived LMCache YAML record, trial)
@@ -70,23 +70,42 @@ class ScenarioRuns:
             run.name: o.result
             for (_, original, run, _, _), o in zip(plan, outcomes)
             if o is not None and o.failure is None and o.result is not None and original.spec.mode != "baseline"
-        }
-        raw, problem = None, None
-        if self.audit.enabled and results:
-            if baseline is None or baseline.kv_audit is None:
-                problem = "the baseline recorded no reference KV"
-            else:
-                progress.note("scenarios: comparing KV")
-                job = scenarios.compare_job(baseline, results)
-                raw, problem = run_compare(job, self.work, self.env, self.children.python, self.children.timeout_s)
-            # the scenario runs' tensors too (the arms' went before)
-            if self.audit.keep_dir and (self.work / "kv").exists():
-                shutil.copytree(self.work / "kv", Path(self.audit.keep_dir), dirs_exist_ok=True)
+            and not load_scenario.is_control(run.name)
+        }  # fmt: skip
+        # the KV audit's comparisons: one against the plain baseline's KV for the scenarios over the fixture's probes,
+        # one per load scenario against its own reference (its baseline's child answered every prompt alone)
+        audits: dict[str, tuple[dict | None, str | None]] = {}
+        groups: dict[str, tuple[ArmResult | None, dict]] = {"": (baseline, {})}
+        for (sc, _, run, _, _), out in zip(plan, outcomes):
+            if load_scenario.is_reference(run.name):
+                groups[sc.name] = (load_scenario.reference(out), {})
+        for sc, _, run, _, _ in plan:
+            if run.name in results:
+                groups["" if sc.load is None else sc.name][1][run.name] = results[run.name]
+        for key, (reference, group) in groups.items():
+            raw, problem = None, None
+            if self.audit.enabled and group:
+                if reference is None or reference.kv_audit is None:
+                    problem = "the baseline recorded no reference KV"
+                else:
+                    progress.note(f"scenarios: comparing KV{f' ({key})' if key else ''}")
+                    job = scenarios.compare_job(reference, group)
+                    raw, problem = run_compare(job, self.work, self.env, self.children.python, self.children.timeout_s)
+            audits[key] = (raw, problem)
+        # the scenario runs' tensors too (the arms' went before)
+        if self.audit.enabled and results and self.audit.keep_dir and (self.work / "kv").exists():
+            shutil.copytree(self.work / "kv", Path(self.audit.keep_dir), dirs_exist_ok=True)
         for sc in chosen:
+            raw, problem = audits.get("" if sc.load is None else sc.name, (None, None))
             runs = [(o, run, out, rec) for (s, o, run, rec, k), out in zip(plan, outcomes) if s is sc and k == 1]
             sec = scenarios.section(sc, runs, skipped[sc.name], baseline, self.logs_rel)
-            by_arm = {o_arm.name: run.name for o_arm, run, _, _ in runs}
+            by_arm = {o_arm.name: run.name for o_arm, run, _, _ in runs if not load_scenario.is_control(run.name)}
             verdicts = {by_arm.get("baseline"): "control " + sec["control"]["status"]}
+            for _, run, out, _ in runs:
+                if load_scenario.is_reference(run.name):
+                    verdicts[run.name] = "reference " + ("ok" if load_scenario.reference(out) else "error")
+                elif load_scenario.is_control(run.name):
+                    verdicts[run.name] = "control " + sec["load"]["reuse_control"]["status"]
             for entry in sec["arms"]:
                 name = by_arm.get(entry["arm"])
                 scenarios.annotate_kv(entry, results.get(name), raw, problem, self.engine.block_size)
@@ -94,14 +113,15 @@ class ScenarioRuns:
                 if self.n_trials > 1 and name is not None:
                     more = [(run, out, k) for (s, o_arm, run, _, k), out in zip(plan, outcomes)
                             if s is sc and k > 1 and o_arm.name == entry["arm"]]  # fmt: skip
-                    verdicts |= self._trials(sc, entry, name, more, baseline, sec["control"], (results, raw, problem),
+                    judging = scenarios.judging_baseline(sc, runs, baseline, self.logs_rel)
+                    verdicts |= self._trials(sc, entry, name, more, judging, sec["control"], (results, raw, problem),
                                              clock)  # fmt: skip
             for name, verdict in verdicts.items():
                 if name is not None and name in progress.arms:
                     progress.finish(name, verdict)
             self.sections.append(sec)
 
-    def _trials(self, sc, entry: dict, name: str, more, baseline, control, audit, clock: Clock) -> dict[str, str]:
+    def _trials(self, sc, entry: dict, name: str, more, judging, control, audit, clock: Clock) -> dict[str, str]:
         """Trials 2..N of one (scenario, arm), each judged and audited exactly as its own run was, reduced to
         the entry's `trials` (repro.judge.trials; its verdict stays its own run's). Returns each trial's verdict."""
         results, raw, problem = audit
@@ -109,7 +129,7 @@ class ScenarioRuns:
         runs = [trials.scenario_run_summary(entry, 1, shared)]
         verdicts = {}
         for run, outcome, k in more:
-            judged = scenarios.judge_run(sc, run, outcome, baseline, control, self.logs_rel)
+            judged = scenarios.judge_run(sc, run, outcome, judging[0], control, self.logs_rel, judging[1])
             scenarios.annotate_kv(judged, results.get(run.name), raw, problem, self.engine.block_size)
             runs.append(trials.scenario_run_summary(judged, k, (clock.sharing(run.name) or {}).get("shared")))
             verdicts[run.name] = judged["verdict"]
@@ -126,6 +146,12 @@ class ScenarioRuns:
             if ctl["status"] == "error":
                 kind, _, detail = ctl["error"].partition(": ")
                 out.append({"arm": f"baseline (scenario {sec['name']})", "kind": kind, "detail": detail})
+            for which in ("reference", "reuse_control"):  # a load scenario's
+                got = (sec.get("load") or {}).get(which)
+                if got and got["status"] == "error":
+                    kind, _, detail = got["error"].partition(": ")
+                    out.append({"arm": f"{which.replace('_', ' ')} (scenario {sec['name']})", "kind": kind,
+                                "detail": detail})  # fmt: skip
             for e in sec["arms"]:
                 if e["error"]:
                     out.append({"arm": f"{e['arm']} (scenario {sec['name']})", "kind": e["error"]["kind"],

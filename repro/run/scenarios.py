@@ -27,6 +27,7 @@ from repro.judge.replays import find_replays
 from repro.judge.scenario_verdict import (
     SCHEDULE_NUMERICS,
     ScenarioRequestVerdict,
+    decide_load_request,
     decide_scenario_arm,
     decide_scenario_request,
     decide_scenario_request_unbased,
@@ -43,7 +44,9 @@ from repro.judge.verdict import (
 from repro.lmcache.signals import arm_copy_paths, scan_log
 from repro.plan.arms import PlannedArm, fresh_state, is_lmcache_connector
 from repro.plan.fixtures import Probe, Scenario
+from repro.plan.load import CONTROL_SUFFIX, REFERENCE_SUFFIX, control_kv_tokens
 from repro.plan.settings import EngineSettings
+from repro.run import load_scenario
 from repro.run.runner import ArmOutcome
 
 # A scenario run's name (its log, result and KV directory): `<arm>~scenario.<name>`; `~` is no name character.
@@ -81,7 +84,7 @@ def runs_of(
             continue
         renamed = replace(arm, spec=replace(arm.spec, name=run_name(arm.name, scenario.name)))
         runs.append((arm, renamed))
-    return runs, skipped
+    return runs + load_scenario.control_runs(scenario, arms, run_name), skipped  # a load scenario's two controls
 
 
 def is_lmcache(arm: PlannedArm) -> bool:
@@ -125,7 +128,7 @@ def job_for(
 def scenario_job(job: Job, scenario: Scenario, probes: list[Probe]) -> Job:
     """A job made a scenario's: the probes the scenario names (prompts only, one request each), its steps, and
     its engine settings over the job's (max_num_seqs defaults to its largest together-step)."""
-    by_name = {p.name: p for p in probes}
+    by_name = {p.name: p for p in (*probes, *scenario.generated)}
     eng = scenario.engine
     engine = replace(
         job.engine,
@@ -133,13 +136,20 @@ def scenario_job(job: Job, scenario: Scenario, probes: list[Probe]) -> Job:
         max_num_seqs=eng.get("max_num_seqs", scenario.widest),
         max_num_batched_tokens=eng.get("max_num_batched_tokens"),
         async_scheduling=eng.get("async_scheduling"),
+        long_prefill_token_threshold=eng.get("long_prefill_token_threshold"),
     )
-    steps = tuple(StepJob(s.submit, s.together, s.wait_s) for s in scenario.steps)
+    steps = tuple(StepJob(s.submit, s.together, s.wait_s, dict(s.cancel)) for s in scenario.steps)
+    load, reference = scenario.load is not None, job.arm.name.endswith(REFERENCE_SUFFIX)
+    if load and job.arm.name.endswith(CONTROL_SUFFIX):  # the reuse control: a pool that holds every prompt
+        tokens = control_kv_tokens(scenario.load, job.max_tokens, engine.block_size, engine.max_model_len)
+        engine = replace(engine, kv_cache_tokens=tokens)
+    if load and reference:  # every prompt alone in the plain arms' engine: no rounds
+        engine, steps = job.engine, ()
     return replace(
         job,
         probes=tuple(ProbeJob(n, by_name[n].prompt_spec(), 1) for n in scenario.probe_names),
         engine=engine,
-        scenario=ScenarioJob(scenario.name, steps),
+        scenario=ScenarioJob(scenario.name, steps, load, load and reference),
     )
 
 
@@ -237,8 +247,10 @@ def judge_run(
     baseline: ArmResult | None,
     control: dict,
     logs_rel: str,
+    reuse_pairs: list | None = None,
 ) -> dict:
-    """One (scenario, arm) entry of the report: every request judged, then the arm."""
+    """One (scenario, arm) entry of the report: every request judged, then the arm. A load scenario's baseline is
+    its own cache-off reference run, and reuse_pairs its reuse control's answers (repro.run.load_scenario)."""
     entry = _arm_entry_base(arm.name, arm.spec.mode, outcome, logs_rel)
     if outcome is None:
         entry.update(verdict=ERROR, reasons=["it never ran (the run was stopping)"])
@@ -265,6 +277,8 @@ def judge_run(
     judged: list[tuple[str, ScenarioRequestVerdict]] = []
     earlier: dict[str, list[tuple[str, list[int]]]] = {}
     beneath = bool(arm.spec.connector and arm.spec.connector.gpu_prefix_cache)  # repro.plan.offloading
+    load = scenario.load is not None
+    pairs = load_scenario.aligned(reuse_pairs, result) if load else None
     for i, sr in enumerate(result.scenario.requests):
         req, step = sr.request, scenario.steps[sr.step]
         expect, note = step.expect, None
@@ -280,6 +294,9 @@ def judge_run(
         view = Request(tuple(req.token_ids), req.cached_tokens, req.external_tokens, beneath)
         if base is None:
             v = decide_scenario_request_unbased(view)
+        elif load:
+            pair = pairs[i][2:] if pairs is not None and pairs[i][:2] == (sr.step, sr.probe) else None
+            v = decide_load_request(tuple(answers[sr.probe]), view, matches, bool(sr.preemptions), pair)
         else:
             v = decide_scenario_request(tuple(answers[sr.probe]), view, expect, matches, bool(sr.preemptions))
         judged.append((_label(sr.step, sr.probe), v))
@@ -313,6 +330,9 @@ def judge_run(
         )
         if beneath:  # the connector's own count (repro.plan.offloading); absent for every other arm, as before
             entry["requests"][-1]["external_tokens"] = req.external_tokens
+        if load:  # the reuse control's hit for the same request, and what its cancelled attempt had done
+            entry["requests"][-1]["control_cached_tokens"] = pairs[i][3] if pairs is not None else None
+            entry["requests"][-1]["cancel"] = sr.cancel
     served = any((r.request.external_tokens or 0) > 0 for r in result.scenario.requests) if beneath else None
     verdict = decide_scenario_arm(judged, bool(scenario.engine.get("preemption")), result.scenario.preemptions, served)
     verdict = lmcache_checks(entry, arm, outcome, verdict)
@@ -324,7 +344,25 @@ def judge_run(
     )
     if any(v.cls == SCHEDULE_NUMERICS for _, v in judged):
         entry["class"] = SCHEDULE_NUMERICS
+    if load:
+        entry["load"] = {"rounds": load_scenario.rates(entry), "reuse_control": pairs is not None}
     return entry
+
+
+def judging_baseline(scenario: Scenario, runs: list, baseline: ArmResult | None, logs_rel: str) -> tuple:
+    """What a (scenario, arm) is judged against: (baseline, reuse control's answers, its report entry). Any
+    scenario: the plain baseline, None, None. A load scenario: the cache-off answers its baseline's child made
+    alone, and its reuse control's run (repro.run.load_scenario); runs: (original arm, run arm, outcome, ...)."""
+    if scenario.load is None:
+        return baseline, None, None
+    ref = next((r[2] for r in runs if load_scenario.is_reference(r[1].name)), None)
+    reuse = next(
+        (r[2] for r in runs if load_scenario.is_control(r[1].name) and not load_scenario.is_reference(r[1].name)), None
+    )
+    baseline = load_scenario.reference(ref)
+    answers = {p.name: list(p.requests[0].token_ids) for p in (baseline.probes if baseline else ()) if p.requests}
+    pairs, entry = load_scenario.reuse_control(reuse, answers, logs_rel)
+    return baseline, pairs, {"reference": load_scenario.reference_entry(ref, logs_rel), "reuse_control": entry}
 
 
 def section(
@@ -336,14 +374,16 @@ def section(
 ) -> dict:
     """One scenario of the report: its definition, the control and every arm (runs: original arm, run
     arm, outcome, derived LMCache YAML record)."""
-    answers = {p.name: list(p.requests[0].token_ids) for p in (baseline.probes if baseline else ()) if p.requests}
+    baseline, pairs, load_control = judging_baseline(scenario, runs, baseline, logs_rel)
+    runs = [r for r in runs if not load_scenario.is_control(r[1].name)]
     control_run = next((r for r in runs if r[0].spec.mode == "baseline"), None)
+    answers = {p.name: list(p.requests[0].token_ids) for p in (baseline.probes if baseline else ()) if p.requests}
     control = _control(control_run[2] if control_run else None, answers, logs_rel)
     arms = []
     for original, run, outcome, lmcache_record in runs:
         if original.spec.mode == "baseline":
             continue
-        entry = judge_run(scenario, run, outcome, baseline, control, logs_rel)
+        entry = judge_run(scenario, run, outcome, baseline, control, logs_rel, pairs)
         entry["arm"] = original.name
         entry["lmcache_config"] = lmcache_record
         if run.store is not None:  # how its connector state was made fresh, or why it may persist
@@ -361,11 +401,12 @@ def section(
         "steps": [
             {"index": k, "submit": list(s.submit), "together": s.together, "expect": s.expect}
             | ({"wait_s": s.wait_s} if s.wait_s else {})
+            | ({"cancel": dict(s.cancel)} if s.cancel else {})
             for k, s in enumerate(scenario.steps)
         ],
         "control": control,
         "arms": arms,
-    }
+    } | ({"load": {**scenario.load.to_json(), **load_control}} if scenario.load is not None else {})
 
 
 # ---- the KV audit of scenario requests --------------------------------------------------------------------

@@ -53,6 +53,8 @@
 #                                              preemption with async scheduling off, then on (the mechanism test)
 #   tests/gpu/h200_conditions.sh classes OUT   on the 0.26.0 bundle, one GPU: V1 alone with the KV classes (tiny model,
 #                                              then SmolLM2), and the offloading connectors beneath the GPU cache
+#   tests/gpu/h200_conditions.sh load OUT      on the 0.26.0 bundle, one GPU: the offloading connectors under the
+#                                              production-load scenario (tiny model, 3 trials, batch-invariant)
 #   tests/gpu/h200_conditions.sh monitor OUT   host memory, load and GPU memory every 5 s (in the background)
 #   tests/gpu/h200_conditions.sh reference028 OUT
 #                                              on that stack, LMCache's ops as its wheel ships them: both
@@ -198,6 +200,13 @@ case ${1:?step} in
     NO_LMCACHE=1 "$0" step "$OUT" offloading-tiny --fixture fixtures/offloading-gpu.json --compare-native
     "$0" step "$OUT" smollm2-v1-compiled-alone-classes --model "$SMOLLM2" --fixture fixtures/smollm2-gpu-lmcache.json \
       --kv-connector LMCacheConnectorV1 --jobs 1 --lmcache-ops compiled
+    echo "all done" >>"$OUT/progress.txt" ;;
+  load)  # OUT, on the 0.26.0 bundle, one GPU (2026-12-03): vLLM's offloading connectors as vLLM ships them under the
+    # production-load scenario (fixtures/scenarios-load-gpu-offloading.json), the tiny model, 3 trials, batch-invariant kernels,
+    # four children at a time on the GPU; then the same without batch invariance if time is left
+    OUT=${2:?OUT}; mkdir -p "$OUT"
+    NO_LMCACHE=1 "$0" step "$OUT" load-offloading-tiny-bi --fixture fixtures/scenarios-load-gpu-offloading.json --compare-native \
+      --no-native-matched --scenarios production-load --trials 3 --batch-invariant --jobs 4
     echo "all done" >>"$OUT/progress.txt" ;;
   step)  # OUT NAME ARGS...: one verify run on GPU $GPU (default 0), its start and end in OUT/progress.txt
     OUT=${2:?OUT}; name=${3:?NAME}; shift 3

@@ -1,0 +1,86 @@
+"""A production-load scenario as the read model holds it (repro.plan.load, repro.run.load_scenario): what it
+generated, its reference and reuse control, and each arm's rates per round, always k of N.
+
+Every key a record may lack reads as absent ('?'), never as a zero."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from repro.readmodel.scenario_fields import int_field
+
+# at most this many requests that are not PASS are listed per (load scenario, arm) in the summary; the page and
+# the report list them all
+SUMMARY_REQUESTS = 8
+
+
+def _n(round_: Mapping[str, Any], key: str) -> str:
+    found = int_field(round_.get(key))
+    return "?" if found is None else str(found)
+
+
+def rounds_of(data: Mapping[str, Any] | None) -> tuple[Mapping[str, Any], ...]:
+    found = (data or {}).get("rounds")
+    return tuple(r for r in found if isinstance(r, Mapping)) if isinstance(found, list) else ()
+
+
+def arm_rates_text(load: Mapping[str, Any] | None) -> str:
+    """'round 1: 2 of 64 differ (2 FAIL), 6 of 64 reused, 6 cancelled; round 2: ...' for an arm's load rates: a
+    request differs when neither the reuse control nor the schedule control shows its divergence; '' without
+    rates."""
+    parts = []
+    for r in rounds_of(load):
+        total = _n(r, "requests")
+        text = f"round {_n(r, 'round')}: {_n(r, 'differ')} of {total} differ ({_n(r, 'fail')} FAIL)"
+        explained = [
+            f"{_n(r, key)} {label}"
+            for key, label in (("reuse_numerics", "as the reuse control"), ("schedule_numerics", "as cache-off"))
+            if int_field(r.get(key))
+        ]
+        if explained:
+            text += f", {' and '.join(explained)}"
+        text += f", {_n(r, 'reused')} of {total} reused, {_n(r, 'cancelled')} cancelled"
+        if int_field(r.get("cancel_missed")):
+            text += f" ({_n(r, 'cancel_missed')} missed)"
+        parts.append(text)
+    if load is not None and load.get("reuse_control") is False:
+        parts.append("no reuse control to compare with")
+    return "; ".join(parts)
+
+
+def spec_text(load: Mapping[str, Any]) -> str:
+    """'64 prompts a round (16 prefixes of 192 tokens × 4 suffixes of 32), 3 rounds in shuffled orders, seed 5;
+    a round cancels 3 in prefill and 3 at their last step, each sent again'."""
+    g = {k: "?" if int_field(load.get(k)) is None else str(load.get(k)) for k in load}
+    n = (int_field(load.get("prefixes")) or 0) * (int_field(load.get("suffixes")) or 0)
+    text = (
+        f"{n or '?'} prompts a round ({g.get('prefixes', '?')} prefixes of {g.get('prefix_tokens', '?')} tokens × "
+        f"{g.get('suffixes', '?')} suffixes of {g.get('suffix_tokens', '?')}), {g.get('rounds', '?')} rounds in "
+        f"shuffled orders, seed {g.get('seed', '?')}"
+    )
+    cancels = [
+        f"{load.get(key)} {label}"
+        for key, label in (("cancel_in_prefill", "in prefill"), ("cancel_at_last_step", "at their last step"))
+        if int_field(load.get(key))
+    ]
+    return text + (f"; a round cancels {' and '.join(cancels)}, each sent again" if cancels else "")
+
+
+def controls_text(load: Mapping[str, Any]) -> str:
+    """'reference: ok · reuse control (native, a pool that holds every prompt): round 1: 0 of 64 differ from
+    cache-off, 49 reused; ...': the two runs every arm is judged against."""
+    ref = load.get("reference") if isinstance(load.get("reference"), Mapping) else {}
+    ctl = load.get("reuse_control") if isinstance(load.get("reuse_control"), Mapping) else {}
+    ref_text = f"reference (each prompt alone, cache off): {ref.get('status', '?')}"
+    if ref.get("error"):
+        ref_text += f" — {ref['error']}"
+    ctl_text = "reuse control (native, a pool that holds every prompt): " + str(ctl.get("status", "?"))
+    if ctl.get("error"):
+        ctl_text += f" — {ctl['error']}"
+    rounds = [
+        f"round {_n(r, 'round')}: {_n(r, 'differ')} of {_n(r, 'requests')} differ from cache-off, "
+        f"{_n(r, 'reused')} reused"
+        for r in rounds_of(ctl)
+    ]
+    return " · ".join([ref_text, ctl_text + (f": {'; '.join(rounds)}" if rounds else "")])
