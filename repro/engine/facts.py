@@ -116,6 +116,8 @@ def effective_config(llm) -> dict:
         # with a consumer connector, async scheduling defers block frees (repro.engine.kvaudit.OBSERVER_ROLE)
         "async_scheduling": getattr(cfg.scheduler_config, "async_scheduling", None),
         "kv_cache_memory_bytes": getattr(cfg.cache_config, "kv_cache_memory_bytes", None),
+        # the KV cache's blocks as the engine sized them (a scenario's pool; None where vLLM does not say)
+        "num_gpu_blocks": getattr(cfg.cache_config, "num_gpu_blocks", None),
         "kv_transfer_config": None
         if ktc is None
         else {

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from repro.judge.verdict import PASS
 from repro.judge.wording import machine_path_name
 from repro.readmodel import Report, Scenario, ScenarioArm, StepRequest
+from repro.readmodel.scenario_load import arm_rates_text, controls_text, spec_text
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,8 @@ def _scenario_arm(arm: ScenarioArm) -> ScenarioArmBlock:
 def _arm_facts(arm: ScenarioArm) -> tuple[str, ...]:
     """KV, preemptions, copy path, wall time; with trials, what they found and each request's rate."""
     facts = (arm.kv_text, arm.preemptions_text, arm.copy_path_text, arm.wall_text)
+    if arm.load is not None:  # a load scenario's rates per round first
+        facts = (arm_rates_text(arm.load), *facts)
     if arm.trials is None:
         return facts
     return (*facts, f"trials: {arm.trials_text}", *(r.line for r in arm.trials.rates))
@@ -103,12 +106,28 @@ def scenario_block(scenario: Scenario, index: int) -> ScenarioBlock:
         anchor=f"s{index}",
         name=scenario.name,
         description=scenario.description,
-        settings=scenario.settings_text,
-        steps=tuple(f"step {'?' if s.index is None else s.index}: {s.text}" for s in scenario.steps),
-        control=machine_path_name(scenario.control_text + _control_facts(scenario)),
+        settings=scenario.settings_text + (f" · {spec_text(scenario.load)}" if scenario.load is not None else ""),
+        steps=tuple(_step_text(s, scenario.load is not None) for s in scenario.steps),
+        control=machine_path_name(
+            scenario.control_text
+            + _control_facts(scenario)
+            + (f" · {controls_text(scenario.load)}" if scenario.load is not None else "")
+        ),
         control_differs=control is not None and (bool(control.differing) or not control.ran),
         arms=tuple(_scenario_arm(a) for a in scenario.arms),
     )
+
+
+def _step_text(step, load: bool) -> str:
+    """'step 0: chat-511 · hit or miss'; a load round: 'round 1: 64 prompts in flight together, in a shuffled order,
+    cancelling load-p004-s01 (prefill), …' (its 64 names are in the report)."""
+    index = "?" if step.index is None else step.index
+    if not load:
+        return f"step {index}: {step.text}"
+    cancel = step.data.get("cancel") or {}
+    text = f"round {'?' if step.index is None else step.index + 1}: {len(step.submit)} prompts in flight together"
+    text += ", in a shuffled order"
+    return text + (", cancelling " + ", ".join(f"{n} ({w})" for n, w in cancel.items()) if cancel else "")
 
 
 def _control_facts(scenario: Scenario) -> str:

@@ -90,7 +90,7 @@ def reuse_control(outcome, answers: dict[str, list[int]], logs_rel: str) -> tupl
         "error": None,
         "log": log,
         "wall_s": outcome.wall_s,
-        "kv_cache_tokens": (outcome.result.effective_config or {}).get("kv_cache_tokens"),
+        "num_gpu_blocks": (outcome.result.effective_config or {}).get("num_gpu_blocks"),
         "rounds": [rounds[k] for k in sorted(rounds)],
     }
     return pairs, entry
@@ -128,3 +128,19 @@ def rates(entry: dict) -> list[dict]:
         if cancel:
             k["cancel_missed" if cancel.get("missed") else "cancelled"] += 1
     return [out[k] for k in sorted(out)]
+
+
+def kv_summary(judged: dict) -> dict | None:
+    """The reuse control's KV verdict over its reuses (its entry judged as an arm's would be, then cut to the
+    verdict, its first reasons and its floor): what native reuse does to the bytes under the same load, beside
+    which an arm's KV class is read; None when it was not audited."""
+    kv = judged.get("kv")
+    if not isinstance(kv, dict):
+        return None
+    counts: dict[str, int] = {}
+    for r in judged.get("requests") or []:
+        verdict = (r.get("kv") or {}).get("verdict")
+        if verdict:
+            counts[verdict] = counts.get(verdict, 0) + 1
+    return {"verdict": kv.get("verdict"), "reasons": list(kv.get("reasons") or [])[:3], "floor": kv.get("floor"),
+            "requests": dict(sorted(counts.items()))}  # fmt: skip

@@ -69,9 +69,12 @@ class ScenarioRuns:
         results = {
             run.name: o.result
             for (_, original, run, _, _), o in zip(plan, outcomes)
-            if o is not None and o.failure is None and o.result is not None and original.spec.mode != "baseline"
-            and not load_scenario.is_control(run.name)
-        }  # fmt: skip
+            if o is not None
+            and o.failure is None
+            and o.result is not None
+            and original.spec.mode != "baseline"
+            and not load_scenario.is_reference(run.name)
+        }  # fmt: skip (a load scenario's reuse control is KV-compared too: what native reuse does to the bytes there)
         # the KV audit's comparisons: one against the plain baseline's KV for the scenarios over the fixture's probes,
         # one per load scenario against its own reference (its baseline's child answered every prompt alone)
         audits: dict[str, tuple[dict | None, str | None]] = {}
@@ -99,6 +102,14 @@ class ScenarioRuns:
             raw, problem = audits.get("" if sc.load is None else sc.name, (None, None))
             runs = [(o, run, out, rec) for (s, o, run, rec, k), out in zip(plan, outcomes) if s is sc and k == 1]
             sec = scenarios.section(sc, runs, skipped[sc.name], baseline, self.logs_rel)
+            if sc.load is not None:  # the reuse control's own KV verdict, beside the arms'
+                reuse = next(((run, out) for _, run, out, _ in runs if load_scenario.is_control(run.name)
+                              and not load_scenario.is_reference(run.name)), None)  # fmt: skip
+                if reuse is not None:
+                    judging = scenarios.judging_baseline(sc, runs, baseline, self.logs_rel)
+                    judged = scenarios.judge_run(sc, reuse[0], reuse[1], judging[0], sec["control"], self.logs_rel)
+                    scenarios.annotate_kv(judged, results.get(reuse[0].name), raw, problem, self.engine.block_size)
+                    sec["load"]["reuse_control"]["kv"] = load_scenario.kv_summary(judged)
             by_arm = {o_arm.name: run.name for o_arm, run, _, _ in runs if not load_scenario.is_control(run.name)}
             verdicts = {by_arm.get("baseline"): "control " + sec["control"]["status"]}
             for _, run, out, _ in runs:

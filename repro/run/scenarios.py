@@ -321,7 +321,7 @@ def judge_run(
                 "margin": margin_of(v.first_diff, base.requests[0], req) if base is not None else None,
                 "replays": replays,
                 "token_ids": tokens,
-                "text": req.text,
+                "text": None if load else req.text,  # a load round's hundreds of answers: their token IDs only
                 "kv_transfer_params": req.kv_transfer_params,
                 "preemptions": sr.preemptions,
                 "kv": None,
