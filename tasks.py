@@ -304,8 +304,9 @@ def screenshots(c):
 
 @task
 def bench(c):
-    """Time the CPU acceptance (wall, summed engine starts, their ratio) and the KV audit's own cost on a
-    synchronous and an asynchronous connector arm (with and without the audit): figures, not a test."""
+    """Time the CPU acceptance (wall, summed engine starts, their ratio), the KV audit's own cost on a synchronous and
+    an asynchronous connector arm (with and without the audit), and the production-load scenario's wall time and KV
+    audit bytes per request: figures, not a test."""
     py = venv_python("cpu")
     model = make_model(c, py)
     run_py(c, py, f"-m repro bench --model {model}")

@@ -15,7 +15,8 @@ the load, and the audit reads the blocks at the promotion's forward step. Each a
 the audit against without, and its generation phase alone (where the audit captures and writes; an
 engine start varies most with the machine's load), the comparison child spread over the arms, the
 whole run, and how far runs of the same mode differ. These figures describe the kit, never the
-engines under test. Six runs in all (`--audit-only`: the four small ones).
+engines under test. Six runs in all (`--audit-only`: the four small ones); then the production-load scenario's wall
+time and KV-audit bytes per request (repro.measure.load_bench; `--load-only`: that run alone).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from repro.commands import ArgumentParser
 from repro.errors import UsageError
+from repro.measure.load_bench import load_figures
 from repro.paths import KIT_ROOT
 from repro.plan.options import CPU_ENGINE_FLAGS, SELFTEST_CPU_FIXTURE, selftest_cpu_argv
 from repro.readmodel import Report, as_report
@@ -58,7 +60,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--model", required=True)
     p.add_argument("--fixture", default=SELFTEST_CPU_FIXTURE)
     p.add_argument("--audit-only", action="store_true", help="only the KV audit's cost (four small runs)")
+    p.add_argument("--load-only", action="store_true", help="only the production-load scenario's figures (one run)")
     args = p.parse_args(argv)
+    if args.load_only:
+        return load_figures(args.model)
     rc = 0
     results = []
     for extra in [] if args.audit_only else (["--jobs", "1"], []):  # one arm at a time, then at the same time
@@ -87,7 +92,9 @@ def main(argv: list[str]) -> int:
         print(f"no {ASYNC_CONNECTORS_DIR / 'async_connector.py'}: the asynchronous arm was not measured")
     audit_figures(runs["on"], runs["off"])
     print("figures describe the kit's own overhead; claim_eligible=false, no performance claim")
-    return rc
+    if args.audit_only:
+        return rc
+    return rc or load_figures(args.model)
 
 
 def audit_fixture(fixture: str, folder: Path) -> tuple[Path, bool]:
