@@ -59,6 +59,7 @@ read       repro.readmodel repro.matrix.status repro.detection.blame repro.detec
            repro.detection.scenario_cells
 publish    repro.publish repro.matrix.page repro.detection.page repro.detection.scenario_page
 commands   repro.verify repro.verify_kv_reuse repro.__main__ repro.measure.bench repro.measure.margins repro.matrix
+           repro.measure.load_bench
            repro.detection repro.kit repro.chaos repro.models.convert repro.models.check
 """
 
