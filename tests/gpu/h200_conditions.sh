@@ -203,10 +203,10 @@ case ${1:?step} in
     echo "all done" >>"$OUT/progress.txt" ;;
   load)  # OUT, on the 0.26.0 bundle, one GPU (2026-12-03): vLLM's offloading connectors as vLLM ships them under the
     # production-load scenario (fixtures/scenarios-load-gpu-offloading.json), the tiny model, 3 trials, batch-invariant kernels,
-    # four children at a time on the GPU; then the same without batch invariance if time is left
+    # six children at a time on the GPU
     OUT=${2:?OUT}; mkdir -p "$OUT"
     NO_LMCACHE=1 "$0" step "$OUT" load-offloading-tiny-bi --fixture fixtures/scenarios-load-gpu-offloading.json --compare-native \
-      --no-native-matched --scenarios production-load --trials 3 --batch-invariant --jobs 4
+      --no-native-matched --scenarios production-load --trials 3 --batch-invariant --jobs 6
     echo "all done" >>"$OUT/progress.txt" ;;
   step)  # OUT NAME ARGS...: one verify run on GPU $GPU (default 0), its start and end in OUT/progress.txt
     OUT=${2:?OUT}; name=${3:?NAME}; shift 3
