@@ -116,10 +116,12 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     # a scenario's engine may set vLLM's async scheduling (None: vLLM's default for the platform)
     async_scheduling: bool | None = None
+    # probes under LoRA adapters (repro.plan.adapters): {"max_lora_rank", "max_loras"}; None: LoRA off
+    lora: dict | None = None
 
     def to_json(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        for key in ("kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens", "async_scheduling"):
+        for key in ("kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens", "async_scheduling", "lora"):
             if out[key] is None:
                 del out[key]
         return out
@@ -139,12 +141,14 @@ class EngineConfig:
             max_num_seqs=read_field(data, "max_num_seqs", int, where, optional=True),
             max_num_batched_tokens=read_field(data, "max_num_batched_tokens", int, where, optional=True),
             async_scheduling=read_field(data, "async_scheduling", bool, where, optional=True),
+            lora=read_field(data, "lora", dict, where, optional=True),
         )
 
 
 @dataclass(frozen=True)
 class ProbeJob:
-    """One probe: its prompt ({"token_ids": [...]} or {"chat": {...}}) and how many requests (cold + reuses)."""
+    """One probe: its prompt ({"token_ids": [...]} or {"chat": {...}}, with "adapter": the LoRA adapter its requests
+    run under, repro.plan.adapters.PlannedAdapter.request) and how many requests (cold + reuses)."""
 
     name: str
     prompt: dict
@@ -164,6 +168,9 @@ class ProbeJob:
         prompt = read_field(data, "prompt", dict, where)
         if ("token_ids" in prompt) == ("chat" in prompt):
             raise ContractError(f"{where}.prompt: give exactly one of token_ids or chat")
+        if "adapter" in prompt:
+            for key, kind in (("label", str), ("lora_name", str), ("lora_int_id", int), ("path", str)):
+                read_field(prompt["adapter"], key, kind, f"{where}.prompt.adapter")
         match = read_field(data, "match_tokens", list, where, optional=True)
         return cls(
             name=read_field(data, "name", str, where),
