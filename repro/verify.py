@@ -17,6 +17,7 @@ from pathlib import Path
 
 from repro.commands import run_command, say_error
 from repro.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, UsageError
+from repro.models.lora import make_planned
 from repro.plan.options import Options, parse_args
 from repro.plan.run_plan import build_plan
 from repro.publish.summary import format_summary
@@ -45,6 +46,7 @@ class RunState:
 def run(opts: Options, argv: list[str], state: RunState) -> int:
     """plan -> execute -> judge (a confirmation alone follows the verdicts it confirms) -> record -> summary."""
     plan = build_plan(opts, argv)
+    make_planned(plan.inputs.adapters)  # the seeded LoRA adapters its probes run under, before any child
     out, engine, repeats = plan.output, plan.engine, plan.repeats
     state.report_path = out.report
     judging = (engine.block_size, out.logs_rel, engine.batch_invariant)  # how every run is judged into its entry

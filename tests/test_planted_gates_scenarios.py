@@ -42,7 +42,7 @@ class Engine:
         conn.fault, conn.first_block, conn.num_blocks = extra.pop("fault", "zero_blocks"), 0, 16
         conn.block_size, conn.audit_path = BLOCK, None
         conn._external, conn._loaded, conn._stored_prompts, conn._resume_prompts = {}, {}, [], {}
-        conn._landed = {}
+        conn._landed, conn._salts = {}, {}
         conn._init_gates(extra, KVConnectorRole.SCHEDULER)
         self.stored: set[str] = set()
         conn._have = self.stored.__contains__

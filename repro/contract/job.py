@@ -118,6 +118,8 @@ class EngineConfig:
     async_scheduling: bool | None = None
     # a load scenario's chunked prefill: a request's tokens one step schedules at most (None: vLLM's default)
     long_prefill_token_threshold: int | None = None
+    # probes under LoRA adapters (repro.plan.adapters): {"max_lora_rank", "max_loras"}; None: LoRA off
+    lora: dict | None = None
 
     def to_json(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -142,16 +144,19 @@ class EngineConfig:
             max_num_batched_tokens=read_field(data, "max_num_batched_tokens", int, where, optional=True),
             async_scheduling=read_field(data, "async_scheduling", bool, where, optional=True),
             long_prefill_token_threshold=read_field(data, "long_prefill_token_threshold", int, where, optional=True),
+            lora=read_field(data, "lora", dict, where, optional=True),
         )
 
 
 OPTIONAL_ENGINE_KEYS = (
-    "kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens", "async_scheduling", "long_prefill_token_threshold")  # fmt: skip
+    "kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens", "async_scheduling", "long_prefill_token_threshold",
+    "lora")  # fmt: skip
 
 
 @dataclass(frozen=True)
 class ProbeJob:
-    """One probe: its prompt ({"token_ids": [...]} or {"chat": {...}}) and how many requests (cold + reuses)."""
+    """One probe: its prompt ({"token_ids": [...]} or {"chat": {...}}, with "adapter": the LoRA adapter its requests
+    run under, repro.plan.adapters.PlannedAdapter.request) and how many requests (cold + reuses)."""
 
     name: str
     prompt: dict
@@ -171,6 +176,9 @@ class ProbeJob:
         prompt = read_field(data, "prompt", dict, where)
         if ("token_ids" in prompt) == ("chat" in prompt):
             raise ContractError(f"{where}.prompt: give exactly one of token_ids or chat")
+        if "adapter" in prompt:
+            for key, kind in (("label", str), ("lora_name", str), ("lora_int_id", int), ("path", str)):
+                read_field(prompt["adapter"], key, kind, f"{where}.prompt.adapter")
         match = read_field(data, "match_tokens", list, where, optional=True)
         return cls(
             name=read_field(data, "name", str, where),

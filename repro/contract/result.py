@@ -6,7 +6,8 @@ Arm result schema (kind "kvkit-arm-result"):
   schema_version 2: the KV audit (Job.kv_audit_dir, RequestResult.kv_audit_record, ArmResult.kv_audit).
     Additions without a bump (both sides are always one kit; an absent field reads as None): a scenario
     job (Job.scenario, EngineConfig.max_num_seqs and max_num_batched_tokens) and its result
-    (ArmResult.scenario: the steps' requests and the engine's preemption counter).
+    (ArmResult.scenario: the steps' requests and the engine's preemption counter); the LoRA adapter a probe ran
+    under (ProbeResult.adapter; EngineConfig.lora and ProbeJob.prompt["adapter"] on the job's side).
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ class ProbeResult:
     prompt_token_ids: tuple[int, ...]
     messages: list | None
     requests: tuple[RequestResult, ...]
+    # the LoRA adapter its requests ran under, as the child sent it (repro.engine.adapters); None: the base model
+    adapter: dict | None = None
 
     def to_json(self) -> dict:
         return {
@@ -93,7 +96,7 @@ class ProbeResult:
             "prompt_token_ids": list(self.prompt_token_ids),
             "messages": self.messages,
             "requests": [r.to_json() for r in self.requests],
-        }
+        } | ({"adapter": dict(self.adapter)} if self.adapter is not None else {})
 
     @classmethod
     def from_json(cls, data: object, where: str) -> ProbeResult:
@@ -103,6 +106,7 @@ class ProbeResult:
             prompt_token_ids=read_ints(read_field(data, "prompt_token_ids", list, where), f"{where}.prompt_token_ids"),
             messages=read_field(data, "messages", list, where, optional=True),
             requests=tuple(RequestResult.from_json(r, f"{where}.requests[{i}]") for i, r in enumerate(reqs)),
+            adapter=read_field(data, "adapter", dict, where, optional=True),
         )
 
 

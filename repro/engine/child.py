@@ -29,6 +29,7 @@ from repro.contract.result import (
     ScenarioResult,
     StepRequest,
 )
+from repro.engine.adapters import AdapterRequests
 from repro.engine.audit_records import AuditRecords, audit_env, served_member
 from repro.engine.engine_args import engine_kwargs
 from repro.engine.facts import collect_versions, effective_config, lmcache_build, process_facts
@@ -153,6 +154,7 @@ def run_job(job: Job, keep: list) -> ArmResult:
     probes, scenario, gpu_resets = [], None, []
     multi = job.arm.connector is not None and job.arm.connector.name == MULTI_CONNECTOR
     beneath = job.arm.connector is not None and job.arm.connector.gpu_prefix_cache
+    loras = AdapterRequests(job)  # the LoRA adapter each probe runs under (repro.engine.adapters)
     if job.scenario is not None and job.scenario.load:
         from repro.engine.load import run_load
 
@@ -167,25 +169,23 @@ def run_job(job: Job, keep: list) -> ArmResult:
             ids, messages = build_chat_prompt(tokenizer, probe.prompt["chat"])
         if job.arm.mode == "native" or beneath:
             llm.reset_prefix_cache()  # belt and braces: probes are also isolated by content
-        requests = []
+        requests, lora = [], loras.generate_kwargs([probe.prompt])
         for i in range(probe.requests):
             if i > 0 and probe.match_tokens is not None:
-                primed = _prime(llm, ids[: probe.match_tokens[i - 1]], audit)
+                primed = _prime(llm, ids[: probe.match_tokens[i - 1]], audit, lora)
                 if primed is not None:
                     audit.primes.append({"probe": probe.name, "reuse": i, "record": primed})
             if i > 0 and beneath and job.arm.connector.gpu_cache_reset == "before-reuse":
                 # the GPU prefix cache forgets, the connector's tier stays: the reuse is the connector's to serve
                 gpu_resets.append(bool(llm.reset_prefix_cache()))
             before = external_hits()[0] if beneath else None
-            out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0]
+            out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False, **lora)[0]
             after = external_hits()[0] if beneath else None
             record = audit.take(ids)
             ext = connector_tokens(record, before, after) if beneath else None
             member = served_member(record, job.kv_audit_dir) if multi else None
             requests.append(_request(out, "cold" if i == 0 else "reuse", record, ext, member))
-        probes.append(
-            ProbeResult(name=probe.name, prompt_token_ids=tuple(ids), messages=messages, requests=tuple(requests))
-        )
+        probes.append(ProbeResult(probe.name, tuple(ids), messages, tuple(requests), adapter=loras.sent(probe.prompt)))
     if job.arm.connector is not None and "lmcache" in job.arm.connector.name.lower():
         # after the run: the engine's worker imported LMCache's compiled ops first (or failed to)
         try:
@@ -221,6 +221,7 @@ def run_scenario(llm, job: Job, tokenizer, sp, audit: AuditRecords) -> tuple[lis
 
     prompts: dict[str, list[int]] = {}
     probes = []
+    loras, specs = AdapterRequests(job), {p.name: p.prompt for p in job.probes}  # LoRA adapters (repro.engine.adapters)
     multi = job.arm.connector is not None and job.arm.connector.name == MULTI_CONNECTOR
     beneath = job.arm.connector is not None and job.arm.connector.gpu_prefix_cache
     for probe in job.probes:
@@ -241,7 +242,8 @@ def run_scenario(llm, job: Job, tokenizer, sp, audit: AuditRecords) -> tuple[lis
         for names in calls:
             before, _ = preemption_count()
             ids = [prompts[name] for name in names]
-            outs = llm.generate([TokensPrompt(prompt_token_ids=i) for i in ids], sp, use_tqdm=False)
+            lora = loras.generate_kwargs([specs[name] for name in names])  # the adapters they run under, if any
+            outs = llm.generate([TokensPrompt(prompt_token_ids=i) for i in ids], sp, use_tqdm=False, **lora)
             after, _ = preemption_count()
             grew = None if before is None or after is None else after - before
             records = audit.take_many(ids) if len(ids) > 1 else [audit.take(ids[0])]
@@ -257,17 +259,19 @@ def run_scenario(llm, job: Job, tokenizer, sp, audit: AuditRecords) -> tuple[lis
     return probes, ScenarioResult(job.scenario.name, tuple(requests), count, source)
 
 
-def _prime(llm, prefix: list[int], audit) -> dict | None:
+def _prime(llm, prefix: list[int], audit, lora: dict) -> dict | None:
     """Leave exactly `prefix` in native prefix caching: reset the cache, then prefill the prefix
-    alone (one token generated, not recorded). Its full blocks are what the next request reuses;
-    returns the priming prefill's audit record (a prefill of another shape than the baseline's:
-    its KV belongs to the arm's measured floor)."""
+    alone (one token generated, not recorded), under the probe's LoRA adapter (lora: generate's
+    lora_request, or nothing) since native keys its blocks on it. Its full blocks are what the next
+    request reuses; returns the priming prefill's audit record (a prefill of another shape than the
+    baseline's: its KV belongs to the arm's measured floor)."""
     from vllm import SamplingParams, TokensPrompt
 
     llm.reset_prefix_cache()
     if not prefix:
         return None
-    llm.generate([TokensPrompt(prompt_token_ids=prefix)], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+    llm.generate([TokensPrompt(prompt_token_ids=prefix)], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False,
+                 **lora)  # fmt: skip
     return audit.take(prefix)
 
 

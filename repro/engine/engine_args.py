@@ -5,6 +5,7 @@ audit when the job asks for it) and a KV cache sized in tokens where arms share 
 from __future__ import annotations
 
 from repro.contract.job import MULTI_CONNECTOR, Job
+from repro.engine.adapters import lora_kwargs
 
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
 
@@ -51,6 +52,7 @@ def engine_kwargs(job: Job) -> dict:
     }
     if e.long_prefill_token_threshold is not None:  # a load scenario's: prefills over several steps
         kwargs["long_prefill_token_threshold"] = e.long_prefill_token_threshold
+    kwargs.update(lora_kwargs(e))  # probes under LoRA adapters (repro.engine.adapters); nothing otherwise
     if e.async_scheduling is not None:  # a scenario's engine; else vLLM's default (on for CUDA, off on the CPU)
         kwargs["async_scheduling"] = e.async_scheduling
     if e.kv_cache_tokens:

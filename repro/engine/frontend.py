@@ -84,12 +84,13 @@ class AsyncFrontend:
     def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
         return self._loop.run_until_complete(self.engine.reset_prefix_cache(reset_running_requests, reset_connector))
 
-    def generate(self, prompts: list, sampling_params, use_tqdm: bool = False) -> list:
-        """Like LLM.generate: every prompt added in list order, then their final outputs in the same order
-        (use_tqdm is accepted for the same call and ignored)."""
-        return self._loop.run_until_complete(self._generate(list(prompts), sampling_params))
+    def generate(self, prompts: list, sampling_params, use_tqdm: bool = False, lora_request=None) -> list:
+        """Like LLM.generate: every prompt added in list order (under its LoRA adapter: lora_request, one per prompt
+        or None), then their final outputs in the same order (use_tqdm is accepted for the same call and ignored)."""
+        loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
+        return self._loop.run_until_complete(self._generate(list(prompts), sampling_params, loras))
 
-    async def _generate(self, prompts: list, sampling_params) -> list:
+    async def _generate(self, prompts: list, sampling_params, loras: list) -> list:
         from vllm.renderers.inputs.preprocess import parse_model_prompt
         from vllm.sampling_params import RequestOutputKind
 
@@ -103,8 +104,9 @@ class AsyncFrontend:
         # before it steps: a batch is the same batch in both front ends.
         queues = []
         try:
-            for engine_input in inputs:
-                queues.append(await self.engine.add_request(str(next(self._ids)), engine_input, params))
+            for engine_input, lora in zip(inputs, loras):
+                extra = {"lora_request": lora} if lora is not None else {}  # a LoRA adapter's request only
+                queues.append(await self.engine.add_request(str(next(self._ids)), engine_input, params, **extra))
             return [await _final(q) for q in queues]
         except (Exception, asyncio.CancelledError):
             if queues:  # a failure or a cancellation leaves no request running in the engine

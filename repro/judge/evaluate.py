@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from repro.contract.result import ArmResult, ProbeResult, RequestResult
+from repro.judge import adapters
 from repro.judge.compare import margin_at
 from repro.judge.replays import find_replays, request_label
 from repro.judge.verdict import (
@@ -105,10 +106,13 @@ def probe_verdict(
     )
 
 
-def _replays(probe: ProbeResult, index: int, own: list[int], answers: Mapping[str, list[int]]) -> list[dict]:
-    """What a divergent reuse replays (repro.judge.replays): other probes' answers, its probe's earlier requests."""
+def _replays(
+    probe: ProbeResult, index: int, own: list[int], answers: Mapping[str, list[int]], same: Mapping[str, str]
+) -> list[dict]:
+    """What a divergent reuse replays (repro.judge.replays): other probes' answers (same: those that are its prompt
+    under other LoRA adapters, repro.judge.adapters), its probe's earlier requests."""
     earlier = [(request_label(i), list(r.token_ids)) for i, r in enumerate(probe.requests[:index])]
-    found = find_replays(probe.name, list(probe.requests[index].token_ids), own, answers, earlier)
+    found = find_replays(probe.name, list(probe.requests[index].token_ids), own, answers, earlier, same)
     return [r.as_dict() for r in found]
 
 
@@ -118,11 +122,13 @@ def judge_probe(
     mode: str,
     answers: Mapping[str, list[int]] | None = None,
     counts_external: bool = False,
+    same: Mapping[str, str] | None = None,
 ) -> tuple[dict, ProbeVerdict]:
     """The report entry for one probe (requests annotated with diffs and margins) and its verdict.
 
     answers: every probe's baseline continuation by name; each reuse that differs from its own baseline
-    gets `replays` (a list, empty when it replays nothing), one that does not gets None."""
+    gets `replays` (a list, empty when it replays nothing), one that does not gets None. same: the probes
+    that are its prompt under other LoRA adapters (repro.judge.adapters.siblings; key identity)."""
     pv = probe_verdict(probe, baseline_probe, mode, counts_external)
     reqs = [r.to_json() for r in probe.requests]
     for r in reqs:
@@ -140,7 +146,8 @@ def judge_probe(
         pairs = zip(reqs[1:], probe.requests[1:], pv.reuse_first_diffs, pv.reuse_first_diffs_vs_cold)
         for i, (r, req, d, dc) in enumerate(pairs, start=1):
             r.update(first_diff=d, first_diff_vs_cold=dc, margin=margin_of(d, base, req))
-            r["replays"] = None if d is None else _replays(probe, i, list(base.token_ids), answers or {})
+            r["replays"] = None if d is None else _replays(probe, i, list(base.token_ids), answers or {}, same or {})
+        pv = adapters.judge_probe(pv, probe.name, answers or {}, same or {}, reqs)
     entry = {
         "name": probe.name,
         "prompt_tokens": len(probe.prompt_token_ids),
@@ -149,6 +156,8 @@ def judge_probe(
         "requests": reqs,
         "skipped": None,
     }
+    if probe.adapter is not None:  # the LoRA adapter it ran under (repro.plan.adapters); absent otherwise, as before
+        entry["adapter"] = probe.adapter["label"]
     return entry, pv
 
 
@@ -186,7 +195,10 @@ def judge_arm(
             return [], decide_incomparable(problems)
     base_probes = {p.name: p for p in (baseline.probes if baseline else ())}
     answers = {name: list(p.requests[0].token_ids) for name, p in base_probes.items() if p.requests}
-    judged = [judge_probe(p, base_probes.get(p.name), mode, answers, counts_external) for p in result.probes]
+    sibs = adapters.siblings(base_probes.values()) if mode != "baseline" else {}
+    judged = [
+        judge_probe(p, base_probes.get(p.name), mode, answers, counts_external, sibs.get(p.name)) for p in result.probes
+    ]
     judged += [(_skipped_entry(name, why), decide_skipped(why)) for name, why in sorted((skip_probes or {}).items())]
     verdicts = {entry["name"]: pv for entry, pv in judged}
     got = {p.name: len(p.requests) for p in result.probes}
@@ -198,8 +210,10 @@ def judge_arm(
             verdicts[name] = judged[-1][1]
         elif got[name] < n:
             verdicts[name] = decide_missing_probe(verdicts[name], n, got[name])
-    for first, second in shared_first_blocks({p.name: list(p.prompt_token_ids) for p in result.probes}, block_size):
-        verdicts[second] = decide_shared_first_block(verdicts[second], first)
+    for label in {adapters.label(p) for p in result.probes}:  # another adapter's KV is no probe's to reuse
+        these = {p.name: list(p.prompt_token_ids) for p in result.probes if adapters.label(p) == label}
+        for first, second in shared_first_blocks(these, block_size):
+            verdicts[second] = decide_shared_first_block(verdicts[second], first)
     entries = []
     for entry, _ in judged:
         pv = verdicts[entry["name"]]

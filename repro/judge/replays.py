@@ -13,6 +13,10 @@ looked at); each source gives its longest run (the earliest of equals).
 
 Tokens at other indices (an answer shifted by some tokens) are not compared: on a small vocabulary
 short n-grams recur everywhere, and an unaligned 4-token match would name sources by chance.
+
+Key identity (LoRA adapters, repro.plan.adapters): a source probe with this probe's prompt under another adapter
+(the same tokens, other weights) is that adapter's answer to this very prompt. Its replay names the adapter
+(Replay.answers_as): the reuse answers as adapter A, whose KV a cache keyed on the tokens alone would serve.
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ class Replay:
     request: str  # "baseline" (that probe's answer), or this probe's "cold" / "reuse N"
     start: int  # the first index of the run, in the reuse and in the source alike
     tokens: int  # the run's length
+    answers_as: str | None = None  # the source is this prompt under other weights: "adapter A", "the base model"
 
     def as_dict(self) -> dict:
-        return {"probe": self.probe, "request": self.request, "from": self.start, "tokens": self.tokens}
+        out = {"probe": self.probe, "request": self.request, "from": self.start, "tokens": self.tokens}
+        return out | ({"answers_as": self.answers_as} if self.answers_as is not None else {})
 
 
 def replay_run(reuse: Sequence[int], own: Sequence[int], source: Sequence[int]) -> tuple[int, int] | None:
@@ -58,14 +64,18 @@ def find_replays(
     own: Sequence[int],
     answers: Mapping[str, Sequence[int]],
     earlier: Sequence[tuple[str, Sequence[int]]] = (),
+    answers_as: Mapping[str, str] | None = None,
 ) -> tuple[Replay, ...]:
     """Every source the reuse replays: other probes' answers first (answers: probe -> baseline
     continuation; the probe's own entry is skipped), then this probe's earlier requests (earlier:
     (label, tokens), e.g. ("cold", ...), ("reuse 1", ...)); each group longest run first, then by
     start, then in the order given. Earlier requests that give the very same run are one finding (a
-    deterministic fault gives every reuse the same answer): only the earliest of them is kept."""
+    deterministic fault gives every reuse the same answer): only the earliest of them is kept.
+    answers_as: the probes that are this prompt under other weights -> whose answer theirs is ("adapter A", "the
+    base model"; repro.judge.adapters.siblings); their replays say so."""
+    named = answers_as or {}
     others = [
-        Replay(name, BASELINE, *run)
+        Replay(name, BASELINE, *run, named.get(name))
         for name, tokens in answers.items()
         if name != probe and (run := replay_run(reuse, own, tokens)) is not None
     ]

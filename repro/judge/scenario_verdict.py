@@ -4,7 +4,7 @@ each (scenario, arm) from its requests. Pure functions; the verdict names are re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from repro.judge.compare import first_diff
 from repro.judge.verdict import FAIL, INCONCLUSIVE, PASS, ArmVerdict, Request, counter_missing, hit_count, worst
@@ -105,6 +105,12 @@ def decide_load_request(
         checked = decide_scenario_request(tuple(req.token_ids), req, None, True, preempted)  # its counters still count
         return ScenarioRequestVerdict(checked.verdict, (why, *checked.reasons), checked.role, diff, REUSE_NUMERICS)
     return decide_scenario_request(baseline, req, None, control_matches, preempted)
+
+
+def decide_scenario_indistinct(v: ScenarioRequestVerdict, reason: str) -> ScenarioRequestVerdict:
+    """A request whose probe's baseline equals another adapter's on its prompt (repro.judge.adapters): a PASS
+    proves nothing of key identity and is INCONCLUSIVE; any other verdict stays, the reason added."""
+    return replace(v, verdict=INCONCLUSIVE if v.verdict == PASS else v.verdict, reasons=(*v.reasons, reason))
 
 
 def decide_scenario_request_unbased(req: Request) -> ScenarioRequestVerdict:

@@ -148,6 +148,15 @@ def decide_shared_first_block(pv: ProbeVerdict, other_probe: str) -> ProbeVerdic
     return replace(pv, verdict=INCONCLUSIVE, reasons=(*pv.reasons, reason))
 
 
+def decide_indistinct_adapters(pv: ProbeVerdict, reason: str) -> ProbeVerdict:
+    """A probe whose baseline equals another adapter's on its prompt (repro.judge.adapters) cannot tell whose KV a
+    reuse read: a PASS proves nothing of key identity and is INCONCLUSIVE; any other verdict stays, the reason
+    added."""
+    if pv.verdict == SKIPPED:
+        return pv
+    return replace(pv, verdict=INCONCLUSIVE if pv.verdict == PASS else pv.verdict, reasons=(*pv.reasons, reason))
+
+
 def decide_missing_baseline_probe() -> ProbeVerdict:
     return ProbeVerdict(INCONCLUSIVE, ("the baseline has no result for this probe",), None)
 

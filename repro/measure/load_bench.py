@@ -12,6 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from repro.judge.verdict import SKIPPED
 from repro.paths import KIT_ROOT
 from repro.plan.options import CPU_ENGINE_FLAGS
 
@@ -57,7 +58,7 @@ def figure_lines(data: dict, keep: Path) -> list[str]:
     runs = [("baseline (schedule control)", (sc.get("control") or {}).get("wall_s"), "baseline")]
     runs += [(f"{which.replace('_', ' ')}", ((sc.get("load") or {}).get(which) or {}).get("wall_s"), name)
              for which, name in (("reference", "baseline"), ("reuse_control", "native"))]  # fmt: skip
-    runs += [(a["arm"], a.get("wall_s"), a["arm"]) for a in sc.get("arms") or [] if a.get("verdict") != "SKIPPED"]
+    runs += [(a["arm"], a.get("wall_s"), a["arm"]) for a in sc.get("arms") or [] if a.get("verdict") != SKIPPED]
     out = []
     for label, wall, arm in runs:
         suffix = {"reference": "~reference", "reuse control": "~control"}.get(label, "")

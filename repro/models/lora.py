@@ -16,9 +16,9 @@ from pathlib import Path
 
 from repro.errors import UsageError
 from repro.models.tiny import json_file_bytes, serialize_f32
+from repro.plan.adapters import DEFAULT_RANK, AdapterPlan, projection_dims
 from repro.record.atomic import write_bytes_atomic
 
-DEFAULT_RANK = 8
 DEFAULT_SCALE = 0.1
 TARGETS = ("q_proj", "v_proj")
 
@@ -26,12 +26,9 @@ TARGETS = ("q_proj", "v_proj")
 def _dims(config: dict) -> dict[str, tuple[int, int]]:
     """(in, out) of each target projection, from the base model's config.json."""
     try:
-        hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
-        kv_heads = int(config.get("num_key_value_heads") or heads)
-        head_dim = int(config.get("head_dim") or hidden // heads)
+        return projection_dims(config)
     except (KeyError, TypeError, ValueError) as exc:
         raise UsageError(f"the base model's config.json lacks what an adapter needs ({exc})") from None
-    return {"q_proj": (hidden, heads * head_dim), "v_proj": (hidden, kv_heads * head_dim)}
 
 
 def adapter_files(config: dict, base: str, seed: int, rank: int = DEFAULT_RANK, scale: float = DEFAULT_SCALE) -> dict:
@@ -79,6 +76,14 @@ def make_adapter(base: Path, dest: Path, seed: int, rank: int = DEFAULT_RANK, sc
     dest.mkdir(parents=True, exist_ok=True)
     for name, data in adapter_files(config, Path(base).name, seed, rank, scale).items():
         write_bytes_atomic(dest / name, data)
+
+
+def make_planned(plan: AdapterPlan | None) -> None:
+    """Write a run's seeded adapters (repro.plan.adapters) before any child starts, every run anew: the same seed
+    and model give the same bytes, so runs at once write the same files, and none reads a stale one."""
+    for a in plan.adapters if plan is not None else ():
+        if a.make_from is not None:
+            make_adapter(Path(a.make_from), Path(a.path), a.spec.seed, a.rank)
 
 
 def main(argv: list[str]) -> int:

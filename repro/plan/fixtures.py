@@ -12,6 +12,8 @@ Fixture schema (kind "kvkit-fixture"; JSON Schema in schemas/fixture.schema.json
     KV that a prefill of another length or batch shape computed; a list never mixes a finding (FAIL,
     or a KV finding: CORRUPT, FOREIGN, MISPLACED) with a non-finding. A kit older than sets refuses such
     a fixture with a one-line error (it checked each entry was one verdict), so nothing is read differently.
+  schema_version 2: adapters, lora and a probe's adapter (LoRA adapters, repro.plan.adapters). A kit older
+    than them refuses the file: ignoring them it would run those probes under the base model. Version 1 loads as is.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from repro.errors import UsageError
 from repro.judge.expectations import expectation_problem
 from repro.judge.verdict import KV_VERDICTS, VERDICTS
 from repro.plan import load, multi, offloading
+from repro.plan.adapters import AdapterTable, parse_adapters
 from repro.plan.load import LoadSpec, parse_load
 
 FIXTURE_KIND = "kvkit-fixture"
-FIXTURE_SCHEMA_VERSION = 1
+FIXTURE_SCHEMA_VERSION = 2
 _MAX_REUSES = 64
 _MAX_TOKEN_ID = 2**31  # the vocabulary check proper needs the model (check_probes_fit)
 # The names the kit gives its own arms and files: a fixture or command-line arm of one of these names
@@ -47,13 +50,16 @@ class Probe:
     token_ids: tuple[int, ...] | None = None
     chat: dict | None = None  # {"messages": [...], "length": N, "filler": str}
     reuses: int | None = None  # None: the run's default
+    adapter: str | None = None  # the label of the LoRA adapter it runs under (repro.plan.adapters), None: the base
+    lora: dict | None = None  # that adapter's request, as the run resolved it (repro.plan.adapters.resolve)
 
     @property
     def length(self) -> int:
         return len(self.token_ids) if self.token_ids is not None else int(self.chat["length"])
 
     def prompt_spec(self) -> dict:
-        return {"token_ids": list(self.token_ids)} if self.token_ids is not None else {"chat": self.chat}
+        spec = {"token_ids": list(self.token_ids)} if self.token_ids is not None else {"chat": self.chat}
+        return spec | ({"adapter": dict(self.lora)} if self.lora is not None else {})
 
 
 @dataclass(frozen=True)
@@ -149,6 +155,7 @@ class Fixture:
     scenarios: tuple[Scenario, ...] = ()
     expected_scenarios: dict = field(default_factory=dict)  # arm name -> {scenario name -> verdict}
     expected_scenarios_kv: dict = field(default_factory=dict)  # arm name -> {scenario name -> KV verdict}
+    adapters: AdapterTable | None = None  # the LoRA adapters its probes run under (repro.plan.adapters)
 
 
 def _name(name: object) -> str:
@@ -241,7 +248,10 @@ def _parse_arm(obj: object, where: str, path) -> ArmSpec:
     name = _require(obj, "name", str, where, path)
     if (problem := arm_name_problem(name)) is not None:
         raise _fail(path, f"{where}.name: {problem}")
-    offload = _offloading_arm(obj, where, path)
+    try:
+        offload = offloading.fixture_arm(obj, where)
+    except UsageError as exc:
+        raise _fail(path, str(exc)) from None
     connector = offload.name if offload else _require(obj, "connector", str, where, path)
     module_path = obj.get("module_path")
     if module_path is not None and not isinstance(module_path, str):
@@ -278,26 +288,6 @@ def _parse_arm(obj: object, where: str, path) -> ArmSpec:
     )
 
 
-def _offloading_arm(obj: dict, where: str, path):
-    """A fixture arm written as vLLM ships its offloading ({"kv_offloading_size": GiB, "kv_offloading_backend":
-    "native"|"simple"}): the connector vLLM makes of it (repro.plan.offloading), or None for a connector arm."""
-    if "kv_offloading_size" not in obj:
-        if "kv_offloading_backend" in obj:
-            raise _fail(path, f"{where}.kv_offloading_backend: needs kv_offloading_size")
-        return None
-    if "connector" in obj or "extra_config" in obj:
-        raise _fail(
-            path, f"{where}: kv_offloading_size names vLLM's offloading connector; drop connector and extra_config"
-        )
-    size = obj["kv_offloading_size"]
-    if (problem := offloading.size_problem(size)) is not None:
-        raise _fail(path, f"{where}.kv_offloading_size: {problem}")
-    backend = obj.get("kv_offloading_backend", "native")
-    if not isinstance(backend, str) or backend not in offloading.BACKENDS:
-        raise _fail(path, f"{where}.kv_offloading_backend: must be one of {', '.join(offloading.BACKENDS)}")
-    return offloading.offloading_connector(size, backend)
-
-
 def parse_fixture(data: object, path: str | Path, digest: str) -> Fixture:
     if not isinstance(data, dict):
         raise _fail(path, "top level must be an object")
@@ -312,13 +302,14 @@ def parse_fixture(data: object, path: str | Path, digest: str) -> Fixture:
             path,
             f"schema_version {version} is newer than this kit understands ({FIXTURE_SCHEMA_VERSION}): upgrade the kit",
         )
-    if version < FIXTURE_SCHEMA_VERSION:
+    if version < 1:
         raise _fail(path, f"schema_version {version} is older than any this kit wrote and no migration exists")
     name = _require(data, "name", str, "fixture", path)
     tokenizer = _require(data, "tokenizer", dict, "fixture", path)
     _require(tokenizer, "name", str, "fixture.tokenizer", path)
     probes_raw = _require(data, "probes", list, "fixture", path)
     probes = tuple(parse_probe(p, f"probes[{i}]", path) for i, p in enumerate(probes_raw))
+    probes, adapters = parse_adapters(data, probes, path)
     arms_raw = data.get("arms", [])
     if not isinstance(arms_raw, list):
         raise _fail(path, "arms: must be a list")
@@ -355,6 +346,7 @@ def parse_fixture(data: object, path: str | Path, digest: str) -> Fixture:
         scenarios=scenarios,
         expected_scenarios=expected_scenarios,
         expected_scenarios_kv=expected_scenarios_kv,
+        adapters=adapters,
     )
     check_unique([p.name for p in probes], path, "probe")
     check_unique([a.name for a in arms], path, "arm")

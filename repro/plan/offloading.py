@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from repro.contract.job import GPU_CACHE_RESETS, ConnectorSpec
+from repro.errors import UsageError
 
 OFFLOADING = "OffloadingConnector"
 SIMPLE_OFFLOADING = "SimpleCPUOffloadConnector"
@@ -75,3 +76,24 @@ def gpu_only_problem(connector: str, device_is_cpu: bool) -> str | None:
     if device_is_cpu and connector in GPU_ONLY:
         return f"{connector} runs only on CUDA or XPU GPUs (vLLM's CPU backend refuses it); this run is on the CPU"
     return None
+
+
+def fixture_arm(obj: dict, where: str):
+    """A fixture arm written as vLLM ships its offloading ({"kv_offloading_size": GiB, "kv_offloading_backend":
+    "native"|"simple"}): the connector vLLM makes of it, or None for a connector arm; a problem is a UsageError
+    (the fixture's reader adds its path)."""
+    if "kv_offloading_size" not in obj:
+        if "kv_offloading_backend" in obj:
+            raise UsageError(f"{where}.kv_offloading_backend: needs kv_offloading_size")
+        return None
+    if "connector" in obj or "extra_config" in obj:
+        raise UsageError(
+            f"{where}: kv_offloading_size names vLLM's offloading connector; drop connector and extra_config"
+        )
+    size = obj["kv_offloading_size"]
+    if (problem := size_problem(size)) is not None:
+        raise UsageError(f"{where}.kv_offloading_size: {problem}")
+    backend = obj.get("kv_offloading_backend", "native")
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise UsageError(f"{where}.kv_offloading_backend: must be one of {', '.join(BACKENDS)}")
+    return offloading_connector(size, backend)

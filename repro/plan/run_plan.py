@@ -5,12 +5,12 @@ scenarios and the arms. After build_plan nothing reads the options again: every 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from repro.contract.job import Preflight
 from repro.errors import UsageError
-from repro.plan import multi, offloading
+from repro.plan import adapters, multi, offloading
 from repro.plan.arms import PlannedArm, default_jobs, plan_arms, preflight_for, vocab_size
 from repro.plan.devices import uses_cuda
 from repro.plan.fixtures import Fixture, Probe, Scenario, load_fixture
@@ -40,6 +40,7 @@ class ProbeSet:
     reuses: int | None
     probes: tuple[Probe, ...]
     scenarios: tuple[Scenario, ...]
+    adapters: adapters.AdapterPlan | None = None  # the LoRA adapters probes run under (repro.plan.adapters)
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,8 @@ def build_plan(opts: Options, argv: list[str]) -> RunPlan:
     )
     fixture = load_fixture(a.fixture)
     probes = build_probes(fixture.probes, a.suite)
+    probes, lora = adapters.resolve(fixture.adapters, probes, a.model, opts.model_is_local, a.fixture)
+    engine = replace(engine, lora=lora.engine() if lora is not None else None)
     vocab = vocab_size(engine)
     check_probes_fit(
         probes,
@@ -119,7 +122,7 @@ def build_plan(opts: Options, argv: list[str]) -> RunPlan:
     return RunPlan(
         argv=tuple(argv),
         engine=engine,
-        inputs=ProbeSet(a.fixture, fixture, a.suite, a.reuses, tuple(probes), tuple(chosen)),
+        inputs=ProbeSet(a.fixture, fixture, a.suite, a.reuses, tuple(probes), tuple(chosen), lora),
         asked=asked,
         arms=tuple(arms),
         preflight=preflight_for(arms, engine.device, children.engine_module),

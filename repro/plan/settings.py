@@ -45,6 +45,7 @@ class EngineSettings:
     batch_invariant: bool
     frontend: str
     engine_layout: str = "vllm"  # --engine-layout, resolved (repro.plan.run_plan): see engine_layout_env
+    lora: dict | None = None  # the engine's LoRA settings where probes run under adapters (repro.plan.adapters)
 
     def config(self) -> EngineConfig:
         """The job's engine (a local model by its resolved path)."""
@@ -57,6 +58,7 @@ class EngineSettings:
             max_model_len=self.max_model_len,
             block_size=self.block_size,
             device=self.device,
+            lora=self.lora,
         )
 
 

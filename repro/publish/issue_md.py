@@ -79,7 +79,7 @@ def table_rows(report: Report | dict) -> list[tuple[str, ...]]:
         if arm.is_baseline and arm.verdict == PASS:
             continue
         for p in arm.probes:
-            row = (arm.title, p.name, p.tokens_text, p.cached_cell, _verdict_cell(arm, p), p.diff_class_cell)
+            row = (arm.title, p.title, p.tokens_text, p.cached_cell, _verdict_cell(arm, p), p.diff_class_cell)
             row += ((p.kv_cell,) if kv else ()) + ((_trials_cell(arm, p),) if trials else ())
             rows.append(row + ((arm.conditions.alone_cell(p.name),) if alone else ()))
         if not arm.probes:
@@ -271,6 +271,11 @@ def format_stack(report: Report | dict) -> str:
     )
 
 
+def format_adapters(report: Report) -> str:
+    """The LoRA adapters the probes ran under, a line each (how each was sent, its weights, its probes)."""
+    return "\n".join(f"- {line}" for line in report.adapter_lines)
+
+
 def format_reproduce(report: Report | dict) -> str:
     report = as_report(report)
     return (
@@ -302,6 +307,7 @@ def render_body(report: Report, token_limit: int | None, lmcache_yaml: str | Non
         ),
         *format_conditions_warning(report),
         format_table(report),
+        *(["#### LoRA adapters\n\n" + format_adapters(report)] if report.adapters else []),
         format_verdicts(report),
         *(["#### Conditions\n\n" + format_conditions(report)] if report.has_conditions else []),
         *(["#### Scenarios\n\n" + format_scenarios(report, token_limit)] if _has_scenarios(report) else []),

@@ -70,7 +70,7 @@ def format_expected_actual(report: Report) -> str:
     at = req.first_diff
     exp_ids = expected.token_ids if expected is not None else None
     rows = [
-        ("probe", f"{probe.name} ({probe.tokens_text} prompt tokens), greedy, {len(req.token_ids or [])} new tokens"),
+        ("probe", f"{probe.title} ({probe.tokens_text} prompt tokens), greedy, {len(req.token_ids or [])} new tokens"),
         ("expected (caching off)", _quoted(expected.text if expected is not None else None)),
         (f"actual ({arm.name}, reuse {no}, {req.cached_tokens} cached)", _quoted(req.text)),
         (f"first divergence: token {at}", f"expected id {_at(exp_ids, at)}, actual id {_at(req.token_ids, at)}"),

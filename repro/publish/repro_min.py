@@ -129,6 +129,8 @@ def make_repro_min(report: dict, arm_name: str | None = None, report_name: str =
     arm = arms.get(arm_name) if arm_name else _finding_arm(report)
     if arm is None or arm.get("mode") == "baseline" or not arm.get("probes"):
         raise UsageError(f"--arm {arm_name}: no reuse arm of that name with probes in the report")
+    if report.get("adapters"):  # its requests carry no LoRARequest: it would reproduce other answers, not the finding
+        raise UsageError(f"arm {arm['name']}: its probes run under LoRA adapters, which repro_min.py does not send")
     mode = "native" if arm.get("mode") in ("native", "native-matched") else "connector"
     if arm["name"] == "native-matched" or (mode == "connector" and arm["connector"]["name"] == "LMCacheMPConnector"):
         raise UsageError(f"arm {arm['name']}: needs the kit (a primed prefix, or an LMCache MP server it starts)")

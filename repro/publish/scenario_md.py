@@ -44,7 +44,8 @@ def _request_lines(report: Report, request: StepRequest, token_limit: int | None
     trials = f" {request.trial_mark}" if request.trial_mark else ""
     lines = [
         (
-            f"- **{request.place}** ({request.role or '?'}, {request.hit_cell} cached tokens, {request.expect_text}): "
+            f"- **step {'?' if request.step is None else request.step} {report.probe_title(request.probe)}** "
+            f"({request.role or '?'}, {request.hit_cell} cached tokens, {request.expect_text}): "
             f"{request.verdict}{cls}{trials}{diff}"
         )
     ]

@@ -157,6 +157,7 @@ class ReportPage:
     lead_map: LeadMap | None = None  # None: no probe with a KV finding has a heatmap
     # a MultiConnector arm's members: (arm title, each member's line: what it served, its hits, its verdict)
     members: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    adapters: tuple[str, ...] = ()  # the LoRA adapters probes ran under, a line each; () without them
 
 
 def visible_text(text: object) -> str:
@@ -191,7 +192,7 @@ def _cell_text(value: object) -> str:
 
 def _table_row(arm: Arm, probe: Probe, anchor: str, kv: bool) -> TableRow:
     return TableRow(
-        probe=probe.name,
+        probe=probe.title,
         tokens=probe.tokens_text,
         cached=probe.cached_cell,
         verdict=str(probe.verdict),
@@ -290,7 +291,7 @@ def _probe_detail(
     return ProbeDetail(
         anchor=anchor,
         arm=arm.title,
-        probe=probe.name,
+        probe=probe.title,
         verdict=str(probe.verdict),
         reasons=tuple(machine_path_name(r) for r in probe.reasons),
         skipped=probe.skipped,
@@ -366,10 +367,11 @@ def build_report_page(
         conditions=page_conditions(report),
         conditions_warning=report.conditions_warning,
         replay_legend=REPLAY_LEGEND if any(d.replays for d in details) else "",
-        scenarios=tuple(scenario_block(sc, i) for i, sc in enumerate(report.scenarios)),
+        scenarios=tuple(scenario_block(sc, i, report.probe_title) for i, sc in enumerate(report.scenarios)),
         scenarios_note=scenarios_note(report),
         lead_map=_lead_map(details),
         members=tuple((a.title, tuple(m.line for m in a.members)) for a in report.arms if a.members),
+        adapters=report.adapter_lines,
     )
 
 

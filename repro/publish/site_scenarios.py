@@ -4,6 +4,7 @@ requests. Pure, as repro.publish.site_model.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from repro.judge.verdict import PASS
@@ -57,10 +58,10 @@ class ScenarioBlock:
     arms: tuple[ScenarioArmBlock, ...]
 
 
-def _scenario_row(req: StepRequest) -> ScenarioRow:
+def _scenario_row(req: StepRequest, title: Callable[[str], str]) -> ScenarioRow:
     return ScenarioRow(
         step="?" if req.step is None else str(req.step),
-        probe=req.probe,
+        probe=title(req.probe),
         expect=req.expect_text,
         cached=req.hit_cell,
         role=str(req.role or "?") + (f", {req.origin}" if req.origin else ""),
@@ -76,7 +77,7 @@ def _scenario_row(req: StepRequest) -> ScenarioRow:
     )
 
 
-def _scenario_arm(arm: ScenarioArm) -> ScenarioArmBlock:
+def _scenario_arm(arm: ScenarioArm, title: Callable[[str], str] = str) -> ScenarioArmBlock:
     plain_pass = arm.verdict == PASS and not arm.cls
     error = (machine_path_name(arm.error_text), machine_path_name(arm.log_tail)) if arm.error else None
     return ScenarioArmBlock(
@@ -86,7 +87,7 @@ def _scenario_arm(arm: ScenarioArm) -> ScenarioArmBlock:
         facts=machine_path_name(" · ".join(f for f in _arm_facts(arm) if f)),
         reasons=() if plain_pass else tuple(machine_path_name(r) for r in arm.reasons),
         error=error,
-        rows=tuple(_scenario_row(r) for r in arm.requests),
+        rows=tuple(_scenario_row(r, title) for r in arm.requests),
     )
 
 
@@ -100,7 +101,8 @@ def _arm_facts(arm: ScenarioArm) -> tuple[str, ...]:
     return (*facts, f"trials: {arm.trials_text}", *(r.line for r in arm.trials.rates))
 
 
-def scenario_block(scenario: Scenario, index: int) -> ScenarioBlock:
+def scenario_block(scenario: Scenario, index: int, title: Callable[[str], str] = str) -> ScenarioBlock:
+    """One scenario's block; title: a probe's name as shown (with the LoRA adapter it ran under, where it did)."""
     control = scenario.control
     return ScenarioBlock(
         anchor=f"s{index}",
@@ -114,7 +116,7 @@ def scenario_block(scenario: Scenario, index: int) -> ScenarioBlock:
             + (f" · {controls_text(scenario.load)}" if scenario.load is not None else "")
         ),
         control_differs=control is not None and (bool(control.differing) or not control.ran),
-        arms=tuple(_scenario_arm(a) for a in scenario.arms),
+        arms=tuple(_scenario_arm(a, title) for a in scenario.arms),
     )
 
 

@@ -15,7 +15,7 @@ VERDICT_COLUMN = 20  # the summary's token-verdict column before the KV column, 
 
 
 def _probe_line(probe: Probe, kv: str | None, width: int = VERDICT_COLUMN) -> str:
-    head = f"  {probe.name:<10} {probe.tokens_text:>5}  {probe.cached_cell:<12} "
+    head = f"  {probe.title:<10} {probe.tokens_text:>5}  {probe.cached_cell:<12} "
     if kv is None:  # a report without the KV audit keeps the line it always had
         return f"{head}{probe.tokens_verdict}"
     return f"{head}{probe.tokens_verdict:<{width}} KV {kv}"
@@ -83,6 +83,7 @@ def format_summary(report: Report | Mapping[str, Any]) -> str:
     ]
     if report.run_conditions.line:
         lines.append(report.run_conditions.line[:400])
+    lines += [f"LoRA {line}"[:400] for line in report.adapter_lines]  # the adapters probes ran under, if any
     # the KV column starts after the widest token verdict (a classed FAIL is wider than the usual 20)
     width = max([VERDICT_COLUMN] + [len(p.tokens_verdict) for a in report.arms for p in a.probes])
     for arm in report.arms:

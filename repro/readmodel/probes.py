@@ -33,6 +33,11 @@ def kv_blame_text(blame: object, block_size: int | None = None) -> str:
     return f"{blocks_text(blame.get('blocks') or [], block_size)}, {planes}, layers {layers}"
 
 
+def probe_title(name: str, adapter: str | None) -> str:
+    """'fixture-B · adapter B' for a probe under LoRA adapter B; its name alone under none."""
+    return name if adapter is None else f"{name} · adapter {adapter}"
+
+
 @dataclass(frozen=True)
 class ProbeKV:
     """A probe's KV verdict (EXACT, NUMERIC, MISPLACED, FOREIGN, CORRUPT, UNAVAILABLE), its reasons and what a
@@ -106,6 +111,18 @@ class Probe(KVCells):
     @property
     def name(self) -> str:
         return self.data["name"]
+
+    @property
+    def adapter(self) -> str | None:
+        """The label of the LoRA adapter it ran under (repro.plan.adapters); None: the base model, or a report
+        before adapters."""
+        found = self.data.get("adapter")
+        return None if found is None else str(found)
+
+    @property
+    def title(self) -> str:
+        """Its name, and the adapter it ran under where it ran under one: 'fixture-B · adapter B'."""
+        return probe_title(self.name, self.adapter)
 
     @property
     def verdict(self) -> str:

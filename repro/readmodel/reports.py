@@ -15,7 +15,7 @@ from repro.judge.verdict import FOREIGN, MISPLACED
 from repro.judge.wording import is_commit_hash
 from repro.readmodel.arms import Arm
 from repro.readmodel.conditions import RunConditions
-from repro.readmodel.probes import Probe
+from repro.readmodel.probes import Probe, probe_title
 from repro.readmodel.scenarios import Scenario, ScenarioArm
 from repro.record.acceptance import excused_kv_findings
 from repro.record.exit_rule import exit_reason
@@ -194,6 +194,34 @@ class Report:
         """The KV findings the acceptance did not expect (as repro.record.acceptance.unexpected_kv_findings decides)."""
         excused = excused_kv_findings(self.acceptance)
         return tuple((a, p) for a, p in self.kv_findings if (a.name, p.name) not in excused)
+
+    @property
+    def adapters(self) -> Mapping[str, Any]:
+        """The LoRA adapters the run's probes ran under (repro.plan.adapters.describe), by label; {} for a run
+        without them (every view is then as before)."""
+        found = self.data.get("adapters")
+        return found if isinstance(found, Mapping) else {}
+
+    def probe_title(self, name: str) -> str:
+        """A probe's name, and the adapter it ran under where the report says one: 'fixture-B · adapter B'."""
+        label = next((str(k) for k, a in self.adapters.items() if name in ((a or {}).get("probes") or [])), None)
+        return probe_title(name, label)
+
+    @property
+    def adapter_lines(self) -> tuple[str, ...]:
+        """'adapter B: lora_name 'B', lora_int_id 2, seed 2, rank 8, weights sha256 8c1f…; probes fixture-B,
+        short-B', one per adapter; () for a run without them."""
+        lines = []
+        for label, a in self.adapters.items():
+            a = a if isinstance(a, Mapping) else {}
+            source = a.get("source") if isinstance(a.get("source"), Mapping) else {}
+            made = f"seed {source.get('seed')}" if source.get("seed") is not None else f"path {source.get('path')}"
+            inplace = ", reloaded in place (load_inplace)" if a.get("load_inplace") else ""
+            digest = f", weights sha256 {str(a.get('sha256'))[:12]}…" if a.get("sha256") else ""
+            probes = ", ".join(str(p) for p in a.get("probes") or []) or "none"
+            lines.append(f"adapter {label}: lora_name {a.get('lora_name')!r}, lora_int_id {a.get('lora_int_id')}"
+                         f"{inplace}, {made}, rank {a.get('rank')}{digest}; probes {probes}")  # fmt: skip
+        return tuple(lines)
 
     @property
     def requested_scenarios(self) -> tuple[str, ...]:

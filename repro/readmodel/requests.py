@@ -63,10 +63,12 @@ class Replay:
     probe: object
     start: object
     tokens: object
+    answers_as: object = None  # the source is this prompt under another LoRA adapter: "adapter A"; absent before
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Replay:
-        return cls(data.get("request"), data.get("probe"), data.get("from"), data.get("tokens"))
+        found = (data.get("request"), data.get("probe"), data.get("from"), data.get("tokens"))
+        return cls(*found, data.get("answers_as"))
 
     @property
     def of_another_probe(self) -> bool:
@@ -77,6 +79,8 @@ class Replay:
         """'replays fixture's answer from @0, 7 tokens'; an earlier request of the same probe 'repeats its
         reuse 1's answer from @9, 7 tokens' (or 'its cold request's answer')."""
         span = f"from @{self.start}, {self.tokens} tokens"
+        if self.answers_as:  # key identity: another adapter's answer to this very prompt
+            return f"answers as {self.answers_as}: replays {self.probe}'s answer {span}"
         if self.of_another_probe:
             return f"replays {self.probe}'s answer {span}"
         return f"repeats its {'cold request' if self.request == 'cold' else self.request}'s answer {span}"

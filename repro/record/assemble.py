@@ -6,6 +6,7 @@ the options; what ran comes from the run's objects, read as documented below (no
 from __future__ import annotations
 
 from repro import __version__
+from repro.plan.adapters import describe as describe_adapters
 from repro.plan.run_plan import RunPlan
 from repro.plan.settings import HASHSEED
 from repro.record.acceptance import check_acceptance, check_scenario_acceptance
@@ -34,6 +35,8 @@ def assemble(plan: RunPlan, ws, entries: list[dict], ran, scen=None) -> dict:
         "gpu_load": ran.load_record if plan.loads.gpu else None,
         "cpu_load": ran.load_record if plan.loads.cpu and not plan.loads.gpu else None,
     }
+    if plan.inputs.adapters is not None:  # the LoRA adapters probes ran under: how each was sent, its weights' digest
+        report["adapters"] = describe_adapters(plan.inputs.adapters, plan.inputs.probes)
     if ws.ops is not None:
         report["provenance"]["lmcache_ops"] = ws.ops.provenance
     if ws.arms_ops:

@@ -36,6 +36,9 @@ Report schema (kind "kvkit-report"; JSON Schema in schemas/report.schema.json):
     (gzipped 144,659 and 135,057: gzip had already packed the zeros, the figures that are not 0 are what weighs).
     Nothing else changed. migrated_from (top level): the version an explicit migration rewrote the report from
     (python -m repro compact-report, repro.record.compact); absent from a report the verifier wrote.
+    Additions to version 3 that old readers may ignore and old files lack (no version bump): `adapters` (top level:
+    the LoRA adapters the probes ran under, repro.plan.adapters.describe), per probe `adapter` (its label), per
+    replay `answers_as` (the source is the prompt under another adapter, repro.judge.adapters).
 The schema is authoritative: validate_report checks every report before it is written (and the
 cross-field shape of the KV audit, which JSON Schema cannot say).
 A newer file is refused ("upgrade the kit"). A version 1 file loads as it is: version 2 only added

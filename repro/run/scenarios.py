@@ -19,7 +19,7 @@ from pathlib import Path
 from repro.contract.failure import Failure
 from repro.contract.job import Job, ProbeJob, ScenarioJob, StepJob, build_job
 from repro.contract.result import ArmResult
-from repro.judge import kvaudit
+from repro.judge import adapters, kvaudit
 from repro.judge.compare import first_diff
 from repro.judge.evaluate import comparability_problems, margin_of
 from repro.judge.kv_verdict import KVVerdict, decide_kv_probe, decide_kv_unavailable, decide_scenario_kv
@@ -272,6 +272,7 @@ def judge_run(
         return entry
     base_probes = {p.name: p for p in baseline.probes if p.requests}
     answers = {n: list(p.requests[0].token_ids) for n, p in base_probes.items()}
+    sibs = adapters.siblings(base_probes.values())  # probes that are one prompt under other LoRA adapters
     ok = control["status"] == "ok"
     ctl = control["requests"]
     judged: list[tuple[str, ScenarioRequestVerdict]] = []
@@ -303,8 +304,12 @@ def judge_run(
         tokens = list(req.token_ids)
         replays = None
         if v.first_diff is not None and base is not None:
-            found = find_replays(sr.probe, tokens, answers[sr.probe], answers, earlier.get(sr.probe, []))
+            found = find_replays(
+                sr.probe, tokens, answers[sr.probe], answers, earlier.get(sr.probe, []), sibs.get(sr.probe)
+            )
             replays = [r.as_dict() for r in found]
+        v = adapters.judge_scenario_request(v, sr.probe, answers, sibs.get(sr.probe), replays)  # key identity
+        judged[-1] = (judged[-1][0], v)
         earlier.setdefault(sr.probe, []).append((_label(sr.step, sr.probe), tokens))
         entry["requests"].append(
             {

@@ -163,14 +163,20 @@ class PlantedFaultConnector(LoadGates, KVConnectorBase_V1):
         self._external: dict[str, int] = {}
         self._loaded: dict[str, list[tuple]] = {}  # request -> its loads: (tokens, faulted, gate, resumed)
         self._resume_prompts: dict[str, list[int]] = {}  # prompt of a request promised a load, until scheduled
+        self._salts: dict[str, str] = {}  # what else a request's block keys hold (_salt), until it finishes
         self._stored_prompts: list[list[str]] = []  # block keys of each stored prompt, oldest first
         self._kv: dict[str, torch.Tensor] = {}
         self._landed: dict[str, dict] = {}  # land_elsewhere: request -> {"landed_in"|"overwritten_by": ..., ...}
 
     # ---- shared helpers
-    def _keys(self, tokens: list[int], n_blocks: int) -> list[str]:
-        """Chained per-block prefix hashes: block i's key covers tokens[: (i+1)*block_size]."""
-        h, out = hashlib.sha256(), []
+    def _salt(self, request) -> str:
+        """What a request's block keys hold besides its tokens: nothing here (a prompt's KV is keyed by its tokens
+        alone, whatever LoRA adapter computed it); repro.engine.connectors.planted_keys may add the adapter."""
+        return ""
+
+    def _keys(self, tokens: list[int], n_blocks: int, salt: str = "") -> list[str]:
+        """Chained per-block prefix hashes: block i's key covers salt and tokens[: (i+1)*block_size]."""
+        h, out = hashlib.sha256(salt.encode()), []
         for i in range(n_blocks):
             h.update(repr(tokens[i * self.block_size : (i + 1) * self.block_size]).encode())
             out.append(h.copy().hexdigest())
@@ -186,7 +192,8 @@ class PlantedFaultConnector(LoadGates, KVConnectorBase_V1):
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
         tokens = list(request.prompt_token_ids or [])
         hit = 0
-        for key in self._keys(tokens, (len(tokens) - 1) // self.block_size):  # never the last prompt token
+        self._salts[request.request_id] = salt = self._salt(request)
+        for key in self._keys(tokens, (len(tokens) - 1) // self.block_size, salt):  # never the last prompt token
             if not self._have(key):
                 break
             hit += 1
@@ -253,7 +260,7 @@ class PlantedFaultConnector(LoadGates, KVConnectorBase_V1):
             else:
                 done = min(len(tokens), req.num_computed_tokens + scheduler_output.num_scheduled_tokens[req.req_id])
                 n = done // self.block_size
-                keys = self._keys(tokens, n)
+                keys = self._keys(tokens, n, self._salts.get(req.req_id, ""))
                 todo = [(k, b) for k, b in zip(keys, block_ids[:n]) if not self._have(k)]
                 if todo:
                     meta.ops.append(_Op(req.req_id, "store", [k for k, _ in todo], [b for _, b in todo]))
@@ -290,15 +297,17 @@ class PlantedFaultConnector(LoadGates, KVConnectorBase_V1):
         the request's kv_transfer_params."""
         local = computed - external
         b0, b1 = local // self.block_size, (local + external) // self.block_size
-        op = _Op(req_id, "load", self._keys(tokens, b1)[b0:], block_ids[b0:b1], b0, resumed=resumed)
+        salt = self._salts.get(req_id, "")
+        op = _Op(req_id, "load", self._keys(tokens, b1, salt)[b0:], block_ids[b0:b1], b0, resumed=resumed)
         if self.fault == "shift_beyond":
-            op.prompt_keys = self._keys(tokens, (len(tokens) - 1) // self.block_size)
+            op.prompt_keys = self._keys(tokens, (len(tokens) - 1) // self.block_size, salt)
         self._plan_load(op, step)
         self._loaded.setdefault(req_id, []).append((external, [b0 + j for j in op.faulted], op.gate, op.resumed))
         return op
 
     def request_finished(self, request, block_ids) -> tuple[bool, dict[str, Any] | None]:
         self._unfinished.discard(request.request_id)
+        self._salts.pop(request.request_id, None)
         self._external.pop(request.request_id, None)
         self._resume_prompts.pop(request.request_id, None)
         loads = self._loaded.pop(request.request_id, [(0, [], None, False)])

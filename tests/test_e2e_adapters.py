@@ -1,0 +1,133 @@
+"""Key identity on the real vLLM CPU engine: fixtures/scenarios-cpu-adapters.json, one verifier run (its plain probes and both
+scenarios, native beside its three connector arms), every assertion on its report.
+
+The same two prompts under the kit's seeded LoRA adapters A, B, A's lora_name under another lora_int_id (A-id3)
+and A reloaded in place (A-reloaded; both of seed 3's weights). A reuse across adapters must miss or give its own
+adapter's baseline. PlantedTokenKeys (a faithful store keyed on the tokens alone) fails, its B request answering as
+adapter A on the 300-token prompt; PlantedAdapterKeys (the adapter in the key) passes; vLLM's ExampleConnector
+(files named by the tokens) fails as the planted store does; native prefix caching passes a-then-b and fails
+same-name, since vLLM keys its blocks on lora_name alone."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import ROOT, have_vllm
+from e2e_runs import shared_run, verify
+from planted_fixtures import fixture_argv
+
+from repro.judge.expectations import expectation_met
+from repro.publish.issue_md import format_issue_md
+from repro.publish.summary import format_summary
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
+
+FIXTURE = "fixtures/scenarios-cpu-adapters.json"
+OTHER_WEIGHTS = {"A": 1, "B": 2, "A-id3": 3, "A-reloaded": 3}  # each adapter's seed: the weights it answers with
+
+
+def _run(model: str, tmp):
+    report = tmp / "adapters.json"
+    extra = ["--compare-native", "--no-native-matched", "--no-confirm", "--scenarios", "all", "--quiet"]
+    return verify(fixture_argv(model, FIXTURE, report, *extra), report)
+
+
+adapters_run = shared_run("adapters_run", _run)
+
+
+def _fixture() -> dict:
+    return json.loads((ROOT / FIXTURE).read_text(encoding="utf-8"))
+
+
+def _arm(data: dict, name: str) -> dict:
+    return next(a for a in data["arms"] if a["name"] == name)
+
+
+def _scenario_arm(data: dict, scenario: str, arm: str) -> dict:
+    return next(a for a in next(s for s in data["scenarios"] if s["name"] == scenario)["arms"] if a["arm"] == arm)
+
+
+def _requests(arm: dict, step: int) -> list[dict]:
+    return [r for r in arm["requests"] if r["step"] == step]
+
+
+def test_it_runs_to_a_report_whose_findings_exit_1(adapters_run):
+    assert adapters_run.data is not None, adapters_run.proc.stderr[-3000:]
+    assert adapters_run.proc.returncode == 1, adapters_run.proc.stderr[-3000:]
+
+
+def test_the_adapters_baselines_differ_on_every_probe(adapters_run):
+    """Each prompt's four probes: the baseline's answers differ wherever the weights do, so every probe can tell
+    whose KV a reuse read (none says it cannot)."""
+    base = _arm(adapters_run.data, "baseline")
+    assert base["verdict"] == "PASS"
+    by_prompt: dict[tuple, dict[str, list[int]]] = {}
+    for p in base["probes"]:
+        by_prompt.setdefault(tuple(p["submitted_token_ids"]), {})[p["adapter"]] = p["requests"][0]["token_ids"]
+    assert sorted(len(v) for v in by_prompt.values()) == [4, 4]
+    for answers in by_prompt.values():
+        for x in answers:
+            for y in answers:
+                assert (answers[x] == answers[y]) == (OTHER_WEIGHTS[x] == OTHER_WEIGHTS[y]), (x, y)
+    text = json.dumps(adapters_run.data)
+    assert "cannot tell the adapters apart" not in text
+
+
+def test_every_verdict_is_the_fixtures(adapters_run):
+    data, fixture = adapters_run.data, _fixture()
+    for arm, table in fixture["expected"].items():
+        got = {p["name"]: p["verdict"] for p in _arm(data, arm)["probes"]}
+        for probe, want in table.items():
+            assert expectation_met(want, got[probe]), (arm, probe, got[probe])
+    for arm, table in fixture["expected_scenarios"].items():
+        for scenario, want in table.items():
+            entry = _scenario_arm(data, scenario, arm)
+            assert expectation_met(want, entry["verdict"]), (arm, scenario, entry["verdict"], entry["reasons"])
+
+
+def test_the_token_keyed_store_fails_answering_as_adapter_a(adapters_run):
+    arm = _scenario_arm(adapters_run.data, "a-then-b", "PlantedTokenKeys")
+    b = _requests(arm, 1)
+    assert [r["probe"] for r in b] == ["fixture-B", "short-B"]
+    for r in b:  # A's blocks served to B: a hit, another answer, and the bytes fixture-A's / short-A's
+        assert r["cached_tokens"] > 0 and r["verdict"] == "FAIL", r["reasons"]
+        assert r["kv"]["verdict"] == "FOREIGN", r["kv"]
+    assert "answers as adapter A (short-A's baseline tokens @0-3)" in b[1]["reasons"]
+    # on the 1502-token prompt B's answer on A's KV is A's first token only: a FAIL that names no adapter (the
+    # limit docs/usage.md states); the KV audit's FOREIGN above is what says whose blocks it read there
+    assert not any("answers as" in reason for reason in b[0]["reasons"])
+    assert any("answers as adapter A" in reason for reason in arm["reasons"])
+
+
+def test_native_passes_a_then_b_missing_across_adapters(adapters_run):
+    arm = _scenario_arm(adapters_run.data, "a-then-b", "native")
+    assert arm["verdict"] == "PASS", arm["reasons"]
+    assert [r["cached_tokens"] for r in _requests(arm, 1)] == [0, 0]  # B: a miss under its own name
+    assert all(r["cached_tokens"] > 0 for r in _requests(arm, 2))  # A again: its own blocks
+
+
+def test_native_serves_a_under_its_name_to_other_weights(adapters_run):
+    """vLLM 0.28 keys a block on lora_name alone: A-id3 (another id) and A-reloaded (in place) hit A's blocks."""
+    arm = _scenario_arm(adapters_run.data, "same-name", "native")
+    for step in (1, 2, 3):
+        for r in _requests(arm, step):
+            assert r["cached_tokens"] > 0 and r["verdict"] == "FAIL" and r["kv"]["verdict"] == "FOREIGN", r
+
+
+def test_the_adapter_keyed_store_misses_across_adapters_and_reuses_its_own(adapters_run):
+    for scenario, misses, hits in (("a-then-b", (1,), (2,)), ("same-name", (1, 2), (3,))):
+        arm = _scenario_arm(adapters_run.data, scenario, "PlantedAdapterKeys")
+        assert all(r["cached_tokens"] == 0 for s in misses for r in _requests(arm, s)), scenario
+        assert all(r["cached_tokens"] > 0 and r["verdict"] == "PASS" for s in hits for r in _requests(arm, s))
+
+
+def test_the_report_and_its_views_name_the_adapters(adapters_run):
+    data = adapters_run.data
+    described = data["adapters"]
+    assert set(described) == set(OTHER_WEIGHTS)
+    assert described["A-id3"]["sha256"] == described["A-reloaded"]["sha256"] != described["A"]["sha256"]
+    assert described["A-reloaded"]["load_inplace"] is True and described["A-id3"]["lora_int_id"] == 3
+    assert "  short-B · adapter B" in format_summary(data)
+    issue = format_issue_md(data)
+    assert "#### LoRA adapters" in issue and "adapter A-reloaded: lora_name 'A', lora_int_id 1" in issue
