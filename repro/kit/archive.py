@@ -26,8 +26,9 @@ from repro.record.atomic import write_bytes_atomic
 # 9.7 KB lighter, which the code for it took most of back (1,165,014 bytes at c9968f0): the limit stays 1.2 MB, since
 # the default kit alone (1,013,810 bytes) is over 1 MB. What weighs is the figures of its cells that are not EXACT.
 # 1.25 MB since MultiConnector arms (issue 36, item 5): their code, tests and docs, about 13 KB gzipped, took the
-# SmolLM2 kit to 1,202,583 bytes; again a choice about size.
-MAX_KIT_BYTES = 1_250_000
+# SmolLM2 kit to 1,202,583 bytes; again a choice about size. 1.3 MB since the production-load scenario and key
+# identity under LoRA adapters (their code, tests, fixtures and docs) took it to 1,257,687 bytes at e9754bc.
+MAX_KIT_BYTES = 1_300_000
 SIZE_PARTS_SHOWN = 6  # the largest parts named in the size line and in the too-big error
 # What a maintainer needs to run the kit; everything else in the repository stays out.
 KIT_PATHS = (
