@@ -206,7 +206,7 @@ case ${1:?step} in
     # six children at a time on the GPU
     OUT=${2:?OUT}; mkdir -p "$OUT"
     NO_LMCACHE=1 "$0" step "$OUT" load-offloading-tiny-bi --fixture fixtures/scenarios-load-gpu-offloading.json --compare-native \
-      --no-native-matched --scenarios production-load --trials 3 --batch-invariant --jobs 6
+      --no-native-matched --scenarios production-load --trials "${TRIALS:-3}" --batch-invariant --jobs 6
     echo "all done" >>"$OUT/progress.txt" ;;
   step)  # OUT NAME ARGS...: one verify run on GPU $GPU (default 0), its start and end in OUT/progress.txt
     OUT=${2:?OUT}; name=${3:?NAME}; shift 3
