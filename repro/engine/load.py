@@ -31,6 +31,7 @@ class _Live:
 
     name: str
     rid: str  # the engine's (internal) request ID of the current attempt
+    external: str = ""  # the ID the kit gave the current attempt (its outputs carry it)
     tokens: list = field(default_factory=list)
     out: object = None
     cancel: dict | None = None
@@ -76,10 +77,11 @@ def run_load(llm, job: Job, sp, audit: AuditRecords, report_stage) -> tuple[list
     counter = iter(range(10**9))
 
     def add(live: _Live) -> None:
-        external = f"load-{next(counter)}"
-        live.rid = engine.add_request(external, TokensPrompt(prompt_token_ids=prompts[live.name]), params.clone())
+        ext.pop(live.external, None)  # an aborted attempt's late output (if any) is not this attempt's
+        live.external = f"load-{next(counter)}"
+        live.rid = engine.add_request(live.external, TokensPrompt(prompt_token_ids=prompts[live.name]), params.clone())
         live.tokens, live.steps_in_engine = [], 0
-        ext[external] = live
+        ext[live.external] = live
 
     steps, results = job.scenario.steps, []
     for k, step in enumerate(steps):
