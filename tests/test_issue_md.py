@@ -335,3 +335,18 @@ def test_engines_on_the_cpu_have_no_compute_capability():
     for arm in report["arms"]:
         arm["effective_config"]["workers"] = [dict(_worker(1, capability=None), platform="cpu")]
     assert "- **GPU compute capability**: none (cpu) (every arm) (NVIDIA H200)" in _section(format_issue_md(report))
+
+
+def test_expected_vs_actual_points_at_the_scenarios_when_only_they_found_something():
+    """A run whose plain probes all matched but whose scenario runs FAILed or died (the H200 production-load report:
+    OffloadingConnector's engine died, two arms FAILed) must not read 'No reuse differed'; one without scenario
+    findings reads as before."""
+    from repro.publish.issue_sections import format_expected_actual
+
+    data = json.loads((ROOT / "reports" / "offloading" / "load-offloading-tiny-bi.json").read_text(encoding="utf-8"))
+    text = format_expected_actual(as_report(data))
+    assert text.startswith("No plain probe's reuse differed") and "under Scenarios below" in text
+    for sc in data["scenarios"]:
+        for arm in sc["arms"]:
+            arm["verdict"] = "PASS"
+    assert format_expected_actual(as_report(data)) == "No reuse differed from caching off."

@@ -11,7 +11,7 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path, PurePath
 
-from repro.judge.verdict import FAIL
+from repro.judge.verdict import ERROR, FAIL
 from repro.judge.wording import NOT_RECORDED, machine_path_name
 from repro.paths import KIT_ROOT
 from repro.publish.headline import model_label
@@ -62,6 +62,10 @@ def format_expected_actual(report: Report) -> str:
         if kv:
             return "Every reuse answered as caching off did; the KV they loaded did not:\n\n" + "\n".join(
                 f"- {line}" for line in kv[:8]
+            )
+        if any(a.verdict in (FAIL, ERROR) for sc in report.scenarios for a in sc.arms):
+            return (
+                "No plain probe's reuse differed from caching off; what the scenarios found is under Scenarios below."
             )
         return "No reuse differed from caching off."
     arm, probe, no, req = found
