@@ -39,6 +39,12 @@ def served_member(record: dict | None, audited: str | None) -> dict:
     return {"index": member.get("index"), "connector": member.get("connector"), "tokens": tokens}
 
 
+def _first_of(records: list[dict]) -> dict:
+    """One request's record among several: one is written per scheduling of a new request, so a second one (kept as
+    "also_seqs") is the same request or prompt scheduled anew; the first is its own first load."""
+    return {**records[0], "also_seqs": [r.get("seq") for r in records[1:]]} if len(records) > 1 else records[0]
+
+
 class AuditRecords:
     """Maps the audit's per-request records (<seq>.json, in scheduling order) to the kit's requests."""
 
@@ -99,9 +105,7 @@ class AuditRecords:
             if not mine:
                 out.append({"seq": None, "unavailable": f"no audit record for this prompt among {len(records)} new"})
                 continue
-            # one per scheduling of a new request; a second one (seen as "also_seqs") is the same prompt scheduled
-            # anew; the first is the request's own first load
-            out.append({**mine[0], "also_seqs": [r.get("seq") for r in mine[1:]]} if len(mine) > 1 else mine[0])
+            out.append(_first_of(mine))
         return out
 
     def take_requests(self, request_ids: list[str]) -> list[dict | None]:
@@ -121,7 +125,7 @@ class AuditRecords:
             if not mine:
                 out.append({"seq": None, "unavailable": f"no audit record for request {rid} among {len(records)} new"})
             else:
-                out.append({**mine[0], "also_seqs": [r.get("seq") for r in mine[1:]]} if len(mine) > 1 else mine[0])
+                out.append(_first_of(mine))
         return out
 
     def summary(self) -> dict | None:

@@ -36,7 +36,6 @@ class _Live:
     out: object = None
     cancel: dict | None = None
     steps_in_engine: int = 0
-    attempt: int = 0
 
 
 def scheduler_computed(engine, rid: str) -> tuple[bool, int | None]:
@@ -117,7 +116,6 @@ def run_load(llm, job: Job, sp, audit: AuditRecords, report_stage) -> tuple[list
                     continue
                 engine.abort_request([live.rid], internal=True)
                 live.cancel = {**record, "request_id": live.rid, "output_tokens": list(live.tokens)}
-                live.attempt += 1
                 add(live)
         after, _ = preemption_count()
         grew = None if before is None or after is None else after - before

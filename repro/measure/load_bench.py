@@ -14,6 +14,7 @@ from pathlib import Path
 
 from repro.judge.verdict import SKIPPED
 from repro.paths import KIT_ROOT
+from repro.plan.load import CONTROL_SUFFIX, REFERENCE_SUFFIX
 from repro.plan.options import CPU_ENGINE_FLAGS
 
 LOAD_FIXTURE = KIT_ROOT / "fixtures" / "scenarios-load-cpu-planted.json"
@@ -55,14 +56,15 @@ def figure_lines(data: dict, keep: Path) -> list[str]:
     sc = next((s for s in data.get("scenarios") or [] if s.get("name") == SCENARIO), None)
     if sc is None:
         return ["the report has no production-load scenario"]
-    runs = [("baseline (schedule control)", (sc.get("control") or {}).get("wall_s"), "baseline")]
-    runs += [(f"{which.replace('_', ' ')}", ((sc.get("load") or {}).get(which) or {}).get("wall_s"), name)
-             for which, name in (("reference", "baseline"), ("reuse_control", "native"))]  # fmt: skip
+    load = sc.get("load") or {}
+    # (label, wall time, its KV directory: the run's name)
+    runs = [("baseline (schedule control)", (sc.get("control") or {}).get("wall_s"), "baseline"),
+            ("reference", (load.get("reference") or {}).get("wall_s"), "baseline", REFERENCE_SUFFIX),
+            ("reuse control", (load.get("reuse_control") or {}).get("wall_s"), "native", CONTROL_SUFFIX)]  # fmt: skip
     runs += [(a["arm"], a.get("wall_s"), a["arm"]) for a in sc.get("arms") or [] if a.get("verdict") != SKIPPED]
     out = []
-    for label, wall, arm in runs:
-        suffix = {"reference": "~reference", "reuse control": "~control"}.get(label, "")
-        run_dir = keep / f"{arm}~scenario.{SCENARIO}{suffix}"
+    for label, wall, arm, *suffix in runs:
+        run_dir = keep / f"{arm}~scenario.{SCENARIO}{''.join(suffix)}"
         size, records = audit_bytes(run_dir) if run_dir.is_dir() else (0, 0)
         per = f"{size / records / 1024:.1f} KiB a request over {records} records" if records else "no audit records"
         out.append(f"{label}: {'?' if wall is None else f'{wall:.1f} s'} · KV audit {size / 2**20:.1f} MiB, {per}")

@@ -31,6 +31,10 @@ def is_reference(run_name: str) -> bool:
     return run_name.endswith(REFERENCE_SUFFIX)
 
 
+def is_reuse_control(run_name: str) -> bool:
+    return run_name.endswith(CONTROL_SUFFIX)
+
+
 def control_runs(scenario: Scenario, arms: list[PlannedArm], run_name) -> list[tuple[PlannedArm, PlannedArm]]:
     """A load scenario's two runs besides its arms: the reference (the baseline arm renamed
     `baseline~scenario.<name>~reference`: every prompt alone, cache off, in the plain arms' engine) and the reuse

@@ -102,11 +102,10 @@ class ScenarioRuns:
             raw, problem = audits.get("" if sc.load is None else sc.name, (None, None))
             runs = [(o, run, out, rec) for (s, o, run, rec, k), out in zip(plan, outcomes) if s is sc and k == 1]
             sec = scenarios.section(sc, runs, skipped[sc.name], baseline, self.logs_rel)
+            judging = scenarios.judging_baseline(sc, runs, baseline, self.logs_rel)  # for the trials and reuse control
             if sc.load is not None:  # the reuse control's own KV verdict, beside the arms'
-                reuse = next(((run, out) for _, run, out, _ in runs if load_scenario.is_control(run.name)
-                              and not load_scenario.is_reference(run.name)), None)  # fmt: skip
+                reuse = next(((run, out) for _, run, out, _ in runs if load_scenario.is_reuse_control(run.name)), None)
                 if reuse is not None:
-                    judging = scenarios.judging_baseline(sc, runs, baseline, self.logs_rel)
                     judged = scenarios.judge_run(sc, reuse[0], reuse[1], judging[0], sec["control"], self.logs_rel)
                     scenarios.annotate_kv(judged, results.get(reuse[0].name), raw, problem, self.engine.block_size)
                     sec["load"]["reuse_control"]["kv"] = load_scenario.kv_summary(judged)
@@ -115,7 +114,7 @@ class ScenarioRuns:
             for _, run, out, _ in runs:
                 if load_scenario.is_reference(run.name):
                     verdicts[run.name] = "reference " + ("ok" if load_scenario.reference(out) else "error")
-                elif load_scenario.is_control(run.name):
+                elif load_scenario.is_reuse_control(run.name):
                     verdicts[run.name] = "control " + sec["load"]["reuse_control"]["status"]
             for entry in sec["arms"]:
                 name = by_arm.get(entry["arm"])
@@ -124,7 +123,6 @@ class ScenarioRuns:
                 if self.n_trials > 1 and name is not None:
                     more = [(run, out, k) for (s, o_arm, run, _, k), out in zip(plan, outcomes)
                             if s is sc and k > 1 and o_arm.name == entry["arm"]]  # fmt: skip
-                    judging = scenarios.judging_baseline(sc, runs, baseline, self.logs_rel)
                     verdicts |= self._trials(sc, entry, name, more, judging, sec["control"], (results, raw, problem),
                                              clock)  # fmt: skip
             for name, verdict in verdicts.items():

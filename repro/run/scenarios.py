@@ -361,9 +361,7 @@ def judging_baseline(scenario: Scenario, runs: list, baseline: ArmResult | None,
     if scenario.load is None:
         return baseline, None, None
     ref = next((r[2] for r in runs if load_scenario.is_reference(r[1].name)), None)
-    reuse = next(
-        (r[2] for r in runs if load_scenario.is_control(r[1].name) and not load_scenario.is_reference(r[1].name)), None
-    )
+    reuse = next((r[2] for r in runs if load_scenario.is_reuse_control(r[1].name)), None)
     baseline = load_scenario.reference(ref)
     answers = {p.name: list(p.requests[0].token_ids) for p in (baseline.probes if baseline else ()) if p.requests}
     pairs, entry = load_scenario.reuse_control(reuse, answers, logs_rel)
