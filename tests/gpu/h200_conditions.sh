@@ -55,6 +55,9 @@
 #                                              then SmolLM2), and the offloading connectors beneath the GPU cache
 #   tests/gpu/h200_conditions.sh load OUT      on the 0.26.0 bundle, one GPU: the offloading connectors under the
 #                                              production-load scenario (tiny model, 3 trials, batch-invariant)
+#   tests/gpu/h200_conditions.sh keys028 OUT   on the 0.28 stack, one GPU: LMCache's connectors on the adapter probes
+#                                              (tiny model), the offloading connectors under production load
+#                                              ($TRIALS trials), the adapter probes on SmolLM2
 #   tests/gpu/h200_conditions.sh monitor OUT   host memory, load and GPU memory every 5 s (in the background)
 #   tests/gpu/h200_conditions.sh reference028 OUT
 #                                              on that stack, LMCache's ops as its wheel ships them: both
@@ -356,6 +359,23 @@ PY
     SITE=$SITE028 "$0" step "$OUT" tiny-preemption-sync-v028 "${fx[@]}" --scenarios preemption-sync
     SITE=$SITE028 "$0" step "$OUT" tiny-preemption-async-v028 "${fx[@]}" --scenarios preemption
     echo "scenarios028h done" >>"$OUT/progress.txt" ;;
+  keys028)  # OUT, on the 0.28 stack, one GPU, one run at a time (2026-12-03, fourth session), most needed first:
+    # 1. LMCache's two connectors (0.5.4, its wheel's compiled ops) and native on the adapter probes, the tiny model;
+    # 2. vLLM's offloading connectors under the production-load scenario, tiny model, $TRIALS trials (default 3),
+    #    batch-invariant, six children at a time (as `load` ran on the 0.26.0 bundle);
+    # 3. the adapter probes on SmolLM2 (after `SITE=$SITE028 ... smollm2`).
+    OUT=${2:?OUT}; mkdir -p "$OUT"
+    SITE=$SITE028 "$0" step "$OUT" adapters-lmcache-tiny-v028 --fixture fixtures/scenarios-gpu-adapters-lmcache.json \
+      --compare-native --no-native-matched --scenarios all --lmcache-ops compiled --timeout 600
+    SITE=$SITE028 NO_LMCACHE=1 "$0" step "$OUT" load-offloading-tiny-bi-v028 \
+      --fixture fixtures/scenarios-load-gpu-offloading.json --compare-native --no-native-matched \
+      --scenarios production-load --trials "${TRIALS:-3}" --batch-invariant --jobs 6
+    if [ -d "$SMOLLM2" ]; then
+      SITE=$SITE028 "$0" step "$OUT" adapters-lmcache-smollm2-v028 --model "$SMOLLM2" \
+        --fixture fixtures/scenarios-gpu-adapters-smollm2.json --compare-native --no-native-matched --scenarios all \
+        --lmcache-ops compiled --timeout 600
+    fi
+    echo "keys028 done" >>"$OUT/progress.txt" ;;
   monitor)  # OUT: every 5 s the host's memory, load and the GPU's memory into OUT/monitor.txt (started in the background)
     OUT=${2:?OUT}; mkdir -p "$OUT"
     while :; do

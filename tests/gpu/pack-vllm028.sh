@@ -7,7 +7,7 @@
 # 2026-12-01, which leaves 40.3 MB, so 36 MB keeps room for the reports still to come.
 #
 #   usage: PYTHON=python3.12 tests/gpu/pack-vllm028.sh OUTDIR
-#          VLLM=0.28.0 LMCACHE=0.5.4 TORCH=2.13.0 ... (the defaults)
+#          VLLM=0.28.0 LMCACHE=0.5.4 TORCH=2.13.0 PART_BYTES=36000000 XZ_THREADS=2 XZ_LEVEL=6 (the defaults)
 #
 # OUTDIR/c00, OUTDIR/c01, ... hold v028.00, v028.01, ... (c00 also v028.sha256); OUTDIR/MANIFEST.txt
 # lists every wheel with its version and sha256, what was left out and why, and the sizes. On the GPU
@@ -146,7 +146,7 @@ grep -q "^__version__ = '$TORCH+cu130'" "$site/torch/version.py" \
   || { echo "pack-vllm028.sh: torch in the tree is not $TORCH+cu130" >&2; exit 3; }
 raw=$(du -sb "$site" | cut -f1)
 echo "compressing $((raw / 1000000)) MB ..." >&2
-tar -C "$site" --sort=name --mtime=@0 --owner=0 --group=0 -cf - . | xz -T"${XZ_THREADS:-2}" -6 >"$work/bundle.tar.xz"
+tar -C "$site" --sort=name --mtime=@0 --owner=0 --group=0 -cf - . | xz -T"${XZ_THREADS:-2}" -"${XZ_LEVEL:-6}" >"$work/bundle.tar.xz"
 t_pack=$((SECONDS - t2))
 
 rm -rf "$out"/c[0-9][0-9]
