@@ -149,6 +149,14 @@ def test_a_bad_adapters_table_is_one_line(tmp_path, table, top, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("label", [["A"], {"A": 1}, 7])
+def test_a_probe_adapter_that_is_no_label_is_one_line(tmp_path, label):
+    # found by tests/test_loaders_fuzz.py on a shipped fixture: a list here raised TypeError (unhashable)
+    with pytest.raises(UsageError, match="fixture .*: ") as err:
+        load_fixture(_fixture(tmp_path, {"A": {"seed": 1}}, probe_adapter=label))
+    assert "probes[0].adapter: must be an adapter's label (a string)" in str(err.value)
+
+
 def test_an_in_place_reload_may_take_an_earlier_adapters_id(tmp_path):
     table = {"A": {"seed": 1}, "A2": {"seed": 2, "lora_name": "A", "lora_int_id": 1, "load_inplace": True}}
     assert load_fixture(_fixture(tmp_path, table)).adapters.adapters[1].lora_int_id == 1

@@ -166,6 +166,8 @@ def parse_adapters(data: dict, probes: tuple, path) -> tuple[tuple, AdapterTable
     for i, label in enumerate(named):
         if label is None:
             continue
+        if not isinstance(label, str):
+            raise _fail(path, f"probes[{i}].adapter: must be an adapter's label (a string)")
         if label not in raw:
             raise _fail(path, f"probes[{i}].adapter: no adapter {label!r} in the fixture's adapters")
         out[i] = replace(out[i], adapter=label)
