@@ -24,6 +24,7 @@ from repro.judge.verdict import FAIL, INCONCLUSIVE, PASS, Request
 from repro.models import tiny
 from repro.plan.fixtures import load_fixture
 from repro.plan.prompt_logprobs import MAX_PROMPT_LOGPROBS
+from repro.readmodel.requests import Request as ReadRequest
 
 ANSWER = [265, 82, 40, 58, 183, 274, 144, 98, 147, 217, 3, 10, 55, 151, 81, 100]
 BASE = {"k": 1, "logprobs": [-5.5, -4.25, -6.0, -3.0], "top1": [7, 9, 11, 13], "nonfinite": 0}
@@ -222,3 +223,18 @@ def test_a_scenario_request_is_judged_the_same_way():
         v = decide_scenario_request(tuple(ANSWER), Request(tuple(ANSWER), cached), "reuse", True)
         judged, summary = plp.judge_request(v, req, base, expect_reuse=True)
         assert judged.verdict == want and summary["vs_baseline"] is not None, judged.reasons
+
+
+def test_the_views_say_what_a_requests_prompt_logprobs_show():
+    stale = {**BASE, "logprobs": [1.0, 1.0, -6.0, -3.0], "top1": [0, 0, 11, 13]}
+    summary = plp.summary(stale, plp.compare(stale, BASE))
+    text = ReadRequest.from_json({"role": "reuse", "cached_tokens": 2, "prompt_logprobs": summary}).prompt_logprobs_text
+    assert (
+        text
+        == "prompt logprobs' top-1 IDs differ @0 at 2 of 4 positions; values differ @0-1 (2 no logprob; max |diff| 0.0 where both are)"
+    )
+    off = ReadRequest.from_json(
+        {"role": "reuse", "cached_tokens": 0, "prompt_logprobs": plp.summary(BASE, plp.compare(BASE, BASE))}
+    )
+    assert off.prompt_logprobs_text == f"{plp.TURNED_OFF} (prompt_logprobs=1)"
+    assert ReadRequest.from_json({"role": "reuse", "cached_tokens": 2}).prompt_logprobs_text == ""
