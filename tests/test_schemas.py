@@ -86,3 +86,18 @@ def test_what_the_fixture_loader_accepts_the_schema_accepts(data):
     except UsageError:
         return
     FIXTURE.validate(doc)
+
+
+def test_a_requests_prompt_logprobs_summary_matches_the_schema():
+    """What repro.judge.prompt_logprobs.summary writes, against the report schema's $defs.prompt_logprobs."""
+    from repro.judge import prompt_logprobs as plp
+
+    schema = json.loads((ROOT / "schemas" / "report.schema.json").read_text(encoding="utf-8"))
+    one = {"$defs": schema["$defs"], "$ref": "#/$defs/prompt_logprobs"}
+    base = {"k": 1, "logprobs": [-1.0, -2.0], "top1": [3, 4], "nonfinite": 0}
+    stale = {"k": 1, "logprobs": [None, 5.0], "top1": [-7, 4], "nonfinite": 1}
+    for summary in (plp.summary(base, None), plp.summary(base, plp.compare(base, base)),
+                    plp.summary(stale, plp.compare(stale, base))):  # fmt: skip
+        jsonschema.validate(summary, one)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**plp.summary(base, None), "logprobs": [-1.0]}, one)  # never the values themselves

@@ -7,7 +7,8 @@ Arm result schema (kind "kvkit-arm-result"):
     Additions without a bump (both sides are always one kit; an absent field reads as None): a scenario
     job (Job.scenario, EngineConfig.max_num_seqs and max_num_batched_tokens) and its result
     (ArmResult.scenario: the steps' requests and the engine's preemption counter); the LoRA adapter a probe ran
-    under (ProbeResult.adapter; EngineConfig.lora and ProbeJob.prompt["adapter"] on the job's side).
+    under (ProbeResult.adapter; EngineConfig.lora and ProbeJob.prompt["adapter"] on the job's side); a request's
+    prompt logprobs (RequestResult.prompt_logprobs, where ProbeJob.prompt["prompt_logprobs"] asked for them).
 """
 
 from __future__ import annotations
@@ -43,9 +44,14 @@ class RequestResult:
     # a MultiConnector arm: the member that loaded this request, as the KV audit saw MultiConnector choose it
     # ({"index", "connector", "tokens"}; index None: none loaded, or {"index": None, "unavailable": why})
     connector_member: dict | None = None
+    # asked for prompt logprobs (repro.engine.prompt_logprobs.record): {"k", "logprobs", "top1"}, one entry a prompt
+    # position from the second token on; the report keeps a summary of it (repro.judge.prompt_logprobs)
+    prompt_logprobs: dict | None = None
 
     def to_json(self) -> dict:
         extra = {} if self.external_tokens is None else {"external_tokens": self.external_tokens}
+        if self.prompt_logprobs is not None:
+            extra["prompt_logprobs"] = dict(self.prompt_logprobs)
         if self.connector_member is not None:
             extra["connector_member"] = dict(self.connector_member)
         return extra | {
@@ -78,6 +84,7 @@ class RequestResult:
             kv_audit_record=read_field(data, "kv_audit_record", dict, where, optional=True),
             external_tokens=read_field(data, "external_tokens", int, where, optional=True),
             connector_member=read_field(data, "connector_member", dict, where, optional=True),
+            prompt_logprobs=read_field(data, "prompt_logprobs", dict, where, optional=True),
         )
 
 

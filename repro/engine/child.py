@@ -35,6 +35,8 @@ from repro.engine.engine_args import engine_kwargs
 from repro.engine.facts import collect_versions, effective_config, lmcache_build, process_facts
 from repro.engine.frontend import build_frontend, frontend_from_env
 from repro.engine.outputs import _request, connector_tokens, external_hits, preemption_count
+from repro.engine.prompt_logprobs import record as plp_record
+from repro.engine.prompt_logprobs import sampling_for
 from repro.record.atomic import dumps_json, write_bytes_atomic
 
 
@@ -179,12 +181,16 @@ def run_job(job: Job, keep: list) -> ArmResult:
                 # the GPU prefix cache forgets, the connector's tier stays: the reuse is the connector's to serve
                 gpu_resets.append(bool(llm.reset_prefix_cache()))
             before = external_hits()[0] if beneath else None
-            out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False, **lora)[0]
+            out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sampling_for(sp, [probe.prompt]), use_tqdm=False,
+                               **lora)[0]  # fmt: skip
             after = external_hits()[0] if beneath else None
             record = audit.take(ids)
             ext = connector_tokens(record, before, after) if beneath else None
             member = served_member(record, job.kv_audit_dir) if multi else None
-            requests.append(_request(out, "cold" if i == 0 else "reuse", record, ext, member))
+            plp = plp_record(out, probe.prompt.get("prompt_logprobs"))  # where it asked for them
+            requests.append(
+                replace(_request(out, "cold" if i == 0 else "reuse", record, ext, member), prompt_logprobs=plp)
+            )
         probes.append(ProbeResult(probe.name, tuple(ids), messages, tuple(requests), adapter=loras.sent(probe.prompt)))
     if job.arm.connector is not None and "lmcache" in job.arm.connector.name.lower():
         # after the run: the engine's worker imported LMCache's compiled ops first (or failed to)
@@ -243,7 +249,8 @@ def run_scenario(llm, job: Job, tokenizer, sp, audit: AuditRecords) -> tuple[lis
             before, _ = preemption_count()
             ids = [prompts[name] for name in names]
             lora = loras.generate_kwargs([specs[name] for name in names])  # the adapters they run under, if any
-            outs = llm.generate([TokensPrompt(prompt_token_ids=i) for i in ids], sp, use_tqdm=False, **lora)
+            params = sampling_for(sp, [specs[name] for name in names])  # prompt logprobs where a probe asks
+            outs = llm.generate([TokensPrompt(prompt_token_ids=i) for i in ids], params, use_tqdm=False, **lora)
             after, _ = preemption_count()
             grew = None if before is None or after is None else after - before
             records = audit.take_many(ids) if len(ids) > 1 else [audit.take(ids[0])]
@@ -254,7 +261,10 @@ def run_scenario(llm, job: Job, tokenizer, sp, audit: AuditRecords) -> tuple[lis
                 # beneath the GPU prefix cache: the connector's own count, from the audit's record alone (vLLM's
                 # counter cannot be split between requests in flight together)
                 ext = connector_tokens(record, None, None) if beneath else None
-                requests.append(StepRequest(k, name, _request(out, role, record, ext, member), grew))
+                plp = plp_record(out, specs[name].get("prompt_logprobs"))
+                requests.append(
+                    StepRequest(k, name, replace(_request(out, role, record, ext, member), prompt_logprobs=plp), grew)
+                )
     count, source = preemption_count()
     return probes, ScenarioResult(job.scenario.name, tuple(requests), count, source)
 

@@ -94,8 +94,10 @@ class AsyncFrontend:
         from vllm.renderers.inputs.preprocess import parse_model_prompt
         from vllm.sampling_params import RequestOutputKind
 
-        params = sampling_params.clone()
-        params.output_kind = RequestOutputKind.FINAL_ONLY  # what LLM sets: one output per request, when done
+        each = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        params = [p.clone() for p in each]  # one per prompt, as LLM.generate takes them (prompt logprobs)
+        for p in params:
+            p.output_kind = RequestOutputKind.FINAL_ONLY  # what LLM sets: one output per request, when done
         # Rendered first, as LLM and the OpenAI server do (the raw-prompt path of add_request is deprecated).
         renderer = self.engine.renderer
         parsed = [parse_model_prompt(self.engine.model_config, p) for p in prompts]
@@ -104,9 +106,9 @@ class AsyncFrontend:
         # before it steps: a batch is the same batch in both front ends.
         queues = []
         try:
-            for engine_input, lora in zip(inputs, loras):
+            for engine_input, lora, one in zip(inputs, loras, params):
                 extra = {"lora_request": lora} if lora is not None else {}  # a LoRA adapter's request only
-                queues.append(await self.engine.add_request(str(next(self._ids)), engine_input, params, **extra))
+                queues.append(await self.engine.add_request(str(next(self._ids)), engine_input, one, **extra))
             return [await _final(q) for q in queues]
         except (Exception, asyncio.CancelledError):
             if queues:  # a failure or a cancellation leaves no request running in the engine

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from repro.contract.result import ArmResult, ProbeResult, RequestResult
-from repro.judge import adapters
+from repro.judge import adapters, prompt_logprobs
 from repro.judge.compare import margin_at
 from repro.judge.replays import find_replays, request_label
 from repro.judge.verdict import (
@@ -156,6 +156,9 @@ def judge_probe(
         "requests": reqs,
         "skipped": None,
     }
+    reuse_arm = mode != "baseline" and baseline_probe is not None and bool(baseline_probe.requests)
+    base_cold = baseline_probe.requests[0] if reuse_arm else None  # prompt logprobs, where the probe asked for them
+    pv = prompt_logprobs.judge_probe(pv, probe.requests, base_cold, reqs, reuse_arm)
     if probe.adapter is not None:  # the LoRA adapter it ran under (repro.plan.adapters); absent otherwise, as before
         entry["adapter"] = probe.adapter["label"]
     return entry, pv

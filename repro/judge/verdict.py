@@ -34,8 +34,8 @@ This module is the one verdict authority: it names every verdict (no other modul
 tests/test_imports.py) and decides the token verdicts of probes and arms, each a pure function that
 returns a frozen record (ProbeVerdict, ArmVerdict). The other decisions are pure functions over these
 names beside it: repro.judge.kv_verdict (KV cells and KV verdicts), repro.judge.scenario_verdict
-(scenario requests and arms), repro.judge.batch_invariance (--batch-invariant) and
-repro.judge.expectations (what a fixture's expectations accept). Other modules format and store
+(scenario requests and arms), repro.judge.batch_invariance (--batch-invariant), repro.judge.prompt_logprobs
+(prompt logprobs and reuse they turned off) and repro.judge.expectations (what a fixture's expectations accept). Other modules format and store
 verdicts; they never write a verdict themselves.
 """
 

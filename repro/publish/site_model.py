@@ -203,7 +203,7 @@ def _table_row(arm: Arm, probe: Probe, anchor: str, kv: bool) -> TableRow:
         kv_verdict=(probe.kv_verdict or "") if kv else "",
         classes=tuple((g.text, g.cls) for g in probe.classed_divergences),
         marks=tuple((m.text, m.qualifies) for m in arm.marks(probe)),
-        replays="; ".join(probe.replay_lines()),
+        replays="; ".join(probe.replay_lines() + probe.prompt_logprob_lines()),  # and what prompt logprobs show
     )
 
 

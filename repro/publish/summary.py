@@ -101,6 +101,7 @@ def format_summary(report: Report | Mapping[str, Any]) -> str:
         for p in arm.probes:
             lines.append(_probe_line(p, p.kv_cell if audit else None, width))
             lines += [f"    {line}"[:400] for line in p.replay_lines()]
+            lines += [f"    {line}"[:400] for line in p.prompt_logprob_lines()]  # where it asked for them
         for note in arm.findings:
             lines.append(f"  note: {note}")
     for err in report.errors:

@@ -229,6 +229,15 @@ class Probe(KVCells):
             f"reuse{'s' if len(nos) > 1 else ''} {', '.join(map(str, nos))}: {text}" for text, nos in by_text.items()
         )
 
+    def prompt_logprob_lines(self) -> tuple[str, ...]:
+        """'reuse 1: prompt logprobs' top-1 IDs differ @0 at 287 of 299 positions; ...', a line per request whose
+        prompt logprobs say something (Request.prompt_logprobs_text); () for a probe that asked for none."""
+        return tuple(
+            f"{self.request_label(no, r)}: {r.prompt_logprobs_text}"
+            for no, r in self.numbered_requests()
+            if r.prompt_logprobs_text
+        )
+
     def numbered_requests(self) -> list[tuple[int, Request]]:
         """Each request with the number of reuses up to it ('reuse 1' is the first reuse)."""
         out, no = [], 0

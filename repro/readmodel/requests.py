@@ -12,6 +12,7 @@ from repro.judge.compare import NEAR_TIE_NATS
 from repro.judge.kv_grid import dense_planes
 from repro.judge.kv_verdict import CELL_CORRUPT, FINDING_OF
 from repro.judge.kvaudit import MATCHES_KEPT
+from repro.judge.prompt_logprobs import EXACT_VALUES, TURNED_OFF
 from repro.judge.replays import BASELINE as REPLAY_BASELINE
 from repro.judge.replays import MIN_REPLAY_TOKENS
 from repro.judge.verdict import UNCLASSED, classify_divergence
@@ -258,6 +259,26 @@ class Request:
     @property
     def first_diff(self) -> int | None:
         return self.data.get("first_diff")
+
+    @property
+    def prompt_logprobs_text(self) -> str:
+        """What its prompt logprobs say (repro.judge.prompt_logprobs): 'reuse turned off by prompt_logprobs' where a
+        reuse that asked for them reported 0 cached tokens, and how they differ from the baseline's ('top-1 IDs differ
+        @0 at 287 of 299 positions; values differ @0-287 (288 no logprob; ...)'); '' where it asked for
+        none, or they are the baseline's exactly and reuse ran."""
+        plp = _mapping(self.data.get("prompt_logprobs"))
+        if plp is None:
+            return ""
+        parts = [f"{TURNED_OFF} (prompt_logprobs={plp.get('k')})"] if self.is_reuse and self.cached_tokens == 0 else []
+        vs = _mapping(plp.get("vs_baseline"))
+        if vs is not None and vs.get("class") != EXACT_VALUES:
+            if vs.get("top1_differ"):
+                parts.append(f"prompt logprobs' top-1 IDs differ @{vs.get('top1_first_diff')} at {vs.get('top1_differ')} "
+                             f"of {vs.get('baseline_positions')} positions")  # fmt: skip
+            if vs.get("value_first_diff") is not None:
+                parts.append(f"values differ @{vs.get('value_first_diff')}-{vs.get('value_last_diff')} "
+                             f"({vs.get('invalid')} no logprob; max |diff| {vs.get('max_abs_diff')} where both are)")  # fmt: skip
+        return "; ".join(parts)
 
     @property
     def token_ids(self) -> list[int] | None:

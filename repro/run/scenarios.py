@@ -19,7 +19,7 @@ from pathlib import Path
 from repro.contract.failure import Failure
 from repro.contract.job import Job, ProbeJob, ScenarioJob, StepJob, build_job
 from repro.contract.result import ArmResult
-from repro.judge import adapters, kvaudit
+from repro.judge import adapters, kvaudit, prompt_logprobs
 from repro.judge.compare import first_diff
 from repro.judge.evaluate import comparability_problems, margin_of
 from repro.judge.kv_verdict import KVVerdict, decide_kv_probe, decide_kv_unavailable, decide_scenario_kv
@@ -309,6 +309,8 @@ def judge_run(
             )
             replays = [r.as_dict() for r in found]
         v = adapters.judge_scenario_request(v, sr.probe, answers, sibs.get(sr.probe), replays)  # key identity
+        base_cold = base.requests[0] if base is not None else None
+        v, plp = prompt_logprobs.judge_request(v, req, base_cold, expect == "reuse")  # where it asked for them
         judged[-1] = (judged[-1][0], v)
         earlier.setdefault(sr.probe, []).append((_label(sr.step, sr.probe), tokens))
         entry["requests"].append(
@@ -335,6 +337,8 @@ def judge_run(
         )
         if beneath:  # the connector's own count (repro.plan.offloading); absent for every other arm, as before
             entry["requests"][-1]["external_tokens"] = req.external_tokens
+        if plp is not None:  # its prompt logprobs' summary (repro.judge.prompt_logprobs); absent otherwise
+            entry["requests"][-1]["prompt_logprobs"] = plp
         if load:  # the reuse control's hit for the same request, and what its cancelled attempt had done
             entry["requests"][-1]["control_cached_tokens"] = pairs[i][3] if pairs is not None else None
             entry["requests"][-1]["cancel"] = sr.cancel
