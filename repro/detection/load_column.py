@@ -14,7 +14,8 @@ rounds cache-off (the schedule control), the reuse control (native prefix cachin
 prompt), and one fresh engine per row and no-fault control. A request differs only when it differs from its cache-off
 answer and from the reuse control's answer to it; its KV is audited against the reference's KV (its own comparison
 child, as the verifier runs a load scenario's: repro.detection.scenarios.audit_columns). Its cells keep the records that decide them (split_records), its
-section each arm's rates and the requests that are not PASS: 192 requests an arm would multiply the report's size.
+section each arm's rates and its first 8 requests that are not PASS: 192 requests an arm would multiply the report's
+size.
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ DESCRIPTION = (
 )
 
 
+# requests that are not PASS kept per arm in the section, as the verifier's summary prints them (the cells keep every
+# faulted request's record; the arm's rates count them all)
+KEPT_REQUESTS = 8
+
+
 def scenario() -> Scenario:
     """The load scenario as repro.plan.fixtures makes one from a fixture's `load` object."""
     made = load.prompts(SPEC)
@@ -77,8 +83,10 @@ def cell_records(entry: dict) -> tuple[list[dict], dict]:
 def _request(r: dict) -> dict:
     """A request that is not PASS, as the section keeps it: what its line in the summary says."""
     kv = r.get("kv") or {}
-    keep = ("step", "probe", "verdict", "class", "first_diff", "cached_tokens", "control_cached_tokens", "cancel")
+    keep = ("step", "probe", "verdict", "class", "first_diff", "cached_tokens", "control_cached_tokens")
+    cancel = r.get("cancel")
     return {k: r.get(k) for k in keep} | {
+        "cancel": None if not cancel else {k: v for k, v in cancel.items() if k != "output_tokens"},
         "reasons": list(r.get("reasons") or [])[:2],
         "kv": kv.get("verdict"),
         "replays": [{k: x.get(k) for k in ("probe", "request", "from", "tokens")} for x in r.get("replays") or []],
@@ -88,7 +96,8 @@ def _request(r: dict) -> dict:
 
 def slim(section: dict) -> dict:
     """The column's section as the report keeps it: the load spec and its controls' entries, the schedule control
-    without its requests, and each arm's verdict, rates, KV verdict and the requests that are not PASS."""
+    without its requests, and each arm's verdict, rates, KV verdict and its first KEPT_REQUESTS requests that are not
+    PASS (a cancelled one without the tokens its aborted attempt made)."""
     control = {k: v for k, v in section["control"].items() if k != "requests"}
     control["requests_total"] = len(section["control"]["requests"])
     arms = []
@@ -102,7 +111,8 @@ def slim(section: dict) -> dict:
                 "kv": {"verdict": kv.get("verdict"), "reasons": list(kv.get("reasons") or [])[:3]},
                 "load": a.get("load"),
                 "requests_total": len(a.get("requests") or []),
-                "requests": [_request(r) for r in a.get("requests") or [] if r.get("verdict") != PASS],
+                "requests_not_pass": len(not_pass := [r for r in a.get("requests") or [] if r.get("verdict") != PASS]),
+                "requests": [_request(r) for r in not_pass[:KEPT_REQUESTS]],
             }
         )
     keep = ("name", "description", "engine", "load")

@@ -173,7 +173,8 @@ def run_column(
         and out.result is not None
         and not load_scenario.is_control(run.name)
     }  # fmt: skip (a load scenario's reuse control is not a cell's: its KV is not compared here)
-    section["run_names"] = {original.name: run.name for original, run, _, _ in done}
+    # each arm's own run (a load scenario's reference and reuse control are the baseline's and native's too)
+    section["run_names"] = {o.name: run.name for o, run, _, _ in done if not load_scenario.is_control(run.name)}
     if scenario.load is not None:  # what its arms' KV is compared with (popped with run_names)
         section["reference_result"] = load_column.reference_of(done)
     return section, results
