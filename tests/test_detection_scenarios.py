@@ -361,7 +361,7 @@ def test_the_site_index_links_the_scenario_study(tmp_path):
     written = {}
     entry = _detection_scenarios(path, tmp_path, lambda p, b: written.setdefault(p.name, b))
     assert (entry.section, entry.title) == ("detection", "detection study × scenarios")
-    assert "hypothesis held in 15/15 cells at 32 tokens" in entry.summary
+    assert "hypothesis held in 24/24 cells at 32 tokens" in entry.summary
     assert written["detection-scenarios.html"] == path.with_suffix(".html").read_bytes()
 
 
