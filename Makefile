@@ -63,7 +63,7 @@ detection: $(INV) ## Run every planted fault x position x window and the no-faul
 	@$(INV) detection --model "$(MODEL)"
 
 .PHONY: detection-scenarios
-detection-scenarios: $(INV) ## Run the detection study's scenario columns on the CPU engine (~13 min on 2 shared cores): gated planted faults x plain probes and each scenario; writes reports/detection/detection-scenarios.json and its page
+detection-scenarios: $(INV) ## Run the detection study's scenario columns on the CPU engine (~26 min on 2 cores, ~36 shared): gated planted faults and a load-only fault x plain probes, each scenario and production load; writes reports/detection/detection-scenarios.json and its page
 	@$(INV) detection-scenarios
 
 .PHONY: kit kit-check

@@ -173,11 +173,18 @@ def test_control_cell_counts_false_positives_apart_from_schedule_numerics():
 
 
 def test_the_plan_rows_columns_and_hypothesis():
-    assert study.COLUMNS == ("plain", "a-b-a", "eviction", "preemption", "in-flight")
+    assert study.COLUMNS == ("plain", "a-b-a", "eviction", "preemption", "in-flight", "production-load")
+    assert [name for name, _, _ in study.ROWS] == ["always", "in_flight", "after_eviction", "land_elsewhere"]
     assert set(study.HYPOTHESIS) == {name for name, _, _ in study.ROWS}
     assert all(set(h) == set(study.COLUMNS) for h in study.HYPOTHESIS.values())
     # the always row is today's zero_blocks head arm; the gates only add `when`
     assert study.row_params("always") == {"num_blocks": 1, "first_block": 0}
+    # the load-only fault, gated as the load fixture gates it; only production load is expected to catch it
+    assert (study.row_fault("land_elsewhere"), study.row_params("land_elsewhere")) == (
+        "land_elsewhere",
+        {"when": "in_flight", "in_flight_min": 16},
+    )
+    assert [c for c, h in study.HYPOTHESIS["land_elsewhere"].items() if h != "miss"] == ["production-load"]
     assert study.row_params("after_eviction")["local_capacity_blocks"] == study.LOCAL_CAPACITY_BLOCKS
     # N: at least the longest reused study prompt's full blocks, fewer than A + B (alpha, bravo)
     blocks = {name: length // 16 for name, length in study.plan.PROMPTS}
@@ -291,7 +298,8 @@ def test_the_committed_report_renders_and_its_cells_follow_from_their_requests()
     report = json.loads(COMMITTED.read_text(encoding="utf-8"))
     assert report["provenance"]["kit"]["dirty"] is False
     for c in report["cells"]:
-        again = fault_cell(c["requests"], c["hypothesis"], c["error"], c["status"] == INCONCLUSIVE and not c["error"])
+        missing = c["status"] == INCONCLUSIVE and not c["error"]
+        again = fault_cell(c["requests"], c["hypothesis"], c["error"], missing, left_out=c.get("records_left_out"))
         assert (again["status"], again["caught_by_window"], again["gate_opened"]) == (
             c["status"],
             c["caught_by_window"],
@@ -353,5 +361,87 @@ def test_the_site_index_links_the_scenario_study(tmp_path):
     written = {}
     entry = _detection_scenarios(path, tmp_path, lambda p, b: written.setdefault(p.name, b))
     assert (entry.section, entry.title) == ("detection", "detection study × scenarios")
-    assert "hypothesis held in 15/15 cells at 32 tokens" in entry.summary
+    assert "hypothesis held in 24/24 cells at 32 tokens" in entry.summary
     assert written["detection-scenarios.html"] == path.with_suffix(".html").read_bytes()
+
+
+def test_a_land_elsewhere_victim_is_faulted_and_its_loader_is_not():
+    """land_elsewhere loads every block faithfully: the faulted request is the one whose block another load overwrote
+    (overwritten_by), not the loader (landed_in), though neither lists faulted blocks."""
+    gate = {"apply": True, "in_flight": {"scheduled": 20, "unfinished": 64, "in_flight": 64, "min": 16, "open": True}}
+    victim = pf(32, [], gate, fault="land_elsewhere", overwritten_by="7", overwritten_block=0)
+    loader = pf(32, [], gate, fault="land_elsewhere", landed_in="3")
+    reqs = [
+        request(1, "load-p000-s00", "reuse", FAIL, 4, victim, kv=FOREIGN),
+        request(1, "load-p001-s00", "reuse", PASS, None, loader, kv=EXACT),
+    ]
+    cell = fault_cell(scenario_records({"requests": reqs}), "catch")
+    assert (cell["status"], cell["faulted_requests"], cell["gate_opened"], cell["kv_foreign"]) == (CAUGHT, 1, 2, 1)
+
+
+def _load_section(rows: tuple[str, ...]) -> dict:
+    """A production-load section as repro.run.scenarios.section writes one (two requests an arm)."""
+    gate = {"apply": True, "in_flight": {"scheduled": 20, "unfinished": 64, "in_flight": 64, "min": 2, "open": True}}
+
+    def reqs(faulted: bool) -> list[dict]:
+        out = [request(0, "load-p000-s00", "miss", PASS, params=pf(0, []))]
+        out.append(request(1, "load-p000-s00", "reuse", FAIL if faulted else PASS, 3 if faulted else None,
+                           pf(32, [0] if faulted else [], gate), kv=CORRUPT if faulted else EXACT))  # fmt: skip
+        for r in out:
+            r.update(cached_tokens=32 * r["step"], control_cached_tokens=32, cancel=None, reasons=["r"], replays=None)
+        return out
+
+    arms = [
+        {"arm": a, "mode": "connector", "verdict": FAIL, "reasons": [], "error": None, "kv": {"verdict": CORRUPT},
+         "load": {"rounds": []}, "requests": reqs(a != "PlantedFault-none")}
+        for a in (*rows, "PlantedFault-none", "native")
+    ]  # fmt: skip
+    control = {"status": "ok", "error": None, "preemptions": 0, "preemptions_source": "s", "wall_s": 1.0,
+               "requests": [{"step": 0, "probe": "load-p000-s00", "matches_plain": True}]}  # fmt: skip
+    return {"name": "production-load", "description": "d", "engine": {"kv_cache_tokens": 5120}, "steps": [],
+            "load": {"prefixes": 16}, "control": control, "arms": arms}  # fmt: skip
+
+
+def test_the_production_load_column_keeps_what_decides_its_cells():
+    """Its cells keep the records that decide them and count the rest; decided again from what they keep (with the
+    counts), they say the same; its section keeps each arm's rates and its requests that are not PASS."""
+    from repro.detection.scenario_cells import split_records
+
+    rows = tuple(name for name, _, _ in study.ROWS)
+    sec = _load_section(rows)
+    empty = {"error": None}
+    cells, controls = study.cells_of(
+        {r: (empty, None) for r in rows}, {c: (empty, None) for c in study.CONTROLS}, [sec]
+    )
+    load = [c for c in cells if c["column"] == "production-load"]
+    assert len(load) == len(rows) and all(c["status"] == CAUGHT for c in load)
+    for c in load:
+        assert len(c["requests"]) == 1 and c["records_left_out"]["records"] == 1
+        again = fault_cell(c["requests"], c["hypothesis"], left_out=c["records_left_out"])
+        assert (again["status"], again["gate_opened"], again["loads"]) == (c["status"], c["gate_opened"], c["loads"])
+    assert {c["arm"]: c["requests"] for c in controls if c["column"] == "production-load"} == {
+        "PlantedFault-none": 2,
+        "native": 2,
+    }
+    slim = study.load_column.slim(sec)
+    assert slim["control"]["requests_total"] == 1 and "requests" not in slim["control"]
+    kept = {a["arm"]: [r["step"] for r in a["requests"]] for a in slim["arms"]}
+    assert kept["always"] == [1] and kept["PlantedFault-none"] == []
+    assert split_records([]) == ([], {"records": 0, "loads": 0, "gate_opened": 0, "resumed_loads": 0})
+
+
+def test_the_production_load_column_is_the_load_fixtures_scenario():
+    """The column re-declares fixtures/scenarios-load-cpu-planted.json's production-load: the same load spec, engine
+    settings, prompts and rounds (so the fixture's arithmetic holds for it)."""
+    from repro.plan.fixtures import load_fixture
+
+    fixture = load_fixture(ROOT / "fixtures" / "scenarios-load-cpu-planted.json")
+    theirs = next(s for s in fixture.scenarios if s.name == "production-load")
+    ours = study.load_column.SCENARIO
+    assert (ours.load, ours.engine, ours.steps, ours.generated) == (theirs.load, theirs.engine, theirs.steps,
+                                                                    theirs.generated)  # fmt: skip
+    arm = next(a for a in fixture.arms if a.name == "PlantedFault-land-elsewhere")
+    gate = {k: v for k, v in arm.extra_config.items() if k not in ("store_dir", "fault")}
+    assert study.row_params("land_elsewhere") == gate
+    # 20 requests of 256 tokens (224 + 32 generated) fit the 5120-token pool unshared: over the gate's 16
+    assert ours.engine["kv_cache_tokens"] // (ours.load.prompt_tokens + study.plan.MAX_TOKENS) >= 16

@@ -61,7 +61,8 @@ read       repro.readmodel repro.matrix.status repro.detection.blame repro.detec
 publish    repro.publish repro.matrix.page repro.detection.page repro.detection.scenario_page
 commands   repro.verify repro.verify_kv_reuse repro.__main__ repro.measure.bench repro.measure.margins repro.matrix
            repro.measure.load_bench
-           repro.detection repro.kit repro.chaos repro.models.convert repro.models.check
+           repro.detection repro.detection.scenario_plan repro.detection.load_column repro.kit repro.chaos repro.models.convert
+           repro.models.check
 """
 
 

@@ -6,6 +6,8 @@ scenario (repro.run.scenarios over the study's prompts). Every request of a cell
 
 - not exercised: no load of the arm faulted (a gated fault whose gate never opened; the `always` row is never
   gated). Kept apart from a miss: the column never planted the fault, so it could not have caught it.
+- faulted: a request one of whose loads faulted (its own blocks), or whose loaded block another request's load
+  overwrote (land_elsewhere's victim: `overwritten_by`; the loader itself loaded faithfully and is not faulted).
 - caught: a request whose load faulted FAILs by tokens (the verifier's own rule: it reported a hit and its
   tokens differ from its probe's cache-off baseline) within the window. A scenario request whose schedule
   control diverges too (schedule-numerics) is never counted as caught: it is counted apart.
@@ -32,7 +34,10 @@ KIND = "kvkit-detection-scenarios"
 #    KV CORRUPT, the judged requests; the no-fault controls per column). Additions without a bump (a file written
 #    before them has none: read as 0): per cell and per control, kv_foreign and kv_misplaced beside kv_corrupt
 #    (repro.judge.trials.KV_RATE_FIELDS); a control's false blame of another KV finding than CORRUPT names it
-#    after its label ("step 1 alpha (MISPLACED)").
+#    after its label ("step 1 alpha (MISPLACED)"); per record, overwritten_by (land_elsewhere's victim, faulted
+#    though its own load was faithful); the production-load column (repro.detection.load_column), whose cells keep
+#    only the records that decide them and count the rest in `records_left_out`, and whose section keeps its arms'
+#    rates and their requests that are not PASS.
 SCHEMA_VERSION = 1
 
 CAUGHT, MISSED, NOT_EXERCISED, INCONCLUSIVE, ERROR = "caught", "missed", "not exercised", "inconclusive", "error"
@@ -92,7 +97,14 @@ def record(
         "kv": kv,
         "loads": loads,
         "faulted_blocks": planted(kv_transfer_params).get("faulted_blocks"),
+        "overwritten_by": planted(kv_transfer_params).get("overwritten_by"),
     }
+
+
+def is_faulted(rec: dict) -> bool:
+    """Whether a request read KV its load did not put there: a load of it faulted, or another request's load
+    landed in its loaded block (land_elsewhere's victim; a record written before that field has none)."""
+    return any(load["faulted"] for load in rec["loads"]) or bool(rec.get("overwritten_by"))
 
 
 def scenario_records(arm_entry: dict, windows: tuple[int, ...] = WINDOWS) -> list[dict]:
@@ -146,12 +158,15 @@ def fault_cell(
     error: str | None = None,
     preemption_missing: bool = False,
     windows: tuple[int, ...] = WINDOWS,
+    left_out: dict | None = None,
 ) -> dict:
     """One (fault row, column) cell from its requests' records. `error`: why its arm could not be judged;
-    `preemption_missing`: the scenario asks for preemption and the engine preempted nothing."""
-    opened = sum(load["opened"] for r in records for load in r["loads"])
-    loads = sum(len(r["loads"]) for r in records)
-    faulted = [r for r in records if any(load["faulted"] for load in r["loads"])]
+    `preemption_missing`: the scenario asks for preemption and the engine preempted nothing; `left_out`: the
+    counts of the records a cell did not keep (split_records), added to its load figures."""
+    rest = left_out or {}
+    opened = sum(load["opened"] for r in records for load in r["loads"]) + rest.get("gate_opened", 0)
+    loads = sum(len(r["loads"]) for r in records) + rest.get("loads", 0)
+    faulted = [r for r in records if is_faulted(r)]
     excluded = [r["label"] for r in faulted if r["schedule_numerics"]]
     judged = [r for r in faulted if not r["schedule_numerics"]]
     caught = {str(w): sum(w in r["fail_windows"] for r in judged) for w in windows}
@@ -176,7 +191,7 @@ def fault_cell(
         "caught_by_window": caught,
         "gate_opened": opened,
         "loads": loads,
-        "resumed_loads": sum(load["resumed"] for r in records for load in r["loads"]),
+        "resumed_loads": sum(load["resumed"] for r in records for load in r["loads"]) + rest.get("resumed_loads", 0),
         **kv_counts(r["kv"] for r in judged),
         "schedule_numerics": excluded,
         # a request that FAILs though no load of it faulted: the row's false positive (none expected)
@@ -184,6 +199,22 @@ def fault_cell(
         "first_diffs": [r["first_diff"] for r in judged],
         "error": error,
     }
+
+
+def split_records(records: list[dict]) -> tuple[list[dict], dict]:
+    """The records a cell must keep to be decided again (faulted, failing, schedule-numerics, or with a KV finding)
+    and the counts of the rest (each a request whose loads, if any, were faithful and whose tokens and KV held):
+    a column of hundreds of requests (production load) keeps what its cell says, not every request."""
+    keep, rest = [], {"records": 0, "loads": 0, "gate_opened": 0, "resumed_loads": 0}
+    for r in records:
+        if is_faulted(r) or r["fail_windows"] or r["schedule_numerics"] or r["kv"] in KV_FINDINGS:
+            keep.append(r)
+            continue
+        rest["records"] += 1
+        rest["loads"] += len(r["loads"])
+        rest["gate_opened"] += sum(load["opened"] for load in r["loads"])
+        rest["resumed_loads"] += sum(load["resumed"] for load in r["loads"])
+    return keep, rest
 
 
 def held(hypothesis: str, status: str) -> bool | None:

@@ -1,12 +1,14 @@
 """The detection study's scenario columns (`python -m repro detection --scenarios`): which planted faults each
 workload scenario catches that plain probes miss.
 
-Rows are planted-fault configurations (zero_blocks, head, 1 block, under a gate), columns are `plain` (the
-study's own arm: the decoy, then each prompt cold and once reused) and one per shipped scenario re-declared
-over the study's prompts. A scenario cell runs through the verifier's scenario machinery (repro.run.scenarios:
-its jobs, the cache-off schedule control, the judging of every request and the KV audit of scenario
-requests), not a copy of it; the plain cells through the detection study's own jobs and matrix entries.
-What a cell says is repro.detection.scenario_cells'.
+Rows are planted-fault configurations (zero_blocks, head, 1 block, under a gate; and land_elsewhere, a load that
+lands in a block another request reads, gated at 16 requests in flight), columns are `plain` (the study's own arm:
+the decoy, then each prompt cold and once reused), one per shipped scenario re-declared over the study's prompts, and
+production-load over prompts of its own (repro.detection.load_column); the plan of rows, columns and hypothesis is
+repro.detection.scenario_plan's. A scenario cell runs through the verifier's scenario machinery (repro.run.scenarios:
+its jobs, the cache-off schedule control, the judging of every request and the KV audit of scenario requests), not a
+copy of it; the plain cells through the detection study's own jobs and matrix entries. What a cell says is
+repro.detection.scenario_cells'.
 
 The plan, written before any run, with its hypothesis: .notes/h2-detection-plan.md; docs/detection.md says
 where the code forced a change of it (the preemption column).
@@ -24,7 +26,7 @@ from pathlib import Path
 from repro import __version__
 from repro.contract.job import ArmSpec, EngineConfig, Job, build_job
 from repro.contract.result import ArmResult
-from repro.detection import plan
+from repro.detection import load_column, plan
 from repro.detection.matrix import compare_error, control_entry, fault_entry
 from repro.detection.run import Audited, Runner, audit_seed, prepare_models, provenance, read_audit, run_settings
 from repro.detection.scenario_cells import (
@@ -35,110 +37,34 @@ from repro.detection.scenario_cells import (
     plain_records,
     scenario_records,
 )
+from repro.detection.scenario_plan import (  # re-exported: the study's plan, read by its tests and page
+    COLUMNS,
+    CONTROLS,
+    FAULT,
+    HYPOTHESIS,
+    LOCAL_CAPACITY_BLOCKS,
+    METHOD,
+    PLAIN,
+    POSITION,
+    ROW_FAULTS,
+    ROWS,
+    SCENARIOS,
+    row_fault,
+    row_params,
+)
 from repro.models.tiny import MODEL_SEED
 from repro.plan.arms import PlannedArm
-from repro.plan.fixtures import Probe, Scenario, ScenarioStep
+from repro.plan.fixtures import Probe, Scenario
 from repro.record.atomic import write_json_atomic
 from repro.record.provenance import utc_now
+from repro.run import load_scenario
 from repro.run import scenarios as machinery
 from repro.run.kvaudit import run_compare
 from repro.run.runner import ArmOutcome, child_env, run_arm
 
 DEFAULT_REPORT = "reports/detection/detection-scenarios.json"
 DEFAULT_SITE = "reports/detection/detection-scenarios.html"
-
-PLAIN = "plain"
-FAULT, POSITION = "zero_blocks", "head"  # the study's most detected single-block row: a miss is about the gate
-# Rows: (name, what it plants, its gate params). N = 32 blocks: at least the longest reused study prompt (28),
-# so the plain order never reloads; fewer than alpha + bravo (24 + 26), so A, B, A does.
-LOCAL_CAPACITY_BLOCKS = 32
-ROWS = (
-    ("always", "ungated: every load faults (the sanity row)", {}),
-    ("in_flight", "a load faults only while another request is in flight with it", {"when": "in_flight"}),
-    (
-        "after_eviction",
-        f"a load faults only when some of its blocks were evicted from a {LOCAL_CAPACITY_BLOCKS}-block local tier",
-        {"when": "after_eviction", "local_capacity_blocks": LOCAL_CAPACITY_BLOCKS},
-    ),
-)
-CONTROLS = ("PlantedFault-none", "native")
-
-
-def _steps(*groups: tuple[str, ...]) -> tuple[ScenarioStep, ...]:
-    return tuple(ScenarioStep(tuple(g), together=len(g) > 1) for g in groups)
-
-
-ALL_FIVE = tuple(name for name, _ in plan.PROMPTS)
-# The shipped scenarios over the study's prompts (alpha 389 / bravo 421 / charlie 453 / delta 300 / echo 350
-# tokens). Preemption differs from the plan: the plan's kv_cache_tokens 1344 needs max_model_len 1024, which the
-# verifier's machinery refuses (repro.plan.scenarios.select: kv_cache_tokens below --max-model-len) and which would make
-# every run incomparable with the 2048 baseline (repro.judge.evaluate.COMPARABLE_CONFIG_KEYS). So, by arithmetic and
-# before any run: the five prompts together in a 2048-token cache (127 usable blocks): 122 blocks at prefill,
-# 132 after 32 tokens each, so vLLM must preempt while they decode.
-SCENARIOS = (
-    Scenario(
-        "a-b-a",
-        "alpha; alpha; bravo; alpha; alpha, one at a time",
-        {"max_num_seqs": 1},
-        None,
-        None,
-        _steps(("alpha",), ("alpha",), ("bravo",), ("alpha",), ("alpha",)),
-    ),
-    Scenario(
-        "eviction",
-        "alpha; bravo; charlie; alpha, one at a time",
-        {},
-        None,
-        None,
-        _steps(("alpha",), ("bravo",), ("charlie",), ("alpha",)),
-    ),
-    Scenario(
-        "preemption",
-        "the five prompts together in a 2048-token KV cache (122 blocks at prefill, 132 after 32 tokens each, "
-        "127 usable): cold, then together again",
-        {"kv_cache_tokens": 2048, "max_num_seqs": 5, "preemption": True},
-        None,
-        None,
-        _steps(ALL_FIVE, ALL_FIVE),
-    ),
-    Scenario(
-        "in-flight",
-        "the five prompts together (1913 tokens, one prefill step), cold, then together again",
-        {"max_num_seqs": 5},
-        None,
-        None,
-        _steps(ALL_FIVE, ALL_FIVE),
-    ),
-)
-COLUMNS = (PLAIN, *(sc.name for sc in SCENARIOS))
-# Written before any run (.notes/h2-detection-plan.md); the study reports whether it held, cell by cell.
-HYPOTHESIS = {
-    "always": dict.fromkeys(COLUMNS, "catch"),
-    "in_flight": {PLAIN: "miss", "a-b-a": "miss", "eviction": "miss", "preemption": "catch", "in-flight": "catch"},
-    "after_eviction": {
-        PLAIN: "miss",
-        "a-b-a": "catch",
-        "eviction": "catch",
-        "preemption": "likely catch",
-        "in-flight": "likely catch",
-    },
-}
-METHOD = (
-    "Rows: the planted connector's zero_blocks fault on the first loaded block, under a gate (always, in_flight, "
-    f"after_eviction with a {LOCAL_CAPACITY_BLOCKS}-block local tier). Columns: plain (the detection study's fault "
-    "arm: the decoy, then each prompt cold and once reused) and each scenario over the study's prompts, run through "
-    "the verifier's scenario machinery (repro.run.scenarios): one fresh engine per (scenario, arm), the baseline's "
-    "cache-off run of the same steps as the schedule control, every request compared with its prompt's cache-off "
-    "baseline (the plain baseline's cold request), exact token IDs, greedy, 32 tokens. A cell is caught when a "
-    "request whose load faulted FAILs by the verifier's rule (a hit, tokens differ) within the window; not "
-    "exercised when no load faulted (the gate never opened), which is not a miss; missed when loads faulted and "
-    "no such request FAILs. A request whose schedule control diverges too is schedule-numerics, never caught. "
-    "Windows: greedy decoding is causal, so a request FAILs at window w iff its first diff is below w; in the "
-    "preemption column whether and when a request is preempted depends on how long the batch decodes, so there "
-    "it only says the first diff fell below w within the 32-token run. KV: each reuse's blocks against the plain "
-    "baseline's KV (repro.judge.kvaudit), each KV finding (CORRUPT, FOREIGN, MISPLACED) counted per cell by its "
-    "class. One model seed for every arm (the controls too)."
-)
+__all__ = ["COLUMNS", "LOCAL_CAPACITY_BLOCKS", "SCENARIOS"]  # of the plan, read through this module too
 
 
 def scenario_paths() -> tuple[str, str]:
@@ -156,18 +82,15 @@ def probes() -> list[Probe]:
     return [Probe(name, chat=plan.prompt_spec(name, length)) for name, length in plan.PROMPTS]
 
 
-def row_params(row: str) -> dict:
-    gate = next(params for name, _, params in ROWS if name == row)
-    return dict(plan.FAULT_PARAMS[FAULT], first_block=plan.POSITIONS[POSITION], **gate)
-
-
 def planned_arms(scratch: Path, column: str) -> list[PlannedArm]:
     """The baseline (the schedule control), one planted arm per row, then the no-fault controls."""
     arms = [PlannedArm(ArmSpec("baseline", "baseline"))]
     for row, _, _ in ROWS:
         name = f"{row}-{column}"
         arms.append(
-            PlannedArm(ArmSpec(row, "connector", plan.planted_connector(scratch, name, FAULT, row_params(row))))
+            PlannedArm(
+                ArmSpec(row, "connector", plan.planted_connector(scratch, name, row_fault(row), row_params(row)))
+            )
         )
     none = plan.planted_connector(scratch, f"none-{column}", "none", {})
     arms += [PlannedArm(ArmSpec(CONTROLS[0], "connector", none)), PlannedArm(ArmSpec(CONTROLS[1], "native"))]
@@ -180,7 +103,7 @@ def plain_jobs(scratch: Path, model: str) -> list[tuple[str, Job]]:
     jobs = []
     for row, _, _ in ROWS:
         probes_ = [(plan.DECOY[0], plan.DECOY[1], 1)] + plan.probe_plan(2)
-        conn = plan.planted_connector(scratch, f"{row}-{PLAIN}", FAULT, row_params(row))
+        conn = plan.planted_connector(scratch, f"{row}-{PLAIN}", row_fault(row), row_params(row))
         jobs.append((row, plan.arm_job(f"{row}-{PLAIN}", "connector", conn, model, probes_, scratch=scratch)))
     controls = dict(plan.control_jobs(scratch, MODEL_SEED, model))
     jobs += [(name, controls[name]) for name in CONTROLS]
@@ -219,7 +142,8 @@ def run_plain(study: Study, model: str, baseline: dict | None) -> tuple[dict, di
             controls[name] = (entry, result)
         else:
             params = {k: v for k, v in job.arm.connector.extra_config.items() if k not in ("store_dir", "audit_path")}
-            entry = fault_entry(FAULT, POSITION, params, result, error, baseline, read_audit(job))
+            position = POSITION if name not in ROW_FAULTS else None
+            entry = fault_entry(row_fault(name), position, params, result, error, baseline, read_audit(job))
             rows[name] = (entry, result)
         audited.append(Audited(job.arm.name, job.arm.mode, entry, result, name not in CONTROLS))
     return rows, controls, audited
@@ -244,24 +168,40 @@ def run_column(
     results = {
         run.name: out.result
         for original, run, out, _ in done
-        if original.spec.mode != "baseline" and out.failure is None and out.result is not None
-    }
-    section["run_names"] = {original.name: run.name for original, run, _, _ in done}
+        if original.spec.mode != "baseline"
+        and out.failure is None
+        and out.result is not None
+        and not load_scenario.is_control(run.name)
+    }  # fmt: skip (a load scenario's reuse control is not a cell's: its KV is not compared here)
+    # each arm's own run (a load scenario's reference and reuse control are the baseline's and native's too)
+    section["run_names"] = {o.name: run.name for o, run, _, _ in done if not load_scenario.is_control(run.name)}
+    if scenario.load is not None:  # what its arms' KV is compared with (popped with run_names)
+        section["reference_result"] = load_column.reference_of(done)
     return section, results
 
 
 def audit_columns(study: Study, baseline: ArmResult | None, sections: list[dict], results: dict) -> dict:
-    """The KV audit of every scenario request (one comparison child, as the verifier runs it) and each arm's
-    KV fields filled in place (repro.run.scenarios.annotate_kv)."""
+    """The KV audit of every scenario request (one comparison child per reference, as the verifier runs it) and each
+    arm's KV fields filled in place (repro.run.scenarios.annotate_kv). The production-load column is compared with its
+    own reference's KV (its prompts alone, cache off), the others with the plain baseline's."""
+    out = {}
+    for sec in [s for s in sections if load_column.is_load(s)]:
+        mine = {run: results.pop(run) for run in sec["run_names"].values() if run in results}
+        out[sec["name"]] = _audit(study, sec["reference_result"], [sec], mine, f"kv-compare-{sec['name']}")
+    plain_ones = [s for s in sections if not load_column.is_load(s)]
+    return _audit(study, baseline, plain_ones, results, "kv-compare-scenarios") | out
+
+
+def _audit(study: Study, reference: ArmResult | None, sections: list[dict], results: dict, folder: str) -> dict:
     t0 = time.monotonic()
     raw, problem = None, None
-    if baseline is None or baseline.kv_audit is None:
+    if reference is None or reference.kv_audit is None:
         problem = "the baseline recorded no reference KV"
     elif results:
-        print(f"[kvkit] detection-scenarios KV audit: {len(results)} runs ...", file=sys.stderr, flush=True)
-        work = study.runner.work / "kv-compare-scenarios"
+        print(f"[kvkit] detection-scenarios KV audit ({folder}): {len(results)} runs ...", file=sys.stderr, flush=True)
+        work = study.runner.work / folder
         work.mkdir(parents=True, exist_ok=True)
-        job = machinery.compare_job(baseline, results)
+        job = machinery.compare_job(reference, results)
         raw, problem = run_compare(job, work, study.runner.env, sys.executable, study.runner.timeout_s)
     for sec in sections:
         for entry in sec["arms"]:
@@ -294,11 +234,14 @@ def cells_of(plain_rows: dict, plain_controls: dict, sections: list[dict]) -> tu
         wants_preemption = bool(sec["engine"].get("preemption"))
         for row, _, _ in ROWS:
             entry = by_arm[row]
-            recs = scenario_records(entry)
+            recs, rest = (
+                (load_column.cell_records(entry)) if load_column.is_load(sec) else (scenario_records(entry), None)
+            )
             error = _arm_error(entry, sec)
             missing = wants_preemption and not entry.get("preemptions")
-            cell = fault_cell(recs, HYPOTHESIS[row][sec["name"]], error, missing and error is None)
-            cells.append({"row": row, "column": sec["name"], **cell, "arm": _arm_summary(entry), "requests": recs})
+            cell = fault_cell(recs, HYPOTHESIS[row][sec["name"]], error, missing and error is None, left_out=rest)
+            cell |= {"arm": _arm_summary(entry), "requests": recs} | ({"records_left_out": rest} if rest else {})
+            cells.append({"row": row, "column": sec["name"], **cell})
         for name in CONTROLS:
             entry = by_arm[name]
             ctl = control_cell(scenario_records(entry), _arm_error(entry, sec))
@@ -342,16 +285,15 @@ def build_report(
             "model_seed": MODEL_SEED,
             "models": {str(s): {"sha256": sha} for s, (_, sha) in sorted(models.items())},
             "fault": {"fault": FAULT, "position": POSITION, **plan.FAULT_PARAMS[FAULT]},
-            "rows": [{"row": name, "plants": what, "params": row_params(name)} for name, what, _ in ROWS],
+            "rows": [
+                {"row": name, "plants": what, "fault": row_fault(name), "params": row_params(name)}
+                for name, what, _ in ROWS
+            ],
             "controls": list(CONTROLS),
             "columns": [{"column": PLAIN, "description": "the decoy, then each prompt cold and once reused"}]
             + [
-                {
-                    "column": s["name"],
-                    "description": s["description"],
-                    "engine": s["engine"],
-                    "steps": s["steps"],
-                }
+                {"column": s["name"], "description": s["description"], "engine": s["engine"]}
+                | ({"load": s["load"]} if load_column.is_load(s) else {"steps": s["steps"]})
                 for s in sections
             ],
             "hypothesis": HYPOTHESIS,
@@ -371,7 +313,7 @@ def build_report(
             for s in sections
         },
         "kv_audit": kv,
-        "sections": [_slim(s) for s in sections],
+        "sections": [load_column.slim(s) if load_column.is_load(s) else _slim(s) for s in sections],
         # Diagnostics only (how long the study takes here), never a performance claim.
         "diagnostics": {"wall_s": round(wall_s, 1), "arms": walls},
         "provenance": provenance(argv, env, started),
@@ -409,6 +351,7 @@ def run_scenario_study(
     cells, controls = cells_of(plain_rows, plain_controls, sections)
     for sec in sections:
         sec.pop("run_names", None)
+        sec.pop("reference_result", None)
     report = build_report(cells, controls, sections, kv, models, study.walls, argv, env, started, time.monotonic() - t0)
     write_json_atomic(report_path, report)
     return report
