@@ -129,6 +129,11 @@ def test_a_path_adapter_is_found_beside_the_fixture_and_keeps_its_rank(tmp_path)
         ({"A": {}}, {}, "adapters.A: give exactly one of seed"),
         ({"A": {"seed": -1}}, {}, "adapters.A.seed: must be an integer of at least 0"),
         ({"A": {"seed": 1, "lora_int_id": 0}}, {}, "adapters.A.lora_int_id: must be an integer of at least 1"),
+        # an explicit null: the schema says integer, so the loader does (found by tests/test_schemas.py's fuzzing)
+        ({"A": {"seed": 1, "lora_int_id": None}}, {}, "adapters.A.lora_int_id: must be an integer of at least 1"),
+        ({"A": {"seed": None}}, {}, "adapters.A.seed: must be an integer of at least 0"),
+        ({"A": {"seed": 1, "rank": None}}, {}, "adapters.A.rank: must be an integer of at least 1"),
+        ({"A": {"seed": 1}}, {"lora": None}, "lora: must be an object"),
         ({"A": {"seed": 1, "colour": 1}}, {}, "adapters.A: unknown field 'colour'"),
         ({"A": {"path": "x", "rank": 8}}, {}, "adapters.A.rank: only a seeded adapter takes a rank"),
         ({"A": {"seed": 1, "load_inplace": "yes"}}, {}, "adapters.A.load_inplace: must be true or false"),
@@ -149,11 +154,15 @@ def test_a_bad_adapters_table_is_one_line(tmp_path, table, top, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("label", [["A"], {"A": 1}, 7])
+@pytest.mark.parametrize("label", [["A"], {"A": 1}, 7, None])
 def test_a_probe_adapter_that_is_no_label_is_one_line(tmp_path, label):
     # found by tests/test_loaders_fuzz.py on a shipped fixture: a list here raised TypeError (unhashable)
+    path = _fixture(tmp_path, {"A": {"seed": 1}})
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["probes"][0]["adapter"] = label  # null included: given, so no base-model probe
+    path.write_text(json.dumps(data), encoding="utf-8")
     with pytest.raises(UsageError, match="fixture .*: ") as err:
-        load_fixture(_fixture(tmp_path, {"A": {"seed": 1}}, probe_adapter=label))
+        load_fixture(path)
     assert "probes[0].adapter: must be an adapter's label (a string)" in str(err.value)
 
 

@@ -33,6 +33,7 @@ VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 ADAPTER_KEYS = ("seed", "rank", "path", "lora_name", "lora_int_id", "load_inplace")
 LORA_KEYS = ("max_lora_rank", "max_loras")
 _MAX_LABEL = 64
+_ABSENT = object()  # a key the fixture does not give
 # A PEFT LoRA weight's name: ...layers.<i>.<self_attn|mlp>.<module>.lora_<A|B>.weight
 _WEIGHT = re.compile(r"\blayers\.(\d+)\.\w+\.(\w+)\.lora_([AB])\.weight$")
 
@@ -98,8 +99,8 @@ def _fail(path, msg: str) -> UsageError:
 
 
 def _int(obj: dict, key: str, where: str, path, least: int) -> int | None:
-    value = obj.get(key)
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+    value = obj.get(key)  # absent: None; present, it must be an integer (an explicit null is no integer)
+    if key in obj and (not isinstance(value, int) or isinstance(value, bool) or value < least):
         raise _fail(path, f"{where}.{key}: must be an integer of at least {least}")
     return value
 
@@ -139,8 +140,9 @@ def parse_adapters(data: dict, probes: tuple, path) -> tuple[tuple, AdapterTable
     """The fixture's `adapters` and `lora` (None when it has neither), and its probes with the adapter each names
     (a probe's `adapter`, a label of the table); every problem is one line (exit 2)."""
     raw, lora = data.get("adapters"), data.get("lora")
-    named = [p.get("adapter") if isinstance(p, dict) else None for p in data.get("probes") or []]
-    if raw is None and lora is None and not any(n is not None for n in named):
+    # a key given as null is given (the schema takes no null there): only an absent key is absent
+    named = [p.get("adapter", _ABSENT) if isinstance(p, dict) else _ABSENT for p in data.get("probes") or []]
+    if "adapters" not in data and "lora" not in data and all(n is _ABSENT for n in named):
         return probes, None
     if data.get("schema_version") == 1:  # a kit older than adapters reads version 1 and would ignore them
         raise _fail(path, "adapters, lora and a probe's adapter need schema_version 2")
@@ -150,7 +152,7 @@ def parse_adapters(data: dict, probes: tuple, path) -> tuple[tuple, AdapterTable
         if (problem := _label_problem(label)) is not None:
             raise _fail(path, f"adapters: label {problem}")
     specs = tuple(_parse_spec(label, obj, i, path) for i, (label, obj) in enumerate(raw.items()))
-    lora = {} if lora is None else lora
+    lora = {} if "lora" not in data else lora
     if not isinstance(lora, dict):
         raise _fail(path, "lora: must be an object")
     unknown = sorted(str(k) for k in lora if k not in LORA_KEYS)
@@ -164,7 +166,7 @@ def parse_adapters(data: dict, probes: tuple, path) -> tuple[tuple, AdapterTable
     _check_ids(specs, path)
     out = list(probes)
     for i, label in enumerate(named):
-        if label is None:
+        if label is _ABSENT:
             continue
         if not isinstance(label, str):
             raise _fail(path, f"probes[{i}].adapter: must be an adapter's label (a string)")
