@@ -264,10 +264,11 @@ def test(c, k="", fast=False):
             raise Exit("ruff found problems (above): `ruff check --fix .` and `ruff format .` fix most", code=1)
     # Two sessions. The engine-free tests first, on every core (pytest-xdist): a failure among them stops make test
     # before any engine starts. Then the end-to-end tests in one session, whose real-engine runs are shared and
-    # made ahead (tests/e2e_runs.py); its summary line is the last thing printed.
+    # made ahead (tests/e2e_runs.py); its summary line is the last thing printed, after its 15 slowest steps (where the
+    # suite's time goes: docs/layout.md keeps the per-file figures).
     select = f" -k '{k}'" if k else ""
     sessions = [f"-m pytest -q -ra -n auto -m 'not e2e'{select}"] + (
-        [] if fast else [f"-m pytest -q -ra -m e2e{select}"]
+        [] if fast else [f"-m pytest -q -ra --durations=15 -m e2e{select}"]
     )
     codes = []
     for args in sessions:
