@@ -323,3 +323,80 @@ def test_an_interpreter_without_nixl_is_refused_before_any_server_starts(tmp_pat
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "NIXL is not importable" in proc.stderr or "NIXL needs a CUDA GPU" in proc.stderr or "vllm" in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+class _StubVllm:
+    """One loopback HTTP server answering as vLLM's producer, consumer and reference do (only what the real driver
+    reads): the driver's own HTTP, JSON and metrics code runs against it."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        stub = self
+        self.external, self.transfers, self.resets, self.bodies = 0, 0, 0, []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, status, payload, ctype="application/json"):
+                data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                if self.path == "/metrics":
+                    text = (f'vllm:external_prefix_cache_hits_total{{engine="0"}} {stub.external}.0\n'
+                            f'vllm:prefix_cache_hits_total{{engine="0"}} 0.0\n'
+                            f'vllm:nixl_xfer_time_seconds_count{{engine="0"}} {stub.transfers}.0\n')  # fmt: skip
+                    return self._send(200, text, "text/plain")
+                return self._send(200, {})
+
+            def do_POST(self):
+                if self.path == "/reset_prefix_cache":
+                    stub.resets += 1
+                    return self._send(200, {"success": stub.resets > 1})
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                stub.bodies.append(body)
+                params, prompt = body.get("kv_transfer_params") or {}, body["prompt"]
+                out = {"choices": [{"token_ids": [t % 7 for t in prompt[: body["max_tokens"]]]}], "usage": {}}
+                if params.get("do_remote_decode"):
+                    out["kv_transfer_params"] = {"do_remote_prefill": True, "remote_block_ids": [[1]],
+                                                 "remote_num_tokens": len(prompt)}  # fmt: skip
+                elif params.get("do_remote_prefill"):
+                    stub.external += params["remote_num_tokens"]
+                    stub.transfers += 1
+                    out["usage"] = {"prompt_tokens_details": {"cached_tokens": params["remote_num_tokens"]}}
+                return self._send(200, out)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+def test_the_real_driver_speaks_to_vllms_http_as_the_toy_proxy_does(tmp_path):
+    stub = _StubVllm()
+    try:
+        pair = servers.NixlPair(servers.ServeSettings("/py", "/m", 16, 2048), tmp_path, {})
+        for role in ("reference", "producer", "consumer"):
+            setattr(pair, role, servers.Server(role, [], {}, stub.port, tmp_path / f"{role}.log", 10))
+        prompt = (10, 11, 12, 13, 14)
+        assert pair.baseline("b", prompt, 3).token_ids == (3, 4, 5)
+        pair.reset()
+        assert stub.resets == 2  # the first answered success false: tried again
+        params = pair.prefill("p", prompt)
+        assert stub.bodies[-1]["max_tokens"] == 1 and stub.bodies[-1]["kv_transfer_params"]["do_remote_decode"]
+        got = pair.decode("d", prompt, params, 3)
+        assert stub.bodies[-1]["kv_transfer_params"] == params and stub.bodies[-1]["return_token_ids"] is True
+        assert got.token_ids == (3, 4, 5) and got.transfer == Transfer(5, 0, 5, 1, None)
+        own = pair.decode("own", prompt, None, 3)
+        assert own.transfer.external_tokens == 0 and own.transfer.transfers == 0
+        pair.close()  # no child was started: nothing to stop
+    finally:
+        stub.httpd.shutdown()
+    assert servers.reset_succeeded("") and servers.reset_succeeded('{"success": true}')
+    assert not servers.reset_succeeded('{"success": false}')

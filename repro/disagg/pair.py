@@ -7,7 +7,8 @@ token IDs and what it said it loaded (repro.judge.pd_verdict.Transfer). repro.di
 serve` processes with NixlConnector; the engine-free tests drive fakes (NIXL needs a CUDA GPU).
 
 run_cases sends each case's requests in its order (repro.disagg.cases) and judges every request it judges as it
-comes back; the consumer's and producer's prefix caches are reset before each case, so no case feeds another.
+comes back; the consumer's prefix cache is reset before each case (the producer runs without one), so no case
+feeds another.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class PairDriver(Protocol):
         """The cache-off reference's greedy answer (no connector, no prefix cache)."""
 
     def reset(self) -> None:
-        """Empty both engines' prefix caches (before each case)."""
+        """Empty the consumer's prefix cache (before each case; the producer runs without one)."""
 
     def prefill(self, request_id: str, prompt: tuple[int, ...]) -> dict:
         """The producer's prefill (do_remote_decode, max_tokens 1): the kv_transfer_params it returns."""

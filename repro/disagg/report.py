@@ -34,8 +34,9 @@ def version(name):
 out = {"executable": sys.executable, "python": platform.python_version(),
        "packages": {n: version(n) for n in ("vllm", "torch", "nixl", "nixl-cu12", "nixl-cu13", "transformers")}}
 try:
-    import nixl._api  # noqa: F401
+    import nixl._api
     out["nixl_importable"] = True
+    out["nixl_backend"] = nixl._api.__name__.split(".")[0]  # nixl_cu13 or nixl_cu12: torch's CUDA major picks
 except Exception as exc:
     out["nixl_importable"] = False
     out["nixl_problem"] = f"{type(exc).__name__}: {exc}"[:200]

@@ -81,8 +81,9 @@ def kv_transfer_config(role: str) -> dict:
 
 
 def serve_argv(s: ServeSettings, port: int, role: str | None, prefix_cache: bool) -> list[str]:
-    """`vllm serve` for one instance (the api_server module, present in 0.26 and 0.28); role None: no connector."""
-    argv = [s.python, "-m", "vllm.entrypoints.openai.api_server", "--model", s.model,
+    """`vllm serve` for one instance (vllm.entrypoints.cli.main, the `vllm` script's module in 0.26 and 0.28, run by
+    the engine interpreter itself); role None: no connector."""
+    argv = [s.python, "-m", "vllm.entrypoints.cli.main", "serve", s.model,
             "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
             "--gpu-memory-utilization", str(s.gpu_memory_utilization), "--block-size", str(s.block_size),
             "--max-model-len", str(s.max_model_len), "--dtype", s.dtype, "--seed", str(s.seed),
@@ -139,6 +140,16 @@ def answer_of(response: dict) -> tuple[tuple[int, ...] | None, int | None]:
     details = (response.get("usage") or {}).get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens")
     return (tuple(ids) if isinstance(ids, list) else None), (cached if isinstance(cached, int) else None)
+
+
+def reset_succeeded(text: str) -> bool:
+    """/reset_prefix_cache's answer: 0.28 says {"success": bool}; an empty or other body with HTTP 200 (older
+    releases) is taken as done."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return True
+    return not (isinstance(body, dict) and body.get("success") is False)
 
 
 class Server:
@@ -253,10 +264,17 @@ class NixlPair:
         return Answer(ids, cached_tokens=cached, error=None if ids is not None else "no token_ids in the response")
 
     def reset(self) -> None:
-        for server in self._start_pair():
-            status, text = server.request("POST", "/reset_prefix_cache", None)
+        """Empty the consumer's prefix cache (the producer and the reference run without one). vLLM refuses while
+        blocks are held ({"success": false}); the consumer frees a request's blocks as it finishes, so a few tries."""
+        _, consumer = self._start_pair()
+        for _ in range(20):
+            status, text = consumer.request("POST", "/reset_prefix_cache", None)
             if status != 200:
-                raise PairError(f"{server.name}: /reset_prefix_cache answered HTTP {status}: {text[:200]}")
+                raise PairError(f"consumer: /reset_prefix_cache answered HTTP {status}: {text[:200]}")
+            if reset_succeeded(text):
+                return
+            time.sleep(0.5)
+        raise PairError("consumer: /reset_prefix_cache kept answering success false (blocks still held)")
 
     def prefill(self, request_id: str, prompt: tuple[int, ...]) -> dict:
         producer, _ = self._start_pair()
@@ -272,7 +290,7 @@ class NixlPair:
         _, consumer = self._start_pair()
         before = consumer.metrics()
         response, error = self._complete(consumer, prompt, max_tokens, params)
-        after = _settled_metrics(consumer, before)
+        after = _settled_metrics(consumer)
         if error is not None:
             return Answer(None, transfer_of(before, after, None), error)
         ids, cached = answer_of(response)
@@ -291,7 +309,7 @@ class NixlPair:
                 server.stop()
 
 
-def _settled_metrics(server: Server, before: dict[str, float], tries: int = 10) -> dict[str, float]:
+def _settled_metrics(server: Server, tries: int = 10) -> dict[str, float]:
     """The metrics after a request, read until two readings 0.2 s apart agree: the engine records its stats as it
     emits outputs, the transfer's a step later."""
     last = server.metrics()
