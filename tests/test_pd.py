@@ -400,3 +400,58 @@ def test_the_real_driver_speaks_to_vllms_http_as_the_toy_proxy_does(tmp_path):
         stub.httpd.shutdown()
     assert servers.reset_succeeded("") and servers.reset_succeeded('{"success": true}')
     assert not servers.reset_succeeded('{"success": false}')
+
+
+def _command_with(monkeypatch, tmp_path, pair, *extra):
+    """`python -m repro pd` in this process with the pair replaced (NIXL needs a GPU) and the engine probe answered."""
+    from repro.disagg import commands
+
+    class Closing:
+        def __init__(self, inner):
+            self.inner, self.closed = inner, False
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def facts(self):
+            return {"ports": {"consumer_http": 1}}
+
+        def close(self):
+            self.closed = True
+
+    made = []
+    monkeypatch.setattr(commands, "NixlPair", lambda *a: made.append(Closing(pair)) or made[-1])
+    ok = {"packages": {"vllm": "0.26.0", "nixl": "1.2.0", "nixl-cu13": "1.2.0"}, "nixl_importable": True,
+          "nixl_backend": "nixl_cu13", "cuda_devices": 1}  # fmt: skip
+    monkeypatch.setattr(commands.pd_report, "probe_engine", lambda python: ok)
+    report = tmp_path / "pd.json"
+    argv = ["--cases", str(GPU_CASES), "--model", str(tmp_path), "--report", str(report), "--trials", "1", *extra]
+    code = commands.pd(argv)
+    assert made and made[0].closed  # every server is stopped, whatever happened
+    return code, json.loads(report.read_text())
+
+
+def test_the_command_writes_the_report_and_exits_0_only_for_a_pass_with_every_control_held(monkeypatch, tmp_path):
+    code, report = _command_with(monkeypatch, tmp_path, transferring_pair(16))
+    assert code == 0 and report["verdict"] == PASS and report["controls"] == {"run": 2, "held": 2}
+    assert report["provenance"]["nixl"] == "1.2.0" and report["pair"] == {"ports": {"consumer_http": 1}}
+    assert report["settings"]["trials"] == 1 and (tmp_path / "pd.json.logs").is_dir()
+    code, report = _command_with(monkeypatch, tmp_path, re_prefill_pair(16))
+    assert code == 1 and report["verdict"] == INCONCLUSIVE
+
+
+def test_a_server_that_fails_is_an_error_report_and_exit_3(monkeypatch, tmp_path):
+    class Broken:
+        def __init__(self):
+            self.inner = transferring_pair(16)
+
+        def baseline(self, *args):
+            return self.inner.baseline(*args)
+
+        def reset(self):
+            raise servers.PairError("consumer exited 1 while starting: CUDA out of memory")
+
+    code, report = _command_with(monkeypatch, tmp_path, Broken())
+    assert code == 3 and report["verdict"] == ERROR
+    assert report["reasons"][0] == "pair: PairError: consumer exited 1 while starting: CUDA out of memory"
+    assert len(report["baselines"]) == 7 and report["requests"] == []  # what came back before it failed is kept
