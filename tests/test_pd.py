@@ -386,6 +386,7 @@ def test_the_real_driver_speaks_to_vllms_http_as_the_toy_proxy_does(tmp_path):
             setattr(pair, role, servers.Server(role, [], {}, stub.port, tmp_path / f"{role}.log", 10))
         prompt = (10, 11, 12, 13, 14)
         assert pair.baseline("b", prompt, 3).token_ids == (3, 4, 5)
+        assert stub.bodies[0]["logprobs"] == 2 and "kv_transfer_params" not in stub.bodies[0]
         pair.reset()
         assert stub.resets == 2  # the first answered success false: tried again
         params = pair.prefill("p", prompt)
@@ -455,3 +456,22 @@ def test_a_server_that_fails_is_an_error_report_and_exit_3(monkeypatch, tmp_path
     assert code == 3 and report["verdict"] == ERROR
     assert report["reasons"][0] == "pair: PairError: consumer exited 1 while starting: CUDA out of memory"
     assert len(report["baselines"]) == 7 and report["requests"] == []  # what came back before it failed is kept
+
+
+def test_a_divergence_is_classed_from_the_baselines_top_two_gap_and_stays_a_fail():
+    base, other = (1, 2, 3, 4), (1, 2, 9, 9)
+    near = decide_pd_request("me", base, other, Transfer(4, transfers=1), {"me": base}, None, 0, (2.0, 1.0, 0.03, 1.0))
+    assert (near.verdict, near.divergence, near.first_diff) == (FAIL, "near-tie", 2)
+    assert near.reasons[0] == (
+        "differs from the baseline @2 (4 external tokens loaded; near-tie, the baseline's top-1/top-2 gap 0.0300 nats)"
+    )
+    far = decide_pd_request("me", base, other, Transfer(4, transfers=1), {"me": base}, None, 0, (2.0, 1.0, 0.5))
+    assert far.divergence == "decisive"
+    unknown = decide_pd_request("me", base, other, Transfer(4, transfers=1), {"me": base})
+    assert unknown.divergence == "unclassed" and unknown.as_dict()["divergence"] == "unclassed"
+    top = [{"token_id:5": -0.01, "token_id:7": -4.61}, {"token_id:1": -0.2}, None]
+    gaps = servers.top_gaps_of({"choices": [{"logprobs": {"top_logprobs": top}}]})
+    assert gaps == (pytest.approx(4.6), None, None)
+    assert servers.top_gaps_of({"choices": [{"token_ids": [1]}]}) is None
+    body = servers.completion_body((1,), 4, None, logprobs=True)
+    assert body["logprobs"] == 2 and body["return_tokens_as_token_ids"] is True

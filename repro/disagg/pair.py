@@ -29,6 +29,7 @@ class Answer:
     transfer: Transfer | None = None
     error: str | None = None
     cached_tokens: int | None = None  # what the engine reported cached (the baseline must report 0)
+    top_gaps: tuple[float | None, ...] | None = None  # the reference's top-1/top-2 logprob gap at each position
 
 
 class PairDriver(Protocol):
@@ -127,7 +128,7 @@ def _run_case(driver: PairDriver, cases: Cases, case: Case, trial: int, baseline
         got = driver.decode(f"{tag}-{label}", p[prompt], params, cases.max_tokens)
         base = baselines[prompt]
         pv = decide_pd_request(prompt, base.token_ids or (), got.token_ids, got.transfer, answers, got.error,
-                               base.cached_tokens if base.error is None else None)  # fmt: skip
+                               base.cached_tokens if base.error is None else None, base.top_gaps)  # fmt: skip
         if base.error is not None:
             pv = decide_pd_request(prompt, (), None, None, answers, f"the baseline failed: {base.error}")
         control = decide_control(pv, case.expect, case.expect_answers_as) if judged_as_control else None

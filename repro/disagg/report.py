@@ -94,6 +94,7 @@ def build_report(run: Run, cases: Cases, settings: dict, pair: dict, prov: dict)
             n: {
                 "token_ids": list(a.token_ids) if a.token_ids else None,
                 "cached_tokens": a.cached_tokens,
+                "top_gaps": list(a.top_gaps) if a.top_gaps is not None else None,
                 "error": a.error,
             }
             for n, a in sorted(run.baselines.items())

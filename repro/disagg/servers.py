@@ -102,10 +102,28 @@ def serve_env(base: dict[str, str], side_channel_port: int | None) -> dict[str, 
     return env
 
 
-def completion_body(prompt: tuple[int, ...], max_tokens: int, params: dict | None) -> dict:
+def completion_body(prompt: tuple[int, ...], max_tokens: int, params: dict | None, logprobs: bool = False) -> dict:
+    """A greedy /v1/completions body; logprobs: the top 2 at each position, keyed by token ID (the reference's, for
+    the top-1/top-2 gap at a divergence)."""
     body = {"model": MODEL_NAME, "prompt": list(prompt), "max_tokens": max_tokens, "temperature": 0.0,
             "ignore_eos": True, "return_token_ids": True, "stream": False}  # fmt: skip
+    if logprobs:
+        body |= {"logprobs": 2, "return_tokens_as_token_ids": True}
     return body | ({"kv_transfer_params": params} if params is not None else {})
+
+
+def top_gaps_of(response: dict) -> tuple[float | None, ...] | None:
+    """Each generated position's top-1 minus top-2 logprob (nats) from a completion's top_logprobs; None at a
+    position with fewer than two, and None for a response without logprobs."""
+    choices = response.get("choices") or [{}]
+    top = (choices[0].get("logprobs") or {}).get("top_logprobs")
+    if not isinstance(top, list):
+        return None
+    gaps: list[float | None] = []
+    for entry in top:
+        values = sorted((v for v in (entry or {}).values() if isinstance(v, (int, float))), reverse=True)
+        gaps.append(values[0] - values[1] if len(values) >= 2 else None)
+    return tuple(gaps)
 
 
 def parse_metrics(text: str, names: tuple[str, ...] = WATCHED) -> dict[str, float]:
@@ -257,11 +275,14 @@ class NixlPair:
         return json.loads(text), None
 
     def baseline(self, request_id: str, prompt: tuple[int, ...], max_tokens: int) -> Answer:
-        response, error = self._complete(self._start_reference(), prompt, max_tokens, None)
-        if error is not None:
-            return Answer(None, error=error)
+        reference = self._start_reference()
+        status, text = reference.request("POST", "/v1/completions", completion_body(prompt, max_tokens, None, True))
+        if status != 200:
+            return Answer(None, error=f"reference answered HTTP {status}: {text[:300]}")
+        response = json.loads(text)
         ids, cached = answer_of(response)
-        return Answer(ids, cached_tokens=cached, error=None if ids is not None else "no token_ids in the response")
+        error = None if ids is not None else "no token_ids in the response"
+        return Answer(ids, cached_tokens=cached, error=error, top_gaps=top_gaps_of(response))
 
     def reset(self) -> None:
         """Empty the consumer's prefix cache (the producer and the reference run without one). vLLM refuses while

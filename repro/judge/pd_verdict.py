@@ -20,7 +20,17 @@ from dataclasses import dataclass
 
 from repro.judge.compare import first_diff
 from repro.judge.replays import BASELINE, Replay, find_replays
-from repro.judge.verdict import ERROR, FAIL, INCONCLUSIVE, PASS, VERDICTS, counter_missing, hit_count
+from repro.judge.verdict import (
+    ERROR,
+    FAIL,
+    INCONCLUSIVE,
+    PASS,
+    UNCLASSED,
+    VERDICTS,
+    classify_divergence,
+    counter_missing,
+    hit_count,
+)
 
 NOT_EXERCISED = "transfer not exercised"
 
@@ -51,6 +61,7 @@ class PdVerdict:
     reasons: tuple[str, ...]
     first_diff: int | None = None
     replays: tuple[Replay, ...] = ()
+    divergence: str | None = None  # a FAIL's class: decisive, near-tie or unclassed (no gap recorded)
 
     @property
     def answers_as(self) -> str | None:
@@ -64,6 +75,7 @@ class PdVerdict:
             "first_diff": self.first_diff,
             "replays": [r.as_dict() for r in self.replays],
             "answers_as": self.answers_as,
+            "divergence": self.divergence,
         }
 
 
@@ -75,10 +87,13 @@ def decide_pd_request(
     answers: Mapping[str, Sequence[int]],
     error: str | None = None,
     baseline_cached: int | None = 0,
+    baseline_gaps: Sequence[float | None] | None = None,
 ) -> PdVerdict:
     """One request sent through the pair: `name` the request, `baseline` its cache-off answer, `tokens` the
     consumer's (None with `error`: the consumer or producer refused it), `answers` every request's baseline answer
-    (its own is skipped) for naming a replay, `baseline_cached` what the baseline reported cached (must be 0)."""
+    (its own is skipped) for naming a replay, `baseline_cached` what the baseline reported cached (must be 0),
+    `baseline_gaps` the baseline's top-1/top-2 logprob gap at each index: a divergence is classed from it (a near-tie
+    or decisive, repro.judge.verdict.classify_divergence), which never changes the FAIL."""
     if error is not None or tokens is None:
         return PdVerdict(ERROR, (f"the pair gave no answer: {error or 'no tokens'}",))
     if hit_count(baseline_cached) != 0:
@@ -93,12 +108,15 @@ def decide_pd_request(
         if ext == 0:
             loaded = "no external tokens: the consumer's own prefill"
         replays = tuple(r for r in find_replays(name, tokens, baseline, answers) if r.request == BASELINE)
-        reasons = [f"differs from the baseline @{diff} ({loaded})"]
+        gap = baseline_gaps[diff] if baseline_gaps is not None and diff < len(baseline_gaps) else None
+        divergence = classify_divergence(gap)
+        shown = f", the baseline's top-1/top-2 gap {gap:.4f} nats" if divergence != UNCLASSED else ""
+        reasons = [f"differs from the baseline @{diff} ({loaded}; {divergence}{shown})"]
         reasons += [
             f"answers as {r.probe}: its baseline's tokens @{r.start}-{r.start + r.tokens - 1}, not its own"
             for r in replays
         ]
-        return PdVerdict(FAIL, tuple(reasons), diff, replays)
+        return PdVerdict(FAIL, tuple(reasons), diff, replays, divergence)
     return PdVerdict(*_gate(transfer, ext))
 
 
