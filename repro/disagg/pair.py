@@ -115,14 +115,16 @@ def run_cases(
             if progress:
                 progress(f"trial {trial}: {case.kind} {case.name}")
             driver.reset()
-            run.judged += _run_case(driver, cases, case, trial, run.baselines, answers)
+            _run_case(driver, cases, case, trial, run.baselines, answers, run.judged)
     return run
 
 
-def _run_case(driver: PairDriver, cases: Cases, case: Case, trial: int, baselines: dict, answers: dict) -> list:
+def _run_case(
+    driver: PairDriver, cases: Cases, case: Case, trial: int, baselines: dict, answers: dict, out: list[Judged]
+) -> None:
+    """One case's requests in order, each judged and appended to `out` as it comes back."""
     p = cases.prompts
     tag = f"{case.name}-t{trial}"
-    out: list[Judged] = []
 
     def send(label: str, prompt: str, params: dict | None, reference: str | None, judged_as_control: bool) -> Judged:
         got = driver.decode(f"{tag}-{label}", p[prompt], params, cases.max_tokens)
@@ -145,7 +147,7 @@ def _run_case(driver: PairDriver, cases: Cases, case: Case, trial: int, baseline
         out.append(send("previous", case.other, prev, case.other, False))
         driver.reset()  # the consumer's own cache emptied: all of the stale reference is pulled
         out.append(send("stale", case.prompt, prev, case.other, True))
-        return out
+        return
     params = driver.prefill(f"{tag}-prefill", p[case.prompt])
     out.append(send("decode", case.prompt, params, case.prompt, False))
     if case.kind == "consumed":
@@ -153,7 +155,6 @@ def _run_case(driver: PairDriver, cases: Cases, case: Case, trial: int, baseline
         out.append(send("between", case.other, between, case.other, False))
         driver.reset()  # else the consumer's own cache holds this prompt from its first decode and pulls one block
         out.append(send("consumed", case.prompt, params, case.prompt, True))
-    return out
 
 
 def probe_requests(run: Run) -> list[Judged]:
