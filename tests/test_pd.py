@@ -317,7 +317,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
 
 
 def test_an_interpreter_without_nixl_is_refused_before_any_server_starts(tmp_path):
-    """This machine's engine interpreter has vLLM and no NIXL (and no CUDA): one line, exit 2, no report."""
+    """An engine interpreter without vLLM, NIXL or a CUDA device (this one, on the CPU machine): one line, exit 2, no
+    report. Where this interpreter has all three the command would start servers: skipped there."""
+    if pd_report.environment_problem(pd_report.probe_engine(sys.executable)) is None:
+        pytest.skip("this interpreter has vLLM, NIXL and a CUDA device: nothing to refuse")
     argv = ["--cases", str(GPU_CASES), "--model", str(tmp_path), "--report", str(tmp_path / "r.json")]
     proc = _pd(*argv)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
