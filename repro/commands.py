@@ -147,6 +147,13 @@ COMMANDS = (
         "repro.chaos.commands:chaos",
     ),
     Command(
+        "pd",
+        "--cases FILE --model DIR --report PATH [--python PY] [--trials N]",
+        "disaggregated prefill on one CUDA GPU: the cases through a NixlConnector producer/consumer pair (two vllm "
+        "serve processes), each consumer answer against the cache-off reference, gated on external tokens loaded",
+        "repro.disagg.commands:pd",
+    ),
+    Command(
         "kit",
         "[--report PATH ...]",
         "build dist/kvkit-<version>-<commit>.tar.gz to attach to an upstream issue",

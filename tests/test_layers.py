@@ -49,6 +49,7 @@ core       repro.judge.verdict repro.judge.wording repro.judge.trials repro.plan
            repro.record.acceptance repro.record.exit_rule repro.judge.kv_grid repro.record.compact
            repro.plan.scenarios repro.record.publish repro.judge.members repro.plan.adapters repro.judge.adapters
            repro.plan.load repro.plan.prompt_logprobs repro.judge.prompt_logprobs
+           repro.judge.pd_verdict repro.disagg repro.disagg.cases
 engine     repro.engine
 options    repro.plan.options
 machinery  repro.plan.arms repro.run.scheduler repro.run.runner repro.run.workdir repro.lmcache.ops repro.lmcache.mp
@@ -56,13 +57,14 @@ machinery  repro.plan.arms repro.run.scheduler repro.run.runner repro.run.workdi
            repro.detection.plan
            repro.plan.run_plan repro.run.clock repro.run.launch repro.run.arm_runs repro.run.kvaudit repro.run.workspace
            repro.run.scenario_runs repro.run.entries repro.run.confirm repro.record.assemble repro.run.load_scenario
+           repro.disagg.pair repro.disagg.servers repro.disagg.report
 read       repro.readmodel repro.matrix.status repro.detection.blame repro.detection.matrix
            repro.detection.scenario_cells
 publish    repro.publish repro.matrix.page repro.detection.page repro.detection.scenario_page
 commands   repro.verify repro.verify_kv_reuse repro.__main__ repro.measure.bench repro.measure.margins repro.matrix
            repro.measure.load_bench
            repro.detection repro.detection.scenario_plan repro.detection.load_column repro.kit repro.chaos repro.models.convert
-           repro.models.check
+           repro.models.check repro.disagg.commands
 """
 
 
@@ -70,7 +72,7 @@ commands   repro.verify repro.verify_kv_reuse repro.__main__ repro.measure.bench
 # command registry); "entry" is the verifier's pipeline and entry points (repro/verify.py and the two mains).
 ROOM_ORDER = (
     "ground", "contract", "judge", "plan", "record", "lmcache", "run", "models", "engine", "readmodel", "publish",
-    "detection", "matrix", "measure", "kit", "chaos", "entry",
+    "detection", "matrix", "measure", "disagg", "kit", "chaos", "entry",
 )  # fmt: skip
 GROUND = {"repro", "repro.errors", "repro.paths", "repro.commands"}
 ENTRY = {"repro.verify", "repro.verify_kv_reuse", "repro.__main__"}

@@ -23,12 +23,10 @@ from repro.models.registry import SOURCE_FILE, packaged_model
 from repro.models.tiny import MODEL_NAME, MODEL_SEED, make_tiny_model
 from repro.record.atomic import write_json_atomic
 from repro.record.provenance import (
-    allowed_env,
-    hardware,
-    kit_commit,
     model_record,
     model_source,
     package_version,
+    study_provenance,
     utc_now,
 )
 from repro.run.kvaudit import run_compare
@@ -219,15 +217,7 @@ def run_settings() -> dict:
 
 def provenance(argv: list[str], env: dict, started: str) -> dict:
     """A study report's provenance: the kit's commit, the command, its UTC times, hardware, versions, env."""
-    return {
-        "kit": kit_commit(),
-        "argv": argv,
-        "started_utc": started,
-        "ended_utc": utc_now(),
-        "hardware": hardware(),
-        "packages": {n: package_version(n) for n in ("torch", "vllm", "transformers")},
-        "env": allowed_env(env),
-    }
+    return study_provenance(argv, env, started, {n: package_version(n) for n in ("torch", "vllm", "transformers")})
 
 
 def build_report(

@@ -293,6 +293,20 @@ def argv_python(argv: list[str]) -> str:
     return sys.executable
 
 
+def study_provenance(argv: list[str], env: dict, started: str, packages: dict) -> dict:
+    """A study's or a command's report provenance: the kit's commit, the command, its UTC times, hardware, the
+    package versions given and the allowed environment."""
+    return {
+        "kit": kit_commit(),
+        "argv": argv,
+        "started_utc": started,
+        "ended_utc": utc_now(),
+        "hardware": hardware(),
+        "packages": packages,
+        "env": allowed_env(env),
+    }
+
+
 def collect_provenance(
     *,
     argv: list[str],

@@ -58,6 +58,14 @@
 #   tests/gpu/h200_conditions.sh keys028 OUT   on the 0.28 stack, one GPU: LMCache's connectors on the adapter probes
 #                                              (tiny model), the offloading connectors under production load
 #                                              ($TRIALS trials), the adapter probes on SmolLM2
+#   tests/gpu/h200_conditions.sh pd-install    on the 0.26.0 bundle ($SITE): install the two staged NIXL 1.2.0 wheels
+#                                              (nixl and nixl_cu13, cp312; `stage DIR` copies them) into $SITE with
+#                                              --no-deps, checked against requirements/nixl.txt's SHA-256s; print the
+#                                              backend torch's CUDA picks (nixl_cu13)
+#   tests/gpu/h200_conditions.sh pd OUT        on that stack, one GPU for both engines: the P→D cases
+#                                              (fixtures/pd/cases-gpu.json) through a NixlConnector producer and
+#                                              consumer (python -m repro pd), $TRIALS trials (default 3), the tiny
+#                                              model, then SmolLM2 when $SMOLLM2 exists (`smollm2` makes it)
 #   tests/gpu/h200_conditions.sh monitor OUT   host memory, load and GPU memory every 5 s (in the background)
 #   tests/gpu/h200_conditions.sh reference028 OUT
 #                                              on that stack, LMCache's ops as its wheel ships them: both
@@ -94,6 +102,20 @@ verify() {  # NAME GPU ARGS...: one run on one GPU, its logs packed beside its r
   if [ -d "$OUT/$name.logs" ]; then
     tar -C "$OUT" -cJf "$OUT/$name.logs.tar.xz" "$name.logs" && rm -rf "${OUT:?}/$name.logs"
   fi
+}
+
+pd_run() {  # NAME ARGS...: one P→D run (python -m repro pd) on GPU $GPU (default 0), its servers' logs packed beside
+  local name=$1; shift
+  local rc=0
+  echo "$(date -u +%T) start $name" >>"$OUT/progress.txt"
+  CUDA_VISIBLE_DEVICES=${GPU:-0} "$PY" -m repro pd --cases fixtures/pd/cases-gpu.json --python "$PY" --dtype float16 \
+    --max-model-len 2048 --trials "${TRIALS:-3}" "$@" --report "$OUT/$name.json" --logs "$OUT/$name.logs" \
+    >"$OUT/$name.out" 2>&1 || rc=$?
+  echo "exit $rc" >>"$OUT/$name.out"
+  if [ -d "$OUT/$name.logs" ]; then
+    tar -C "$OUT" -cJf "$OUT/$name.logs.tar.xz" "$name.logs" && rm -rf "${OUT:?}/$name.logs"
+  fi
+  echo "$(date -u +%T) done $name (exit $rc)" >>"$OUT/progress.txt"
 }
 
 case ${1:?step} in
@@ -376,6 +398,20 @@ PY
         --lmcache-ops compiled --timeout 600
     fi
     echo "keys028 done" >>"$OUT/progress.txt" ;;
+  pd-install)  # the NIXL wheels vLLM's NixlConnector imports (nixl._api), into the 0.26.0 bundle's $SITE
+    for w in nixl-1.2.0-py3-none-any.whl nixl_cu13-1.2.0-cp312-cp312-manylinux_2_28_x86_64.whl; do
+      sum=$(grep -o "#   $w  *[0-9a-f]\{64\}" requirements/nixl.txt | awk '{print $3}')
+      echo "$sum  $STAGE/$w" | sha256sum -c --quiet
+    done
+    "$PY" -m pip install -q --no-index --no-deps --target "$SITE" "$STAGE"/nixl-1.2.0-py3-none-any.whl \
+      "$STAGE"/nixl_cu13-1.2.0-cp312-cp312-manylinux_2_28_x86_64.whl
+    "$PY" -c 'import importlib.metadata as m, nixl._api as a; print("nixl", m.version("nixl"), "backend", a.__name__)' ;;
+  pd)  # OUT, on the 0.26.0 bundle with pd-install done, one GPU shared by both engines (0.2 of its memory each), one
+    # run at a time: the P→D cases on the tiny model, then on SmolLM2 where it was converted
+    OUT=${2:?OUT}; mkdir -p "$OUT"
+    pd_run pd-tiny --model "$MODEL"
+    if [ -d "$SMOLLM2" ]; then pd_run pd-smollm2 --model "$SMOLLM2"; fi
+    echo "pd done" >>"$OUT/progress.txt" ;;
   monitor)  # OUT: every 5 s the host's memory, load and the GPU's memory into OUT/monitor.txt (started in the background)
     OUT=${2:?OUT}; mkdir -p "$OUT"
     while :; do

@@ -1,0 +1,1 @@
+"""Disaggregated prefill (P→D, NixlConnector): its cases, the pair that runs them, its report and command."""

@@ -1,0 +1,93 @@
+"""`python -m repro pd`: the P→D cases through a real NixlConnector pair on this host's GPU, into a report.
+
+Bad input is one line and exit 2, before any server starts: the cases file, the model folder, --device cpu (NIXL
+needs a CUDA GPU), an engine interpreter without vLLM, without NIXL's bindings or without a CUDA device. Exit 0: the
+arm PASSed (every probe request matched its baseline with external tokens loaded) and every negative control held;
+1: any other verdict, or a control that did not hold; 3: a
+server did not start or stopped answering (the report says which, with its log's tail, verdict ERROR).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from repro.commands import ArgumentParser
+from repro.disagg import report as pd_report
+from repro.disagg.cases import load_cases
+from repro.disagg.pair import Run, run_cases
+from repro.disagg.servers import NixlPair, PairError, ServeSettings
+from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME, UsageError
+from repro.judge.verdict import PASS, decide_child_failure
+from repro.record.provenance import utc_now
+
+
+def parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m repro pd", description=__doc__.splitlines()[0])
+    p.add_argument("--cases", required=True, help="a kvkit-pd-cases file (fixtures/pd/)")
+    p.add_argument("--model", required=True, help="the model folder both engines and the reference load")
+    p.add_argument("--report", required=True, help="where the JSON report goes (written atomically)")
+    p.add_argument("--python", default=sys.executable, help="the engine interpreter (vLLM, torch and NIXL)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.2, help="each engine's share of the one GPU")
+    p.add_argument("--dtype", default="float16")
+    p.add_argument("--start-timeout", type=float, default=600.0, help="seconds for each server to become ready")
+    p.add_argument("--logs", help="the servers' logs (default: REPORT.logs/)")
+    return p
+
+
+def check_args(args) -> None:
+    if args.device == "cpu":
+        raise UsageError("--device cpu: NIXL needs a CUDA GPU (NixlConnector moves KV between GPU engines)")
+    if args.trials < 1:
+        raise UsageError(f"--trials must be at least 1, not {args.trials}")
+    if not 0 < args.gpu_memory_utilization <= 0.5:
+        raise UsageError("--gpu-memory-utilization: each of the two engines on one GPU takes at most 0.5")
+    if not Path(args.model).is_dir():
+        raise UsageError(f"--model {args.model}: not a folder")
+    if not Path(args.report).parent.is_dir():
+        raise UsageError(f"--report {args.report}: its folder does not exist")
+
+
+def pd(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    check_args(args)
+    cases = load_cases(args.cases)
+    if max(len(t) for t in cases.prompts.values()) + cases.max_tokens > args.max_model_len:
+        raise UsageError(
+            f"cases file {args.cases}: a prompt and its answer exceed --max-model-len {args.max_model_len}"
+        )
+    engine = pd_report.probe_engine(args.python)
+    if (problem := pd_report.environment_problem(engine)) is not None:
+        raise UsageError(problem)
+    started = utc_now()
+    logs = Path(args.logs or f"{args.report}.logs")
+    logs.mkdir(parents=True, exist_ok=True)
+    settings = ServeSettings(args.python, args.model, cases.block_size, args.max_model_len,
+                             args.gpu_memory_utilization, args.dtype, start_timeout_s=args.start_timeout)  # fmt: skip
+    pair = NixlPair(settings, logs, dict(os.environ))
+    run, failure = Run(), None
+    try:
+        run_cases(pair, cases, args.trials, lambda line: print(line, file=sys.stderr, flush=True), into=run)
+    except (PairError, OSError, ValueError) as exc:
+        failure = f"{type(exc).__name__}: {exc}"
+    finally:
+        pair.close()
+    recorded = {"trials": args.trials, "block_size": cases.block_size, "max_tokens": cases.max_tokens,
+                "max_model_len": args.max_model_len, "gpu_memory_utilization": args.gpu_memory_utilization,
+                "dtype": args.dtype, "model": args.model}  # fmt: skip
+    prov = pd_report.provenance(argv, dict(os.environ), started, engine)
+    report = pd_report.build_report(run, cases, recorded, pair.facts(), prov)
+    if failure is not None:
+        err = decide_child_failure("pair", failure)
+        report |= {"verdict": err.verdict, "reasons": [*err.reasons, *report["reasons"]]}
+    pd_report.write_report(args.report, report)
+    for line in pd_report.summary_lines(report):
+        print(line)
+    if failure is not None:
+        return EXIT_RUNTIME
+    held = report["controls"]["held"] == report["controls"]["run"]
+    return EXIT_OK if report["verdict"] == PASS and held else EXIT_MISMATCH

@@ -1,0 +1,125 @@
+"""The P→D report (kind "kvkit-pd-report"): every judged request, the arm's verdict, the controls, provenance.
+
+schema_version 1: first version. Top level: kind, schema_version, tool_version, cases (the file's name, path and
+SHA-256), settings, verdict (the arm's: the worst of its probe requests'), reasons, counts, controls, requests (each
+judged request in the order sent), baselines (each prompt's cache-off answer), pair (ports, argv, logs) and
+provenance (the kit's commit, argv, UTC times, hardware, the engine interpreter's vLLM, torch and NIXL versions).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from repro import __version__
+from repro.disagg.cases import Cases
+from repro.disagg.pair import Run, controls, probe_requests
+from repro.judge.pd_verdict import decide_pd_arm
+from repro.judge.verdict import PASS
+from repro.plan.interpreter import ask_json
+from repro.record.atomic import write_json_atomic
+from repro.record.provenance import study_provenance
+
+KIND = "kvkit-pd-report"
+SCHEMA_VERSION = 1
+NIXL_DISTS = ("nixl", "nixl-cu12", "nixl-cu13")
+# Asked of the engine interpreter in a subprocess: the versions that make a P→D run, whether NIXL's bindings import
+# (vLLM imports nixl._api and only warns when it cannot) and whether torch sees a CUDA device.
+_PD_PROBE = r"""
+import importlib.metadata as m, json, platform, sys
+def version(name):
+    try:
+        return m.version(name)
+    except m.PackageNotFoundError:
+        return None
+out = {"executable": sys.executable, "python": platform.python_version(),
+       "packages": {n: version(n) for n in ("vllm", "torch", "nixl", "nixl-cu12", "nixl-cu13", "transformers")}}
+try:
+    import nixl._api
+    out["nixl_importable"] = True
+    out["nixl_backend"] = nixl._api.__name__.split(".")[0]  # nixl_cu13 or nixl_cu12: torch's CUDA major picks
+except Exception as exc:
+    out["nixl_importable"] = False
+    out["nixl_problem"] = f"{type(exc).__name__}: {exc}"[:200]
+try:
+    import torch
+    out["cuda_devices"] = torch.cuda.device_count() if torch.cuda.is_available() else 0
+except Exception as exc:
+    out["cuda_devices"] = 0
+    out["cuda_problem"] = f"{type(exc).__name__}: {exc}"[:200]
+print(json.dumps(out))
+"""
+
+
+def probe_engine(python: str, timeout_s: float = 180) -> dict:
+    """What the engine interpreter holds for a P→D run (never raises; {"problem": ...} when it cannot be asked)."""
+    return ask_json([python, "-c", _PD_PROBE], timeout_s, "is not a working Python 3", who=python)
+
+
+def environment_problem(info: dict) -> str | None:
+    """Why this interpreter cannot run a NIXL pair (one line), or None."""
+    if "problem" in info:
+        return f"the engine interpreter {info['problem']}"
+    if not (info.get("packages") or {}).get("vllm"):
+        return "vllm is not installed in the engine interpreter"
+    if not info.get("nixl_importable"):
+        return f"NIXL is not importable there (nixl._api: {info.get('nixl_problem', 'not found')}); install nixl 1.2.0"
+    if not info.get("cuda_devices"):
+        return "NIXL needs a CUDA GPU: torch in the engine interpreter sees none"
+    return None
+
+
+def provenance(argv: list[str], env: dict, started: str, engine: dict) -> dict:
+    """The kit's study provenance with the engine interpreter's versions (NIXL's among them) and what it holds."""
+    found = engine.get("packages") or {}
+    packages = {n: found.get(n) or "unavailable: not installed" for n in ("vllm", "torch", *NIXL_DISTS)}
+    nixl = found.get("nixl-cu13") or found.get("nixl") or "unavailable: not installed"
+    return study_provenance(argv, env, started, packages) | {"engine_environment": engine, "nixl": nixl}
+
+
+def build_report(run: Run, cases: Cases, settings: dict, pair: dict, prov: dict) -> dict:
+    probes, ctrls = probe_requests(run), controls(run)
+    verdict, reasons = decide_pd_arm([j.verdict.verdict for j in probes], [j.control for j in ctrls])
+    return {
+        "kind": KIND,
+        "schema_version": SCHEMA_VERSION,
+        "tool_version": __version__,
+        "cases": {"name": cases.name, "path": cases.path, "sha256": cases.sha256},
+        "settings": settings,
+        "verdict": verdict,
+        "reasons": list(reasons),
+        "counts": dict(sorted(Counter(j.verdict.verdict for j in probes).items())),
+        "controls": {"run": len(ctrls), "held": sum(1 for j in ctrls if j.control.held)},
+        "requests": [j.as_dict() for j in run.judged],
+        "baselines": {
+            n: {
+                "token_ids": list(a.token_ids) if a.token_ids else None,
+                "cached_tokens": a.cached_tokens,
+                "top_gaps": list(a.top_gaps) if a.top_gaps is not None else None,
+                "error": a.error,
+            }
+            for n, a in sorted(run.baselines.items())
+        },
+        "pair": pair,
+        "provenance": prov,
+    }
+
+
+def write_report(path: str, report: dict) -> None:
+    write_json_atomic(path, report)
+
+
+def summary_lines(report: dict) -> list[str]:
+    """The run in a few lines: the arm's verdict, its counts, each control, each request that is not PASS."""
+    counts = ", ".join(f"{v} {n}" for v, n in report["counts"].items()) or "none"
+    c = report["controls"]
+    lines = [
+        f"P→D (NixlConnector): {report['verdict']} (probe requests: {counts}; controls held {c['held']}/{c['run']})"
+    ]
+    for r in report["requests"]:
+        if r["control"] is not None:
+            lines.append(f"  control {r['case']} (trial {r['trial']}): {r['control']['reason']}")
+        elif r["reference"] is not None and r["verdict"] != PASS:
+            why = "; ".join(r["reasons"])
+            lines.append(f"  {r['case']} {r['prompt']} (trial {r['trial']}): {r['verdict']}: {why}")
+    lines += [f"  {reason}" for reason in report["reasons"]]
+    return lines
