@@ -160,7 +160,7 @@ def _start_server(model: str, caching: bool, log: Path) -> tuple[subprocess.Pope
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(port),
-            "--model", model, "--dtype", "float32", "--max-model-len", "2048", "--block-size", "16", "--seed", "0",
+            "--model", model, "--dtype", "float32", "--gpu-memory-utilization", "0.1", "--max-model-len", "2048", "--block-size", "16", "--seed", "0",
             "--enforce-eager", "--max-num-seqs", "1", "--enable-prompt-tokens-details",
             "--enable-prefix-caching" if caching else "--no-enable-prefix-caching"]  # fmt: skip
     server = subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
