@@ -58,6 +58,10 @@
 #   tests/gpu/h200_conditions.sh keys028 OUT   on the 0.28 stack, one GPU: LMCache's connectors on the adapter probes
 #                                              (tiny model), the offloading connectors under production load
 #                                              ($TRIALS trials), the adapter probes on SmolLM2
+#   tests/gpu/h200_conditions.sh served028 OUT on the 0.28 stack, one GPU: LMCache's two connectors (compiled ops) and
+#                                              native with --frontend server (each arm a `vllm serve` process the
+#                                              kit starts), the plain probes and the in-flight scenario; then the
+#                                              same offline (--frontend sync), to compare request by request
 #   tests/gpu/h200_conditions.sh monitor OUT   host memory, load and GPU memory every 5 s (in the background)
 #   tests/gpu/h200_conditions.sh reference028 OUT
 #                                              on that stack, LMCache's ops as its wheel ships them: both
@@ -376,6 +380,15 @@ PY
         --lmcache-ops compiled --timeout 600
     fi
     echo "keys028 done" >>"$OUT/progress.txt" ;;
+  served028)  # OUT, on the 0.28 stack, one GPU, one arm at a time (not yet run): the served arms of LMCache's two
+    # connectors (0.5.4, its wheel's compiled ops) and native, on the plain probes and in-flight; then the same run
+    # offline, so the two reports compare request by request (the CPU's tests/test_e2e_served.py does so there)
+    OUT=${2:?OUT}; mkdir -p "$OUT"
+    fx=(--fixture fixtures/scenarios-gpu-lmcache.json --compare-native --no-native-matched --scenarios in-flight
+      --lmcache-ops compiled --timeout 600 --jobs 1 --no-confirm)
+    SITE=$SITE028 "$0" step "$OUT" served-lmcache-tiny-v028 "${fx[@]}" --frontend server
+    SITE=$SITE028 "$0" step "$OUT" offline-lmcache-tiny-v028 "${fx[@]}" --frontend sync
+    echo "served028 done" >>"$OUT/progress.txt" ;;
   monitor)  # OUT: every 5 s the host's memory, load and the GPU's memory into OUT/monitor.txt (started in the background)
     OUT=${2:?OUT}; mkdir -p "$OUT"
     while :; do
