@@ -149,12 +149,14 @@ def _endpoint(argv: list[str]) -> int:
     p.add_argument("--reuses", default=None)
     p.add_argument("--timeout", default="1800", help="per arm, seconds")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--stream", action="store_true", help="every request streamed (server-sent events)")
     own = p.parse_args(argv)
     urls = check_endpoints(own.url, own.baseline_url, own.model)
     verifier = ["--model", own.model, "--fixture", own.fixture, "--report", own.report, "--device", "cpu",
                 "--compare-native", "--no-native-matched", "--no-kv-audit", "--max-tokens", own.max_tokens,
                 "--logprobs", own.logprobs, "--timeout", own.timeout, "--jobs", "2", "--no-confirm",
-                *(["--reuses", own.reuses] if own.reuses else []), *(["--quiet"] if own.quiet else [])]  # fmt: skip
+                *(["--reuses", own.reuses] if own.reuses else []), *(["--quiet"] if own.quiet else []),
+                *(["--stream"] if own.stream else [])]  # fmt: skip
 
     def read(args: list[str]) -> Options:
         ns = build_parser().parse_args(args)

@@ -24,7 +24,35 @@ from repro.plan import options as cli
 
 def test_the_parent_and_the_child_name_the_same_front_ends_and_endpoint_variable():
     assert cli.FRONTENDS == frontend.FRONTENDS and cli.FRONTEND_CHOICES == ("sync", "async", "server")
-    assert endpoint.ENDPOINT_URL_ENV == served.ENDPOINT_URL_ENV
+    assert endpoint.ENDPOINT_URL_ENV == served.ENDPOINT_URL_ENV and cli.STREAM_ENV == served.STREAM_ENV
+
+
+def test_a_streamed_answer_joins_into_the_answer_it_stands_for():
+    chunks = [
+        {"id": "cmpl-s", "choices": [{"text": "a", "token_ids": [7], "prompt_token_ids": [1, 2, 3],
+                                      "logprobs": {"top_logprobs": [{"token_id:7": -0.1, "token_id:9": -2.5}]}}]},
+        {"id": "cmpl-s", "choices": [{"text": "b", "token_ids": [8], "finish_reason": "length",
+                                      "logprobs": {"top_logprobs": [{"token_id:8": -0.2, "token_id:1": -3.0}]}}]},
+        {"id": "cmpl-s", "choices": [], "usage": {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 0}}},
+    ]  # fmt: skip
+    raw = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    joined = served.as_output(served.joined_stream(raw.encode()), [1, 2, 3])
+    plain = served.as_output({**_answer(0), "id": "cmpl-s"}, [1, 2, 3])
+    for key in ("request_id", "num_cached_tokens", "prompt_token_ids"):
+        assert getattr(joined, key) == getattr(plain, key), key
+    for key in ("token_ids", "finish_reason", "text"):
+        assert getattr(joined.outputs[0], key) == getattr(plain.outputs[0], key), key
+    assert [{t: lp.logprob for t, lp in step.items()} for step in joined.outputs[0].logprobs] == [
+        {t: lp.logprob for t, lp in step.items()} for step in plain.outputs[0].logprobs
+    ]
+
+
+def test_stream_needs_a_served_front_end(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    args = cli.build_parser().parse_args(["--model", str(tmp_path), "--fixture", "fixtures/selftest-cpu.json",
+                                          "--report", str(tmp_path / "r.json"), "--device", "cpu", "--stream"])  # fmt: skip
+    with pytest.raises(UsageError, match="--stream needs --frontend server"):
+        cli.validate(args)
 
 
 def test_the_engine_arguments_become_vllm_serve_flags():

@@ -33,6 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 HOST = "127.0.0.1"
+STREAM_ENV = "KVKIT_SERVER_STREAM"  # "1": every request streamed (--stream; repro.plan.options.STREAM_ENV)
+STREAM = {"stream": True, "stream_options": {"include_usage": True}}
 HEALTH_POLL_S = 0.5
 REQUEST_TIMEOUT_S = 1800.0
 
@@ -109,6 +111,7 @@ class ServerFrontend:
 
     def __init__(self, engine_kwargs: dict, python: str | None = None):
         self.kwargs = dict(engine_kwargs)
+        self.stream = os.environ.get(STREAM_ENV) == "1"
         self.argv_engine = serve_argv(self.kwargs)
         check_argv(self.argv_engine, self.kwargs)
         self.port = free_port()
@@ -170,7 +173,8 @@ class ServerFrontend:
 
     def served_facts(self) -> dict:
         """What the report keeps of the server: its address, flags, what it says of itself, every reset over HTTP."""
-        facts: dict = {"url": self.base, "argv": self.argv_engine, "prefix_cache_resets": self.resets}
+        facts: dict = {"url": self.base, "argv": self.argv_engine, "prefix_cache_resets": self.resets,
+                       "stream": self.stream}  # fmt: skip
         for key, path in (("version", "/version"), ("models", "/v1/models")):
             try:
                 facts[key] = self.get_json(path)
@@ -215,7 +219,9 @@ class ServerFrontend:
         return [as_output(a, p["prompt_token_ids"]) for a, p in zip(answers, prompts)]
 
     def _complete(self, body: dict) -> dict:
-        return json.loads(self._call("POST", "/v1/completions", body))
+        if not self.stream:
+            return json.loads(self._call("POST", "/v1/completions", body))
+        return joined_stream(self._call("POST", "/v1/completions", {**body, **STREAM}))
 
 
 ENDPOINT_URL_ENV = "KVKIT_ENDPOINT_URL"  # the server an endpoint arm talks to (repro.plan.endpoint sets it per arm)
@@ -228,6 +234,7 @@ class EndpointFrontend(ServerFrontend):
 
     def __init__(self, engine_kwargs: dict, url: str):
         self.kwargs, self.base, self.argv_engine, self.proc = dict(engine_kwargs), url.rstrip("/"), [], None
+        self.stream = os.environ.get(STREAM_ENV) == "1"
         self.resets = []
         self._tokenizer = self._config = None
         self._pool = ThreadPoolExecutor(max_workers=64)
@@ -270,6 +277,30 @@ def completion_body(ids: list[int], sp) -> dict:
     if sp.prompt_logprobs is not None:
         body["prompt_logprobs"] = sp.prompt_logprobs
     return body
+
+
+def joined_stream(raw: bytes) -> dict:
+    """A streamed /v1/completions answer (server-sent events, one choice) joined into the answer it stands for: the
+    token IDs, logprobs and text of every chunk in order, the finish reason of the last, the usage of the final
+    chunk (include_usage: where prompt_tokens_details comes), the prompt's IDs from the first."""
+    ids, tops, text, finish, usage, prompt, first = [], [], "", None, None, None, None
+    for line in raw.decode("utf-8", "replace").splitlines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[len("data: ") :])
+        first = first or chunk
+        usage = chunk.get("usage") or usage
+        for choice in chunk.get("choices") or []:
+            ids += choice.get("token_ids") or []
+            tops += ((choice.get("logprobs") or {}).get("top_logprobs")) or []
+            text += choice.get("text") or ""
+            finish = choice.get("finish_reason") or finish
+            prompt = prompt or choice.get("prompt_token_ids")
+    if first is None:
+        raise ServerFailed("the streamed answer held no chunk")
+    choice = {"token_ids": ids, "text": text, "finish_reason": finish, "prompt_token_ids": prompt,
+              "logprobs": {"top_logprobs": tops} if tops else None}  # fmt: skip
+    return {"id": first.get("id"), "choices": [choice], "usage": usage, "streamed": True}
 
 
 def _token_id(key: str) -> int:

@@ -46,7 +46,8 @@ ENGINE_LAYOUTS = ("vllm", "one-process")
 # The engine's front end (repro.engine.frontend holds the same names, which the child reads; a test pins
 # them equal, as the child never imports this side): vLLM's LLM, or a bare AsyncLLM as `vllm serve` drives.
 FRONTENDS = ("sync", "async", "server", "endpoint")
-FRONTEND_CHOICES = FRONTENDS[:3]  # endpoint: `repro endpoint`'s children, a server the kit did not start
+FRONTEND_CHOICES = FRONTENDS[:3]
+STREAM_ENV = "KVKIT_SERVER_STREAM"  # --stream, to each served child (repro.engine.served.STREAM_ENV; a test pins it)  # endpoint: `repro endpoint`'s children, a server the kit did not start
 FRONTEND_ENV = "KVKIT_FRONTEND"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -132,6 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="how each arm's child drives its engine: sync (vLLM's LLM, the default), async (a bare AsyncLLM, "
         "the front end of `vllm serve`) or server (a `vllm serve` process on a free loopback port, over HTTP); "
         "the same engine arguments, requests and sampling each way",
+    )
+    p.add_argument(
+        "--stream",
+        action="store_true",
+        help="with --frontend server: every request streamed (server-sent events), its chunks joined into one answer",
     )
     p.add_argument(
         "--engine-layout",
@@ -404,6 +410,10 @@ def validate(args: argparse.Namespace) -> Options:
         raise UsageError(
             "--engine-layout one-process is for the CPU engine: on a GPU every arm runs vLLM's own layout "
             "(add --device cpu, or drop the flag)"
+        )
+    if args.stream and args.frontend not in ("server", "endpoint"):
+        raise UsageError(
+            f"--stream needs --frontend server (a stream is an HTTP answer), not --frontend {args.frontend}"
         )
     if args.frontend == "server" and args.engine_layout == "one-process":
         raise UsageError(

@@ -80,6 +80,7 @@ def build_plan(opts: Options, argv: list[str]) -> RunPlan:
         logprobs=a.logprobs,
         batch_invariant=bool(a.batch_invariant),
         frontend=a.frontend,
+        stream=a.stream,
         engine_layout=a.engine_layout or ("vllm" if uses_cuda(a.device) or a.frontend == "server" else "one-process"),
     )
     fixture = load_fixture(a.fixture)
