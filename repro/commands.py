@@ -43,6 +43,12 @@ class Command:
 COMMANDS = (
     Command("verify", "ARGS", "the verifier (same as python -m repro.verify_kv_reuse ARGS)", "repro.verify:main"),
     Command(
+        "endpoint",
+        "--url URL --baseline-url URL --model M --fixture F --report R",
+        "the fixture's probes against a server the kit did not start, judged against a baseline server",
+        "repro.verify:endpoint_main",
+    ),
+    Command(
         "make-model",
         "DIR",
         "write the tiny Qwen3-architecture CPU model into DIR, print its SHA-256",

@@ -15,10 +15,11 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from repro.commands import run_command, say_error
+from repro.commands import ArgumentParser, run_command, say_error
 from repro.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, UsageError
 from repro.models.lora import make_planned
-from repro.plan.options import Options, parse_args
+from repro.plan.endpoint import check_endpoints
+from repro.plan.options import Options, build_parser, parse_args, validate
 from repro.plan.run_plan import build_plan
 from repro.publish.summary import format_summary
 from repro.record.assemble import assemble
@@ -93,10 +94,10 @@ def _interrupted(state: RunState, why: str) -> int:
     return EXIT_INTERRUPTED
 
 
-def _verify(argv: list[str]) -> int:
+def _verify(argv: list[str], read=parse_args) -> int:
     state = RunState()
     try:
-        return run(parse_args(argv), argv, state)
+        return run(read(argv), argv, state)
     except (KeyboardInterrupt, Interrupted) as exc:
         return _interrupted(state, str(exc) or "SIGINT")
     except UsageError:
@@ -132,3 +133,44 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _on_term)
     return run_command(_verify, list(sys.argv[1:] if argv is None else argv))
+
+
+def _endpoint(argv: list[str]) -> int:
+    """`repro endpoint`: the fixture's probes sent to a server the kit did not start and to a baseline server, judged
+    as every run is (repro.plan.endpoint checks both first: one line, exit 2, before any child)."""
+    p = ArgumentParser(prog="python -m repro endpoint", description=_endpoint.__doc__)
+    p.add_argument("--url", required=True, help="the server judged (its reuse on)")
+    p.add_argument("--baseline-url", required=True, help="a server of the same model with reuse off: the reference")
+    p.add_argument("--model", required=True, help="the model both serve (its tokenizer builds the chat probes)")
+    p.add_argument("--fixture", required=True)
+    p.add_argument("--report", required=True)
+    p.add_argument("--max-tokens", default="16")
+    p.add_argument("--logprobs", default="5")
+    p.add_argument("--reuses", default=None)
+    p.add_argument("--timeout", default="1800", help="per arm, seconds")
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--stream", action="store_true", help="every request streamed (server-sent events)")
+    own = p.parse_args(argv)
+    urls = check_endpoints(own.url, own.baseline_url, own.model)
+    verifier = ["--model", own.model, "--fixture", own.fixture, "--report", own.report, "--device", "cpu",
+                "--compare-native", "--no-native-matched", "--no-kv-audit", "--max-tokens", own.max_tokens,
+                "--logprobs", own.logprobs, "--timeout", own.timeout, "--jobs", "2", "--no-confirm",
+                *(["--reuses", own.reuses] if own.reuses else []), *(["--quiet"] if own.quiet else []),
+                *(["--stream"] if own.stream else [])]  # fmt: skip
+
+    def read(args: list[str]) -> Options:
+        ns = build_parser().parse_args(args)
+        ns.frontend, ns.endpoints = "endpoint", urls
+        return validate(ns)
+
+    return _verify(verifier, read)
+
+
+def endpoint_main(argv: list[str] | None = None) -> int:
+    """`python -m repro endpoint ARGS`: bad usage and unusable servers 2, an ERROR 3, interrupt 130."""
+
+    def _on_term(signum, frame):
+        raise Interrupted(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, _on_term)
+    return run_command(_endpoint, list(sys.argv[1:] if argv is None else argv))

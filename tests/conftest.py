@@ -25,6 +25,7 @@ from e2e_runs import (  # noqa: F401
     planted_scenarios_run,
     selftest_run,
     selftest_sequential_run,
+    served_selftest_run,
 )
 from kvkit_testutil import ARTIFACTS, ROOT, have_vllm, run_cli  # noqa: F401
 

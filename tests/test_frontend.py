@@ -66,7 +66,7 @@ def test_the_schema_takes_either_front_end_and_no_other_and_older_reports_withou
     report = json.loads((ROOT / "tests" / "data" / "report-v2-example.json").read_text())
     assert "frontend" not in report["config"]
     validate_report(report)  # a report from before the flag
-    for name in ("sync", "async"):
+    for name in ("sync", "async", "server"):
         validate_report({**report, "config": {**report["config"], "frontend": name}})
     with pytest.raises(ReportInvalid, match="config/frontend"):
         validate_report({**report, "config": {**report["config"], "frontend": "foo"}})

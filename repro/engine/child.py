@@ -34,7 +34,7 @@ from repro.engine.audit_records import AuditRecords, audit_env, served_member
 from repro.engine.engine_args import engine_kwargs
 from repro.engine.facts import collect_versions, effective_config, lmcache_build, process_facts
 from repro.engine.frontend import build_frontend, frontend_from_env
-from repro.engine.outputs import _request, connector_tokens, external_hits, preemption_count
+from repro.engine.outputs import _request, connector_tokens, external_hits, preemption_count, read_counters_from
 from repro.engine.prompt_logprobs import record as plp_record
 from repro.engine.prompt_logprobs import sampling_for
 from repro.record.atomic import dumps_json, write_bytes_atomic
@@ -145,6 +145,9 @@ def run_job(job: Job, keep: list) -> ArmResult:
     t0 = time.monotonic()
     llm = build_frontend(frontend, engine_kwargs(job))  # LLM, or a bare AsyncLLM behind the same calls
     keep.append(llm)
+    served = hasattr(llm, "served_facts")  # a `vllm serve` process over HTTP (repro.engine.served)
+    if served:
+        read_counters_from(llm)  # its counters come from its /metrics
     ready = time.monotonic()
     if job.probes_file:
         job = wait_for_probes(job)
@@ -204,9 +207,10 @@ def run_job(job: Job, keep: list) -> ArmResult:
         pid=os.getpid(),
         versions=versions,
         effective_config={
-            **effective_config(llm),
+            **(config := effective_config(llm)),
             **process_facts(probes, audit, scenario),
             **({"gpu_cache_resets": gpu_resets} if gpu_resets else {}),
+            **({"served": llm.served_facts()} if served and "served" not in config else {}),
         },
         # from process start to a ready engine: interpreter, imports and engine construction
         engine_start_s=round(ready - _T_PROCESS - waited, 3),

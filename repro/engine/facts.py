@@ -94,6 +94,8 @@ def model_runner(cfg) -> str:
 
 
 def effective_config(llm) -> dict:
+    if hasattr(llm, "endpoint_config"):  # a server the kit did not start: what it says of itself (repro endpoint)
+        return llm.endpoint_config()
     cfg = vllm_config_of(llm)
     ktc = cfg.kv_transfer_config
     return {

@@ -1,5 +1,6 @@
 """The engine front ends the child drives: vLLM's synchronous `LLM`, or a bare `AsyncLLM` behind the same calls.
 
+`--frontend server` is a `vllm serve` process the child starts and drives over HTTP (repro.engine.served).
 `--frontend async` drives the engine as the reference command's server does (vllm's AsyncLLM, the
 front end of `vllm serve`), which requests in flight together need; `sync` (the default) is `LLM`.
 Both build the same engine (the same EngineArgs, its EngineCore in its own process) and are handed
@@ -18,7 +19,7 @@ import asyncio
 import itertools
 
 FRONTEND_ENV = "KVKIT_FRONTEND"
-FRONTENDS = ("sync", "async")
+FRONTENDS = ("sync", "async", "server", "endpoint")
 DEFAULT_FRONTEND = "sync"
 
 
@@ -40,6 +41,16 @@ def build_frontend(name: str, engine_kwargs: dict):
         return LLM(**engine_kwargs)
     if name == "async":
         return AsyncFrontend(engine_kwargs)
+    if name == "server":  # a `vllm serve` process driven over HTTP (repro.engine.served)
+        from repro.engine.served import ServerFrontend
+
+        return ServerFrontend(engine_kwargs)
+    if name == "endpoint":  # a server the kit did not start, at the URL the parent gives (repro endpoint)
+        import os
+
+        from repro.engine.served import ENDPOINT_URL_ENV, EndpointFrontend
+
+        return EndpointFrontend(engine_kwargs, os.environ[ENDPOINT_URL_ENV])
     raise ValueError(f"unknown front end {name!r}: not one of {', '.join(FRONTENDS)}")
 
 
@@ -47,10 +58,16 @@ def vllm_config_of(frontend):
     """The engine's VllmConfig, whichever front end built it."""
     if isinstance(frontend, AsyncFrontend):
         return frontend.engine.vllm_config
+    if hasattr(frontend, "vllm_config"):  # the server front end: the config vLLM derives from the same arguments
+        return frontend.vllm_config
     return frontend.llm_engine.vllm_config
 
 
 def frontend_name(frontend) -> str:
+    if hasattr(frontend, "endpoint_config"):
+        return "endpoint"
+    if hasattr(frontend, "served_facts"):
+        return "server"
     return "async" if isinstance(frontend, AsyncFrontend) else "sync"
 
 

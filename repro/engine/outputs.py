@@ -43,10 +43,32 @@ PREEMPTIONS_METRIC = "vllm:num_preemptions"
 EXTERNAL_HITS_METRIC = "vllm:external_prefix_cache_hits"
 
 
+_SERVED: list = []  # the server front end whose /metrics the counters are read from (repro.engine.served)
+
+
+def read_counters_from(frontend) -> None:
+    """The arm's engine is a server (repro.engine.served): its counters are read from its /metrics from now on."""
+    _SERVED[:] = [frontend]
+
+
+def _served_counter(metric: str) -> tuple[int | None, str]:
+    from repro.engine.served import ServerFailed, parse_metric
+
+    try:
+        value = parse_metric(_SERVED[0].metrics_text(), metric)
+    except ServerFailed as exc:
+        return None, f"unavailable: {str(exc)[:200]}"
+    if value is None:
+        return None, f"unavailable: the server's /metrics has no {metric}"
+    return value, f"{metric} (the server's /metrics)"
+
+
 def _counter(metric: str) -> tuple[int | None, str]:
     """One of the engine's cumulative Prometheus counters and where it came from (v1/metrics/loggers.py), read
     in this process as LLM.get_metrics() reads it (vllm.v1.metrics.reader.get_metrics_snapshot), which
     serves the synchronous LLM and the bare AsyncLLM alike; (None, "unavailable: why") otherwise."""
+    if _SERVED:
+        return _served_counter(metric)
     try:
         from vllm.v1.metrics.reader import get_metrics_snapshot
 

@@ -45,7 +45,9 @@ MAX_TRIALS = 50
 ENGINE_LAYOUTS = ("vllm", "one-process")
 # The engine's front end (repro.engine.frontend holds the same names, which the child reads; a test pins
 # them equal, as the child never imports this side): vLLM's LLM, or a bare AsyncLLM as `vllm serve` drives.
-FRONTENDS = ("sync", "async")
+FRONTENDS = ("sync", "async", "server", "endpoint")
+FRONTEND_CHOICES = FRONTENDS[:3]
+STREAM_ENV = "KVKIT_SERVER_STREAM"  # --stream, to each served child (repro.engine.served.STREAM_ENV; a test pins it)  # endpoint: `repro endpoint`'s children, a server the kit did not start
 FRONTEND_ENV = "KVKIT_FRONTEND"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -126,10 +128,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--frontend",
-        choices=FRONTENDS,
+        choices=FRONTEND_CHOICES,
         default="sync",
-        help="how each arm's child drives its engine: sync (vLLM's LLM, the default) or async (a bare AsyncLLM, "
-        "the front end of `vllm serve`); the same engine, requests and sampling either way",
+        help="how each arm's child drives its engine: sync (vLLM's LLM, the default), async (a bare AsyncLLM, "
+        "the front end of `vllm serve`) or server (a `vllm serve` process on a free loopback port, over HTTP); "
+        "the same engine arguments, requests and sampling each way",
+    )
+    p.add_argument(
+        "--stream",
+        action="store_true",
+        help="with --frontend server: every request streamed (server-sent events), its chunks joined into one answer",
     )
     p.add_argument(
         "--engine-layout",
@@ -402,6 +410,15 @@ def validate(args: argparse.Namespace) -> Options:
         raise UsageError(
             "--engine-layout one-process is for the CPU engine: on a GPU every arm runs vLLM's own layout "
             "(add --device cpu, or drop the flag)"
+        )
+    if args.stream and args.frontend not in ("server", "endpoint"):
+        raise UsageError(
+            f"--stream needs --frontend server (a stream is an HTTP answer), not --frontend {args.frontend}"
+        )
+    if args.frontend == "server" and args.engine_layout == "one-process":
+        raise UsageError(
+            "--engine-layout one-process cannot serve: `vllm serve` always runs its engine core in a process of "
+            "its own (drop the flag: --frontend server runs vLLM's own layout)"
         )
     opts = Options(args=args, extra_config=extra, model_is_local=local)
     if getattr(args, "batch_invariant", False) and args.device == "auto" and not devices.uses_cuda(args.device):

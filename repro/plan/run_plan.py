@@ -8,9 +8,9 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from repro.contract.job import Preflight
+from repro.contract.job import ArmSpec, Preflight
 from repro.errors import UsageError
-from repro.plan import adapters, multi, offloading
+from repro.plan import adapters, endpoint, multi, offloading
 from repro.plan.arms import PlannedArm, default_jobs, plan_arms, preflight_for, vocab_size
 from repro.plan.devices import uses_cuda
 from repro.plan.fixtures import Fixture, Probe, Scenario, load_fixture
@@ -80,12 +80,18 @@ def build_plan(opts: Options, argv: list[str]) -> RunPlan:
         logprobs=a.logprobs,
         batch_invariant=bool(a.batch_invariant),
         frontend=a.frontend,
-        engine_layout=a.engine_layout or ("vllm" if uses_cuda(a.device) else "one-process"),
+        stream=a.stream,
+        engine_layout=a.engine_layout or ("vllm" if uses_cuda(a.device) or a.frontend == "server" else "one-process"),
     )
     fixture = load_fixture(a.fixture)
     probes = build_probes(fixture.probes, a.suite)
     probes, lora = adapters.resolve(fixture.adapters, probes, a.model, opts.model_is_local, a.fixture)
     engine = replace(engine, lora=lora.engine() if lora is not None else None)
+    if lora is not None and engine.frontend == "server":
+        raise UsageError(
+            f"fixture {a.fixture}: probes under LoRA adapters cannot run with --frontend server "
+            "(the kit does not load adapters into vllm serve); use --frontend sync or async"
+        )
     vocab = vocab_size(engine)
     check_probes_fit(
         probes,
@@ -105,6 +111,9 @@ def build_plan(opts: Options, argv: list[str]) -> RunPlan:
         offloading_backend="simple" if offloading.simple_from_env(os.environ) else "native",
     )
     arms = plan_arms(asked, fixture, a.lmcache_config)
+    if engine.frontend == "endpoint":  # repro endpoint: the two servers it was given, nothing else
+        arms = [PlannedArm(ArmSpec(arm, "baseline" if arm == endpoint.BASELINE_ARM else "native"),
+                           env={endpoint.ENDPOINT_URL_ENV: url}) for arm, url in sorted(a.endpoints.items())]  # fmt: skip
     check_load(chosen, [arm.spec.mode for arm in arms], engine.frontend, lambda ps, where: check_probes_fit(
         ps, vocab_size=vocab, max_model_len=engine.max_model_len, max_tokens=engine.max_tokens, where=where))  # fmt: skip
     for arm in arms:  # vLLM's offloading connectors refuse its CPU backend: one line, before any engine

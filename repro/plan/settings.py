@@ -45,6 +45,7 @@ class EngineSettings:
     batch_invariant: bool
     frontend: str
     engine_layout: str = "vllm"  # --engine-layout, resolved (repro.plan.run_plan): see engine_layout_env
+    stream: bool = False  # --stream: a served arm's requests streamed (repro.engine.served)
     lora: dict | None = None  # the engine's LoRA settings where probes run under adapters (repro.plan.adapters)
 
     def config(self) -> EngineConfig:

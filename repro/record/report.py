@@ -20,8 +20,10 @@ Report schema (kind "kvkit-report"; JSON Schema in schemas/report.schema.json):
     matched the baseline, else the runs of its tokens that are another probe's answer or an earlier
     request's, repro.judge.replays); a file without them shows no replays. provenance.model.source: where a
     model folder the kit converted from a packaged GGUF came from (repro.models: package and version,
-    the GGUF's SHA-256, dequantized_from); absent for other models. config.frontend (--frontend: sync
-    or async; absent: sync) and per arm effective_config.frontend (the front end that drove its engine).
+    the GGUF's SHA-256, dequantized_from); absent for other models. config.frontend (--frontend: sync,
+    async or server, or endpoint for `repro endpoint`; absent: sync) and per arm effective_config.frontend (the front
+    end that drove its engine) and, served, effective_config.served (the server's address, flags, /version,
+    /v1/models and each prefix-cache reset over HTTP).
     config.engine_layout (--engine-layout: vllm or one-process; absent: vllm) and per arm
     effective_config.engine_layout and executor (the engine's processes as they ran).
     The failure kinds disk-runaway and disk-low (repro.run.diskwatch: a child stopped, or not started, to

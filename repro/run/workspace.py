@@ -17,7 +17,7 @@ from pathlib import Path
 from repro.lmcache import mp as lmcache_mp
 from repro.lmcache import ops as lmcache_ops
 from repro.plan.arms import LMCACHE_CONFIG_ENV, PlannedArm, is_lmcache_connector
-from repro.plan.options import FRONTEND_ENV
+from repro.plan.options import FRONTEND_ENV, STREAM_ENV
 from repro.plan.settings import HASHSEED, EngineSettings, LMCacheSettings, engine_layout_env
 from repro.record.provenance import utc_now
 from repro.run import workdir
@@ -68,6 +68,7 @@ def workspace(
         # the flag decides, not whatever the caller's environment holds; every worker reports what it ran
         "VLLM_BATCH_INVARIANT": "1" if engine.batch_invariant else "0",
         FRONTEND_ENV: engine.frontend,  # the engine child's front end (repro.engine.frontend); the flag decides
+        STREAM_ENV: "1" if engine.stream else "0",  # a served arm's requests streamed (--stream)
         **engine_layout_env(engine.engine_layout),  # the engine's processes (--engine-layout)
     }
     if lmcache.config:

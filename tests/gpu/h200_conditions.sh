@@ -66,6 +66,12 @@
 #                                              (fixtures/pd/cases-gpu.json) through a NixlConnector producer and
 #                                              consumer (python -m repro pd), $TRIALS trials (default 3), the tiny
 #                                              model, then SmolLM2 when $SMOLLM2 exists (`smollm2` makes it)
+#   tests/gpu/h200_conditions.sh served028 OUT on the 0.28 stack, one GPU: LMCache's two connectors (compiled ops) and
+#                                              native with --frontend server (each arm a `vllm serve` process the
+#                                              kit starts), the plain probes and the in-flight scenario; then the
+#                                              same offline (--frontend sync), to compare request by request
+#   tests/gpu/h200_conditions.sh served026 OUT served028's runs on the 0.26.0 bundle, LMCache's ops built on the host
+#   tests/gpu/h200_conditions.sh lease026 OUT  pd on the tiny model, served026, then pd on SmolLM2 (one lease)
 #   tests/gpu/h200_conditions.sh monitor OUT   host memory, load and GPU memory every 5 s (in the background)
 #   tests/gpu/h200_conditions.sh reference028 OUT
 #                                              on that stack, LMCache's ops as its wheel ships them: both
@@ -412,6 +418,33 @@ PY
     pd_run pd-tiny --model "$MODEL"
     if [ -d "$SMOLLM2" ]; then pd_run pd-smollm2 --model "$SMOLLM2"; fi
     echo "pd done" >>"$OUT/progress.txt" ;;
+  served028)  # OUT, on the 0.28 stack, one GPU, one arm at a time (not yet run): the served arms of LMCache's two
+    # connectors (0.5.4, its wheel's compiled ops) and native, on the plain probes and in-flight; then the same run
+    # offline, so the two reports compare request by request (the CPU's tests/test_e2e_served.py does so there)
+    OUT=${2:?OUT}; mkdir -p "$OUT"
+    fx=(--fixture fixtures/scenarios-gpu-lmcache.json --compare-native --no-native-matched --scenarios in-flight
+      --lmcache-ops compiled --timeout 600 --jobs 1 --no-confirm)
+    SITE=$SITE028 "$0" step "$OUT" served-lmcache-tiny-v028 "${fx[@]}" --frontend server
+    SITE=$SITE028 "$0" step "$OUT" offline-lmcache-tiny-v028 "${fx[@]}" --frontend sync
+    echo "served028 done" >>"$OUT/progress.txt" ;;
+  served026)  # OUT, on the 0.26.0 bundle ($SITE), one GPU, one arm at a time: served028's two runs on that stack, with
+    # LMCache 0.5.4's ops built on the host (unpack starts the build; this waits for it)
+    OUT=${2:?OUT}; mkdir -p "$OUT"
+    "$0" wait-build "$OUT"
+    fx=(--fixture fixtures/scenarios-gpu-lmcache.json --compare-native --no-native-matched --scenarios in-flight
+      --lmcache-ops compiled --timeout 600 --jobs 1 --no-confirm)
+    "$0" step "$OUT" served-lmcache-tiny-v026 "${fx[@]}" --frontend server
+    "$0" step "$OUT" offline-lmcache-tiny-v026 "${fx[@]}" --frontend sync
+    echo "served026 done" >>"$OUT/progress.txt" ;;
+  lease026)  # OUT, one lease on the 0.26.0 bundle after stage, unpack, pd-install (and smollm2): the P->D cases on the
+    # tiny model, the served runs, then the P->D cases on SmolLM2, each step's failure noted and the next one run
+    OUT=${2:?OUT}; mkdir -p "$OUT"
+    pd_run pd-tiny --model "$MODEL" || true
+    "$0" served026 "$OUT" || echo "$(date -u +%T) served026 exit $?" >>"$OUT/progress.txt"
+    if [ -d "$SMOLLM2" ]; then
+      pd_run pd-smollm2 --model "$SMOLLM2" || true
+    fi
+    echo "lease026 done" >>"$OUT/progress.txt" ;;
   monitor)  # OUT: every 5 s the host's memory, load and the GPU's memory into OUT/monitor.txt (started in the background)
     OUT=${2:?OUT}; mkdir -p "$OUT"
     while :; do

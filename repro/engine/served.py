@@ -1,0 +1,368 @@
+"""The `server` front end: the arm's engine is a `vllm serve` process this child starts, driven over HTTP.
+
+`--frontend server` runs each arm as production does: vLLM's OpenAI-compatible server
+(`python -m vllm.entrypoints.openai.api_server`, what `vllm serve` runs), started by the engine child on a
+loopback port found free, with the arm's engine arguments translated from the same keyword arguments the
+offline front ends build their engine from (repro.engine.engine_args). The translation is checked before the
+server starts: vLLM's own parser reads the command line back into AsyncEngineArgs, and every argument must come
+back as given (else the arm fails, naming it). The child waits for `/health`, then sends each request to
+`/v1/completions`: the prompt as token IDs, greedy, `ignore_eos`, `max_tokens`, `logprobs` with the IDs
+(`return_tokens_as_token_ids`) and the generated token IDs (`return_token_ids`), so the comparison is on token
+IDs, never text. The hit counter is `usage.prompt_tokens_details.cached_tokens` (the server runs with
+`--enable-prompt-tokens-details`): absent, the request's `num_cached_tokens` is None, which the judge reads as
+missing (INCONCLUSIVE), never 0. Several prompts of one call (a scenario's together step) are sent at once, each
+its own HTTP request, so they are in flight together. `reset_prefix_cache` is `POST /reset_prefix_cache`
+(vLLM's dev-mode route: the server runs with VLLM_SERVER_DEV_MODE=1). Counters come from `/metrics`.
+
+The server's output goes to this child's log; it runs in the child's process group, so the parent's stop of the
+group (and the lifeline, if the kit dies) stops it too. A server that exits before it is healthy, dies, or
+answers an error raises ServerFailed: the arm is an ERROR with the log's tail. Standard library HTTP only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+HOST = "127.0.0.1"
+STREAM_ENV = "KVKIT_SERVER_STREAM"  # "1": every request streamed (--stream; repro.plan.options.STREAM_ENV)
+STREAM = {"stream": True, "stream_options": {"include_usage": True}}
+HEALTH_POLL_S = 0.5
+REQUEST_TIMEOUT_S = 1800.0
+
+
+class ServerFailed(RuntimeError):
+    """The arm's `vllm serve` did not come up, died, or answered an error (the arm's log holds its output)."""
+
+
+def free_port() -> int:
+    """A loopback port free now (the kernel's choice, never a fixed one)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def ktc_dict(ktc) -> dict:
+    """A KVTransferConfig's settings that the kit sets, as the server's --kv-transfer-config JSON."""
+    out = {"kv_connector": ktc.kv_connector, "kv_role": ktc.kv_role}
+    if ktc.kv_connector_extra_config:
+        out["kv_connector_extra_config"] = dict(ktc.kv_connector_extra_config)
+    if ktc.kv_connector_module_path:
+        out["kv_connector_module_path"] = ktc.kv_connector_module_path
+    return out
+
+
+def serve_argv(engine_kwargs: dict) -> list[str]:
+    """The engine's keyword arguments (repro.engine.engine_args) as `vllm serve` flags."""
+    argv: list[str] = []
+    for key, value in engine_kwargs.items():
+        if value is None:
+            continue
+        if key == "model":
+            argv += ["--model", str(value)]
+        elif key == "kv_transfer_config":
+            argv += [_flag(key), json.dumps(ktc_dict(value), sort_keys=True)]
+        elif isinstance(value, bool):
+            if key == "disable_log_stats":
+                argv += [_flag(key)] if value else []
+            else:  # vLLM's boolean flags take --x / --no-x
+                argv.append(_flag(key) if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, dict):
+            argv += [_flag(key), json.dumps(value, sort_keys=True)]
+        else:
+            argv += [_flag(key), str(value)]
+    return argv
+
+
+def check_argv(argv: list[str], engine_kwargs: dict) -> None:
+    """vLLM's own parser reads the flags back: every keyword argument must come back as given (a translation that
+    drops or alters one would make the served arm another engine than the offline one)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parsed = AsyncEngineArgs.from_cli_args(make_arg_parser(FlexibleArgumentParser()).parse_args(argv))
+    for key, want in engine_kwargs.items():
+        got = getattr(parsed, key, None)
+        if key == "kv_transfer_config" and want is not None:
+            same = got is not None and ktc_dict(got) == ktc_dict(want)
+        else:
+            same = got == want or (want is None and got in (None, False))
+        if not same:
+            raise ServerFailed(
+                f"vllm serve's parser reads {key} as {got!r}, not {want!r}: the served engine would differ"
+            )
+
+
+class ServerFrontend:
+    """A `vllm serve` process behind the calls the child makes (generate, reset_prefix_cache, get_tokenizer)."""
+
+    def __init__(self, engine_kwargs: dict, python: str | None = None):
+        self.kwargs = dict(engine_kwargs)
+        self.stream = os.environ.get(STREAM_ENV) == "1"
+        self.argv_engine = serve_argv(self.kwargs)
+        check_argv(self.argv_engine, self.kwargs)
+        self.port = free_port()
+        self.base = f"http://{HOST}:{self.port}"
+        self.resets: list[dict] = []  # each /reset_prefix_cache: what the server answered
+        argv = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", HOST,
+                "--port", str(self.port), *self.argv_engine, "--enable-prompt-tokens-details",
+                "--disable-uvicorn-access-log"]  # fmt: skip
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # /reset_prefix_cache is a dev-mode route
+        print(f"kvkit-engine: starting vllm serve on {self.base}: {' '.join(argv)}", flush=True)
+        # In this child's process group (no new session): the parent's stop of the group, or the lifeline, stops it.
+        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
+        self._wait_healthy()
+        self._tokenizer = self._config = None
+        self._pool = ThreadPoolExecutor(max_workers=64)
+
+    def _dead(self) -> str | None:
+        code = self.proc.poll()
+        return None if code is None else f"vllm serve (pid {self.proc.pid}) exited with code {code}"
+
+    def _wait_healthy(self) -> None:
+        t0 = time.monotonic()
+        while True:
+            if (why := self._dead()) is not None:
+                raise ServerFailed(f"{why} before /health answered (its output is in this arm's log)")
+            try:
+                with urllib.request.urlopen(self.base + "/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        print(f"kvkit-engine: vllm serve healthy after {time.monotonic() - t0:.1f} s", flush=True)
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(HEALTH_POLL_S)
+
+    def _call(self, method: str, path: str, body: dict | None = None) -> bytes:
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        req = urllib.request.Request(self.base + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        try:
+            with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
+                return resp.read()
+        except urllib.error.HTTPError as exc:
+            text = exc.read().decode("utf-8", "replace")[:500]
+            raise ServerFailed(f"{method} {path} answered HTTP {exc.code}: {text}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            why = self._dead() or f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+            raise ServerFailed(f"{method} {path}: no answer: {why} (its output is in this arm's log)") from None
+
+    @property
+    def vllm_config(self):
+        """The VllmConfig vLLM derives from the server's engine arguments (built here as the server builds its own:
+        the sizes vLLM computes at start-up, such as the KV cache's blocks, are the server's and not in it)."""
+        if self._config is None:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.usage.usage_lib import UsageContext
+
+            self._config = AsyncEngineArgs(**self.kwargs).create_engine_config(UsageContext.OPENAI_API_SERVER)
+        return self._config
+
+    def served_facts(self) -> dict:
+        """What the report keeps of the server: its address, flags, what it says of itself, every reset over HTTP."""
+        facts: dict = {"url": self.base, "argv": self.argv_engine, "prefix_cache_resets": self.resets,
+                       "stream": self.stream}  # fmt: skip
+        for key, path in (("version", "/version"), ("models", "/v1/models")):
+            try:
+                facts[key] = self.get_json(path)
+            except (ServerFailed, ValueError) as exc:
+                facts[key] = f"unavailable: {exc}"[:300]
+        return facts
+
+    def get_json(self, path: str) -> dict:
+        return json.loads(self._call("GET", path))
+
+    def metrics_text(self) -> str:
+        return self._call("GET", "/metrics").decode("utf-8", "replace")
+
+    def get_tokenizer(self):
+        """The model's tokenizer as vLLM loads it (chat probes are rendered here, then sent as token IDs)."""
+        if self._tokenizer is None:
+            from vllm.tokenizers import get_tokenizer
+
+            self._tokenizer = get_tokenizer(self.kwargs["tokenizer"], revision=self.kwargs.get("revision"))
+        return self._tokenizer
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+        query = f"?reset_running_requests={str(reset_running_requests).lower()}&reset_external={str(reset_connector).lower()}"
+        answer = json.loads(self._call("POST", "/reset_prefix_cache" + query))
+        self.resets.append({"over": "http", "answer": answer})
+        return bool(answer.get("success"))
+
+    def generate(self, prompts: list, sampling_params, use_tqdm: bool = False, lora_request=None) -> list:
+        """Like LLM.generate: every prompt sent (at once, each its own HTTP request, where there are several), their
+        answers as RequestOutput-like records in the same order."""
+        if lora_request is not None and any(lr is not None for lr in (lora_request if isinstance(lora_request, list)
+                                                                        else [lora_request])):  # fmt: skip
+            raise ServerFailed(
+                "LoRA adapters are not sent to a served arm (the kit does not load them into vllm serve)"
+            )
+        each = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        bodies = [completion_body(p["prompt_token_ids"], sp) for p, sp in zip(prompts, each)]
+        if len(bodies) == 1:
+            answers = [self._complete(bodies[0])]
+        else:
+            answers = list(self._pool.map(self._complete, bodies))
+        return [as_output(a, p["prompt_token_ids"]) for a, p in zip(answers, prompts)]
+
+    def _complete(self, body: dict) -> dict:
+        if not self.stream:
+            return json.loads(self._call("POST", "/v1/completions", body))
+        return joined_stream(self._call("POST", "/v1/completions", {**body, **STREAM}))
+
+
+ENDPOINT_URL_ENV = "KVKIT_ENDPOINT_URL"  # the server an endpoint arm talks to (repro.plan.endpoint sets it per arm)
+
+
+class EndpointFrontend(ServerFrontend):
+    """A server the kit did not start (`repro endpoint`): the same requests, no process of the kit's, and nothing
+    sent but the probes' requests and what the server says of itself: its prefix cache is never reset (the
+    report says so), there is no KV audit, and its engine settings are what /v1/models says, nothing more."""
+
+    def __init__(self, engine_kwargs: dict, url: str):
+        self.kwargs, self.base, self.argv_engine, self.proc = dict(engine_kwargs), url.rstrip("/"), [], None
+        self.stream = os.environ.get(STREAM_ENV) == "1"
+        self.resets = []
+        self._tokenizer = self._config = None
+        self._pool = ThreadPoolExecutor(max_workers=64)
+        print(f"kvkit-engine: a server the kit did not start: {self.base}", flush=True)
+
+    def _dead(self) -> str | None:
+        return None
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+        self.resets.append({"over": "none", "why": "a server the kit did not start: its cache is left as it is"})
+        return False
+
+    def endpoint_config(self) -> dict:
+        """The effective config the judge compares (model, max_model_len from /v1/models; the rest unknown)."""
+        try:
+            models = self.get_json("/v1/models").get("data") or [{}]
+        except (ServerFailed, ValueError, AttributeError):
+            models = [{}]
+        first = models[0] if isinstance(models[0], dict) else {}
+        return {"frontend": "endpoint", "model": first.get("root") or first.get("id"),
+                "max_model_len": first.get("max_model_len"), "engine_layout": "unknown (a server the kit did not start)",
+                "served": self.served_facts()}  # fmt: skip
+
+
+def completion_body(ids: list[int], sp) -> dict:
+    """One /v1/completions request for these token IDs with the arm's sampling parameters (vllm.SamplingParams)."""
+    body = {
+        "prompt": [int(t) for t in ids],
+        "max_tokens": sp.max_tokens,
+        "temperature": sp.temperature,
+        "ignore_eos": bool(sp.ignore_eos),
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+        "skip_special_tokens": True,
+    }
+    if sp.logprobs is not None:
+        body["logprobs"] = sp.logprobs
+    if sp.seed is not None:
+        body["seed"] = sp.seed
+    if sp.prompt_logprobs is not None:
+        body["prompt_logprobs"] = sp.prompt_logprobs
+    return body
+
+
+def joined_stream(raw: bytes) -> dict:
+    """A streamed /v1/completions answer (server-sent events, one choice) joined into the answer it stands for: the
+    token IDs, logprobs and text of every chunk in order, the finish reason of the last, the usage of the final
+    chunk (include_usage: where prompt_tokens_details comes), the prompt's IDs from the first."""
+    ids, tops, text, finish, usage, prompt, first = [], [], "", None, None, None, None
+    for line in raw.decode("utf-8", "replace").splitlines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[len("data: ") :])
+        first = first or chunk
+        usage = chunk.get("usage") or usage
+        for choice in chunk.get("choices") or []:
+            ids += choice.get("token_ids") or []
+            tops += ((choice.get("logprobs") or {}).get("top_logprobs")) or []
+            text += choice.get("text") or ""
+            finish = choice.get("finish_reason") or finish
+            prompt = prompt or choice.get("prompt_token_ids")
+    if first is None:
+        raise ServerFailed("the streamed answer held no chunk")
+    choice = {"token_ids": ids, "text": text, "finish_reason": finish, "prompt_token_ids": prompt,
+              "logprobs": {"top_logprobs": tops} if tops else None}  # fmt: skip
+    return {"id": first.get("id"), "choices": [choice], "usage": usage, "streamed": True}
+
+
+def _token_id(key: str) -> int:
+    """A logprob entry's token under return_tokens_as_token_ids: 'token_id:N'."""
+    prefix, _, number = key.rpartition(":")
+    if prefix != "token_id" or not number.lstrip("-").isdigit():
+        raise ServerFailed(f"a logprob key {key!r} is not 'token_id:N' (return_tokens_as_token_ids ignored?)")
+    return int(number)
+
+
+def as_output(answer: dict, prompt_ids: list[int]):
+    """A /v1/completions answer as the RequestOutput fields the child reads (repro.engine.outputs._request)."""
+    choices = answer.get("choices") or []
+    if len(choices) != 1:
+        raise ServerFailed(f"/v1/completions answered {len(choices)} choices, not 1")
+    choice = choices[0]
+    if choice.get("token_ids") is None:
+        raise ServerFailed("/v1/completions answered no token_ids (return_token_ids not supported by this server)")
+    steps = None
+    lp = choice.get("logprobs")
+    if lp is not None:
+        steps = [
+            None if top is None else {_token_id(k): SimpleNamespace(logprob=float(v)) for k, v in top.items()}
+            for top in lp.get("top_logprobs") or []
+        ]
+    plp = choice.get("prompt_logprobs")
+    if plp is not None:
+        plp = [
+            None
+            if step is None
+            else {int(t): SimpleNamespace(logprob=e.get("logprob"), rank=e.get("rank")) for t, e in step.items()}
+            for step in plp
+        ]
+    details = (answer.get("usage") or {}).get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens")  # absent: missing (None), never 0
+    completion = SimpleNamespace(
+        token_ids=[int(t) for t in choice["token_ids"]],
+        logprobs=steps,
+        finish_reason=choice.get("finish_reason"),
+        text=choice.get("text"),
+    )
+    return SimpleNamespace(
+        request_id=str(answer.get("id")),
+        outputs=[completion],
+        num_cached_tokens=None if cached is None else int(cached),
+        kv_transfer_params=answer.get("kv_transfer_params"),
+        prompt_token_ids=choice.get("prompt_token_ids") or list(prompt_ids),
+        prompt_logprobs=plp,
+    )
+
+
+def parse_metric(text: str, name: str) -> int | None:
+    """The sum of a Prometheus counter's samples in /metrics text (vLLM names it name_total there); None: absent."""
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        metric = line.split("{", 1)[0].split(" ", 1)[0]
+        if metric in (name, name + "_total"):
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+            seen = True
+    return int(total) if seen else None

@@ -1,0 +1,203 @@
+"""The served stack end to end on the real vLLM CPU engine: `--frontend server` (each arm a `vllm serve` process the
+kit starts, over HTTP) against the offline front end on the CPU self-test, request by request; a server killed
+mid-run; and `repro endpoint` against two `vllm serve` servers this test starts itself.
+
+The offline side is the session's sequential self-test (tests/e2e_runs.py: --jobs 1, vLLM's own engine layout,
+ATen's portable kernels), which the served run mirrors: `vllm serve` always runs vLLM's own layout, and the same
+kernels, one arm at a time."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, have_vllm
+from e2e_runs import SELFTEST_KERNELS
+
+from repro.plan.options import CPU_ENGINE_FLAGS, SELFTEST_CPU_FIXTURE
+from repro.record.provenance import KERNEL_VARIANTS
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
+
+SAME = ("role", "token_ids", "logprobs", "cached_tokens", "kv_transfer_params", "finish_reason")
+
+
+def _requests(report: dict) -> dict:
+    return {
+        (a["name"], p["name"], i): r for a in report["arms"] for p in a["probes"] for i, r in enumerate(p["requests"])
+    }
+
+
+@pytest.fixture(scope="module")
+def both(served_selftest_run, selftest_sequential_run):
+    for run in (served_selftest_run, selftest_sequential_run):
+        assert run.data is not None, run.proc.stdout[-2000:] + run.proc.stderr[-3000:]
+    return served_selftest_run, selftest_sequential_run
+
+
+def test_served_self_test_matches_the_offline_one_request_by_request(both):
+    served, offline = both
+    assert served.proc.returncode == 0, served.proc.stdout[-3000:] + served.proc.stderr[-3000:]
+    assert served.data["acceptance"]["matched"] is True
+    verdicts = {r.data["config"]["frontend"]: [(a["name"], a["verdict"]) for a in r.data["arms"]] for r in both}
+    assert verdicts["server"] == verdicts["sync"], verdicts
+    s, o = _requests(served.data), _requests(offline.data)
+    assert sorted(s) == sorted(o) and len(s) > 20
+    for key, request in o.items():
+        assert {k: s[key][k] for k in SAME} == {k: request[k] for k in SAME}, key
+    kv = {
+        r.data["config"]["frontend"]: {(a["name"], p["name"]): (p.get("kv") or {}).get("verdict") for a in
+                                       r.data["arms"] for p in a["probes"]} for r in both
+    }  # fmt: skip
+    assert kv["server"] == kv["sync"]  # the KV audit wraps the connector inside the server too
+
+
+def test_the_planted_fault_fails_served_and_the_report_says_how_it_was_served(both):
+    served, _ = both
+    arms = {a["name"]: a for a in served.data["arms"]}
+    assert arms["PlantedFault"]["verdict"] == "FAIL" and arms["native"]["verdict"] == "PASS"
+    assert served.data["config"]["frontend"] == "server" and served.data["config"]["engine_layout"] == "vllm"
+    for arm in arms.values():
+        facts = arm["effective_config"]["served"]
+        assert arm["effective_config"]["frontend"] == "server"
+        assert facts["url"].startswith("http://127.0.0.1:") and facts["version"]["version"] == "0.28.0"
+        assert "--enable-prompt-tokens-details" not in facts["argv"]  # the engine's own flags, as checked
+    resets = arms["native"]["effective_config"]["served"]["prefix_cache_resets"]
+    assert resets and all(r["over"] == "http" and r["answer"] == {"success": True} for r in resets)
+    ports = {a["effective_config"]["served"]["url"] for a in arms.values()}
+    assert len(ports) == len(arms)  # each arm its own server, on a port found free
+
+
+# ---- a server killed mid-run ---------------------------------------------------------------------------------------
+
+
+def _children_of(pid: int) -> list[int]:
+    """Every live descendant of pid (from /proc)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parents.items() if pp == p]
+        found += kids
+        todo += kids
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _healthy(port: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def test_a_server_killed_mid_run_is_an_error_citing_its_log_and_nothing_is_left(tmp_path, tiny_model):
+    report = tmp_path / "killed.json"
+    argv = ["--model", tiny_model, *CPU_ENGINE_FLAGS, "--kv-connector", "ExampleConnector", "--fixture",
+            SELFTEST_CPU_FIXTURE, "--reuses", "1", "--no-kv-audit", "--jobs", "1", "--quiet", "--frontend", "server",
+            "--report", str(report)]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.Popen([sys.executable, "-m", "repro.verify_kv_reuse", *argv], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    killed, group, deadline = None, None, time.monotonic() + 600
+    while killed is None and time.monotonic() < deadline and proc.poll() is None:
+        for pid in _children_of(proc.pid):
+            line = _cmdline(pid).split()
+            if "vllm.entrypoints.openai.api_server" in line and _healthy(line[line.index("--port") + 1]):
+                group = os.getpgid(pid)
+                os.kill(pid, signal.SIGKILL)  # the baseline's server, once it serves
+                killed = pid
+                break
+        time.sleep(0.5)
+    out, err = proc.communicate(timeout=900)
+    assert killed is not None, err[-3000:]
+    assert proc.returncode == 3, out[-2000:] + err[-2000:]
+    data = json.loads(report.read_text())
+    baseline = next(a for a in data["arms"] if a["name"] == "baseline")
+    assert baseline["verdict"] == "ERROR", baseline
+    said = json.dumps(baseline["error"])
+    assert "vllm serve" in said and f"pid {killed}" in said and "exited with code -9" in said, said
+    assert (report.parent / "killed.logs" / "baseline.log").is_file()
+    left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _pgid(int(p.name)) == group]
+    assert left == [], [_cmdline(int(p.name)) for p in left]  # the server's engine core and worker went with it
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+# ---- repro endpoint against two servers this test starts ----------------------------------------------------------
+
+
+def _start_server(model: str, caching: bool, log: Path) -> tuple[subprocess.Popen, str]:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(port),
+            "--model", model, "--dtype", "float32", "--gpu-memory-utilization", "0.1", "--max-model-len", "2048", "--block-size", "16", "--seed", "0",
+            "--enforce-eager", "--max-num-seqs", "1", "--enable-prompt-tokens-details",
+            "--enable-prefix-caching" if caching else "--no-enable-prefix-caching"]  # fmt: skip
+    server = subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+                              env=dict(os.environ, **KERNEL_VARIANTS[SELFTEST_KERNELS]))  # fmt: skip
+    return server, f"http://127.0.0.1:{port}"
+
+
+def test_endpoint_judges_a_server_the_kit_did_not_start(tmp_path, tiny_model):
+    model = tiny_model
+    servers = [_start_server(model, caching, tmp_path / f"{name}.log") for name, caching in
+               (("reuse", True), ("baseline", False))]  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while not all(_healthy(url.rsplit(":", 1)[1]) for _, url in servers):
+            assert time.monotonic() < deadline and all(s.poll() is None for s, _ in servers)
+            time.sleep(1)
+        report = tmp_path / "endpoint.json"
+        argv = ["--url", servers[0][1], "--baseline-url", servers[1][1], "--model", model, "--fixture",
+                SELFTEST_CPU_FIXTURE, "--reuses", "2", "--report", str(report), "--quiet"]  # fmt: skip
+        proc = subprocess.run([sys.executable, "-m", "repro", "endpoint", *argv], cwd=ROOT, capture_output=True,
+                              text=True, timeout=900, check=False)  # fmt: skip
+    finally:
+        for server, _ in servers:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(report.read_text())
+    arms = {a["name"]: a for a in data["arms"]}
+    assert sorted(arms) == ["baseline", "endpoint"] and data["config"]["frontend"] == "endpoint"
+    assert arms["endpoint"]["verdict"] == "PASS", arms["endpoint"]["reasons"]
+    reuses = [r for p in arms["endpoint"]["probes"] for r in p["requests"][1:]]
+    assert reuses and all(r["cached_tokens"] > 0 for r in reuses)
+    colds = [p["requests"][0]["cached_tokens"] for a in arms.values() for p in a["probes"]]
+    assert colds and set(colds) == {0}
+    for name, arm in arms.items():
+        facts = arm["effective_config"]["served"]
+        assert facts["url"] == servers[name == "baseline"][1]
+        assert facts["version"]["version"] == "0.28.0" and facts["models"]["data"][0]["root"] == model
+        assert all(r["over"] == "none" for r in facts["prefix_cache_resets"])  # the kit reset nothing there
+    assert "KV audit: off" in proc.stdout
