@@ -211,4 +211,4 @@ def test_endpoint_judges_a_server_the_kit_did_not_start(tmp_path, tiny_model):
         assert facts["url"] == servers[name == "baseline"][1]
         assert facts["version"]["version"] == "0.28.0" and facts["models"]["data"][0]["root"] == model
         assert all(r["over"] == "none" for r in facts["prefix_cache_resets"])  # the kit reset nothing there
-    assert "KV audit: off" in proc.stdout
+    assert "KV audit: off" in proc.stdout and "endpoint (a server the kit did not start): PASS" in proc.stdout
