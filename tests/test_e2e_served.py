@@ -113,20 +113,23 @@ def _healthy(port: str) -> bool:
 
 
 def test_a_server_killed_mid_run_is_an_error_citing_its_log_and_nothing_is_left(tmp_path, tiny_model):
+    """Two served arms at once (--jobs 2); the first server that answers /health is killed with SIGKILL."""
     report = tmp_path / "killed.json"
     argv = ["--model", tiny_model, *CPU_ENGINE_FLAGS, "--kv-connector", "ExampleConnector", "--fixture",
-            SELFTEST_CPU_FIXTURE, "--reuses", "1", "--no-kv-audit", "--jobs", "1", "--quiet", "--frontend", "server",
-            "--report", str(report)]  # fmt: skip
+            SELFTEST_CPU_FIXTURE, "--reuses", "1", "--no-kv-audit", "--jobs", "2", "--quiet", "--frontend", "server",
+            "--no-confirm", "--report", str(report)]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     proc = subprocess.Popen([sys.executable, "-m", "repro.verify_kv_reuse", *argv], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    killed, group, deadline = None, None, time.monotonic() + 600
+    killed, groups, deadline = None, set(), time.monotonic() + 600
     while killed is None and time.monotonic() < deadline and proc.poll() is None:
         for pid in _children_of(proc.pid):
             line = _cmdline(pid).split()
-            if "vllm.entrypoints.openai.api_server" in line and _healthy(line[line.index("--port") + 1]):
-                group = os.getpgid(pid)
-                os.kill(pid, signal.SIGKILL)  # the baseline's server, once it serves
+            if "vllm.entrypoints.openai.api_server" not in line:
+                continue
+            groups.add(_pgid(pid))  # every server's group: the arm's, which the kit stops with the arm
+            if _healthy(line[line.index("--port") + 1]):
+                os.kill(pid, signal.SIGKILL)
                 killed = pid
                 break
         time.sleep(0.5)
@@ -134,13 +137,21 @@ def test_a_server_killed_mid_run_is_an_error_citing_its_log_and_nothing_is_left(
     assert killed is not None, err[-3000:]
     assert proc.returncode == 3, out[-2000:] + err[-2000:]
     data = json.loads(report.read_text())
-    baseline = next(a for a in data["arms"] if a["name"] == "baseline")
-    assert baseline["verdict"] == "ERROR", baseline
-    said = json.dumps(baseline["error"])
-    assert "vllm serve" in said and f"pid {killed}" in said and "exited with code -9" in said, said
-    assert (report.parent / "killed.logs" / "baseline.log").is_file()
-    left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _pgid(int(p.name)) == group]
-    assert left == [], [_cmdline(int(p.name)) for p in left]  # the server's engine core and worker went with it
+    hit = [a for a in data["arms"] if f"pid {killed}" in json.dumps(a.get("error"))]
+    assert len(hit) == 1 and hit[0]["verdict"] == "ERROR", [(a["name"], a["verdict"]) for a in data["arms"]]
+    said = json.dumps(hit[0]["error"])
+    assert "vllm serve" in said and "exited with code -9" in said, said
+    assert (report.parent / "killed.logs" / f"{hit[0]['name']}.log").is_file()
+    left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _pgid(int(p.name)) in groups - {None}]
+    left = [p for p in left if _state(p) not in ("Z", "X", None)]  # a zombie is dead: only init can reap it here
+    assert left == [], [_cmdline(int(p.name)) for p in left]  # no server, engine core or worker of either arm
+
+
+def _state(proc: Path) -> str | None:
+    try:
+        return (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
 
 
 def _pgid(pid: int) -> int | None:
@@ -200,4 +211,4 @@ def test_endpoint_judges_a_server_the_kit_did_not_start(tmp_path, tiny_model):
         assert facts["url"] == servers[name == "baseline"][1]
         assert facts["version"]["version"] == "0.28.0" and facts["models"]["data"][0]["root"] == model
         assert all(r["over"] == "none" for r in facts["prefix_cache_resets"])  # the kit reset nothing there
-    assert "KV audit: off" in proc.stdout
+    assert "KV audit: off" in proc.stdout and "endpoint (a server the kit did not start): PASS" in proc.stdout

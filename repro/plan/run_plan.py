@@ -87,9 +87,9 @@ def build_plan(opts: Options, argv: list[str]) -> RunPlan:
     probes = build_probes(fixture.probes, a.suite)
     probes, lora = adapters.resolve(fixture.adapters, probes, a.model, opts.model_is_local, a.fixture)
     engine = replace(engine, lora=lora.engine() if lora is not None else None)
-    if lora is not None and engine.frontend == "server":
+    if lora is not None and engine.frontend in ("server", "endpoint"):
         raise UsageError(
-            f"fixture {a.fixture}: probes under LoRA adapters cannot run with --frontend server "
+            f"fixture {a.fixture}: probes under LoRA adapters cannot run served (--frontend server, repro endpoint) "
             "(the kit does not load adapters into vllm serve); use --frontend sync or async"
         )
     vocab = vocab_size(engine)

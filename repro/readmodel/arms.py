@@ -190,6 +190,8 @@ class Arm:
         if self.mode == "native":
             if self.matched_to:
                 return f"native prefix caching, matched to {self.matched_to}"
+            if self.name == "endpoint":  # repro endpoint's arm: judged as native is, on a server the kit did not start
+                return "endpoint (a server the kit did not start)"
             return "native prefix caching"
         connector = self.connector_name
         return self.name if self.name == connector else f"{self.name} ({connector})"
