@@ -10,7 +10,7 @@ from pathlib import Path
 
 from repro.contract.job import Preflight
 from repro.errors import UsageError
-from repro.plan import adapters, multi, offloading
+from repro.plan import adapters, images, multi, offloading
 from repro.plan.arms import PlannedArm, default_jobs, plan_arms, preflight_for, vocab_size
 from repro.plan.devices import uses_cuda
 from repro.plan.fixtures import Fixture, Probe, Scenario, load_fixture
@@ -85,6 +85,7 @@ def build_plan(opts: Options, argv: list[str]) -> RunPlan:
     fixture = load_fixture(a.fixture)
     probes = build_probes(fixture.probes, a.suite)
     probes, lora = adapters.resolve(fixture.adapters, probes, a.model, opts.model_is_local, a.fixture)
+    images.check_images(probes, a.model, opts.model_is_local)  # each fits the model (repro.plan.images)
     engine = replace(engine, lora=lora.engine() if lora is not None else None)
     vocab = vocab_size(engine)
     check_probes_fit(
