@@ -18,10 +18,18 @@ def has_images(job: Job) -> bool:
     return any("image" in p.prompt for p in job.probes)
 
 
+# vLLM's processor cache stays on (a small one): with it and prefix caching both off, vLLM 0.28 names every image by
+# its request ("renderer0-mm-1-image-0", vllm/renderers/base.py _process_mm_uuids, overriding multi_modal_uuids), so
+# a connector arm (prefix caching off) would key an image on nothing its content decides and never hit. The cache
+# keeps processed pixels by identifier, which each image probe's is its own.
+MM_PROCESSOR_CACHE_GB = 0.25
+
+
 def mm_kwargs(job: Job) -> dict:
-    """vLLM's multimodal keyword arguments for a job whose probes name images; {} for any other. The processor's
-    own cache is off: it would keep an image's processed pixels by identifier beside the KV under test."""
-    return {"limit_mm_per_prompt": {"image": 1}, "mm_processor_cache_gb": 0} if has_images(job) else {}
+    """vLLM's multimodal keyword arguments for a job whose probes name images; {} for any other."""
+    return (
+        {"limit_mm_per_prompt": {"image": 1}, "mm_processor_cache_gb": MM_PROCESSOR_CACHE_GB} if has_images(job) else {}
+    )
 
 
 def prompt(ids: list[int], spec: dict):

@@ -132,8 +132,13 @@ def image_uuid(image: dict) -> str:
 
 def int16(identifier: str) -> int:
     """LMCache 0.5.4's reduction of a multimodal hash (lmcache/integration/vllm/utils.py hex_hash_to_int16): a hex
-    identifier's low 16 bits, which it writes over the image's placeholder tokens as its key's token IDs."""
-    return int(identifier, 16) & 0xFFFF
+    identifier's low 16 bits, which it writes over the image's placeholder tokens as its key's token IDs; another
+    string (vLLM's per-request names) the first 16 bits of its SHA-256, as LMCache's defensive version of it does."""
+    text = str(identifier).strip()
+    digits = text[2:] if text.lower().startswith("0x") else text
+    if digits and all(c in "0123456789abcdefABCDEF" for c in digits):
+        return int(digits, 16) & 0xFFFF
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:2], "big")
 
 
 def find_collision(size: tuple[int, int], seeds: range) -> tuple[int, int] | None:
