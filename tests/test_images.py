@@ -112,6 +112,8 @@ def test_a_probes_image_is_what_key_identity_tells_apart():
     assert sibs["A"] == {"B": "image seed 2", "R": "image seed 1 (do_normalize=False)"}
     assert "A2" not in sibs["A"] and key_identity.identity(a) == key_identity.identity(a2) != key_identity.identity(b)
     assert key_identity.siblings([probe("x", None), probe("y", None)]) == {}
+    assert "cannot tell the images apart" in key_identity.alike_reason(["image seed 2"])
+    assert "cannot tell the adapters apart" in key_identity.alike_reason(["adapter B"])
 
 
 # ---- the fixture

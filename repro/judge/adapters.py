@@ -74,9 +74,10 @@ def alike(probe: str, answers: Mapping[str, Sequence[int]], same: Mapping[str, s
 
 
 def alike_reason(whom: list[str]) -> str:
+    what = "image" if any(w.startswith("image") for w in whom) else "adapter"
     return (
         f"{' and '.join(whom)} {'answers' if len(whom) == 1 else 'answer'} this prompt with the same tokens as its own "
-        "baseline: the probe cannot tell the adapters apart, so no reuse here proves the cache keys on the adapter"
+        f"baseline: the probe cannot tell the {what}s apart, so no reuse here proves the cache keys on the {what}"
     )
 
 
