@@ -188,3 +188,10 @@ def test_an_image_probe_on_a_model_without_images_is_one_line_exit_2(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().count("\n") == 0 and "names an image and --model" in proc.stderr
     assert not report.exists()
+
+
+def test_image_probes_refuse_the_native_matched_control(tmp_path):
+    probes = load_fixture(_fixture(tmp_path, {"seed": 1, "size": [64, 64]})).probes
+    images.check_native_matched(probes, False)
+    with pytest.raises(UsageError, match="pass --no-native-matched"):
+        images.check_native_matched(probes, True)

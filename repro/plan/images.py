@@ -116,6 +116,17 @@ def check_images(probes, model: str, model_is_local: bool) -> None:
             )
 
 
+def check_native_matched(probes, native_matched: bool) -> None:
+    """The native-matched control primes a prefix of a probe's token IDs alone; with an image it would prime
+    without it: one line (exit 2) that says to leave the control out."""
+    imaged = [p.name for p in probes if getattr(p, "image", None) is not None]
+    if imaged and native_matched:
+        raise UsageError(
+            f"probe {imaged[0]} names an image, and the native-matched control primes token prefixes without their "
+            "image: pass --no-native-matched (native, --compare-native, is the image probes' control)"
+        )
+
+
 def pixels(image: dict):
     """The image's pixels: an (H, W, 3) uint8 array, the same on every machine for a seed and size."""
     import numpy as np

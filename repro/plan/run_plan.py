@@ -106,6 +106,7 @@ def build_plan(opts: Options, argv: list[str]) -> RunPlan:
         offloading_backend="simple" if offloading.simple_from_env(os.environ) else "native",
     )
     arms = plan_arms(asked, fixture, a.lmcache_config)
+    images.check_native_matched(probes, any(arm.match_arm for arm in arms))
     check_load(chosen, [arm.spec.mode for arm in arms], engine.frontend, lambda ps, where: check_probes_fit(
         ps, vocab_size=vocab, max_model_len=engine.max_model_len, max_tokens=engine.max_tokens, where=where))  # fmt: skip
     for arm in arms:  # vLLM's offloading connectors refuse its CPU backend: one line, before any engine
