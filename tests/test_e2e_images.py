@@ -87,12 +87,17 @@ def test_the_token_keyed_store_serves_the_first_images_kv_to_the_second(images_r
         arm = _scenario_arm(images_run.data, scenario, "PlantedTokenKeys")
         (r,) = _requests(arm, 1)
         assert r["probe"] == second and r["cached_tokens"] > 0 and r["verdict"] == "FAIL", (scenario, r["reasons"])
+        assert r["kv"]["verdict"] == "FOREIGN", r["kv"]
+        assert any(f"answers as {FIRST_SEEN[scenario]} ({first}'s baseline" in x for x in r["reasons"]), r["reasons"]
 
 
 def test_the_16_bit_key_serves_c_to_d_and_tells_a_from_b(images_run):
     collide = _scenario_arm(images_run.data, "collide", "PlantedImage16Keys")
     (d,) = _requests(collide, 1)
     assert d["probe"] == "img-D" and d["cached_tokens"] > 0 and d["verdict"] == "FAIL", d["reasons"]
+    assert (
+        "answers as image seed 26 (img-C's baseline tokens @2-15)" in d["reasons"] and d["kv"]["verdict"] == "FOREIGN"
+    )
     for scenario in ("a-then-b", "processor"):
         arm = _scenario_arm(images_run.data, scenario, "PlantedImage16Keys")
         assert [r["cached_tokens"] for r in _requests(arm, 1)] == [0], scenario
