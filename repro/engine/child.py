@@ -185,7 +185,7 @@ def run_job(job: Job, keep: list) -> ArmResult:
             out = llm.generate([mm_prompt(ids, probe.prompt)], sampling_for(sp, [probe.prompt]), use_tqdm=False,
                                **lora)[0]  # fmt: skip
             after = external_hits()[0] if beneath else None
-            record = audit.take(list(out.prompt_token_ids or ids))  # an image's placeholder expanded, as stored
+            record = audit.take(list(getattr(out, "prompt_token_ids", None) or ids))  # an image expanded, as stored
             ext = connector_tokens(record, before, after) if beneath else None
             member = served_member(record, job.kv_audit_dir) if multi else None
             plp = plp_record(out, probe.prompt.get("prompt_logprobs"))  # where it asked for them
@@ -254,7 +254,7 @@ def run_scenario(llm, job: Job, tokenizer, sp, audit: AuditRecords) -> tuple[lis
             outs = llm.generate([mm_prompt(i, specs[n]) for i, n in zip(ids, names)], params, use_tqdm=False, **lora)
             after, _ = preemption_count()
             grew = None if before is None or after is None else after - before
-            ids = [list(o.prompt_token_ids or i) for o, i in zip(outs, ids)]  # an image's placeholder expanded
+            ids = [list(getattr(o, "prompt_token_ids", None) or i) for o, i in zip(outs, ids)]  # an image expanded
             records = audit.take_many(ids) if len(ids) > 1 else [audit.take(ids[0])]
             for name, out, record in zip(names, outs, records):
                 cached = getattr(out, "num_cached_tokens", None)
