@@ -21,6 +21,7 @@ from planted_fixtures import fixture_argv
 from repro.judge.expectations import expectation_met
 from repro.models.registry import MODELS_DIR
 from repro.models.vlm import MODEL_NAME, make_vlm
+from repro.record.report import validate_report
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
 
@@ -113,6 +114,7 @@ def test_native_and_the_image_keyed_stores_miss_across_images_and_reuse_their_ow
 
 
 def test_the_report_names_each_image_and_its_16_bits(images_run):
+    validate_report(images_run.data)  # its `images` and probes' images as the report schema says
     shown = images_run.data["images"]
     assert set(shown) == {"img-A", "img-B", "img-C", "img-D", "img-A-raw"}
     assert shown["img-C"]["int16"] == shown["img-D"]["int16"] and shown["img-C"]["uuid"] != shown["img-D"]["uuid"]
