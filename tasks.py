@@ -23,6 +23,7 @@ from repro.record.provenance import KERNEL_VARIANTS
 ROOT = Path(__file__).resolve().parent
 VENVS = ROOT / ".venvs"
 MODEL_DIR = ROOT / ".cache" / "models" / "kvkit-tiny-qwen3"
+VLM_NAME, VLM_DIR = "tiny-vlm", ROOT / ".cache" / "models" / "kvkit-tiny-idefics3"  # repro.models.vlm
 PROFILES = {
     "cpu": ["requirements/cpu.txt"],
     "gpu-lmcache-0.5.4": ["requirements/gpu-lmcache-0.5.4.txt", "requirements/nixl.txt"],
@@ -387,7 +388,8 @@ def detection_scenarios(c):
 
 @task(
     help={
-        "name": "a trained model to install and convert (smollm2); empty: the tiny generated model",
+        "name": "a trained model to install and convert (smollm2); tiny-vlm: the generated vision-language model of "
+        "the image probes; empty: the tiny generated model",
         "dtype": f"the converted weights' dtype: {' or '.join(DTYPES)} (default {DEFAULT_DTYPE})",
     }
 )
@@ -396,6 +398,10 @@ def model(c, name="", dtype=""):
     trained model (pinned, hash-checked) and convert its GGUF into a folder vLLM loads, under .cache/models."""
     if not name:
         make_model(c, venv_python("cpu"))
+        return
+    if name == VLM_NAME:  # the image probes' tiny vision-language model (repro.models.vlm)
+        run_py(c, venv_python("cpu"), f"-m repro make-vlm {VLM_DIR}")
+        print(VLM_DIR)
         return
     print(make_trained_model(c, name, dtype))
 

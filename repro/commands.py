@@ -55,6 +55,12 @@ COMMANDS = (
         "repro.models.tiny:main",
     ),
     Command(
+        "make-vlm",
+        "DIR",
+        "write the tiny Idefics3-architecture vision-language model (image probes) into DIR, print its SHA-256",
+        "repro.models.vlm:main",
+    ),
+    Command(
         "make-adapter",
         "BASE DIR --seed N [--rank R] [--scale S]",
         "write a seeded LoRA adapter (PEFT layout) for the model in BASE into DIR",

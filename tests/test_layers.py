@@ -48,7 +48,7 @@ core       repro.judge.verdict repro.judge.wording repro.judge.trials repro.plan
            repro.judge.kv_verdict repro.judge.kv_shape repro.judge.scenario_verdict repro.judge.batch_invariance repro.judge.expectations
            repro.record.acceptance repro.record.exit_rule repro.judge.kv_grid repro.record.compact
            repro.plan.scenarios repro.record.publish repro.judge.members repro.plan.adapters repro.judge.adapters
-           repro.plan.load repro.plan.prompt_logprobs repro.judge.prompt_logprobs repro.plan.endpoint
+           repro.plan.load repro.plan.prompt_logprobs repro.judge.prompt_logprobs repro.plan.endpoint repro.plan.images
            repro.judge.pd_verdict repro.disagg repro.disagg.cases
 engine     repro.engine
 options    repro.plan.options

@@ -96,14 +96,19 @@ class ProbeResult:
     requests: tuple[RequestResult, ...]
     # the LoRA adapter its requests ran under, as the child sent it (repro.engine.adapters); None: the base model
     adapter: dict | None = None
+    image: dict | None = None  # the image its prompt was sent with (repro.plan.images); None: none
 
     def to_json(self) -> dict:
-        return {
-            "name": self.name,
-            "prompt_token_ids": list(self.prompt_token_ids),
-            "messages": self.messages,
-            "requests": [r.to_json() for r in self.requests],
-        } | ({"adapter": dict(self.adapter)} if self.adapter is not None else {})
+        return (
+            {
+                "name": self.name,
+                "prompt_token_ids": list(self.prompt_token_ids),
+                "messages": self.messages,
+                "requests": [r.to_json() for r in self.requests],
+            }
+            | ({"adapter": dict(self.adapter)} if self.adapter is not None else {})
+            | ({"image": dict(self.image)} if self.image is not None else {})
+        )
 
     @classmethod
     def from_json(cls, data: object, where: str) -> ProbeResult:
@@ -114,6 +119,7 @@ class ProbeResult:
             messages=read_field(data, "messages", list, where, optional=True),
             requests=tuple(RequestResult.from_json(r, f"{where}.requests[{i}]") for i, r in enumerate(reqs)),
             adapter=read_field(data, "adapter", dict, where, optional=True),
+            image=read_field(data, "image", dict, where, optional=True),
         )
 
 

@@ -34,6 +34,7 @@ from repro.engine.audit_records import AuditRecords, audit_env, served_member
 from repro.engine.engine_args import engine_kwargs
 from repro.engine.facts import collect_versions, effective_config, lmcache_build, process_facts
 from repro.engine.frontend import build_frontend, frontend_from_env
+from repro.engine.images import prompt as mm_prompt
 from repro.engine.outputs import _request, connector_tokens, external_hits, preemption_count, read_counters_from
 from repro.engine.prompt_logprobs import record as plp_record
 from repro.engine.prompt_logprobs import sampling_for
@@ -134,7 +135,7 @@ def build_chat_prompt(tokenizer, spec: dict) -> tuple[list[int], list[dict]]:
 def run_job(job: Job, keep: list) -> ArmResult:
     """Run every probe of the arm in one engine; the engine is parked in `keep` so that it is not
     torn down before the result is written (the parent reaps its processes)."""
-    from vllm import SamplingParams, TokensPrompt
+    from vllm import SamplingParams
 
     frontend = frontend_from_env(os.environ)  # before any engine: a bad value fails the arm at once
     versions = collect_versions()
@@ -184,17 +185,18 @@ def run_job(job: Job, keep: list) -> ArmResult:
                 # the GPU prefix cache forgets, the connector's tier stays: the reuse is the connector's to serve
                 gpu_resets.append(bool(llm.reset_prefix_cache()))
             before = external_hits()[0] if beneath else None
-            out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sampling_for(sp, [probe.prompt]), use_tqdm=False,
+            out = llm.generate([mm_prompt(ids, probe.prompt)], sampling_for(sp, [probe.prompt]), use_tqdm=False,
                                **lora)[0]  # fmt: skip
             after = external_hits()[0] if beneath else None
-            record = audit.take(ids)
+            record = audit.take(list(getattr(out, "prompt_token_ids", None) or ids))  # an image expanded, as stored
             ext = connector_tokens(record, before, after) if beneath else None
             member = served_member(record, job.kv_audit_dir) if multi else None
             plp = plp_record(out, probe.prompt.get("prompt_logprobs"))  # where it asked for them
             requests.append(
                 replace(_request(out, "cold" if i == 0 else "reuse", record, ext, member), prompt_logprobs=plp)
             )
-        probes.append(ProbeResult(probe.name, tuple(ids), messages, tuple(requests), adapter=loras.sent(probe.prompt)))
+        probes.append(ProbeResult(probe.name, tuple(ids), messages, tuple(requests), adapter=loras.sent(probe.prompt),
+                                  image=probe.prompt.get("image")))  # fmt: skip
     if job.arm.connector is not None and "lmcache" in job.arm.connector.name.lower():
         # after the run: the engine's worker imported LMCache's compiled ops first (or failed to)
         try:
@@ -227,8 +229,6 @@ def run_scenario(llm, job: Job, tokenizer, sp, audit: AuditRecords) -> tuple[lis
     or one call with all of them (together: in flight at once, as many as max_num_seqs lets run). The
     prefix cache is never reset: what earlier steps left is the point. Each request's audit record is
     matched by its prompt among the records its call made."""
-    from vllm import TokensPrompt
-
     prompts: dict[str, list[int]] = {}
     probes = []
     loras, specs = AdapterRequests(job), {p.name: p.prompt for p in job.probes}  # LoRA adapters (repro.engine.adapters)
@@ -240,7 +240,8 @@ def run_scenario(llm, job: Job, tokenizer, sp, audit: AuditRecords) -> tuple[lis
         else:
             ids, messages = build_chat_prompt(tokenizer, probe.prompt["chat"])
         prompts[probe.name] = ids
-        probes.append(ProbeResult(name=probe.name, prompt_token_ids=tuple(ids), messages=messages, requests=()))
+        probes.append(ProbeResult(name=probe.name, prompt_token_ids=tuple(ids), messages=messages, requests=(),
+                                  image=probe.prompt.get("image")))  # fmt: skip
     requests = []
     steps = job.scenario.steps
     for k, step in enumerate(steps):
@@ -254,9 +255,10 @@ def run_scenario(llm, job: Job, tokenizer, sp, audit: AuditRecords) -> tuple[lis
             ids = [prompts[name] for name in names]
             lora = loras.generate_kwargs([specs[name] for name in names])  # the adapters they run under, if any
             params = sampling_for(sp, [specs[name] for name in names])  # prompt logprobs where a probe asks
-            outs = llm.generate([TokensPrompt(prompt_token_ids=i) for i in ids], params, use_tqdm=False, **lora)
+            outs = llm.generate([mm_prompt(i, specs[n]) for i, n in zip(ids, names)], params, use_tqdm=False, **lora)
             after, _ = preemption_count()
             grew = None if before is None or after is None else after - before
+            ids = [list(getattr(o, "prompt_token_ids", None) or i) for o, i in zip(outs, ids)]  # an image expanded
             records = audit.take_many(ids) if len(ids) > 1 else [audit.take(ids[0])]
             for name, out, record in zip(names, outs, records):
                 cached = getattr(out, "num_cached_tokens", None)

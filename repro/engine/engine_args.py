@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from repro.contract.job import MULTI_CONNECTOR, Job
 from repro.engine.adapters import lora_kwargs
+from repro.engine.images import mm_kwargs
 
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
 
@@ -53,6 +54,7 @@ def engine_kwargs(job: Job) -> dict:
     if e.long_prefill_token_threshold is not None:  # a load scenario's: prefills over several steps
         kwargs["long_prefill_token_threshold"] = e.long_prefill_token_threshold
     kwargs.update(lora_kwargs(e))  # probes under LoRA adapters (repro.engine.adapters); nothing otherwise
+    kwargs.update(mm_kwargs(job))  # probes with images (repro.engine.images); nothing otherwise
     if e.async_scheduling is not None:  # a scenario's engine; else vLLM's default (on for CUDA, off on the CPU)
         kwargs["async_scheduling"] = e.async_scheduling
     if e.kv_cache_tokens:

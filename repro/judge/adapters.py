@@ -1,4 +1,4 @@
-"""Key identity across LoRA adapters, judged: which probes are one prompt under other weights (siblings), whether
+"""Key identity across LoRA adapters and images, judged: which probes are one prompt under other weights (siblings), whether
 their baselines tell the adapters apart, and the reason a reuse that answers as another adapter is given.
 
 A reuse across adapters must either miss or give its own adapter's baseline. One that hit and differs is a FAIL
@@ -20,9 +20,15 @@ from repro.judge.verdict import ProbeVerdict, decide_indistinct_adapters
 BASE_MODEL = "the base model"
 
 
-def whose(adapter: Mapping | None) -> str:
-    """'adapter A' for a probe under adapter A; 'the base model' for one under none."""
-    return f"adapter {adapter['label']}" if adapter else BASE_MODEL
+def whose(adapter: Mapping | None, image: Mapping | None = None) -> str:
+    """'adapter A' for a probe under adapter A; 'the base model' for one under none; with an image,
+    'image seed 1' (and its processor settings, where the probe gives some) before it."""
+    model = f"adapter {adapter['label']}" if adapter else BASE_MODEL
+    if not image:
+        return model
+    settings = ", ".join(f"{k}={v}" for k, v in sorted((image.get("processor") or {}).items()))
+    seen = f"image seed {image['seed']}" + (f" ({settings})" if settings else "")
+    return seen if not adapter else f"{seen} under {model}"
 
 
 def label(probe) -> str | None:
@@ -30,9 +36,17 @@ def label(probe) -> str | None:
     return (probe.adapter or {}).get("label")
 
 
-def weights(probe) -> str | None:
-    """What a probe's answer is computed with: its adapter's folder (None: the base model's weights alone)."""
-    return (probe.adapter or {}).get("path")
+def weights(probe) -> tuple:
+    """What a probe's answer is computed with besides its tokens: its adapter's folder (None: the base model's
+    weights alone) and the image it was sent with (None: none)."""
+    image = getattr(probe, "image", None)
+    return (probe.adapter or {}).get("path"), tuple(sorted(repr(kv) for kv in image.items())) if image else None
+
+
+def identity(probe) -> tuple:
+    """What keys a probe's KV besides its tokens, by the fixture's words: its adapter's label and its image."""
+    image = getattr(probe, "image", None)
+    return label(probe), tuple(sorted(repr(kv) for kv in image.items())) if image else None
 
 
 def siblings(probes: Iterable) -> dict[str, dict[str, str]]:
@@ -44,10 +58,10 @@ def siblings(probes: Iterable) -> dict[str, dict[str, str]]:
         groups.setdefault(tuple(p.prompt_token_ids), []).append(p)
     out: dict[str, dict[str, str]] = {}
     for group in groups.values():
-        if not any(p.adapter for p in group):
+        if not any(p.adapter or getattr(p, "image", None) for p in group):
             continue
         for p in group:
-            others = {q.name: whose(q.adapter) for q in group if q is not p and weights(q) != weights(p)}
+            others = {q.name: whose(q.adapter, getattr(q, "image", None)) for q in group if weights(q) != weights(p)}
             if others:
                 out[p.name] = others
     return out
@@ -60,9 +74,10 @@ def alike(probe: str, answers: Mapping[str, Sequence[int]], same: Mapping[str, s
 
 
 def alike_reason(whom: list[str]) -> str:
+    what = "image" if any(w.startswith("image") for w in whom) else "adapter"
     return (
         f"{' and '.join(whom)} {'answers' if len(whom) == 1 else 'answer'} this prompt with the same tokens as its own "
-        "baseline: the probe cannot tell the adapters apart, so no reuse here proves the cache keys on the adapter"
+        f"baseline: the probe cannot tell the {what}s apart, so no reuse here proves the cache keys on the {what}"
     )
 
 

@@ -213,8 +213,8 @@ def judge_arm(
             verdicts[name] = judged[-1][1]
         elif got[name] < n:
             verdicts[name] = decide_missing_probe(verdicts[name], n, got[name])
-    for label in {adapters.label(p) for p in result.probes}:  # another adapter's KV is no probe's to reuse
-        these = {p.name: list(p.prompt_token_ids) for p in result.probes if adapters.label(p) == label}
+    for key in {adapters.identity(p) for p in result.probes}:  # another adapter's or image's KV is no probe's to reuse
+        these = {p.name: list(p.prompt_token_ids) for p in result.probes if adapters.identity(p) == key}
         for first, second in shared_first_blocks(these, block_size):
             verdicts[second] = decide_shared_first_block(verdicts[second], first)
     entries = []

@@ -136,6 +136,24 @@ def build_tokenizer_config() -> dict:
     }
 
 
+def decoder_layer(p: str, h: int, nq: int, nkv: int, inter: int, qk_norm: int = 0) -> list:
+    """(name, shape, init std) of one Llama-style decoder layer's weights (0.0: ones, a norm's), in a fixed order;
+    qk_norm: Qwen3's per-head q/k norms of that size (0: none)."""
+    norms = [("self_attn.q_norm.weight", (qk_norm,), 0.0), ("self_attn.k_norm.weight", (qk_norm,), 0.0)]
+    return [(p + name, shape, std) for name, shape, std in [
+        ("input_layernorm.weight", (h,), 0.0),
+        ("post_attention_layernorm.weight", (h,), 0.0),
+        ("self_attn.q_proj.weight", (nq, h), h**-0.5),
+        ("self_attn.k_proj.weight", (nkv, h), h**-0.5),
+        ("self_attn.v_proj.weight", (nkv, h), h**-0.5),
+        ("self_attn.o_proj.weight", (h, nq), nq**-0.5),
+        *(norms if qk_norm else []),
+        ("mlp.gate_proj.weight", (inter, h), h**-0.5),
+        ("mlp.up_proj.weight", (inter, h), h**-0.5),
+        ("mlp.down_proj.weight", (h, inter), inter**-0.5),
+    ]]  # fmt: skip
+
+
 def _tensor_shapes() -> list[tuple[str, tuple[int, ...], float]]:
     """(name, shape, init std) for every weight, in a fixed order."""
     c = CONFIG
@@ -143,20 +161,7 @@ def _tensor_shapes() -> list[tuple[str, tuple[int, ...], float]]:
     nq, nkv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
     out = [("model.embed_tokens.weight", (v, h), 1.0)]
     for i in range(c["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        out += [
-            (p + "input_layernorm.weight", (h,), 0.0),
-            (p + "post_attention_layernorm.weight", (h,), 0.0),
-            (p + "self_attn.q_proj.weight", (nq, h), h**-0.5),
-            (p + "self_attn.k_proj.weight", (nkv, h), h**-0.5),
-            (p + "self_attn.v_proj.weight", (nkv, h), h**-0.5),
-            (p + "self_attn.o_proj.weight", (h, nq), nq**-0.5),
-            (p + "self_attn.q_norm.weight", (hd,), 0.0),
-            (p + "self_attn.k_norm.weight", (hd,), 0.0),
-            (p + "mlp.gate_proj.weight", (inter, h), h**-0.5),
-            (p + "mlp.up_proj.weight", (inter, h), h**-0.5),
-            (p + "mlp.down_proj.weight", (h, inter), inter**-0.5),
-        ]
+        out += decoder_layer(f"model.layers.{i}.", h, nq, nkv, inter, qk_norm=hd)
     out += [("model.norm.weight", (h,), 0.0), ("lm_head.weight", (v, h), LM_HEAD_SCALE)]
     return out
 
@@ -222,8 +227,11 @@ def digest_dir(path: Path) -> str:
 
 def make_tiny_model(dest: Path, seed: int = MODEL_SEED) -> str:
     """Write the model into dest (idempotent) and return its SHA-256."""
-    dest = Path(dest)
-    files = model_files(seed)
+    return write_model(Path(dest), model_files(seed))
+
+
+def write_model(dest: Path, files: dict[str, bytes]) -> str:
+    """Write a generated model's files into dest with its digest beside them (idempotent); its SHA-256."""
     digest = digest_files(files)
     marker = dest / "SHA256"
     if marker.is_file() and marker.read_text().strip() == digest and digest_dir(dest) == digest:

@@ -14,7 +14,7 @@ Fixture schema (kind "kvkit-fixture"; JSON Schema in schemas/fixture.schema.json
     a fixture with a one-line error (it checked each entry was one verdict), so nothing is read differently.
   schema_version 2: adapters, lora and a probe's adapter (LoRA adapters, repro.plan.adapters). A kit older
     than them refuses the file: ignoring them it would run those probes under the base model. Version 1 loads as is.
-  schema_version 3: a probe's prompt_logprobs (repro.plan.prompt_logprobs), refused by older kits for the same reason.
+  schema_version 3, 4: a probe's prompt_logprobs (repro.plan.prompt_logprobs); a prompt's image (plan.images); alike.
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ from repro.judge.expectations import expectation_problem
 from repro.judge.verdict import KV_VERDICTS, VERDICTS
 from repro.plan import load, multi, offloading
 from repro.plan.adapters import AdapterTable, parse_adapters
+from repro.plan.images import parse_images
 from repro.plan.load import LoadSpec, parse_load
 from repro.plan.prompt_logprobs import parse_prompt_logprobs
 
 FIXTURE_KIND = "kvkit-fixture"
-FIXTURE_SCHEMA_VERSION = 3
+FIXTURE_SCHEMA_VERSION = 4
 _MAX_REUSES = 64
 _MAX_TOKEN_ID = 2**31  # the vocabulary check proper needs the model (check_probes_fit)
 # The names the kit gives its own arms and files: a fixture or command-line arm of one of these names
@@ -55,6 +56,7 @@ class Probe:
     adapter: str | None = None  # the label of the LoRA adapter it runs under (repro.plan.adapters), None: the base
     lora: dict | None = None  # that adapter's request, as the run resolved it (repro.plan.adapters.resolve)
     prompt_logprobs: int | None = None  # k of SamplingParams(prompt_logprobs=k) (repro.plan.prompt_logprobs)
+    image: dict | None = None  # the image its prompt names (repro.plan.images), None: none
 
     @property
     def length(self) -> int:
@@ -63,6 +65,7 @@ class Probe:
     def prompt_spec(self) -> dict:
         spec = {"token_ids": list(self.token_ids)} if self.token_ids is not None else {"chat": self.chat}
         spec |= {"prompt_logprobs": self.prompt_logprobs} if self.prompt_logprobs is not None else {}
+        spec |= {"image": dict(self.image)} if self.image is not None else {}
         return spec | ({"adapter": dict(self.lora)} if self.lora is not None else {})
 
 
@@ -313,7 +316,7 @@ def parse_fixture(data: object, path: str | Path, digest: str) -> Fixture:
     _require(tokenizer, "name", str, "fixture.tokenizer", path)
     probes_raw = _require(data, "probes", list, "fixture", path)
     probes = tuple(parse_probe(p, f"probes[{i}]", path) for i, p in enumerate(probes_raw))
-    probes, adapters = parse_adapters(data, parse_prompt_logprobs(data, probes, path), path)
+    probes, adapters = parse_adapters(data, parse_prompt_logprobs(data, parse_images(data, probes, path), path), path)
     arms_raw = data.get("arms", [])
     if not isinstance(arms_raw, list):
         raise _fail(path, "arms: must be a list")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from repro.contract.job import ArmSpec, Preflight
 from repro.errors import UsageError
-from repro.plan import adapters, endpoint, multi, offloading
+from repro.plan import adapters, endpoint, images, multi, offloading
 from repro.plan.arms import PlannedArm, default_jobs, plan_arms, preflight_for, vocab_size
 from repro.plan.devices import uses_cuda
 from repro.plan.fixtures import Fixture, Probe, Scenario, load_fixture
@@ -86,11 +86,17 @@ def build_plan(opts: Options, argv: list[str]) -> RunPlan:
     fixture = load_fixture(a.fixture)
     probes = build_probes(fixture.probes, a.suite)
     probes, lora = adapters.resolve(fixture.adapters, probes, a.model, opts.model_is_local, a.fixture)
+    images.check_images(probes, a.model, opts.model_is_local)  # each fits the model (repro.plan.images)
     engine = replace(engine, lora=lora.engine() if lora is not None else None)
     if lora is not None and engine.frontend in ("server", "endpoint"):
         raise UsageError(
             f"fixture {a.fixture}: probes under LoRA adapters cannot run served (--frontend server, repro endpoint) "
             "(the kit does not load adapters into vllm serve); use --frontend sync or async"
+        )
+    if engine.frontend in ("server", "endpoint") and any(getattr(p, "image", None) is not None for p in probes):
+        raise UsageError(
+            f"fixture {a.fixture}: image probes cannot run served (--frontend server, repro endpoint) "
+            "(the kit sends served prompts as token IDs without their image); use --frontend sync or async"
         )
     vocab = vocab_size(engine)
     check_probes_fit(
@@ -114,6 +120,7 @@ def build_plan(opts: Options, argv: list[str]) -> RunPlan:
     if engine.frontend == "endpoint":  # repro endpoint: the two servers it was given, nothing else
         arms = [PlannedArm(ArmSpec(arm, "baseline" if arm == endpoint.BASELINE_ARM else "native"),
                            env={endpoint.ENDPOINT_URL_ENV: url}) for arm, url in sorted(a.endpoints.items())]  # fmt: skip
+    images.check_native_matched(probes, any(arm.match_arm for arm in arms))
     check_load(chosen, [arm.spec.mode for arm in arms], engine.frontend, lambda ps, where: check_probes_fit(
         ps, vocab_size=vocab, max_model_len=engine.max_model_len, max_tokens=engine.max_tokens, where=where))  # fmt: skip
     for arm in arms:  # vLLM's offloading connectors refuse its CPU backend: one line, before any engine

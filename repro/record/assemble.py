@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from repro import __version__
 from repro.plan.adapters import describe as describe_adapters
+from repro.plan.images import describe as describe_images
 from repro.plan.run_plan import RunPlan
 from repro.plan.settings import HASHSEED
 from repro.record.acceptance import check_acceptance, check_scenario_acceptance
@@ -37,6 +38,8 @@ def assemble(plan: RunPlan, ws, entries: list[dict], ran, scen=None) -> dict:
     }
     if plan.inputs.adapters is not None:  # the LoRA adapters probes ran under: how each was sent, its weights' digest
         report["adapters"] = describe_adapters(plan.inputs.adapters, plan.inputs.probes)
+    if any(p.image is not None for p in plan.inputs.probes):  # each image: its seed, identifier and 16 bits
+        report["images"] = describe_images(plan.inputs.probes)
     if ws.ops is not None:
         report["provenance"]["lmcache_ops"] = ws.ops.provenance
     if ws.arms_ops:
