@@ -439,6 +439,13 @@ PY
   lease026)  # OUT, one lease on the 0.26.0 bundle after stage, unpack, pd-install (and smollm2): the P->D cases on the
     # tiny model, the served runs, then the P->D cases on SmolLM2, each step's failure noted and the next one run
     OUT=${2:?OUT}; mkdir -p "$OUT"
+    # From a copy of the tree: the device tool copies the working tree again at every call, and an engine child
+    # that imported the kit while a call was copying it failed (No module named repro.engine.outputs, 2026-12-03)
+    if [ -z "${KVKIT_TREE_COPY:-}" ]; then
+      rm -rf /tmp/kvkit-tree && mkdir /tmp/kvkit-tree && cp -r repro fixtures schemas templates tests pyproject.toml /tmp/kvkit-tree/
+      mkdir -p .cache && ln -s "$PWD/.cache" /tmp/kvkit-tree/.cache  # the host's LMCache ops build
+      cd /tmp/kvkit-tree && KVKIT_TREE_COPY=1 exec bash tests/gpu/h200_conditions.sh lease026 "$OUT"
+    fi
     pd_run pd-tiny --model "$MODEL" || true
     "$0" served026 "$OUT" || echo "$(date -u +%T) served026 exit $?" >>"$OUT/progress.txt"
     if [ -d "$SMOLLM2" ]; then
