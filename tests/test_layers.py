@@ -60,7 +60,7 @@ machinery  repro.plan.arms repro.run.scheduler repro.run.runner repro.run.workdi
            repro.disagg.pair repro.disagg.servers repro.disagg.report
 read       repro.readmodel repro.matrix.status repro.detection.blame repro.detection.matrix
            repro.detection.scenario_cells
-publish    repro.publish repro.matrix.page repro.detection.page repro.detection.scenario_page
+publish    repro.publish repro.matrix.page repro.detection.page repro.detection.scenario_page repro.disagg.page
 commands   repro.verify repro.verify_kv_reuse repro.__main__ repro.measure.bench repro.measure.margins repro.matrix
            repro.measure.load_bench
            repro.detection repro.detection.scenario_plan repro.detection.load_column repro.kit repro.chaos repro.models.convert
@@ -91,6 +91,8 @@ KNOWN_ROOM_UPWARD = {
     ("repro.publish.catalog", "repro.detection.scenario_cells"): "the site lists the study's pages",
     ("repro.publish.catalog", "repro.detection.scenario_page"): "the site lists the study's pages",
     ("repro.publish.catalog", "repro.matrix.page"): "the site lists the matrix pages",
+    ("repro.publish.catalog", "repro.disagg.page"): "the site lists the P→D pages",
+    ("repro.publish.catalog", "repro.disagg.report"): "the site lists the P→D pages",
 }
 
 

@@ -57,6 +57,8 @@ def render_catalog(
                 entries.append(_detection(path, out_dir / folder.name, write))
             elif _is_detection_scenarios(kinds[path]):
                 entries.append(_detection_scenarios(path, out_dir / folder.name, write))
+            elif _is_pd(kinds[path]):
+                entries.append(_pd(path, out_dir / folder.name, write))
         if jsons and all(kinds[p] == "kvkit-report" for p in jsons):  # a folder of reports: a site of its own
             for e in render_folder(folder, out_dir / folder.name):
                 href, title = f"{quote(folder.name)}/{e.href}", f"{folder.name}/{e.title}"
@@ -75,6 +77,27 @@ def _is_detection_scenarios(kind: str | None) -> bool:
     from repro.detection.scenario_cells import KIND
 
     return kind == KIND
+
+
+def _is_pd(kind: str | None) -> bool:
+    from repro.disagg.report import KIND
+
+    return kind == KIND
+
+
+def _pd(path: Path, out: Path, write: Callable) -> Entry:
+    """A P→D report (python -m repro pd): its page, with the writeup beside it, and one line."""
+    from repro.disagg.page import load_report, page_model, render_page
+
+    report = load_report(path)
+    md = path.with_suffix(".md")
+    write(
+        out / f"{path.stem}.html",
+        render_page(report, md.read_text(encoding="utf-8") if md.is_file() else None).encode("utf-8"),
+    )
+    m = page_model(report)
+    summary = f"{m.verdict} · probe requests {m.counts} · controls {m.controls} · {m.started[:10]}"
+    return Entry("reports", f"{quote(out.name)}/{quote(path.stem)}.html", m.title, summary)
 
 
 def _matrix(path: Path, out: Path, write: Callable, render_folder: Callable) -> Entry:
