@@ -12,11 +12,10 @@ from markupsafe import Markup
 
 from repro.disagg.report import KIND
 from repro.errors import UsageError
-from repro.publish.environment import make_environment
+from repro.publish.environment import GENERATOR, make_environment
 from repro.publish.writeup import render_writeup
 
 TEMPLATE = "pd.html.j2"
-GENERATOR = "kvkit-site"  # repro.publish.site.GENERATOR: a page the site wrote, pruned with the others
 
 
 @dataclass(frozen=True)

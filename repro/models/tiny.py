@@ -243,13 +243,18 @@ def write_model(dest: Path, files: dict[str, bytes]) -> str:
     return digest
 
 
-def main(argv: list[str]) -> int:
-    """`python -m repro make-model DIR`: write the model and print its SHA-256."""
+def model_main(argv: list[str], command: str, description: str, make, default_seed: int) -> int:
+    """`python -m repro COMMAND DIR [--seed N]`: make(DIR, seed=N) writes a seeded model; its SHA-256 is printed."""
     from repro.commands import ArgumentParser
 
-    parser = ArgumentParser(prog="python -m repro make-model", description=main.__doc__)
+    parser = ArgumentParser(prog=f"python -m repro {command}", description=description)
     parser.add_argument("dir", help="where to write the model")
-    parser.add_argument("--seed", type=int, default=MODEL_SEED, help=f"weight seed (default {MODEL_SEED})")
+    parser.add_argument("--seed", type=int, default=default_seed, help=f"weight seed (default {default_seed})")
     args = parser.parse_args(argv)
-    print(make_tiny_model(args.dir, seed=args.seed))
+    print(make(args.dir, seed=args.seed))
     return 0
+
+
+def main(argv: list[str]) -> int:
+    """`python -m repro make-model DIR`: write the model and print its SHA-256."""
+    return model_main(argv, "make-model", main.__doc__, make_tiny_model, MODEL_SEED)

@@ -21,6 +21,7 @@ from repro.models.tiny import (
     build_tokenizer_json,
     decoder_layer,
     json_file_bytes,
+    model_main,
     serialize_f32,
     write_model,
 )
@@ -223,11 +224,4 @@ def is_vlm(model: str) -> bool:
 
 def main(argv: list[str]) -> int:
     """`python -m repro make-vlm DIR`: write the tiny vision-language model and print its SHA-256."""
-    from repro.commands import ArgumentParser
-
-    parser = ArgumentParser(prog="python -m repro make-vlm", description=main.__doc__)
-    parser.add_argument("dir", help="where to write the model")
-    parser.add_argument("--seed", type=int, default=VLM_SEED, help=f"weight seed (default {VLM_SEED})")
-    args = parser.parse_args(argv)
-    print(make_vlm(args.dir, seed=args.seed))
-    return 0
+    return model_main(argv, "make-vlm", main.__doc__, make_vlm, VLM_SEED)

@@ -6,6 +6,8 @@ import jinja2
 
 from repro.paths import TEMPLATES_DIR
 
+GENERATOR = "kvkit-site"  # marks pages the site wrote (repro.publish.site); only those are ever pruned
+
 
 def make_environment() -> jinja2.Environment:
     """Autoescape on explicitly (names end in .j2, so file-name rules would not apply); undefined names fail."""

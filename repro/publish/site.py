@@ -19,7 +19,7 @@ from repro.errors import EXIT_OK, UsageError
 from repro.judge.verdict import PASS
 from repro.paths import RAW_DIR
 from repro.publish.catalog import Entry, render_catalog
-from repro.publish.environment import make_environment
+from repro.publish.environment import GENERATOR, make_environment
 from repro.publish.headline import ACCEPTANCE_MEANS
 from repro.publish.site_index import build_index_row, sort_rows
 from repro.publish.site_model import build_report_page
@@ -27,8 +27,6 @@ from repro.publish.writeup import render_writeup
 from repro.readmodel import Report, read_report
 from repro.record.atomic import write_bytes_atomic
 from repro.record.report import REPORT_KIND
-
-GENERATOR = "kvkit-site"  # marks pages this module wrote; only those are ever pruned
 
 
 def _relative_log(log: object) -> PurePosixPath | None:
