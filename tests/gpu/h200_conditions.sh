@@ -436,6 +436,10 @@ PY
     "$0" step "$OUT" served-lmcache-tiny-v026 "${fx[@]}" --frontend server
     "$0" step "$OUT" offline-lmcache-tiny-v026 "${fx[@]}" --frontend sync
     echo "served026 done" >>"$OUT/progress.txt" ;;
+  fromcopy)  # STEP ARGS...: run one step from a copy of the tree in /tmp/kvkit-tree (see lease026 for why)
+    rm -rf /tmp/kvkit-tree && mkdir /tmp/kvkit-tree && cp -r repro fixtures schemas templates tests pyproject.toml /tmp/kvkit-tree/
+    mkdir -p .cache && ln -s "$PWD/.cache" /tmp/kvkit-tree/.cache  # the host's LMCache ops build
+    shift; cd /tmp/kvkit-tree && KVKIT_TREE_COPY=1 exec bash tests/gpu/h200_conditions.sh "$@" ;;
   lease026)  # OUT, one lease on the 0.26.0 bundle after stage, unpack, pd-install (and smollm2): the P->D cases on the
     # tiny model, the served runs, then the P->D cases on SmolLM2, each step's failure noted and the next one run
     OUT=${2:?OUT}; mkdir -p "$OUT"
