@@ -436,6 +436,11 @@ PY
     "$0" step "$OUT" served-lmcache-tiny-v026 "${fx[@]}" --frontend server
     "$0" step "$OUT" offline-lmcache-tiny-v026 "${fx[@]}" --frontend sync
     echo "served026 done" >>"$OUT/progress.txt" ;;
+  poll)  # RUN_OUT SECONDS DEST: wait, then copy what RUN_OUT holds so far to DEST (the device tool's $OUT), so that a
+    # machine lost between calls loses nothing already finished (a served report was lost that way, 2026-12-03)
+    src=${2:?RUN_OUT}; dest=${4:?DEST}
+    for _ in $(seq "${3:?SECONDS}"); do sleep 1; if grep -q " done$" "$src/progress.txt" 2>/dev/null; then break; fi; done
+    cp -r "$src"/. "$dest"/ && cat "$src/progress.txt" ;;
   fromcopy)  # STEP ARGS...: run one step from a copy of the tree in /tmp/kvkit-tree (see lease026 for why)
     rm -rf /tmp/kvkit-tree && mkdir /tmp/kvkit-tree && cp -r repro fixtures schemas templates tests pyproject.toml /tmp/kvkit-tree/
     mkdir -p .cache && ln -s "$PWD/.cache" /tmp/kvkit-tree/.cache  # the host's LMCache ops build
