@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import http.server
 import json
-import threading
 from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
+from kvkit_testutil import serving
 from test_served import _endpoint
 
 from repro.engine import served
@@ -46,13 +46,8 @@ def stand_in(model: str, tokenize):
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield url
 
 
 @pytest.fixture
