@@ -122,3 +122,18 @@ def test_the_servers_counts_are_read_by_their_labels_and_a_round_is_what_moved()
     nothing = load_served.server_counts(_Metrics("vllm:num_preemptions_total 0.0"))
     assert nothing == {"aborted": None, "finished": None, "running": None, "waiting": None}
     assert load_served.round_counts(nothing, nothing, 1, 0)["server_aborted"] is None
+
+
+@pytest.mark.parametrize("frontend", ["sync", "server", "async", "endpoint"])
+def test_a_load_scenario_runs_offline_or_served_and_nowhere_else(frontend):
+    from types import SimpleNamespace
+
+    from repro.errors import UsageError
+    from repro.plan.scenarios import check_load
+
+    sc = SimpleNamespace(name="production-load", load=object(), generated=())
+    if frontend in ("sync", "server"):
+        check_load([sc], ["baseline", "native"], frontend, lambda probes, where: None)
+    else:
+        with pytest.raises(UsageError, match=f"--frontend sync or server, not {frontend}"):
+            check_load([sc], ["baseline", "native"], frontend, lambda probes, where: None)
