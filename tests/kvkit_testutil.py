@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import http.server
 import os
 import subprocess
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,3 +74,18 @@ SELFTEST_VERDICTS = {
     "native": "PASS",
     "native-matched": "PASS",
 }
+
+
+@contextmanager
+def serving(handler, on_exit=None):
+    """A loopback HTTP server (a stand-in) with this request handler class, its URL yielded; on_exit runs before it
+    stops (to release a handler that waits)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        if on_exit is not None:
+            on_exit()
+        server.shutdown()
+        server.server_close()

@@ -11,4 +11,5 @@ carries a Failure of one of FAILURE_KINDS.
   repro.contract.result   the result: every probe's requests, or the error the child raised
   repro.contract.failure  the failure kinds, ContractError and the strict field readers that raise it,
                           and the Failure an arm carries when there is no usable result
+  repro.contract.served   the texts a server's tokenizer is checked on (repro endpoint and each served child)
 """

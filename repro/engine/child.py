@@ -161,7 +161,11 @@ def run_job(job: Job, keep: list) -> ArmResult:
     multi = job.arm.connector is not None and job.arm.connector.name == MULTI_CONNECTOR
     beneath = job.arm.connector is not None and job.arm.connector.gpu_prefix_cache
     loras = AdapterRequests(job)  # the LoRA adapter each probe runs under (repro.engine.adapters)
-    if job.scenario is not None and job.scenario.load:
+    if job.scenario is not None and job.scenario.load and served:  # cancellations as HTTP disconnects
+        from repro.engine.load_served import run_load_served
+
+        probes, scenario = run_load_served(llm, job, sp, audit, report_stage)
+    elif job.scenario is not None and job.scenario.load:
         from repro.engine.load import run_load
 
         probes, scenario = run_load(llm, job, sp, audit, report_stage)

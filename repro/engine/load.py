@@ -49,6 +49,23 @@ def scheduler_computed(engine, rid: str) -> tuple[bool, int | None]:
     return True, None if req is None else int(req.num_computed_tokens)
 
 
+def reference_probes(llm, job: Job, prompts: dict, sp, audit: AuditRecords, report_stage) -> list[ProbeResult]:
+    """The scenario's prompts as probes; in the reference run each with its answer alone, caching off (its
+    cache-disabled answer). llm: the offline engine or a served one (the same generate call)."""
+    from vllm import TokensPrompt
+
+    probes = []
+    for n, (name, ids) in enumerate(prompts.items(), start=1):
+        requests = ()
+        if job.scenario.reference:
+            if n == 1 or n % 16 == 0:
+                report_stage(job, f"reference {n} of {len(prompts)}", preflight_ok=True)
+            out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0]
+            requests = (_request(out, "cold", audit.take(ids)),)
+        probes.append(ProbeResult(name=name, prompt_token_ids=tuple(ids), messages=None, requests=requests))
+    return probes
+
+
 def run_load(llm, job: Job, sp, audit: AuditRecords, report_stage) -> tuple[list[ProbeResult], ScenarioResult]:
     """The load scenario's reference or rounds in this (fresh) engine (module docstring); report_stage: the child's
     progress reporter."""
@@ -61,15 +78,7 @@ def run_load(llm, job: Job, sp, audit: AuditRecords, report_stage) -> tuple[list
     prompts = {p.name: list(p.prompt["token_ids"]) for p in job.probes}
     multi = job.arm.connector is not None and job.arm.connector.name == MULTI_CONNECTOR
     beneath = job.arm.connector is not None and job.arm.connector.gpu_prefix_cache
-    probes = []
-    for n, (name, ids) in enumerate(prompts.items(), start=1):
-        requests = ()
-        if job.scenario.reference:  # each prompt alone, caching off: its cache-disabled answer
-            if n == 1 or n % 16 == 0:
-                report_stage(job, f"reference {n} of {len(prompts)}", preflight_ok=True)
-            out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0]
-            requests = (_request(out, "cold", audit.take(ids)),)
-        probes.append(ProbeResult(name=name, prompt_token_ids=tuple(ids), messages=None, requests=requests))
+    probes = reference_probes(llm, job, prompts, sp, audit, report_stage)
     params = sp.clone()
     params.output_kind = RequestOutputKind.CUMULATIVE  # every step's tokens so far: the last-step cancel needs them
     ext = {}  # external request ID -> live request

@@ -12,7 +12,10 @@ IDs, never text. The hit counter is `usage.prompt_tokens_details.cached_tokens` 
 `--enable-prompt-tokens-details`): absent, the request's `num_cached_tokens` is None, which the judge reads as
 missing (INCONCLUSIVE), never 0. Several prompts of one call (a scenario's together step) are sent at once, each
 its own HTTP request, so they are in flight together. `reset_prefix_cache` is `POST /reset_prefix_cache`
-(vLLM's dev-mode route: the server runs with VLLM_SERVER_DEV_MODE=1). Counters come from `/metrics`.
+(vLLM's dev-mode route: the server runs with VLLM_SERVER_DEV_MODE=1). Counters come from `/metrics`. Before the
+first request the server's tokenizer is checked against the one the child builds prompts with (check_tokenizer:
+fixed texts through `POST /tokenize`, token ID by token ID); a difference is ServerFailed, and a server without
+/tokenize is recorded as not checked, with why (`served.tokenizer` in the report).
 
 The server's output goes to this child's log; it runs in the child's process group, so the parent's stop of the
 group (and the lifeline, if the kit dies) stops it too. A server that exits before it is healthy, dies, or
@@ -31,6 +34,8 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
+
+from repro.contract.served import TOKENIZER_TEXTS
 
 HOST = "127.0.0.1"
 STREAM_ENV = "KVKIT_SERVER_STREAM"  # "1": every request streamed (--stream; repro.plan.options.STREAM_ENV)
@@ -127,6 +132,7 @@ class ServerFrontend:
         self._wait_healthy()
         self._tokenizer = self._config = None
         self._pool = ThreadPoolExecutor(max_workers=64)
+        self.tokenizer_check = check_tokenizer(self)
 
     def _dead(self) -> str | None:
         code = self.proc.poll()
@@ -174,7 +180,7 @@ class ServerFrontend:
     def served_facts(self) -> dict:
         """What the report keeps of the server: its address, flags, what it says of itself, every reset over HTTP."""
         facts: dict = {"url": self.base, "argv": self.argv_engine, "prefix_cache_resets": self.resets,
-                       "stream": self.stream}  # fmt: skip
+                       "stream": self.stream, "tokenizer": self.tokenizer_check}  # fmt: skip
         for key, path in (("version", "/version"), ("models", "/v1/models")):
             try:
                 facts[key] = self.get_json(path)
@@ -239,6 +245,7 @@ class EndpointFrontend(ServerFrontend):
         self._tokenizer = self._config = None
         self._pool = ThreadPoolExecutor(max_workers=64)
         print(f"kvkit-engine: a server the kit did not start: {self.base}", flush=True)
+        self.tokenizer_check = check_tokenizer(self)
 
     def _dead(self) -> str | None:
         return None
@@ -257,6 +264,32 @@ class EndpointFrontend(ServerFrontend):
         return {"frontend": "endpoint", "model": first.get("root") or first.get("id"),
                 "max_model_len": first.get("max_model_len"), "engine_layout": "unknown (a server the kit did not start)",
                 "served": self.served_facts()}  # fmt: skip
+
+
+def check_tokenizer(front: ServerFrontend) -> dict:
+    """The server's tokenizer against the child's (vLLM's load of the arm's tokenizer, which builds the prompts), token
+    ID by token ID on TOKENIZER_TEXTS through POST /tokenize: a difference is ServerFailed (the probes' token IDs would
+    mean other text there); a server that does not tokenize is recorded as not checked, with why."""
+    served_as = front.kwargs.get("served_model_name") or front.kwargs.get("model")
+    try:
+        models = front.get_json("/v1/models").get("data") or []
+        served_as = models[0].get("id") or served_as
+    except (ServerFailed, ValueError, AttributeError, IndexError):
+        pass
+    tok = front.get_tokenizer()
+    for text in TOKENIZER_TEXTS:
+        try:
+            theirs = json.loads(front._call("POST", "/tokenize", {"model": served_as, "prompt": text,
+                                                                  "add_special_tokens": False})).get("tokens")  # fmt: skip
+        except (ServerFailed, ValueError, AttributeError) as exc:
+            return {"checked": False, "why": f"no token IDs from POST /tokenize: {exc}"[:300]}
+        ours = list(tok.encode(text, add_special_tokens=False))
+        if theirs != ours:
+            raise ServerFailed(
+                f"the server's tokenizer is not the arm's: POST /tokenize gives {text[:24]!r}... {len(theirs or [])} "
+                f"token IDs, the arm's tokenizer {len(ours)}, not the same (the probes' token IDs would mean other text)"
+            )
+    return {"checked": True, "texts": len(TOKENIZER_TEXTS), "over": "POST /tokenize"}
 
 
 def completion_body(ids: list[int], sp) -> dict:

@@ -4,7 +4,12 @@ The two servers (`--url`, the one judged, and `--baseline-url`, whose answers ar
 they serve (`GET /v1/models`, a route every OpenAI-compatible server has); nothing is sent anywhere but to these
 two addresses. Each problem is one line (a UsageError, exit 2): an address that is no http(s) URL, a server that
 does not answer, one that answers but not as an OpenAI-compatible server, one that serves no model by the name
-or path of `--model` (the tokenizer the probes are built with). Standard library only.
+or path of `--model` (the tokenizer the probes are built with), one whose tokenizer is not `--model`'s. The
+tokenizer is checked by token IDs, exactly: a fixed set of texts (TOKENIZER_TEXTS) is sent to the server's
+`POST /tokenize` (vLLM's route) and encoded here by `--model`'s own `tokenizer.json` (the `tokenizers` library, no
+special tokens added on either side); one text that differs refuses the server. Where that cannot be done (no
+/tokenize, no local tokenizer.json) the check says why and the run goes on: each served child checks again with
+vLLM's own load of the tokenizer and records the outcome in its report (repro.engine.served). Standard library HTTP.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from repro.contract.served import TOKENIZER_TEXTS
 from repro.errors import UsageError
 
 PROBE_TIMEOUT_S = 10.0
@@ -76,11 +82,74 @@ def check_model(flag: str, url: str, models: list[dict], model: str) -> dict:
     )
 
 
+def _local_tokenizer(model: str):
+    """--model's tokenizer.json read by the `tokenizers` library, or the reason it cannot be read here (a string)."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        return "the tokenizers library is not installed here"
+    path = Path(model) / "tokenizer.json"
+    if not path.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(model, "tokenizer.json")
+        except (ImportError, ValueError) as exc:
+            return f"no local tokenizer.json for --model {model} ({type(exc).__name__})"
+        if not isinstance(cached, str):
+            return f"no local tokenizer.json for --model {model}"
+        path = Path(cached)
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # noqa: BLE001 -- any failure to read it is a reason, never a traceback
+        return f"{path} does not load as a tokenizer ({type(exc).__name__})"
+
+
+def server_tokens(url: str, served_id: str, text: str, timeout: float = PROBE_TIMEOUT_S) -> list[int] | str:
+    """The token IDs the server gives text (POST /tokenize, no special tokens added), or why it gave none."""
+    body = json.dumps({"model": served_id, "prompt": text, "add_special_tokens": False}).encode("utf-8")
+    req = urllib.request.Request(url + "/tokenize", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            tokens = json.loads(resp.read()).get("tokens")
+    except urllib.error.HTTPError as exc:
+        return f"POST /tokenize answered HTTP {exc.code}"
+    except (urllib.error.URLError, OSError) as exc:
+        return f"POST /tokenize: no answer ({getattr(exc, 'reason', exc)})"
+    except (ValueError, AttributeError):
+        return "POST /tokenize answered no JSON object"
+    if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+        return "POST /tokenize answered no list of token IDs"
+    return tokens
+
+
+def check_tokenizer(flag: str, url: str, served_id: str, model: str) -> dict:
+    """The server's tokenizer against --model's, token ID by token ID on TOKENIZER_TEXTS: a difference is one line;
+    otherwise what was checked, or why it was not (the served child checks again and records it)."""
+    local = _local_tokenizer(model)
+    if isinstance(local, str):
+        return {"checked": False, "why": local}
+    for text in TOKENIZER_TEXTS:
+        theirs = server_tokens(url, served_id, text)
+        if isinstance(theirs, str):
+            return {"checked": False, "why": theirs}
+        ours = local.encode(text, add_special_tokens=False).ids
+        if theirs != ours:
+            at = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b), min(len(theirs), len(ours)))
+            raise UsageError(
+                f"{flag} {url}: its tokenizer is not --model {model}'s: {text[:24]!r}... is {len(theirs)} tokens there, "
+                f"{len(ours)} here, first different at token {at} (the probes' token IDs would mean other text)"
+            )
+    return {"checked": True, "texts": len(TOKENIZER_TEXTS)}
+
+
 def check_endpoints(url: str, baseline_url: str, model: str) -> dict[str, str]:
     """Both servers checked; each arm's URL by arm name."""
     urls = {ENDPOINT_ARM: check_url("--url", url), BASELINE_ARM: check_url("--baseline-url", baseline_url)}
     if urls[ENDPOINT_ARM] == urls[BASELINE_ARM]:
         raise UsageError("--url and --baseline-url are the same server: the baseline must be another (reuse off)")
     for arm, flag in ((ENDPOINT_ARM, "--url"), (BASELINE_ARM, "--baseline-url")):
-        check_model(flag, urls[arm], served_models(flag, urls[arm]), model)
+        entry = check_model(flag, urls[arm], served_models(flag, urls[arm]), model)
+        check_tokenizer(flag, urls[arm], str(entry.get("id")), model)
     return urls

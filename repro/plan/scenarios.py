@@ -60,9 +60,9 @@ def check_load(chosen: list[Scenario], arm_modes: list[str], frontend: str, fits
                 f"scenario {sc.name}: a load scenario's reuse control is native prefix caching with a pool that holds "
                 "every prompt; add --compare-native"
             )
-        if frontend != "sync":
+        if frontend not in ("sync", "server"):
             raise UsageError(
-                f"scenario {sc.name}: a load scenario drives vLLM's engine step by step (its cancellations): "
-                f"--frontend sync, not {frontend}"
+                f"scenario {sc.name}: a load scenario drives vLLM's engine step by step, or a `vllm serve` it cancels "
+                f"requests of by closing their connections: --frontend sync or server, not {frontend}"
             )
         fits(list(sc.generated), f"scenario {sc.name}")
