@@ -12,6 +12,12 @@ answer. Its own prefix cache (whole blocks, the last token never a hit) serves t
   RePrefillPair     the consumer ignores the reference and prefills itself: no external tokens (vLLM #26896)
   ForeignBlocksPair the producer hands over the previous request's blocks (fresh blocks per request, so those
                     still hold the previous prompt's KV)
+
+A reference naming blocks the producer never had (the out-of-range control) meets the consumer's `bad_ids`:
+  "refuse"    a failed transfer counted and the request refused (HTTP 500): what the kit predicts of vLLM 0.26.0
+  "silent"    the read goes ahead over whatever lies there (zeros here): HTTP 200, wrong, no failure counted
+  "reported"  as silent, but the failed transfer counted (HTTP 200, wrong, the failure in the metrics)
+  "recompute" the failed transfer counted and the consumer prefills itself: the right answer, nothing loaded
 """
 
 from __future__ import annotations
@@ -70,7 +76,10 @@ class FakeProducer:
         }
 
     def read(self, ids: list[int]) -> list[tuple[int, ...]]:
-        return [self.blocks[b] for b in ids]
+        return [self.blocks.get(b, (0,) * self.block_size) for b in ids]
+
+    def has(self, ids: list[int]) -> bool:
+        return all(b in self.blocks for b in ids)
 
     def notify(self, request_id: str) -> None:
         """The consumer has read the request's blocks: free them (reversed, so the first is taken first again)."""
@@ -89,8 +98,8 @@ class ForeignProducer(FakeProducer):
 
 
 class FakeConsumer:
-    def __init__(self, producer: FakeProducer, block_size: int, pulls: bool = True):
-        self.producer, self.block_size, self.pulls = producer, block_size, pulls
+    def __init__(self, producer: FakeProducer, block_size: int, pulls: bool = True, bad_ids: str = "refuse"):
+        self.producer, self.block_size, self.pulls, self.bad_ids = producer, block_size, pulls, bad_ids
         self.cache: set[tuple[int, ...]] = set()
 
     def local_hit(self, prompt: tuple[int, ...]) -> int:
@@ -104,8 +113,16 @@ class FakeConsumer:
         kv, external, transfers = list(prompt), 0, 0
         if self.pulls and params and params.get("do_remote_prefill") and params.get("remote_block_ids"):
             count = min(params.get("remote_num_tokens") or 0, len(prompt)) - local
+            ids = params["remote_block_ids"][0][local // bs :]
+            if count > 0 and not self.producer.has(ids) and self.bad_ids != "silent":
+                failed = Transfer(0, local, local, 0, 1)
+                if self.bad_ids == "refuse":
+                    return Answer(None, failed, "consumer answered HTTP 500: KV load failed")
+                if self.bad_ids == "recompute":
+                    return Answer(answer_from_kv(prompt, max_tokens), failed, None, local)
+                kv[local : local + count] = [0] * count
+                return Answer(answer_from_kv(tuple(kv), max_tokens), Transfer(count, local, local + count, 0, 1))
             if count > 0:
-                ids = params["remote_block_ids"][0][local // bs :]
                 loaded = [t for chunk in self.producer.read(ids) for t in chunk]
                 kv[local : local + count] = loaded[:count]
                 external, transfers = count, 1
@@ -119,9 +136,11 @@ class FakeConsumer:
 class FakePair:
     """A PairDriver over a fake producer and consumer; the reference is the fake model on the prompt itself."""
 
-    def __init__(self, block_size: int, producer: FakeProducer | None = None, pulls: bool = True):
+    def __init__(
+        self, block_size: int, producer: FakeProducer | None = None, pulls: bool = True, bad_ids: str = "refuse"
+    ):
         self.producer = producer or FakeProducer(block_size)
-        self.consumer = FakeConsumer(self.producer, block_size, pulls)
+        self.consumer = FakeConsumer(self.producer, block_size, pulls, bad_ids)
         self.sent: list[tuple[str, str]] = []
 
     def baseline(self, request_id: str, prompt: tuple[int, ...], max_tokens: int) -> Answer:
@@ -149,3 +168,8 @@ def re_prefill_pair(block_size: int) -> FakePair:
 
 def foreign_blocks_pair(block_size: int) -> FakePair:
     return FakePair(block_size, ForeignProducer(block_size, fresh_blocks=True))
+
+
+def bad_ids_pair(bad_ids: str):
+    """A transferring pair whose consumer meets blocks the producer never had as `bad_ids` says."""
+    return lambda block_size: FakePair(block_size, bad_ids=bad_ids)

@@ -46,4 +46,4 @@ def test_the_site_renders_a_pd_report_with_its_transfers_controls_and_writeup(tm
     assert bad["verdict"] == "FAIL" and "v-FAIL" in foreign and "answers as" in foreign
     index = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
     assert 'href="pd/good.html"' in index and 'href="pd/foreign.html"' in index
-    assert "controls 2 of 2 held" in index  # one trial: the consumed and the stale reference
+    assert "controls 3 of 3 held" in index  # one trial: the consumed, the stale and the out-of-range reference

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from repro.disagg.cases import Case, Cases
+from repro.disagg.cases import OUT_OF_RANGE_BASE, Case, Cases
 from repro.judge.pd_verdict import ControlOutcome, PdVerdict, Transfer, decide_control, decide_pd_request
 
 
@@ -133,7 +133,7 @@ def _run_case(
                                base.cached_tokens if base.error is None else None, base.top_gaps)  # fmt: skip
         if base.error is not None:
             pv = decide_pd_request(prompt, (), None, None, answers, f"the baseline failed: {base.error}")
-        control = decide_control(pv, case.expect, case.expect_answers_as) if judged_as_control else None
+        control = decide_control(pv, case.expect, case.expect_answers_as, case.predict) if judged_as_control else None
         expected = None
         if params is not None and reference == prompt:
             local = aligned_hit(p[prompt], p[case.other], cases.block_size) if case.kind == "partial" else 0
@@ -155,6 +155,17 @@ def _run_case(
         out.append(send("between", case.other, between, case.other, False))
         driver.reset()  # else the consumer's own cache holds this prompt from its first decode and pulls one block
         out.append(send("consumed", case.prompt, params, case.prompt, True))
+    if case.kind == "out-of-range":
+        driver.reset()  # else the consumer's own cache holds this prompt from its first decode
+        out.append(send("out-of-range", case.prompt, out_of_range(params), case.prompt, True))
+
+
+def out_of_range(params: dict) -> dict:
+    """The same kv_transfer_params with every remote block ID moved past any producer's pool (vLLM #52234's
+    "out-of-range remote_block_ids"); remote_block_ids is a list per KV cache group (or one flat list)."""
+    ids = params.get("remote_block_ids") or []
+    moved = [[OUT_OF_RANGE_BASE + b for b in g] if isinstance(g, list) else OUT_OF_RANGE_BASE + g for g in ids]
+    return {**params, "remote_block_ids": moved}
 
 
 def probe_requests(run: Run) -> list[Judged]:
