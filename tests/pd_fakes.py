@@ -30,6 +30,15 @@ from repro.judge.pd_verdict import Transfer
 VOCAB = 1000
 
 
+def kv_digest(context: tuple[int, ...]) -> str:
+    """The fake KV of a block: a digest of every token up to its end (a position's KV depends on all before it)."""
+    return hashlib.sha256(repr(tuple(context)).encode()).hexdigest()[:16]
+
+
+def reference_blocks(prompt: tuple[int, ...], block_size: int) -> tuple[str, ...]:
+    return tuple(kv_digest(prompt[:end]) for end in range(block_size, len(prompt) + 1, block_size))
+
+
 def answer_from_kv(context: tuple[int, ...], max_tokens: int) -> tuple[int, ...]:
     """The fake model's greedy answer: a fixed function of the KV's tokens (all positions but the last)."""
     seed = hashlib.sha256(repr(context[:-1]).encode()).digest()
@@ -44,6 +53,7 @@ class FakeProducer:
     def __init__(self, block_size: int, fresh_blocks: bool = False):
         self.block_size, self.fresh = block_size, fresh_blocks
         self.blocks: dict[int, tuple[int, ...]] = {}
+        self.kv: dict[int, str] = {}  # each block's fake KV digest (full blocks)
         self.free: list[int] = []
         self.held: dict[str, list[int]] = {}
         self.next_id = 0
@@ -60,6 +70,7 @@ class FakeProducer:
         ids = [self._take() for _ in range(0, len(prompt), bs)]
         for i, b in enumerate(ids):
             self.blocks[b] = prompt[i * bs : (i + 1) * bs]
+            self.kv[b] = kv_digest(prompt[: (i + 1) * bs])
         self.held[request_id] = ids
         return self.reference(request_id, ids, len(prompt))
 
@@ -98,8 +109,11 @@ class ForeignProducer(FakeProducer):
 
 
 class FakeConsumer:
-    def __init__(self, producer: FakeProducer, block_size: int, pulls: bool = True, bad_ids: str = "refuse"):
+    def __init__(
+        self, producer: FakeProducer, block_size: int, pulls: bool = True, bad_ids: str = "refuse", audit: bool = False
+    ):
         self.producer, self.block_size, self.pulls, self.bad_ids = producer, block_size, pulls, bad_ids
+        self.audit = audit
         self.cache: set[tuple[int, ...]] = set()
 
     def local_hit(self, prompt: tuple[int, ...]) -> int:
@@ -110,7 +124,7 @@ class FakeConsumer:
 
     def decode(self, request_id: str, prompt: tuple[int, ...], params: dict | None, max_tokens: int) -> Answer:
         bs, local = self.block_size, self.local_hit(prompt)
-        kv, external, transfers = list(prompt), 0, 0
+        kv, external, transfers, received = list(prompt), 0, 0, []
         if self.pulls and params and params.get("do_remote_prefill") and params.get("remote_block_ids"):
             count = min(params.get("remote_num_tokens") or 0, len(prompt)) - local
             ids = params["remote_block_ids"][0][local // bs :]
@@ -121,30 +135,41 @@ class FakeConsumer:
                 if self.bad_ids == "recompute":
                     return Answer(answer_from_kv(prompt, max_tokens), failed, None, local)
                 kv[local : local + count] = [0] * count
-                return Answer(answer_from_kv(tuple(kv), max_tokens), Transfer(count, local, local + count, 0, 1))
+                zeros = [kv_digest((0,) * bs)] * ((local + count) // bs - local // bs) if self.audit else None
+                return Answer(answer_from_kv(tuple(kv), max_tokens), Transfer(count, local, local + count, 0, 1),
+                              kv_blocks=tuple(zeros) if zeros is not None else None)  # fmt: skip
             if count > 0:
                 loaded = [t for chunk in self.producer.read(ids) for t in chunk]
                 kv[local : local + count] = loaded[:count]
                 external, transfers = count, 1
+                full = (local + count) // bs - local // bs
+                received = [self.producer.kv.get(b) or kv_digest((0,) * bs) for b in ids[:full]]
             self.producer.notify(params["remote_request_id"])
         for end in range(bs, len(prompt) + 1, bs):
             self.cache.add(prompt[:end])
         transfer = Transfer(external, local, local + external, transfers, 0)
-        return Answer(answer_from_kv(tuple(kv), max_tokens), transfer, None, local + external)
+        blocks = tuple(received) if self.audit else None
+        return Answer(answer_from_kv(tuple(kv), max_tokens), transfer, None, local + external, kv_blocks=blocks)
 
 
 class FakePair:
     """A PairDriver over a fake producer and consumer; the reference is the fake model on the prompt itself."""
 
     def __init__(
-        self, block_size: int, producer: FakeProducer | None = None, pulls: bool = True, bad_ids: str = "refuse"
+        self,
+        block_size: int,
+        producer: FakeProducer | None = None,
+        pulls: bool = True,
+        bad_ids: str = "refuse",
+        audit: bool = False,
     ):
-        self.producer = producer or FakeProducer(block_size)
-        self.consumer = FakeConsumer(self.producer, block_size, pulls, bad_ids)
+        self.producer, self.block_size, self.audit = producer or FakeProducer(block_size), block_size, audit
+        self.consumer = FakeConsumer(self.producer, block_size, pulls, bad_ids, audit)
         self.sent: list[tuple[str, str]] = []
 
     def baseline(self, request_id: str, prompt: tuple[int, ...], max_tokens: int) -> Answer:
-        return Answer(answer_from_kv(prompt, max_tokens), None, None, 0)
+        blocks = reference_blocks(prompt, self.block_size) if self.audit else None
+        return Answer(answer_from_kv(prompt, max_tokens), None, None, 0, kv_blocks=blocks)
 
     def reset(self) -> None:
         self.consumer.cache.clear()
@@ -173,3 +198,14 @@ def foreign_blocks_pair(block_size: int) -> FakePair:
 def bad_ids_pair(bad_ids: str):
     """A transferring pair whose consumer meets blocks the producer never had as `bad_ids` says."""
     return lambda block_size: FakePair(block_size, bad_ids=bad_ids)
+
+
+def audited_pair(make=None, **kwargs):
+    """A fake pair with the consumer's KV audit on: the reference's blocks and the received ones as digests."""
+
+    def build(block_size: int) -> FakePair:
+        pair = make(block_size) if make is not None else FakePair(block_size, **kwargs)
+        pair.audit = pair.consumer.audit = True
+        return pair
+
+    return build

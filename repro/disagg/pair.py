@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from repro.disagg.cases import OUT_OF_RANGE_BASE, Case, Cases
+from repro.judge.pd_kvaudit import PdKvAudit, name_loaded_blocks
 from repro.judge.pd_verdict import ControlOutcome, PdVerdict, Transfer, decide_control, decide_pd_request
 
 
@@ -30,6 +31,9 @@ class Answer:
     error: str | None = None
     cached_tokens: int | None = None  # what the engine reported cached (the baseline must report 0)
     top_gaps: tuple[float | None, ...] | None = None  # the reference's top-1/top-2 logprob gap at each position
+    # with the KV audit: the reference's computed full blocks, or the consumer's received ones, as digests (one a
+    # block over every layer's K and V); None: not audited
+    kv_blocks: tuple[str | None, ...] | None = None
 
 
 class PairDriver(Protocol):
@@ -58,9 +62,11 @@ class Judged:
     verdict: PdVerdict
     control: ControlOutcome | None = None
     expected_external: int | None = None
+    kv: PdKvAudit | None = None  # with the KV audit: whose blocks the consumer loaded (repro.judge.pd_kvaudit)
 
     def as_dict(self) -> dict:
         a = self.answer
+        audit = {"kv_audit": self.kv.as_dict()} if self.kv is not None else {}
         return {
             "case": self.case,
             "trial": self.trial,
@@ -72,6 +78,7 @@ class Judged:
             "expected_external_tokens": self.expected_external,
             **self.verdict.as_dict(),
             "control": self.control.as_dict() if self.control else None,
+            **audit,
         }
 
 
@@ -138,7 +145,14 @@ def _run_case(
         if params is not None and reference == prompt:
             local = aligned_hit(p[prompt], p[case.other], cases.block_size) if case.kind == "partial" else 0
             expected = len(p[prompt]) - local
-        return Judged(case.name, trial, prompt, reference, got, pv, control, expected)
+        return Judged(case.name, trial, prompt, reference, got, pv, control, expected, _audit(prompt, got))
+
+    def _audit(prompt: str, got: Answer) -> PdKvAudit | None:
+        if got.kv_blocks is None:
+            return None
+        local = got.transfer.local_tokens if got.transfer and got.transfer.local_tokens else 0
+        ref = {n: b.kv_blocks for n, b in baselines.items() if b.kv_blocks is not None}
+        return name_loaded_blocks(prompt, got.kv_blocks, local // cases.block_size, ref)
 
     if case.kind == "partial":  # the consumer's own prefill of the warm prompt: its cache holds the shared blocks
         out.append(send("warm", case.other, None, None, False))
