@@ -57,7 +57,7 @@ machinery  repro.plan.arms repro.run.scheduler repro.run.runner repro.run.workdi
            repro.detection.plan
            repro.plan.run_plan repro.run.clock repro.run.launch repro.run.arm_runs repro.run.kvaudit repro.run.workspace
            repro.run.scenario_runs repro.run.entries repro.run.confirm repro.record.assemble repro.run.load_scenario
-           repro.disagg.pair repro.disagg.servers repro.disagg.report
+           repro.disagg.pair repro.disagg.servers repro.disagg.report repro.disagg.audit
 read       repro.readmodel repro.matrix.status repro.detection.blame repro.detection.matrix
            repro.detection.scenario_cells
 publish    repro.publish repro.matrix.page repro.detection.page repro.detection.scenario_page repro.disagg.page

@@ -3,6 +3,8 @@ digests of the blocks it received against the reference's, beside the token verd
 
 from __future__ import annotations
 
+import json
+
 from pd_fakes import FakePair, ForeignProducer, audited_pair, kv_digest, reference_blocks, transferring_pair
 from test_pd import GPU_CASES, OUT_OF_RANGE, report_of, small_cases
 
@@ -79,3 +81,74 @@ def test_naming_rules():
     assert name_loaded_blocks("a", None, 0, ref).verdict == UNAVAILABLE
     assert name_loaded_blocks("zzz", [ref["a"][0]], 0, ref).reason == "the reference recorded no blocks of zzz"
     assert name_loaded_blocks("a", [ref["a"][1]], 1, ref).verdict == EXACT  # after one block of its own hit
+
+
+def test_the_served_pair_audits_the_reference_and_the_consumer_only(tmp_path):
+    from repro.disagg import audit, servers
+    from repro.engine import kvaudit, kvaudit_hooks
+
+    assert (audit.AUDIT_MODULE, audit.WRAPPED, audit.OBSERVER, audit.OBSERVER_ROLE, audit.AUDIT_TARGET_ENV) == (
+        kvaudit.MODULE, kvaudit.WRAPPED, kvaudit.OBSERVER, kvaudit.OBSERVER_ROLE, kvaudit.AUDIT_TARGET_ENV)  # fmt: skip
+    assert audit.AUDIT_DIR_ENV == kvaudit_hooks.AUDIT_DIR_ENV
+    s = servers.ServeSettings("/py", "/m", 16, 2048, kv_audit_dir=str(tmp_path))
+
+    def ktc(argv):
+        return json.loads(argv[argv.index("--kv-transfer-config") + 1])
+
+    assert ktc(servers.serve_argv(s, 1, None, False)) == {
+        "kv_connector": "KVAuditObserver", "kv_connector_module_path": "repro.engine.kvaudit", "kv_role": "kv_producer"}  # fmt: skip
+    assert ktc(servers.serve_argv(s, 1, "kv_consumer", True)) == {
+        "kv_connector": "KVAuditWrapped", "kv_connector_module_path": "repro.engine.kvaudit", "kv_role": "kv_consumer"}  # fmt: skip
+    assert ktc(servers.serve_argv(s, 1, "kv_producer", False)) == {
+        "kv_connector": "NixlConnector",
+        "kv_role": "kv_producer",
+    }
+    pair = servers.NixlPair(s, tmp_path / "logs", {"PYTHONPATH": "/x"})
+    (tmp_path / "logs").mkdir()
+    consumer = pair._server("consumer", "kv_consumer", True, 1, 2)
+    reference = pair._server("reference", None, False, 3, None)
+    assert consumer.env["KVKIT_KV_AUDIT_TARGET"] == "NixlConnector" and "KVKIT_KV_AUDIT_TARGET" not in reference.env
+    assert consumer.env["KVKIT_KV_AUDIT_DIR"] == str(tmp_path / "consumer") and (tmp_path / "reference").is_dir()
+    assert reference.env["VLLM_KV_CACHE_LAYOUT"] == "HND" and reference.env["PYTHONPATH"].endswith(":/x")
+    producer = pair._server("producer", "kv_producer", False, 4, 5)
+    assert "KVKIT_KV_AUDIT_DIR" not in producer.env
+
+
+def _record(folder, seq, prompt, kind, blocks, local=0, layers=2, unavailable=None):
+    import torch
+
+    from repro.disagg import audit
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rec = {"seq": seq, "prompt_sha256": audit.prompt_sha256(prompt), "layers": [f"l{i}" for i in range(layers)],
+           f"{kind}_blocks": len(blocks), "local_tokens": local, "unavailable": unavailable}  # fmt: skip
+    (folder / f"{seq:06d}.json").write_text(json.dumps(rec))
+    for li in range(layers):
+        blob = torch.tensor([[[b * 10 + li, b], [li, -b]] for b in blocks], dtype=torch.float16)  # [n, 2, 2]
+        torch.save(blob, folder / f"{seq:06d}.{kind}.{li:03d}.pt")
+    return rec
+
+
+def test_block_digests_are_read_back_from_the_audits_records(tmp_path):
+    from repro.disagg import audit, servers
+    from repro.engine.kv_blocks import prompt_sha256
+
+    prompt = tuple(range(40, 88))
+    assert audit.prompt_sha256(prompt) == prompt_sha256(prompt)
+    _record(tmp_path / "reference", 0, prompt, "computed", [0, 1, 2])
+    _record(tmp_path / "consumer", 0, prompt, "reused", [7, 7, 7])  # an older request of the same prompt
+    _record(tmp_path / "consumer", 1, prompt, "reused", [0, 1, 2], local=16)  # its own first block, then two received
+    pair = servers.NixlPair(servers.ServeSettings("/py", "/m", 16, 2048, kv_audit_dir=str(tmp_path)), tmp_path, {})
+    ref = pair._audited("reference", prompt, "computed")
+    got = pair._audited("consumer", prompt, "reused")
+    assert len(ref) == 3 and got == ref[1:]  # the newest record; the received blocks only
+    assert name_loaded_blocks("p", got, 1, {"p": ref}).verdict == EXACT
+    assert pair._audited("consumer", (1, 2), "reused") is None  # no record of that prompt
+    _record(tmp_path / "torn", 0, prompt, "reused", [0, 1])
+    (tmp_path / "torn" / "000000.reused.001.pt").unlink()
+    rec = audit.newest_record(tmp_path / "torn", audit.prompt_sha256(prompt))
+    assert audit.block_digests(tmp_path / "torn", rec, "reused") is None
+    blind = _record(tmp_path / "blind", 0, prompt, "reused", [0], unavailable="no KV tensors were registered")
+    assert audit.block_digests(tmp_path / "blind", blind, "reused") is None
+    plain = servers.NixlPair(servers.ServeSettings("/py", "/m", 16, 2048), tmp_path, {})
+    assert plain._audited("consumer", prompt, "reused") is None  # the audit off
