@@ -152,3 +152,16 @@ def test_block_digests_are_read_back_from_the_audits_records(tmp_path):
     assert audit.block_digests(tmp_path / "blind", blind, "reused") is None
     plain = servers.NixlPair(servers.ServeSettings("/py", "/m", 16, 2048), tmp_path, {})
     assert plain._audited("consumer", prompt, "reused") is None  # the audit off
+
+
+def test_the_summary_and_the_page_say_whose_blocks_a_control_loaded():
+    from repro.disagg import report as pd_report
+    from repro.disagg.page import page_model
+
+    cases = load_cases(GPU_CASES)
+    run = run_cases(audited_pair()(cases.block_size), cases)
+    report = report_of(run, cases)
+    stale = next(line for line in pd_report.summary_lines(report) if "control stale-reference" in line)
+    assert stale.endswith("; KV FOREIGN: slots 0–11 hold probe-a's blocks 0–11 (the same positions)")
+    rows = [row for row in page_model(report).rows if row.case == "stale-reference" and row.reference == "probe-a"]
+    assert any("KV FOREIGN: slots 0–11 hold probe-a's" in row.why for row in rows)

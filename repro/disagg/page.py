@@ -14,7 +14,7 @@ from pathlib import Path, PurePosixPath
 
 from markupsafe import Markup
 
-from repro.disagg.report import KIND
+from repro.disagg.report import KIND, kv_text
 from repro.errors import UsageError
 from repro.publish.environment import GENERATOR, make_environment
 from repro.publish.headline import version_key
@@ -71,7 +71,7 @@ def page_model(report: dict) -> PdPage:
     rows = []
     for r in report.get("requests", []):
         t = r.get("transfer") or {}
-        why = "; ".join(r.get("reasons") or [])
+        why = "; ".join(r.get("reasons") or []) + kv_text(r)
         if r.get("control") is not None:
             held = "held" if r["control"].get("held") else "did not hold"
             why = f"control {held}: {r['control'].get('reason', '')}" + (f" ({why})" if why else "")
