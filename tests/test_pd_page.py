@@ -84,7 +84,8 @@ def test_the_committed_pd_reports_become_rows_as_they_ran(tmp_path):
     assert set(rows) == {"pd/h200-pd-smollm2-v026", "pd/h200-pd-tiny-v026"}
     for row in rows.values():
         assert [(v.arm, v.verdict) for v in row.verdicts] == [("NixlConnector P→D", "PASS")]
-        assert (row.vllm, row.hardware, row.acceptance) == ("0.26.0", "NVIDIA H200", "controls 3 of 6 held")
+        assert (row.vllm, row.hardware, row.acceptance) == ("0.26.0", "NVIDIA H200", "—")
+        assert row.headline.endswith(": PASS, controls 3 of 6 held")
         assert row.controls == (
             ("consumed-reference", "FAIL", "held 3 of 3"),
             ("stale-reference", "FAIL", "held 0 of 3"),
