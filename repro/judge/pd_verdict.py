@@ -13,9 +13,9 @@ the consumer counted a failed NIXL transfer (vllm:nixl_num_failed_transfers) or 
 reported the fault: ERROR, never FAIL, even when it also answered wrong with HTTP 200 (the reasons say so). A failed
 transfer recomputed into the right answer is "transfer not exercised", INCONCLUSIVE.
 
-A negative control (a consumed, stale or out-of-range reference handed to the consumer) is judged the same way; what the case
-declares it must not be (`expect`: the verdicts that show the stack caught or exposed it, `expect_answers_as`: whose
-answer a stale reference must be named as) is checked by decide_control.
+A negative control (a consumed, stale or out-of-range reference handed to the consumer) is judged the same way; what
+the case declares it must not be (`expect`: the verdicts that show the stack caught or exposed it, `expect_answers_as`:
+whose answer a stale reference must be named as) is checked by decide_control.
 """
 
 from __future__ import annotations
