@@ -137,7 +137,7 @@ class FakeConsumer:
                 kv[local : local + count] = [0] * count
                 zeros = [kv_digest((0,) * bs)] * ((local + count) // bs - local // bs) if self.audit else None
                 return Answer(answer_from_kv(tuple(kv), max_tokens), Transfer(count, local, local + count, 0, 1),
-                              kv_blocks=tuple(zeros) if zeros is not None else None)  # fmt: skip
+                              kv_blocks=tuple(zeros) if zeros is not None else None, kv_first_slot=local // bs)  # fmt: skip
             if count > 0:
                 loaded = [t for chunk in self.producer.read(ids) for t in chunk]
                 kv[local : local + count] = loaded[:count]
@@ -149,7 +149,8 @@ class FakeConsumer:
             self.cache.add(prompt[:end])
         transfer = Transfer(external, local, local + external, transfers, 0)
         blocks = tuple(received) if self.audit else None
-        return Answer(answer_from_kv(tuple(kv), max_tokens), transfer, None, local + external, kv_blocks=blocks)
+        return Answer(answer_from_kv(tuple(kv), max_tokens), transfer, None, local + external, kv_blocks=blocks,
+                      kv_first_slot=local // bs)  # fmt: skip
 
 
 class FakePair:

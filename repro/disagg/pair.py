@@ -34,6 +34,7 @@ class Answer:
     # with the KV audit: the reference's computed full blocks, or the consumer's received ones, as digests (one a
     # block over every layer's K and V); None: not audited
     kv_blocks: tuple[str | None, ...] | None = None
+    kv_first_slot: int = 0  # the consumer's: the block slot its first received block went to (its own hit before it)
 
 
 class PairDriver(Protocol):
@@ -150,9 +151,8 @@ def _run_case(
     def _audit(prompt: str, got: Answer) -> PdKvAudit | None:
         if got.kv_blocks is None:
             return None
-        local = got.transfer.local_tokens if got.transfer and got.transfer.local_tokens else 0
         ref = {n: b.kv_blocks for n, b in baselines.items() if b.kv_blocks is not None}
-        return name_loaded_blocks(prompt, got.kv_blocks, local // cases.block_size, ref)
+        return name_loaded_blocks(prompt, got.kv_blocks, got.kv_first_slot, ref)
 
     if case.kind == "partial":  # the consumer's own prefill of the warm prompt: its cache holds the shared blocks
         out.append(send("warm", case.other, None, None, False))

@@ -290,23 +290,24 @@ class NixlPair:
         response = json.loads(text)
         ids, cached = answer_of(response)
         error = None if ids is not None else "no token_ids in the response"
-        blocks = self._audited("reference", prompt, "computed")
+        blocks, _ = self._audited("reference", prompt, "computed")
         return Answer(ids, cached_tokens=cached, error=error, top_gaps=top_gaps_of(response), kv_blocks=blocks)
 
-    def _audited(self, name: str, prompt: tuple[int, ...], kind: str) -> tuple[str | None, ...] | None:
+    def _audited(self, name: str, prompt: tuple[int, ...], kind: str) -> tuple[tuple[str | None, ...] | None, int]:
         """With the KV audit: the digests of the blocks `name` recorded for this prompt's newest request (the
-        consumer's reused blocks from the first one it received on); None without the audit, () where it recorded
-        nothing (repro.judge.pd_kvaudit says so)."""
+        consumer's reused blocks from the first one it received on) and that first block's slot; None without the
+        audit or a record, () where it recorded no block (repro.judge.pd_kvaudit says so)."""
         if self.s.kv_audit_dir is None:
-            return None
+            return None, 0
         folder = Path(self.s.kv_audit_dir) / name
         record = audit.newest_record(folder, audit.prompt_sha256(prompt))
         if record is None:
-            return None
+            return None, 0
         blocks = audit.block_digests(folder, record, kind)
         if blocks is None or kind == "computed":
-            return blocks
-        return blocks[int(record.get("local_tokens") or 0) // self.s.block_size :]
+            return blocks, 0
+        first = int(record.get("local_tokens") or 0) // self.s.block_size
+        return blocks[first:], first
 
     def reset(self) -> None:
         """Empty the consumer's prefix cache (the producer and the reference run without one). vLLM refuses while
@@ -339,9 +340,9 @@ class NixlPair:
         if error is not None:
             return Answer(None, transfer_of(before, after, None), error)
         ids, cached = answer_of(response)
-        blocks = self._audited("consumer", prompt, "reused")
+        blocks, first = self._audited("consumer", prompt, "reused")
         return Answer(ids, transfer_of(before, after, cached), None if ids is not None else "no token_ids",
-                      kv_blocks=blocks)  # fmt: skip
+                      kv_blocks=blocks, kv_first_slot=first)  # fmt: skip
 
     def facts(self) -> dict:
         return {
