@@ -165,3 +165,20 @@ def test_the_summary_and_the_page_say_whose_blocks_a_control_loaded():
     assert stale.endswith("; KV FOREIGN: slots 0–11 hold probe-a's blocks 0–11 (the same positions)")
     rows = [row for row in page_model(report).rows if row.case == "stale-reference" and row.reference == "probe-a"]
     assert any("KV FOREIGN: slots 0–11 hold probe-a's" in row.why for row in rows)
+
+
+def test_a_digest_is_the_blocks_bytes_as_torch_saved_them(tmp_path):
+    import hashlib
+
+    import torch
+
+    from repro.disagg import audit
+
+    blob = torch.arange(24, dtype=torch.float16).reshape(3, 2, 4)
+    torch.save(blob, tmp_path / "000000.reused.000.pt")
+    rec = {"seq": 0, "layers": ["l0"], "reused_blocks": 3}
+    got = audit.block_digests(tmp_path, rec, "reused")
+    assert got == tuple(hashlib.sha256(blob[b].numpy().tobytes()).hexdigest()[:32] for b in range(3))
+    assert audit.block_digests(tmp_path, {**rec, "reused_blocks": 5}, "reused") is None  # 48 bytes are not 5 blocks
+    (tmp_path / "000001.reused.000.pt").write_bytes(b"not a zip")
+    assert audit.block_digests(tmp_path, {**rec, "seq": 1}, "reused") is None

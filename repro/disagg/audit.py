@@ -14,8 +14,8 @@ Built on the verifier's audit (repro.engine.kvaudit, docs/kv-audit.md), unchange
 Each server writes to a folder of its own under the audit folder. The pair sends one request at a time
 (--max-num-seqs 1), so the newest record of a prompt (its prompt_sha256) after a request is that request's.
 
-A block's digest is the SHA-256 of its bytes in every layer, K then V (the files' [blocks, 2, elements] rows), so
-two digests are equal only where the KV is bit for bit; repro.judge.pd_kvaudit names the received blocks by them.
+A block's digest is the SHA-256 of its bytes in every layer, K then V (the files' [blocks, 2, elements] rows, read
+from the saved tensor's storage without torch), so two digests are equal only where the KV is bit for bit; repro.judge.pd_kvaudit names the received blocks by them.
 Not run on a GPU yet: NIXL needs one (tests/gpu/h200_conditions.sh pd-audit is the step).
 """
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import zipfile
 from pathlib import Path
 
 from repro.paths import KIT_ROOT
@@ -74,27 +75,33 @@ def newest_record(folder: Path, prompt_sha256: str, after: int = -1) -> dict | N
     return best
 
 
+def _storage_bytes(path: Path) -> bytes | None:
+    """The one storage of a tensor torch.save wrote (a zip whose `<name>/data/0` holds its bytes in order: the audit
+    saves a contiguous CPU copy, repro.engine.kv_blocks.split_planes), read without torch (the kit's process may
+    not have it); None when the file is not one such."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            data = [n for n in zf.namelist() if n.split("/")[-2:-1] == ["data"]]
+            return zf.read(data[0]) if len(data) == 1 else None
+    except (OSError, zipfile.BadZipFile, KeyError):
+        return None
+
+
 def block_digests(folder: Path, record: dict, kind: str) -> tuple[str | None, ...] | None:
-    """Each full block's digest over every layer (K then V) from `<seq>.<kind>.<layer>.pt`; None where the record
-    says the audit could not read the request, or a layer's file is missing or unreadable."""
+    """Each full block's digest over every layer (K then V: a block's [2, elements] bytes) from
+    `<seq>.<kind>.<layer>.pt`; None where the record says the audit could not read the request, or a layer's file
+    is missing, torn or not the record's number of blocks."""
     if record.get("unavailable"):
         return None
     count = int(record.get(f"{kind}_blocks") or 0)
     if count == 0:
         return ()
-    try:
-        import torch  # the engine interpreter's; the kit's own may lack it
-    except ImportError:
-        return None
     hashes = [hashlib.sha256() for _ in range(count)]
     for li in range(len(record.get("layers") or [])):
-        path = folder / f"{int(record['seq']):06d}.{kind}.{li:03d}.pt"
-        try:
-            blob = torch.load(path, map_location="cpu")
-        except Exception:  # noqa: BLE001 - a missing or torn file: not audited
+        raw = _storage_bytes(folder / f"{int(record['seq']):06d}.{kind}.{li:03d}.pt")
+        if raw is None or len(raw) % count:
             return None
-        if blob.shape[0] != count:
-            return None
+        size = len(raw) // count
         for b in range(count):
-            hashes[b].update(blob[b].contiguous().view(torch.uint8).numpy().tobytes())
+            hashes[b].update(raw[b * size : (b + 1) * size])
     return tuple(h.hexdigest()[:32] for h in hashes)
