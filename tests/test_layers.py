@@ -49,7 +49,7 @@ core       repro.judge.verdict repro.judge.wording repro.judge.trials repro.plan
            repro.record.acceptance repro.record.exit_rule repro.judge.kv_grid repro.record.compact
            repro.plan.scenarios repro.record.publish repro.judge.members repro.plan.adapters repro.judge.adapters
            repro.plan.load repro.plan.prompt_logprobs repro.judge.prompt_logprobs repro.plan.endpoint repro.plan.images
-           repro.judge.pd_verdict repro.disagg repro.disagg.cases
+           repro.judge.pd_verdict repro.judge.pd_kvaudit repro.disagg repro.disagg.cases
 engine     repro.engine
 options    repro.plan.options
 machinery  repro.plan.arms repro.run.scheduler repro.run.runner repro.run.workdir repro.lmcache.ops repro.lmcache.mp
@@ -57,7 +57,7 @@ machinery  repro.plan.arms repro.run.scheduler repro.run.runner repro.run.workdi
            repro.detection.plan
            repro.plan.run_plan repro.run.clock repro.run.launch repro.run.arm_runs repro.run.kvaudit repro.run.workspace
            repro.run.scenario_runs repro.run.entries repro.run.confirm repro.record.assemble repro.run.load_scenario
-           repro.disagg.pair repro.disagg.servers repro.disagg.report
+           repro.disagg.pair repro.disagg.servers repro.disagg.report repro.disagg.audit
 read       repro.readmodel repro.matrix.status repro.detection.blame repro.detection.matrix
            repro.detection.scenario_cells
 publish    repro.publish repro.matrix.page repro.detection.page repro.detection.scenario_page repro.disagg.page

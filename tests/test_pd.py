@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from pd_fakes import answer_from_kv, foreign_blocks_pair, re_prefill_pair, transferring_pair
+from pd_fakes import answer_from_kv, bad_ids_pair, foreign_blocks_pair, re_prefill_pair, transferring_pair
 
 from repro.disagg import report as pd_report
 from repro.disagg import servers
 from repro.disagg.cases import load_cases, parse_cases
-from repro.disagg.pair import controls, probe_requests, run_cases
+from repro.disagg.pair import controls, out_of_range, probe_requests, run_cases
 from repro.errors import UsageError
 from repro.judge.pd_verdict import NOT_EXERCISED, Transfer, decide_control, decide_pd_arm, decide_pd_request
 from repro.judge.verdict import ERROR, FAIL, INCONCLUSIVE, PASS
@@ -54,7 +54,7 @@ def test_a_pair_that_transfers_passes_every_probe_and_both_controls_hold():
     cases = load_cases(GPU_CASES)
     run = run_cases(transferring_pair(cases.block_size), cases, trials=3)
     probes = probe_requests(run)
-    assert len(probes) == 3 * 7  # per trial: four probe cases, and the controls' three requests with fresh references
+    assert len(probes) == 3 * 8  # per trial: four probe cases, and the controls' four requests with fresh references
     assert {j.verdict.verdict for j in probes} == {PASS}
     assert all(j.answer.transfer.external_tokens == j.expected_external > 0 for j in probes)
     partial = [j for j in probes if j.case == "partial-hit"]
@@ -62,13 +62,16 @@ def test_a_pair_that_transfers_passes_every_probe_and_both_controls_hold():
     short = [j for j in probes if j.case == "short-prompt"]
     assert [j.answer.transfer.external_tokens for j in short] == [10] * 3
     by_case = {(j.case, j.trial): j for j in controls(run)}
-    assert all(j.control.held for j in by_case.values()) and len(by_case) == 6
+    assert all(j.control.held for j in by_case.values()) and len(by_case) == 9
     stale = by_case[("stale-reference", 1)]
     assert (stale.verdict.verdict, stale.verdict.answers_as, stale.reference) == (FAIL, "probe-a", "probe-a")
     assert "answers as probe-a" in " ".join(stale.verdict.reasons)
     assert by_case[("consumed-reference", 2)].verdict.answers_as == "probe-c"  # the producer reused the blocks
+    oor = by_case[("out-of-range-reference", 1)]  # the fake refuses as the kit predicts of vLLM 0.26.0
+    assert (oor.verdict.verdict, oor.control.predicted) == (ERROR, True)
+    assert oor.control.reason == "ERROR, as expected; predicted ERROR: as predicted"
     report = report_of(run, cases)
-    assert (report["verdict"], report["controls"]) == (PASS, {"run": 6, "held": 6})
+    assert (report["verdict"], report["controls"]) == (PASS, {"run": 9, "held": 9})
 
 
 def test_a_consumer_that_re_prefills_is_transfer_not_exercised_never_pass():
@@ -79,8 +82,8 @@ def test_a_consumer_that_re_prefills_is_transfer_not_exercised_never_pass():
     assert all(j.answer.token_ids == run.baselines[j.prompt].token_ids for j in probes)  # right answers, no transfer
     assert all(j.verdict.reasons[0].startswith(NOT_EXERCISED) for j in probes)
     report = report_of(run, cases)
-    assert report["verdict"] == INCONCLUSIVE and report["counts"] == {INCONCLUSIVE: 7}
-    assert report["controls"] == {"run": 2, "held": 0}  # a stale reference it never pulled shows nothing
+    assert report["verdict"] == INCONCLUSIVE and report["counts"] == {INCONCLUSIVE: 8}
+    assert report["controls"] == {"run": 3, "held": 0}  # a stale reference it never pulled shows nothing
 
 
 def test_a_producer_that_hands_over_another_requests_blocks_fails_naming_that_request():
@@ -160,6 +163,43 @@ def test_a_control_holds_only_as_its_case_says():
     assert decide_pd_arm([PASS, INCONCLUSIVE, FAIL], [])[0] == FAIL
 
 
+OUT_OF_RANGE = {"name": "oor", "kind": "out-of-range", "prompt": "a", "expect": ["FAIL", "ERROR"], "predict": "ERROR"}
+
+
+@pytest.mark.parametrize(
+    ("bad_ids", "verdict", "held", "predicted", "said"),
+    [
+        ("refuse", ERROR, True, True, "the pair gave no answer: consumer answered HTTP 500"),
+        ("reported", ERROR, True, True, "reported, not silent: the consumer counted 1 failed NIXL transfer(s)"),
+        ("silent", FAIL, True, False, "differs from the baseline @0 (24 external tokens loaded"),
+        ("recompute", INCONCLUSIVE, False, False, f"{NOT_EXERCISED}: the consumer loaded no external tokens"),
+    ],
+)
+def test_the_out_of_range_reference_is_judged_by_what_the_stack_reported(bad_ids, verdict, held, predicted, said):
+    """vLLM #52234's out-of-range block IDs: a refusal or a counted failed transfer is the stack reporting the fault
+    (ERROR, what the kit predicts); HTTP 200 with a wrong answer and no failure counted is silent corruption (FAIL);
+    a recomputed right answer shows nothing (INCONCLUSIVE, the control does not hold)."""
+    cases = small_cases([OUT_OF_RANGE])
+    pair = bad_ids_pair(bad_ids)(cases.block_size)
+    run = run_cases(pair, cases)
+    (oor,) = controls(run)
+    assert oor.prompt == oor.reference == "a" and ("decode", "oor-t1-out-of-range") in pair.sent
+    assert {j.verdict.verdict for j in probe_requests(run)} == {PASS}  # the real reference before it passes
+    assert (oor.verdict.verdict, oor.control.held, oor.control.predicted) == (verdict, held, predicted)
+    assert oor.verdict.reasons[0].startswith(said) or said in oor.verdict.reasons
+    assert ("as predicted" if predicted else "not as predicted") in oor.control.reason
+    assert report_of(run, cases)["verdict"] == PASS  # a control never changes the arm's verdict
+
+
+def test_out_of_range_moves_every_remote_block_id_past_any_pool():
+    params = {"remote_block_ids": [[1, 2], [7]], "remote_request_id": "r"}
+    moved = out_of_range(params)
+    assert moved == {"remote_block_ids": [[2**30 + 1, 2**30 + 2], [2**30 + 7]], "remote_request_id": "r"}
+    assert params["remote_block_ids"] == [[1, 2], [7]] and out_of_range({"remote_block_ids": [3]})[
+        "remote_block_ids"
+    ] == [2**30 + 3]
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -183,6 +223,14 @@ def test_a_control_holds_only_as_its_case_says():
             "needs at least one probe",
         ),
         ({"cases": [{"name": "x", "kind": "plain", "prompt": "probe-a", "expect": ["FAIL"]}]}, "only a control"),
+        (
+            {
+                "cases": [
+                    {"name": "x", "kind": "out-of-range", "prompt": "probe-a", "expect": ["FAIL"], "predict": "ERROR"}
+                ]
+            },
+            "cases[0].predict: must be one of the case's expect verdicts",
+        ),
         ({"prompts": [{"name": "a", "seed": 1, "length": 0}]}, "prompts[0].length: must be an integer >= 1"),
         (
             {"prompts": [{"name": "a", "seed": 1, "length": 8, "prefix": {"of": "a", "length": 4}}]},
@@ -270,11 +318,11 @@ def test_the_report_is_versioned_written_atomically_and_names_nixl(tmp_path):
     assert (back["kind"], back["schema_version"], back["verdict"]) == ("kvkit-pd-report", 1, PASS)
     assert back["provenance"]["nixl"] == "1.2.0" and back["provenance"]["packages"]["nixl-cu12"].startswith("unav")
     assert back["provenance"]["env"] == {"HF_TOKEN": "<redacted>", "VLLM_KV_CACHE_LAYOUT": "HND"}
-    assert back["cases"]["sha256"] == cases.sha256 and len(back["requests"]) == len(run.judged) == 10
+    assert back["cases"]["sha256"] == cases.sha256 and len(back["requests"]) == len(run.judged) == 12
     stale = next(r for r in back["requests"] if r["case"] == "stale-reference" and r["control"])
     assert stale["answers_as"] == "probe-a" and stale["transfer"]["external_tokens"] == 200
     assert sorted(back["baselines"]) == sorted(cases.prompts)
-    assert pd_report.summary_lines(back)[0].startswith("P→D (NixlConnector): PASS (probe requests: PASS 7;")
+    assert pd_report.summary_lines(back)[0].startswith("P→D (NixlConnector): PASS (probe requests: PASS 8;")
     assert [p.name for p in tmp_path.iterdir()] == ["pd.json"]  # no temp file left
 
 
@@ -437,7 +485,7 @@ def _command_with(monkeypatch, tmp_path, pair, *extra):
 
 def test_the_command_writes_the_report_and_exits_0_only_for_a_pass_with_every_control_held(monkeypatch, tmp_path):
     code, report = _command_with(monkeypatch, tmp_path, transferring_pair(16))
-    assert code == 0 and report["verdict"] == PASS and report["controls"] == {"run": 2, "held": 2}
+    assert code == 0 and report["verdict"] == PASS and report["controls"] == {"run": 3, "held": 3}
     assert report["provenance"]["nixl"] == "1.2.0" and report["pair"] == {"ports": {"consumer_http": 1}}
     assert report["settings"]["trials"] == 1 and (tmp_path / "pd.json.logs").is_dir()
     code, report = _command_with(monkeypatch, tmp_path, re_prefill_pair(16))

@@ -10,6 +10,7 @@ from pd_fakes import foreign_blocks_pair, transferring_pair
 from repro.disagg import report as pd_report
 from repro.disagg.cases import load_cases
 from repro.disagg.pair import run_cases
+from repro.publish.catalog import render_catalog
 from repro.publish.site import render_site
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,4 +47,47 @@ def test_the_site_renders_a_pd_report_with_its_transfers_controls_and_writeup(tm
     assert bad["verdict"] == "FAIL" and "v-FAIL" in foreign and "answers as" in foreign
     index = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
     assert 'href="pd/good.html"' in index and 'href="pd/foreign.html"' in index
-    assert "controls 2 of 2 held" in index  # one trial: the consumed and the stale reference
+    assert "controls 3 of 3 held" in index  # one trial: the consumed, the stale and the out-of-range reference
+
+
+def test_a_pd_report_is_a_row_of_the_index_table_with_its_stack_model_verdict_and_controls(tmp_path):
+    reports = tmp_path / "reports"
+    _write(reports / "pd", "good", transferring_pair)
+    _write(reports / "pd", "foreign", foreign_blocks_pair)
+    render_site(reports, tmp_path / "site")
+    index = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+    table = index.split('<table id="reports"', 1)[1].split("</table>", 1)[0]
+    rows = table.split("<tr><td")[1:]
+    good = next(r for r in rows if 'href="pd/good.html"' in r)
+    assert "P→D (NixlConnector, NIXL 1.2.0) on kvkit-tiny: PASS, controls 3 of 3 held" in good
+    assert "NixlConnector P→D&nbsp;" in good and "v-PASS" in good and 'vLLM <span class="mono">0.26.0' in good
+    assert "NIXL 1.2.0" in good and "model kvkit-tiny" in good and "NVIDIA H200" in good
+    assert "negative controls:" in good and "out-of-range-reference&nbsp;" in good and "(held 1 of 1)" in good
+    assert "secret-folder" not in good
+    foreign = next(r for r in rows if 'href="pd/foreign.html"' in r)
+    assert "on kvkit-tiny: FAIL" in foreign
+    more = index.split('id="more-reports"', 1)[1] if 'id="more-reports"' in index else ""
+    assert "pd/good.html" not in more  # a row of the table, not a line under More reports
+
+
+def test_the_committed_pd_reports_become_rows_as_they_ran(tmp_path):
+    """reports/pd/*.json as the index shows them: the arm's verdict and every control case as it came out (the
+    stale reference's 3 of 3 not held on both models, as the writeups say)."""
+    reports = tmp_path / "reports"
+    (reports / "pd").mkdir(parents=True)
+    committed = sorted((ROOT / "reports" / "pd").glob("*.json"))
+    assert [p.name for p in committed] == ["h200-pd-smollm2-v026.json", "h200-pd-tiny-v026.json"]
+    for p in committed:
+        (reports / "pd" / p.name).write_bytes(p.read_bytes())
+    entries = [e for e in render_catalog(reports, tmp_path / "site", lambda path, data: None, lambda s, d: [])]
+    rows = {e.row.stem: e.row for e in entries if e.row is not None}
+    assert set(rows) == {"pd/h200-pd-smollm2-v026", "pd/h200-pd-tiny-v026"}
+    for row in rows.values():
+        assert [(v.arm, v.verdict) for v in row.verdicts] == [("NixlConnector P→D", "PASS")]
+        assert (row.vllm, row.hardware, row.acceptance) == ("0.26.0", "NVIDIA H200", "—")
+        assert row.headline.endswith(": PASS, controls 3 of 6 held")
+        assert row.controls == (
+            ("consumed-reference", "FAIL", "held 3 of 3"),
+            ("stale-reference", "FAIL", "held 0 of 3"),
+        )
+    assert "model kvkit-tiny-qwen3-seed6" in rows["pd/h200-pd-tiny-v026"].stack_note

@@ -16,8 +16,12 @@ the requests are token-ID prompts), prompts and cases.
            stale     a negative control: "previous" through the pair, then this prompt handed to the consumer
                      with the previous request's (consumed) reference: the producer freed those blocks and they
                      hold the previous prompt's KV until reused (vLLM #52234: "the previous prompt's answer").
+           out-of-range  a negative control (vLLM #52234's first row): as plain, then the same reference handed to
+                     the consumer again with every remote_block_id moved past any pool (OUT_OF_RANGE_BASE + id).
            A control has "expect": the verdicts that show the fault was caught or seen (["FAIL", "ERROR"]), and
-           may have "expect_answers_as": the request whose answer a FAIL must be named as.
+           may have "expect_answers_as": the request whose answer a FAIL must be named as, and "predict": the one
+           verdict the case predicts, written before any run (reported as predicted or not; it never changes
+           whether the control held).
 """
 
 from __future__ import annotations
@@ -33,11 +37,12 @@ from repro.judge.verdict import VERDICTS
 
 KIND = "kvkit-pd-cases"
 SCHEMA_VERSION = 1
-CASE_KINDS = ("plain", "partial", "consumed", "stale")
-CONTROL_KINDS = ("consumed", "stale")
+CASE_KINDS = ("plain", "partial", "consumed", "stale", "out-of-range")
+CONTROL_KINDS = ("consumed", "stale", "out-of-range")
+OUT_OF_RANGE_BASE = 2**30  # past any producer's block pool on one GPU, and its NIXL descriptor IDs inside int32
 _TOP = ("kind", "schema_version", "name", "description", "block_size", "max_tokens", "vocab", "prompts", "cases")
 _PROMPT_KEYS = ("name", "seed", "length", "prefix")
-_CASE_KEYS = ("name", "kind", "prompt", "warm", "between", "previous", "expect", "expect_answers_as")
+_CASE_KEYS = ("name", "kind", "prompt", "warm", "between", "previous", "expect", "expect_answers_as", "predict")
 _NEEDS = {"partial": "warm", "consumed": "between", "stale": "previous"}
 
 
@@ -49,6 +54,7 @@ class Case:
     other: str | None = None  # warm (partial), between (consumed) or previous (stale)
     expect: tuple[str, ...] = ()
     expect_answers_as: str | None = None
+    predict: str | None = None
 
     @property
     def control(self) -> bool:
@@ -139,12 +145,15 @@ def parse_case(raw: object, where: str, prompts: dict, seen: set[str]) -> Case:
     if kind in CONTROL_KINDS:
         if not isinstance(expect, list) or not expect or any(v not in VERDICTS for v in expect):
             raise UsageError(f"{where}.expect: a control needs a non-empty list of verdicts ({', '.join(VERDICTS)})")
-    elif "expect" in obj or "expect_answers_as" in obj:
-        raise UsageError(f"{where}: only a control (consumed, stale) takes expect")
+    elif any(k in obj for k in ("expect", "expect_answers_as", "predict")):
+        raise UsageError(f"{where}: only a control ({', '.join(CONTROL_KINDS)}) takes expect")
+    predict = obj.get("predict")
+    if predict is not None and predict not in expect:
+        raise UsageError(f"{where}.predict: must be one of the case's expect verdicts, not {predict!r}")
     answers_as = obj.get("expect_answers_as")
     if answers_as is not None and answers_as not in prompts:
         raise UsageError(f"{where}.expect_answers_as: {answers_as!r} is not a prompt of the file")
-    return Case(name, kind, prompt, other, tuple(expect), answers_as)
+    return Case(name, kind, prompt, other, tuple(expect), answers_as, predict)
 
 
 def parse_cases(data: object, path: str = "", digest: str = "") -> Cases:

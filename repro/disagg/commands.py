@@ -36,6 +36,8 @@ def parser() -> ArgumentParser:
     p.add_argument("--dtype", default="float16")
     p.add_argument("--start-timeout", type=float, default=600.0, help="seconds for each server to become ready")
     p.add_argument("--logs", help="the servers' logs (default: REPORT.logs/)")
+    p.add_argument("--kv-audit", metavar="DIR", help="audit the consumer's received KV against the reference's "
+                   "(repro.disagg.audit; records in DIR, KV tensors included: not yet run on a GPU)")  # fmt: skip
     return p
 
 
@@ -67,7 +69,8 @@ def pd(argv: list[str]) -> int:
     logs = Path(args.logs or f"{args.report}.logs")
     logs.mkdir(parents=True, exist_ok=True)
     settings = ServeSettings(args.python, args.model, cases.block_size, args.max_model_len,
-                             args.gpu_memory_utilization, args.dtype, start_timeout_s=args.start_timeout)  # fmt: skip
+                             args.gpu_memory_utilization, args.dtype, start_timeout_s=args.start_timeout,
+                             kv_audit_dir=args.kv_audit)  # fmt: skip
     pair = NixlPair(settings, logs, dict(os.environ))
     run, failure = Run(), None
     try:
@@ -79,6 +82,8 @@ def pd(argv: list[str]) -> int:
     recorded = {"trials": args.trials, "block_size": cases.block_size, "max_tokens": cases.max_tokens,
                 "max_model_len": args.max_model_len, "gpu_memory_utilization": args.gpu_memory_utilization,
                 "dtype": args.dtype, "model": args.model}  # fmt: skip
+    if args.kv_audit:
+        recorded["kv_audit"] = True
     prov = pd_report.provenance(argv, dict(os.environ), started, engine)
     report = pd_report.build_report(run, cases, recorded, pair.facts(), prov)
     if failure is not None:

@@ -1,6 +1,10 @@
 """The P→D report's page on the site (`python -m repro site` finds a `kvkit-pd-report` one folder down,
 repro.publish.catalog): the arm's verdict, the stack it ran on, every request with what the consumer loaded, the
-negative controls, and the writeup beside the report. No machine path is shown: the model is its folder's name."""
+negative controls, and the writeup beside the report. No machine path is shown: the model is its folder's name.
+
+index_row makes the report a row of the site index's table, beside the verifier's reports (repro.publish.site_index):
+its stack (vLLM, NIXL, torch, the GPU), its model, the arm's verdict and each negative control by case: its verdicts
+over the trials and how many held."""
 
 from __future__ import annotations
 
@@ -10,9 +14,11 @@ from pathlib import Path, PurePosixPath
 
 from markupsafe import Markup
 
-from repro.disagg.report import KIND
+from repro.disagg.report import KIND, kv_text
 from repro.errors import UsageError
 from repro.publish.environment import GENERATOR, make_environment
+from repro.publish.headline import version_key
+from repro.publish.site_index import IndexRow, IndexVerdict
 from repro.publish.writeup import render_writeup
 
 TEMPLATE = "pd.html.j2"
@@ -65,7 +71,7 @@ def page_model(report: dict) -> PdPage:
     rows = []
     for r in report.get("requests", []):
         t = r.get("transfer") or {}
-        why = "; ".join(r.get("reasons") or [])
+        why = "; ".join(r.get("reasons") or []) + kv_text(r)
         if r.get("control") is not None:
             held = "held" if r["control"].get("held") else "did not hold"
             why = f"control {held}: {r['control'].get('reason', '')}" + (f" ({why})" if why else "")
@@ -85,6 +91,46 @@ def page_model(report: dict) -> PdPage:
         commit=str((prov.get("kit") or {}).get("commit", ""))[:12],
         settings=", ".join(f"{k} {v}" for k, v in sorted(s.items()) if k != "model") + f", model {model}",
         rows=tuple(rows),
+    )
+
+
+ARM = "NixlConnector P→D"
+
+
+def control_tally(report: dict) -> tuple[tuple[str, str, str], ...]:
+    """Each negative control case in its first order: (case, its verdicts over the trials, "held n of m")."""
+    by_case: dict[str, list[dict]] = {}
+    for r in report.get("requests", []):
+        if r.get("control") is not None:
+            by_case.setdefault(r.get("case", ""), []).append(r)
+    out = []
+    for case, rs in by_case.items():
+        verdicts = sorted({str(r.get("verdict", "")) for r in rs})
+        held = sum(1 for r in rs if r["control"].get("held"))
+        out.append((case, "/".join(verdicts), f"held {held} of {len(rs)}"))
+    return tuple(out)
+
+
+def index_row(report: dict, *, stem: str, href: str) -> IndexRow:
+    """The report as a row of the site index's table (the verifier's reports' table): one arm, its controls."""
+    m, prov = page_model(report), report.get("provenance") or {}
+    pkgs = prov.get("packages") or {}
+    model = PurePosixPath(str((report.get("settings") or {}).get("model", "?"))).name
+    vllm, nixl = str(pkgs.get("vllm", "—")), str(pkgs.get("nixl", "—"))
+    return IndexRow(
+        href=href,
+        stem=stem,
+        hardware=", ".join((prov.get("hardware") or {}).get("gpus") or []) or "—",
+        date=m.started[:10],
+        commit=m.commit[:7],
+        vllm=vllm,
+        lmcache="none",
+        verdicts=(IndexVerdict(ARM, m.verdict),),
+        acceptance="—",  # no fixture expectations: the negative controls are listed under the verdict
+        headline=f"P→D (NixlConnector, NIXL {nixl}) on {model}: {m.verdict}, controls {m.controls}",
+        stack=(version_key(vllm), version_key(""), m.started),
+        controls=control_tally(report),
+        stack_note=f"NIXL {nixl} · torch {pkgs.get('torch', '—')} · model {model}",
     )
 
 

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from repro.disagg.cases import Case, Cases
+from repro.disagg.cases import OUT_OF_RANGE_BASE, Case, Cases
+from repro.judge.pd_kvaudit import PdKvAudit, name_loaded_blocks
 from repro.judge.pd_verdict import ControlOutcome, PdVerdict, Transfer, decide_control, decide_pd_request
 
 
@@ -30,6 +31,10 @@ class Answer:
     error: str | None = None
     cached_tokens: int | None = None  # what the engine reported cached (the baseline must report 0)
     top_gaps: tuple[float | None, ...] | None = None  # the reference's top-1/top-2 logprob gap at each position
+    # with the KV audit: the reference's computed full blocks, or the consumer's received ones, as digests (one a
+    # block over every layer's K and V); None: not audited
+    kv_blocks: tuple[str | None, ...] | None = None
+    kv_first_slot: int = 0  # the consumer's: the block slot its first received block went to (its own hit before it)
 
 
 class PairDriver(Protocol):
@@ -58,9 +63,11 @@ class Judged:
     verdict: PdVerdict
     control: ControlOutcome | None = None
     expected_external: int | None = None
+    kv: PdKvAudit | None = None  # with the KV audit: whose blocks the consumer loaded (repro.judge.pd_kvaudit)
 
     def as_dict(self) -> dict:
         a = self.answer
+        audit = {"kv_audit": self.kv.as_dict()} if self.kv is not None else {}
         return {
             "case": self.case,
             "trial": self.trial,
@@ -72,6 +79,7 @@ class Judged:
             "expected_external_tokens": self.expected_external,
             **self.verdict.as_dict(),
             "control": self.control.as_dict() if self.control else None,
+            **audit,
         }
 
 
@@ -133,12 +141,18 @@ def _run_case(
                                base.cached_tokens if base.error is None else None, base.top_gaps)  # fmt: skip
         if base.error is not None:
             pv = decide_pd_request(prompt, (), None, None, answers, f"the baseline failed: {base.error}")
-        control = decide_control(pv, case.expect, case.expect_answers_as) if judged_as_control else None
+        control = decide_control(pv, case.expect, case.expect_answers_as, case.predict) if judged_as_control else None
         expected = None
         if params is not None and reference == prompt:
             local = aligned_hit(p[prompt], p[case.other], cases.block_size) if case.kind == "partial" else 0
             expected = len(p[prompt]) - local
-        return Judged(case.name, trial, prompt, reference, got, pv, control, expected)
+        return Judged(case.name, trial, prompt, reference, got, pv, control, expected, _audit(prompt, got))
+
+    def _audit(prompt: str, got: Answer) -> PdKvAudit | None:
+        if got.kv_blocks is None:
+            return None
+        ref = {n: b.kv_blocks for n, b in baselines.items() if b.kv_blocks is not None}
+        return name_loaded_blocks(prompt, got.kv_blocks, got.kv_first_slot, ref)
 
     if case.kind == "partial":  # the consumer's own prefill of the warm prompt: its cache holds the shared blocks
         out.append(send("warm", case.other, None, None, False))
@@ -155,6 +169,17 @@ def _run_case(
         out.append(send("between", case.other, between, case.other, False))
         driver.reset()  # else the consumer's own cache holds this prompt from its first decode and pulls one block
         out.append(send("consumed", case.prompt, params, case.prompt, True))
+    if case.kind == "out-of-range":
+        driver.reset()  # else the consumer's own cache holds this prompt from its first decode
+        out.append(send("out-of-range", case.prompt, out_of_range(params), case.prompt, True))
+
+
+def out_of_range(params: dict) -> dict:
+    """The same kv_transfer_params with every remote block ID moved past any producer's pool (vLLM #52234's
+    "out-of-range remote_block_ids"); remote_block_ids is a list per KV cache group (or one flat list)."""
+    ids = params.get("remote_block_ids") or []
+    moved = [[OUT_OF_RANGE_BASE + b for b in g] if isinstance(g, list) else OUT_OF_RANGE_BASE + g for g in ids]
+    return {**params, "remote_block_ids": moved}
 
 
 def probe_requests(run: Run) -> list[Judged]:

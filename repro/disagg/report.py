@@ -4,6 +4,8 @@ schema_version 1: first version. Top level: kind, schema_version, tool_version, 
 SHA-256), settings, verdict (the arm's: the worst of its probe requests'), reasons, counts, controls, requests (each
 judged request in the order sent), baselines (each prompt's cache-off answer), pair (ports, argv, logs) and
 provenance (the kit's commit, argv, UTC times, hardware, the engine interpreter's vLLM, torch and NIXL versions).
+With --kv-audit, settings.kv_audit is true and each request has kv_audit (repro.judge.pd_kvaudit: its KV verdict,
+reason, each received slot's source and the shape sentence); a control's may carry "predicted" (its case's predict).
 """
 
 from __future__ import annotations
@@ -117,9 +119,17 @@ def summary_lines(report: dict) -> list[str]:
     ]
     for r in report["requests"]:
         if r["control"] is not None:
-            lines.append(f"  control {r['case']} (trial {r['trial']}): {r['control']['reason']}")
+            lines.append(f"  control {r['case']} (trial {r['trial']}): {r['control']['reason']}{kv_text(r)}")
         elif r["reference"] is not None and r["verdict"] != PASS:
             why = "; ".join(r["reasons"])
             lines.append(f"  {r['case']} {r['prompt']} (trial {r['trial']}): {r['verdict']}: {why}")
     lines += [f"  {reason}" for reason in report["reasons"]]
     return lines
+
+
+def kv_text(request: dict) -> str:
+    """'; KV FOREIGN: slots 0–11 hold probe-a's blocks 0–11' for an audited request ('' when not audited)."""
+    kv = request.get("kv_audit")
+    if not kv:
+        return ""
+    return f"; KV {kv['verdict']}" + (f": {kv['shape'] or kv['reason']}" if kv.get("shape") or kv.get("reason") else "")

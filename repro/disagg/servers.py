@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from repro.disagg import audit
 from repro.disagg.pair import Answer
 from repro.judge.pd_verdict import Transfer
 
@@ -74,6 +75,7 @@ class ServeSettings:
     seed: int = 0
     start_timeout_s: float = 600.0
     request_timeout_s: float = 300.0
+    kv_audit_dir: str | None = None  # the KV audit's records (repro.disagg.audit): the reference's and the consumer's
 
 
 def kv_transfer_config(role: str) -> dict:
@@ -89,7 +91,9 @@ def serve_argv(s: ServeSettings, port: int, role: str | None, prefix_cache: bool
             "--max-model-len", str(s.max_model_len), "--dtype", s.dtype, "--seed", str(s.seed),
             "--enable-prompt-tokens-details", "--max-num-seqs", "1"]  # fmt: skip
     argv.append("--enable-prefix-caching" if prefix_cache else "--no-enable-prefix-caching")
-    if role is not None:
+    if s.kv_audit_dir is not None and role in (None, "kv_consumer"):
+        argv += ["--kv-transfer-config", json.dumps(audit.audited_transfer_config(role), sort_keys=True)]
+    elif role is not None:
         argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(role), sort_keys=True)]
     return argv
 
@@ -242,6 +246,10 @@ class NixlPair:
     def _server(self, name: str, role: str | None, prefix_cache: bool, port: int, side: int | None) -> Server:
         argv = serve_argv(self.s, port, role, prefix_cache)
         env = serve_env(self.env, side)
+        if self.s.kv_audit_dir is not None and role in (None, "kv_consumer"):
+            folder = Path(self.s.kv_audit_dir) / name
+            folder.mkdir(parents=True, exist_ok=True)
+            env = audit.audit_env(env, folder, role)
         return Server(name, argv, env, port, self.workdir / f"{name}.log", self.s.request_timeout_s)
 
     def _start_reference(self) -> Server:
@@ -282,7 +290,24 @@ class NixlPair:
         response = json.loads(text)
         ids, cached = answer_of(response)
         error = None if ids is not None else "no token_ids in the response"
-        return Answer(ids, cached_tokens=cached, error=error, top_gaps=top_gaps_of(response))
+        blocks, _ = self._audited("reference", prompt, "computed")
+        return Answer(ids, cached_tokens=cached, error=error, top_gaps=top_gaps_of(response), kv_blocks=blocks)
+
+    def _audited(self, name: str, prompt: tuple[int, ...], kind: str) -> tuple[tuple[str | None, ...] | None, int]:
+        """With the KV audit: the digests of the blocks `name` recorded for this prompt's newest request (the
+        consumer's reused blocks from the first one it received on) and that first block's slot; None without the
+        audit or a record, () where it recorded no block (repro.judge.pd_kvaudit says so)."""
+        if self.s.kv_audit_dir is None:
+            return None, 0
+        folder = Path(self.s.kv_audit_dir) / name
+        record = audit.newest_record(folder, audit.prompt_sha256(prompt))
+        if record is None:
+            return None, 0
+        blocks = audit.block_digests(folder, record, kind)
+        if blocks is None or kind == "computed":
+            return blocks, 0
+        first = int(record.get("local_tokens") or 0) // self.s.block_size
+        return blocks[first:], first
 
     def reset(self) -> None:
         """Empty the consumer's prefix cache (the producer and the reference run without one). vLLM refuses while
@@ -315,7 +340,9 @@ class NixlPair:
         if error is not None:
             return Answer(None, transfer_of(before, after, None), error)
         ids, cached = answer_of(response)
-        return Answer(ids, transfer_of(before, after, cached), None if ids is not None else "no token_ids")
+        blocks, first = self._audited("consumer", prompt, "reused")
+        return Answer(ids, transfer_of(before, after, cached), None if ids is not None else "no token_ids",
+                      kv_blocks=blocks, kv_first_slot=first)  # fmt: skip
 
     def facts(self) -> dict:
         return {

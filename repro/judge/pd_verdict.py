@@ -8,9 +8,14 @@ the baseline's exactly. A consumer that loaded nothing re-prefilled (vLLM #26896
 tokens are another request's baseline answer at the same indices (repro.judge.replays) the FAIL names it: "answers as
 <request>" (vLLM #52234's stale reference returns the previous prompt's answer).
 
-A negative control (a consumed or stale reference handed to the consumer) is judged the same way; what the case
-declares it must not be (`expect`: the verdicts that show the stack caught or exposed it, `expect_answers_as`: whose
-answer a stale reference must be named as) is checked by decide_control.
+Silent or reported: a FAIL is silent corruption (an answer given as good, HTTP 200, no failed transfer counted). Where
+the consumer counted a failed NIXL transfer (vllm:nixl_num_failed_transfers) or refused the request, the stack
+reported the fault: ERROR, never FAIL, even when it also answered wrong with HTTP 200 (the reasons say so). A failed
+transfer recomputed into the right answer is "transfer not exercised", INCONCLUSIVE.
+
+A negative control (a consumed, stale or out-of-range reference handed to the consumer) is judged the same way; what
+the case declares it must not be (`expect`: the verdicts that show the stack caught or exposed it, `expect_answers_as`:
+whose answer a stale reference must be named as) is checked by decide_control.
 """
 
 from __future__ import annotations
@@ -95,7 +100,9 @@ def decide_pd_request(
     `baseline_gaps` the baseline's top-1/top-2 logprob gap at each index: a divergence is classed from it (a near-tie
     or decisive, repro.judge.verdict.classify_divergence), which never changes the FAIL."""
     if error is not None or tokens is None:
-        return PdVerdict(ERROR, (f"the pair gave no answer: {error or 'no tokens'}",))
+        failed = hit_count(transfer.failed_transfers) if transfer else None
+        told = f"; the consumer counted {failed} failed NIXL transfer(s)" if failed else ""
+        return PdVerdict(ERROR, (f"the pair gave no answer: {error or 'no tokens'}{told}",))
     if hit_count(baseline_cached) != 0:
         why = counter_missing(baseline_cached, "baseline") if hit_count(baseline_cached) is None else None
         why = why or f"the baseline reported {baseline_cached} cached tokens with caching off"
@@ -116,6 +123,12 @@ def decide_pd_request(
             f"answers as {r.probe}: its baseline's tokens @{r.start}-{r.start + r.tokens - 1}, not its own"
             for r in replays
         ]
+        failed = hit_count(transfer.failed_transfers)
+        if failed:  # wrong, but the stack said a transfer failed: reported, not silent
+            reasons.append(f"reported, not silent: the consumer counted {failed} failed NIXL transfer(s)")
+            return PdVerdict(ERROR, tuple(reasons), diff, replays, divergence)
+        if failed is None:
+            reasons.append("the failed-transfer count missing: whether the stack reported a failure is unknown")
         return PdVerdict(FAIL, tuple(reasons), diff, replays, divergence)
     return PdVerdict(*_gate(transfer, ext))
 
@@ -140,24 +153,32 @@ class ControlOutcome:
 
     held: bool
     reason: str
+    predicted: bool | None = None  # the verdict the case predicted before any run came out (None: no prediction)
 
     def as_dict(self) -> dict:
-        return {"held": self.held, "reason": self.reason}
+        return {"held": self.held, "reason": self.reason, "predicted": self.predicted}
 
 
-def decide_control(pv: PdVerdict, expect: Sequence[str], answers_as: str | None = None) -> ControlOutcome:
+def decide_control(
+    pv: PdVerdict, expect: Sequence[str], answers_as: str | None = None, predict: str | None = None
+) -> ControlOutcome:
     """A negative control holds when its verdict is one the case expects and, where the case names whose answer a
-    stale reference returns, the FAIL names that request."""
-    unknown = [v for v in expect if v not in VERDICTS]
+    stale reference returns, the FAIL names that request. `predict`, the one verdict the case predicted before any
+    run, is reported beside it (as predicted or not) and never changes whether it held."""
+    unknown = [v for v in (*expect, *([predict] if predict else [])) if v not in VERDICTS]
     if unknown:
         raise ValueError(f"not a verdict: {unknown[0]!r}")
+    predicted = None if predict is None else pv.verdict == predict
+    said = "" if predict is None else f"; predicted {predict}: " + ("as predicted" if predicted else "not as predicted")
     if pv.verdict not in expect:
-        return ControlOutcome(False, f"expected {' or '.join(expect)}, got {pv.verdict}")
+        return ControlOutcome(False, f"expected {' or '.join(expect)}, got {pv.verdict}{said}", predicted)
     if answers_as is not None and pv.verdict == FAIL and pv.answers_as != answers_as:
         got = pv.answers_as or "no other request"
-        return ControlOutcome(False, f"expected the answer named as {answers_as}'s, it answers as {got}")
+        return ControlOutcome(
+            False, f"expected the answer named as {answers_as}'s, it answers as {got}{said}", predicted
+        )
     named = f" answers as {pv.answers_as}" if pv.answers_as else ""
-    return ControlOutcome(True, f"{pv.verdict}{named}, as expected")
+    return ControlOutcome(True, f"{pv.verdict}{named}, as expected{said}", predicted)
 
 
 def decide_pd_arm(verdicts: Sequence[str], controls: Sequence[ControlOutcome]) -> tuple[str, tuple[str, ...]]:

@@ -87,7 +87,7 @@ def _is_pd(kind: str | None) -> bool:
 
 def _pd(path: Path, out: Path, write: Callable) -> Entry:
     """A P→D report (python -m repro pd): its page, with the writeup beside it, and one line."""
-    from repro.disagg.page import load_report, page_model, render_page
+    from repro.disagg.page import index_row, load_report, page_model, render_page
 
     report = load_report(path)
     md = path.with_suffix(".md")
@@ -97,7 +97,8 @@ def _pd(path: Path, out: Path, write: Callable) -> Entry:
     )
     m = page_model(report)
     summary = f"{m.verdict} · probe requests {m.counts} · controls {m.controls} · {m.started[:10]}"
-    return Entry("reports", f"{quote(out.name)}/{quote(path.stem)}.html", m.title, summary)
+    href, title = f"{quote(out.name)}/{quote(path.stem)}.html", f"{out.name}/{path.stem}"
+    return Entry("reports", href, title, summary, index_row(report, stem=title, href=href))
 
 
 def _matrix(path: Path, out: Path, write: Callable, render_folder: Callable) -> Entry:

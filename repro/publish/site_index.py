@@ -40,6 +40,9 @@ class IndexRow:
     scenario_passes: int = 0  # the scenario runs that are a plain PASS (counted, not listed)
     headline: str = ""  # the report's finding in one sentence (repro.publish.headline)
     stack: tuple = ()  # the index's order: newest vLLM, LMCache and start time first (repro.publish.headline.stack_key)
+    # a P→D report's negative controls (repro.disagg.page.index_row): (case, verdicts over the trials, "held n of m")
+    controls: tuple[tuple[str, str, str], ...] = ()
+    stack_note: str = ""  # what the stack column adds for a report that is not the verifier's ("NIXL 1.2.0 · …")
 
 
 def build_index_row(report: Report | dict, *, stem: str, href: str) -> IndexRow:

@@ -66,6 +66,10 @@
 #                                              (fixtures/pd/cases-gpu.json) through a NixlConnector producer and
 #                                              consumer (python -m repro pd), $TRIALS trials (default 3), the tiny
 #                                              model, then SmolLM2 when $SMOLLM2 exists (`smollm2` makes it)
+#   tests/gpu/h200_conditions.sh pd-audit OUT  (not yet run) on that stack: the P→D cases with the consumer's KV audit
+#                                              (python -m repro pd --kv-audit), $TRIALS trials (default 1), the tiny
+#                                              model; the audit's records kept (JSON), its KV tensors deleted. Run it
+#                                              from a copy of the tree: fromcopy pd-audit OUT
 #   tests/gpu/h200_conditions.sh served028 OUT on the 0.28 stack, one GPU: LMCache's two connectors (compiled ops) and
 #                                              native with --frontend server (each arm a `vllm serve` process the
 #                                              kit starts), the plain probes and the in-flight scenario; then the
@@ -418,6 +422,16 @@ PY
     pd_run pd-tiny --model "$MODEL"
     if [ -d "$SMOLLM2" ]; then pd_run pd-smollm2 --model "$SMOLLM2"; fi
     echo "pd done" >>"$OUT/progress.txt" ;;
+  pd-audit)  # OUT, on the 0.26.0 bundle with pd-install done, one GPU (not yet run): the P->D cases with the KV audit
+    # on the reference (the verifier's recorder) and the consumer (NixlConnector wrapped by the audit); what it is
+    # expected to show is written in docs/kv-audit.md "P→D: the consumer's received blocks" before any run
+    OUT=${2:?OUT}; mkdir -p "$OUT"
+    TRIALS=${TRIALS:-1} pd_run pd-audit-tiny --model "$MODEL" --kv-audit "$OUT/pd-audit-tiny.kv" || true
+    find "$OUT/pd-audit-tiny.kv" -name '*.pt' -delete 2>/dev/null || true
+    if [ -d "$OUT/pd-audit-tiny.kv" ]; then
+      tar -C "$OUT" -cJf "$OUT/pd-audit-tiny.kv.tar.xz" pd-audit-tiny.kv && rm -rf "${OUT:?}/pd-audit-tiny.kv"
+    fi
+    echo "pd-audit done" >>"$OUT/progress.txt" ;;
   served028)  # OUT, on the 0.28 stack, one GPU, one arm at a time (not yet run): the served arms of LMCache's two
     # connectors (0.5.4, its wheel's compiled ops) and native, on the plain probes and in-flight; then the same run
     # offline, so the two reports compare request by request (the CPU's tests/test_e2e_served.py does so there)
