@@ -13,9 +13,11 @@ test having run first. Several files read one report, each asserting its own thi
 - selftest_sequential_run: the same, one arm after another (--jobs 1, --quiet) and in vLLM's own engine layout
   (--engine-layout vllm: the engine core and its worker in processes of their own; every other CPU run takes the
   one-process default): tests/test_e2e_cpu.py compares it with selftest_run, and tests/test_e2e_frontend.py reads its baseline and native arms as the sync front end's.
-- served_selftest_run: the sequential self-test again with `--frontend server` (every arm a `vllm serve` process the
-  kit starts, over HTTP; vLLM's own layout as the sequential run): tests/test_e2e_served.py compares it with
-  selftest_sequential_run request by request.
+- served_selftest_run: the self-test again with `--frontend server` (every arm a `vllm serve` process the kit
+  starts, over HTTP, in vLLM's own layout), two arms at a time as selftest_run (--jobs changes how many arm children
+  run at once and pins each one's OpenMP thread to a core of its own, not what an arm does:
+  repro.plan.arms.arm_slots): tests/test_e2e_served.py compares it with selftest_run request by request (and
+  tests/test_e2e_cpu.py that one with selftest_sequential_run, vLLM's layout one arm after another).
 - planted_scenarios_run: fixtures/scenarios-cpu-planted.json (two gated planted faults, native) with the in-flight
   and eviction scenarios: tests/test_scenarios_planted_e2e.py, and tests/test_e2e_planted_scenario_gates.py reads
   its plain probes (the gates stay shut one request at a time).
@@ -249,7 +251,7 @@ def _selftest_sequential(model: str, tmp: Path) -> Run:
 
 def _served_selftest(model: str, tmp: Path) -> Run:
     report = tmp / f"served-{SELFTEST_KERNELS}.json"
-    argv = [*selftest_cpu_argv(model, str(report)), "--jobs", "1", "--quiet", "--frontend", "server"]
+    argv = [*selftest_cpu_argv(model, str(report)), "--jobs", "2", "--quiet", "--frontend", "server"]
     return verify(argv, report, env=KERNEL_VARIANTS[SELFTEST_KERNELS])
 
 
@@ -264,4 +266,4 @@ def _planted_scenarios(model: str, tmp: Path) -> Run:
 selftest_run = shared_run("selftest_run", _selftest)
 selftest_sequential_run = shared_run("selftest_sequential_run", _selftest_sequential, lane=True)
 planted_scenarios_run = shared_run("planted_scenarios_run", _planted_scenarios)
-served_selftest_run = shared_run("served_selftest_run", _served_selftest, lane=True)
+served_selftest_run = shared_run("served_selftest_run", _served_selftest)  # two cores: not the lane's

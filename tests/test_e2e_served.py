@@ -2,9 +2,10 @@
 kit starts, over HTTP) against the offline front end on the CPU self-test, request by request; a server killed
 mid-run; and `repro endpoint` against two `vllm serve` servers this test starts itself.
 
-The offline side is the session's sequential self-test (tests/e2e_runs.py: --jobs 1, vLLM's own engine layout,
-ATen's portable kernels), which the served run mirrors: `vllm serve` always runs vLLM's own layout, and the same
-kernels, one arm at a time."""
+The offline side is the session's shared self-test (tests/e2e_runs.py: --jobs 2, ATen's portable kernels), which
+the served run mirrors, two arms at a time with the same kernels. `vllm serve` always runs vLLM's own engine layout,
+the offline run the CPU's one-process one; tests/test_e2e_cpu.py holds that run equal, request by request, to the
+sequential self-test in vLLM's layout, so neither the layout nor the arms at once change a bit here either."""
 
 from __future__ import annotations
 
@@ -36,10 +37,10 @@ def _requests(report: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def both(served_selftest_run, selftest_sequential_run):
-    for run in (served_selftest_run, selftest_sequential_run):
+def both(served_selftest_run, selftest_run):
+    for run in (served_selftest_run, selftest_run):
         assert run.data is not None, run.proc.stdout[-2000:] + run.proc.stderr[-3000:]
-    return served_selftest_run, selftest_sequential_run
+    return served_selftest_run, selftest_run
 
 
 def test_served_self_test_matches_the_offline_one_request_by_request(both):
