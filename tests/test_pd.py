@@ -170,15 +170,21 @@ OUT_OF_RANGE = {"name": "oor", "kind": "out-of-range", "prompt": "a", "expect": 
     ("bad_ids", "verdict", "held", "predicted", "said"),
     [
         ("refuse", ERROR, True, True, "the pair gave no answer: consumer answered HTTP 500"),
-        ("reported", ERROR, True, True, "reported, not silent: the consumer counted 1 failed NIXL transfer(s)"),
+        (
+            "reported",
+            FAIL,
+            True,
+            False,
+            "answered with HTTP 200 although the consumer counted 1 failed NIXL transfer(s)",
+        ),
         ("silent", FAIL, True, False, "differs from the baseline @0 (24 external tokens loaded"),
         ("recompute", INCONCLUSIVE, False, False, f"{NOT_EXERCISED}: the consumer loaded no external tokens"),
     ],
 )
 def test_the_out_of_range_reference_is_judged_by_what_the_stack_reported(bad_ids, verdict, held, predicted, said):
-    """vLLM #52234's out-of-range block IDs: a refusal or a counted failed transfer is the stack reporting the fault
-    (ERROR, what the kit predicts); HTTP 200 with a wrong answer and no failure counted is silent corruption (FAIL);
-    a recomputed right answer shows nothing (INCONCLUSIVE, the control does not hold)."""
+    """vLLM #52234's out-of-range block IDs: a refusal is ERROR (what the kit predicts); HTTP 200 with a wrong answer
+    is FAIL, with the consumer's count of failed transfers in its reasons where it counted one; a recomputed right
+    answer shows nothing (INCONCLUSIVE, the control does not hold)."""
     cases = small_cases([OUT_OF_RANGE])
     pair = bad_ids_pair(bad_ids)(cases.block_size)
     run = run_cases(pair, cases)

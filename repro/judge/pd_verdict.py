@@ -8,9 +8,9 @@ the baseline's exactly. A consumer that loaded nothing re-prefilled (vLLM #26896
 tokens are another request's baseline answer at the same indices (repro.judge.replays) the FAIL names it: "answers as
 <request>" (vLLM #52234's stale reference returns the previous prompt's answer).
 
-Silent or reported: a FAIL is silent corruption (an answer given as good, HTTP 200, no failed transfer counted). Where
-the consumer counted a failed NIXL transfer (vllm:nixl_num_failed_transfers) or refused the request, the stack
-reported the fault: ERROR, never FAIL, even when it also answered wrong with HTTP 200 (the reasons say so). A failed
+A wrong answer given with HTTP 200 after external tokens were loaded is a FAIL, as every reuse that differs from the
+baseline (docs/verdicts.md); where the consumer counted a failed NIXL transfer (vllm:nixl_num_failed_transfers) the
+reasons say so (the fault showed in the server's metrics, not to the client). A refused request is ERROR. A failed
 transfer recomputed into the right answer is "transfer not exercised", INCONCLUSIVE.
 
 A negative control (a consumed, stale or out-of-range reference handed to the consumer) is judged the same way; what
@@ -124,9 +124,8 @@ def decide_pd_request(
             for r in replays
         ]
         failed = hit_count(transfer.failed_transfers)
-        if failed:  # wrong, but the stack said a transfer failed: reported, not silent
-            reasons.append(f"reported, not silent: the consumer counted {failed} failed NIXL transfer(s)")
-            return PdVerdict(ERROR, tuple(reasons), diff, replays, divergence)
+        if failed:  # wrong with HTTP 200: a FAIL (docs/verdicts.md), the consumer's own count of it in the reasons
+            reasons.append(f"answered with HTTP 200 although the consumer counted {failed} failed NIXL transfer(s)")
         if failed is None:
             reasons.append("the failed-transfer count missing: whether the stack reported a failure is unknown")
         return PdVerdict(FAIL, tuple(reasons), diff, replays, divergence)
