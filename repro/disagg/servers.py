@@ -78,6 +78,11 @@ class ServeSettings:
     kv_audit_dir: str | None = None  # the KV audit's records (repro.disagg.audit): the reference's and the consumer's
 
 
+def audited(s: ServeSettings, role: str | None) -> bool:
+    """Whether this server runs under the KV audit: the reference (role None) and the consumer, with --kv-audit."""
+    return s.kv_audit_dir is not None and role in (None, "kv_consumer")
+
+
 def kv_transfer_config(role: str) -> dict:
     return {"kv_connector": "NixlConnector", "kv_role": role}
 
@@ -91,7 +96,7 @@ def serve_argv(s: ServeSettings, port: int, role: str | None, prefix_cache: bool
             "--max-model-len", str(s.max_model_len), "--dtype", s.dtype, "--seed", str(s.seed),
             "--enable-prompt-tokens-details", "--max-num-seqs", "1"]  # fmt: skip
     argv.append("--enable-prefix-caching" if prefix_cache else "--no-enable-prefix-caching")
-    if s.kv_audit_dir is not None and role in (None, "kv_consumer"):
+    if audited(s, role):
         argv += ["--kv-transfer-config", json.dumps(audit.audited_transfer_config(role), sort_keys=True)]
     elif role is not None:
         argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(role), sort_keys=True)]
@@ -246,7 +251,7 @@ class NixlPair:
     def _server(self, name: str, role: str | None, prefix_cache: bool, port: int, side: int | None) -> Server:
         argv = serve_argv(self.s, port, role, prefix_cache)
         env = serve_env(self.env, side)
-        if self.s.kv_audit_dir is not None and role in (None, "kv_consumer"):
+        if audited(self.s, role):
             folder = Path(self.s.kv_audit_dir) / name
             folder.mkdir(parents=True, exist_ok=True)
             env = audit.audit_env(env, folder, role)
