@@ -69,6 +69,7 @@ def test_a_last_step_cancel_closes_after_all_but_the_last_token():
     [
         ([_event([7, 8, 9, 10], "length")], "its last token came in the chunk that brought 4"),
         ([_event([7]), b"data: [DONE]\n\n"], "the stream ended after 1 tokens"),
+        ([_event([7])], "the stream ended after 1 tokens"),  # closed with no [DONE]: still an attempt sent
     ],
 )
 def test_a_last_step_point_that_passed_is_missed(plan, said):

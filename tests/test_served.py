@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from typing import ClassVar
 
@@ -201,3 +202,98 @@ def test_a_url_that_is_no_server_address_is_refused(url):
 def test_the_same_server_twice_is_refused():
     with pytest.raises(UsageError, match="the same server"):
         endpoint.check_endpoints("http://127.0.0.1:1/", "http://127.0.0.1:1", "m")
+
+
+class _ExitsLate:
+    """A server process whose exit becomes readable a moment after its sockets closed (as a killed `vllm serve`'s
+    can: the kernel closes a dying process's files before its parent can read its exit)."""
+
+    pid = 4242
+
+    def __init__(self, after: float):
+        self.at = time.monotonic() + after
+
+    def poll(self):
+        return -9 if time.monotonic() >= self.at else None
+
+    def wait(self, timeout=None):
+        left = self.at - time.monotonic()
+        if timeout is not None and left > timeout:
+            time.sleep(timeout)
+            raise subprocess.TimeoutExpired("vllm serve", timeout)
+        time.sleep(max(left, 0.0))
+        return -9
+
+
+def _drops_every_connection() -> int:
+    """A loopback port whose listener reads each request and closes the connection without an answer."""
+    sock = socket.socket()
+    sock.bind((served.HOST, 0))
+    sock.listen()
+
+    def serve():
+        while True:
+            conn, _ = sock.accept()
+            conn.recv(65536)
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return sock.getsockname()[1]
+
+
+def test_a_request_the_server_dropped_names_the_servers_exit_once_it_can_be_read():
+    """The connection drops while the server's exit is not yet readable: the error still names the dead server (pid,
+    exit code), having waited for its exit (served.EXIT_GRACE_S), never only the dropped connection."""
+    front = served.ServerFrontend.__new__(served.ServerFrontend)
+    front.base = f"http://{served.HOST}:{_drops_every_connection()}"
+    front.proc = _ExitsLate(0.5)
+    with pytest.raises(served.ServerFailed, match=r"vllm serve \(pid 4242\) exited with code -9"):
+        front._call("POST", "/v1/completions", {"prompt": [1, 2, 3]})
+
+
+def test_a_request_the_server_dropped_while_it_lives_says_what_the_connection_did():
+    """A live server that drops a request: the error says what the connection did, after the grace, and no exit."""
+    front = served.ServerFrontend.__new__(served.ServerFrontend)
+    front.base = f"http://{served.HOST}:{_drops_every_connection()}"
+    front.proc = _ExitsLate(3600)
+    with pytest.raises(served.ServerFailed, match="no answer: (RemoteDisconnected|ConnectionResetError)") as failed:
+        front._call("POST", "/v1/completions", {"prompt": [1, 2, 3]})
+    assert "exited" not in str(failed.value)
+
+
+# A stand-in `vllm serve` (a failure-handling test: no engine) that answers /health, then kills itself with SIGKILL
+# while a request is in it: the request's connection closes as the process dies, before its exit can be read.
+_DIES_MID_REQUEST = """
+import http.server, os, signal, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        os.kill(os.getpid(), signal.SIGKILL)
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_a_server_killed_mid_request_is_named_with_its_pid_and_exit_code():
+    """A real process killed (SIGKILL) inside a request: the request's error names it (pid, exit code -9)."""
+    front = served.ServerFrontend.__new__(served.ServerFrontend)
+    front.port = served.free_port()
+    front.base = f"http://{served.HOST}:{front.port}"
+    front.proc = subprocess.Popen([sys.executable, "-c", _DIES_MID_REQUEST, str(front.port)])
+    try:
+        for _ in range(200):  # until it listens
+            assert front.proc.poll() is None, "the stand-in server did not start"
+            try:
+                socket.create_connection((served.HOST, front.port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        with pytest.raises(served.ServerFailed) as failed:
+            front._call("POST", "/v1/completions", {"prompt": [1, 2, 3]})
+        said = str(failed.value)
+        assert f"vllm serve (pid {front.proc.pid}) exited with code -9" in said, said
+    finally:
+        if front.proc.poll() is None:
+            front.proc.kill()
+        front.proc.wait()

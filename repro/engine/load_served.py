@@ -12,7 +12,8 @@ Then it is sent again at once, as an ordinary request: that answer is the one ju
 attempt did (chunks, tokens, missed or not). The server's own counts (/metrics: `vllm:request_success` by
 finished_reason, "abort" apart, and its running and waiting gauges) are read before and after each round and recorded
 on the round's cancellations (`round`), beside the requests the kit sent and the connections it closed: a closed
-attempt that the server finished anyway would show as one finished request too many. A cancelled attempt's KV audit
+attempt is finished or aborted there as the disconnect reaches the server before its last token or not: each one it
+finished anyway shows as one finished request more than the requests it ran to their end. A cancelled attempt's KV audit
 record cannot be told from its retry's over HTTP: the retry's record is marked unavailable. Standard library HTTP.
 """
 
@@ -105,7 +106,7 @@ def cancel_once(base: str, body: dict, when: str, max_tokens: int) -> dict:
             while not event.endswith(b"\n\n"):
                 line = resp.readline()
                 if not line:
-                    return {"when": when, "missed": f"the stream ended after {generated} tokens"}
+                    return {"when": when, "missed": f"the stream ended after {generated} tokens", "streamed": True}
                 event += line
             n, finished = _tokens_in(event)
             generated, chunks = generated + n, chunks + (n > 0)

@@ -42,6 +42,9 @@ STREAM_ENV = "KVKIT_SERVER_STREAM"  # "1": every request streamed (--stream; rep
 STREAM = {"stream": True, "stream_options": {"include_usage": True}}
 HEALTH_POLL_S = 0.5
 REQUEST_TIMEOUT_S = 1800.0
+# A server killed mid-request: the kernel closes its sockets before its exit status can be read, so a request that
+# got no answer waits up to this long for the process's exit before it says the server is alive (ServerFrontend._dead).
+EXIT_GRACE_S = 5.0
 
 
 class ServerFailed(RuntimeError):
@@ -134,8 +137,12 @@ class ServerFrontend:
         self._pool = ThreadPoolExecutor(max_workers=64)
         self.tokenizer_check = check_tokenizer(self)
 
-    def _dead(self) -> str | None:
-        code = self.proc.poll()
+    def _dead(self, grace: float = 0.0) -> str | None:
+        """Why the server is gone (its pid and exit code), or None while it runs; grace: seconds to wait for its exit."""
+        try:
+            code = self.proc.wait(timeout=grace) if grace > 0 else self.proc.poll()
+        except subprocess.TimeoutExpired:
+            code = None
         return None if code is None else f"vllm serve (pid {self.proc.pid}) exited with code {code}"
 
     def _wait_healthy(self) -> None:
@@ -163,7 +170,7 @@ class ServerFrontend:
             text = exc.read().decode("utf-8", "replace")[:500]
             raise ServerFailed(f"{method} {path} answered HTTP {exc.code}: {text}") from None
         except (urllib.error.URLError, OSError) as exc:
-            why = self._dead() or f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+            why = self._dead(EXIT_GRACE_S) or f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
             raise ServerFailed(f"{method} {path}: no answer: {why} (its output is in this arm's log)") from None
 
     @property
@@ -247,7 +254,7 @@ class EndpointFrontend(ServerFrontend):
         print(f"kvkit-engine: a server the kit did not start: {self.base}", flush=True)
         self.tokenizer_check = check_tokenizer(self)
 
-    def _dead(self) -> str | None:
+    def _dead(self, grace: float = 0.0) -> str | None:
         return None
 
     def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
