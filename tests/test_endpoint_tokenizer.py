@@ -14,6 +14,7 @@ from kvkit_testutil import serving
 from test_served import _endpoint
 
 from repro.engine import served
+from repro.errors import UsageError
 from repro.models.tiny import build_tokenizer_json
 from repro.plan import endpoint
 
@@ -52,10 +53,16 @@ def stand_in(model: str, tokenize):
 
 @pytest.fixture
 def model(tmp_path):
-    """A model folder with the tiny model's tokenizer.json (every byte a token, no merges)."""
-    (tmp_path / "config.json").write_text("{}")
-    (tmp_path / "tokenizer.json").write_text(json.dumps(build_tokenizer_json()))
-    return str(tmp_path)
+    """A model folder with the tiny model's tokenizer (every byte a token, no merges), as `make model` writes it."""
+    return _model_folder(tmp_path, {})
+
+
+def _model_folder(folder, config: dict) -> str:
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    (folder / "tokenizer.json").write_text(json.dumps(build_tokenizer_json()))
+    tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", **config}
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    return str(folder)
 
 
 def _bytes(text: str) -> list[int]:  # the tiny tokenizer's IDs for text without its chat markers
@@ -84,7 +91,25 @@ def test_a_server_without_tokenize_is_not_checked_and_says_why(model):
 def test_no_local_tokenizer_is_not_checked_and_says_why(tmp_path):
     with stand_in("org/none", _ours) as url:
         got = endpoint.check_tokenizer("--url", url, "org/none", str(tmp_path / "absent"))
-    assert got["checked"] is False and "no local tokenizer.json" in got["why"]
+    assert got["checked"] is False and "no local tokenizer for --model" in got["why"]
+
+
+def test_the_tokenizer_is_loaded_as_a_server_loads_it_with_its_tokenizer_config(tmp_path):
+    """add_prefix_space in tokenizer_config.json changes how a server (transformers, under vLLM) splits text, which
+    tokenizer.json alone does not say: a server giving those IDs is --model's tokenizer, the raw file's IDs are not."""
+    model = _model_folder(tmp_path, {"tokenizer_class": "GPT2TokenizerFast", "add_prefix_space": True})
+    from vllm.tokenizers import get_tokenizer  # how a vLLM server loads it: the IDs its POST /tokenize gives
+
+    server = get_tokenizer(model)
+
+    def spaced(text):
+        return list(server.encode(text, add_special_tokens=False))
+
+    assert spaced("The") != _ours("The")  # the setting splits text otherwise than tokenizer.json alone
+    with stand_in(model, spaced) as url:
+        assert endpoint.check_tokenizer("--url", url, model, model) == {"checked": True, "texts": 5}
+    with stand_in(model, _ours) as url, pytest.raises(UsageError, match="its tokenizer is not --model"):
+        endpoint.check_tokenizer("--url", url, model, model)
 
 
 def _refused(url: str, baseline: str, tmp_path, model: str) -> str:

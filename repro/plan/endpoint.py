@@ -6,10 +6,11 @@ two addresses. Each problem is one line (a UsageError, exit 2): an address that 
 does not answer, one that answers but not as an OpenAI-compatible server, one that serves no model by the name
 or path of `--model` (the tokenizer the probes are built with), one whose tokenizer is not `--model`'s. The
 tokenizer is checked by token IDs, exactly: a fixed set of texts (TOKENIZER_TEXTS) is sent to the server's
-`POST /tokenize` (vLLM's route) and encoded here by `--model`'s own `tokenizer.json` (the `tokenizers` library, no
-special tokens added on either side); one text that differs refuses the server. Where that cannot be done (no
-/tokenize, no local tokenizer.json) the check says why and the run goes on: each served child checks again with
-vLLM's own load of the tokenizer and records the outcome in its report (repro.engine.served). Standard library HTTP.
+`POST /tokenize` (vLLM's route) and encoded here by `--model`'s tokenizer loaded as the served child loads it
+(transformers' AutoTokenizer, as vLLM's get_tokenizer loads it, so its tokenizer_config.json counts as it does
+in a server; no special tokens added on either side); one text that differs refuses the server. Where that cannot be done (no /tokenize, no local copy of
+--model's tokenizer) the check says why and the run goes on: each served child checks again with vLLM's own load
+of the tokenizer and records the outcome in its report (repro.engine.served). Standard library HTTP.
 """
 
 from __future__ import annotations
@@ -82,27 +83,41 @@ def check_model(flag: str, url: str, models: list[dict], model: str) -> dict:
     )
 
 
-def _local_tokenizer(model: str):
-    """--model's tokenizer.json read by the `tokenizers` library, or the reason it cannot be read here (a string)."""
+def _local_folder(model: str) -> Path | str:
+    """--model's folder here (a path, or a hub ID's snapshot already in the local cache: nothing is fetched), or why
+    there is none (a string)."""
+    if Path(model).is_dir():
+        return Path(model)
     try:
-        from tokenizers import Tokenizer
+        from huggingface_hub import try_to_load_from_cache
     except ImportError:
-        return "the tokenizers library is not installed here"
-    path = Path(model) / "tokenizer.json"
-    if not path.is_file():
+        return f"no local tokenizer for --model {model} (huggingface_hub is not installed here)"
+    for name in ("tokenizer_config.json", "tokenizer.json"):
         try:
-            from huggingface_hub import try_to_load_from_cache
+            cached = try_to_load_from_cache(model, name)
+        except ValueError as exc:
+            return f"no local tokenizer for --model {model} ({type(exc).__name__})"
+        if isinstance(cached, str):
+            return Path(cached).parent
+    return f"no local tokenizer for --model {model}"
 
-            cached = try_to_load_from_cache(model, "tokenizer.json")
-        except (ImportError, ValueError) as exc:
-            return f"no local tokenizer.json for --model {model} ({type(exc).__name__})"
-        if not isinstance(cached, str):
-            return f"no local tokenizer.json for --model {model}"
-        path = Path(cached)
+
+def _local_tokenizer(model: str):
+    """--model's tokenizer loaded by transformers' AutoTokenizer, as vLLM's get_tokenizer loads a Hugging Face
+    tokenizer in the server and the served child (with its tokenizer_config.json, which can change how text is
+    split, such as add_prefix_space), or the reason it cannot be loaded here (a string). vLLM itself is not imported
+    here: its import logs lines of its own, and the refusal is one line."""
+    folder = _local_folder(model)
+    if isinstance(folder, str):
+        return folder
     try:
-        return Tokenizer.from_file(str(path))
-    except Exception as exc:  # noqa: BLE001 -- any failure to read it is a reason, never a traceback
-        return f"{path} does not load as a tokenizer ({type(exc).__name__})"
+        from transformers import AutoTokenizer
+    except ImportError:
+        return "transformers is not installed here"
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except Exception as exc:  # noqa: BLE001 -- any failure to load it is a reason, never a traceback
+        return f"{folder} does not load as a tokenizer ({type(exc).__name__})"
 
 
 def server_tokens(url: str, served_id: str, text: str, timeout: float = PROBE_TIMEOUT_S) -> list[int] | str:
@@ -134,7 +149,7 @@ def check_tokenizer(flag: str, url: str, served_id: str, model: str) -> dict:
         theirs = server_tokens(url, served_id, text)
         if isinstance(theirs, str):
             return {"checked": False, "why": theirs}
-        ours = local.encode(text, add_special_tokens=False).ids
+        ours = list(local.encode(text, add_special_tokens=False))
         if theirs != ours:
             at = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b), min(len(theirs), len(ours)))
             raise UsageError(
