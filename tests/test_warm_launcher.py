@@ -92,9 +92,11 @@ def test_forked_arm_children_give_the_report_of_spawned_ones(selftest_run, selft
     """The shared self-test's arm children were forked by the launcher (the suite sets KVKIT_WARM_IMPORT=1), the
     sequential one's spawned (tests/e2e_runs.py sets it to 0 there): every verdict, token ID, logprob, hit
     counter and KV audit figure the same (test_e2e_cpu compares the two; this says which was which)."""
+    if os.environ.get(warm.SWITCH) != "1":
+        pytest.skip(f"{warm.SWITCH} is not 1 in this session: the shared self-test was spawned")
     forked, spawned = selftest_run.report, selftest_sequential_run.report
     for report, want in ((forked, True), (spawned, False)):
-        logs = [Path(a["log"]) for a in json.loads(report.read_text())["arms"] if a.get("log")]
+        logs = [report.parent / a["log"] for a in json.loads(report.read_text())["arms"] if a.get("log")]
         assert logs, report
         assert all((FORKED_LINE in p.read_text()) is want for p in logs), (report, want)
     assert _comparable(json.loads(forked.read_text())) == _comparable(json.loads(spawned.read_text()))

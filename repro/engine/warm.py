@@ -1,4 +1,4 @@
-"""`python -m repro.engine.warm SOCKET`: a warm-import launcher for CPU engine children (KVKIT_WARM_IMPORT).
+"""`python -m repro.engine.warm SOCKET LOG`: a warm-import launcher for CPU engine children (KVKIT_WARM_IMPORT).
 
 The runner (repro.run.warm) starts one launcher per interpreter, working directory and exact environment,
 on a lifeline like any child. The launcher imports vLLM and torch (and repro.engine.child) once, builds no
