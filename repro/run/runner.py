@@ -261,6 +261,8 @@ def run_child(
     oom_before = oom_kill_count()
     own_watch = watch is None
     watch = watch or DiskWatch([log_path], log_path.parent)
+    if warm_ok and warm.enabled():
+        warm.prepare(argv, env, spawn=start_child)  # a launcher's import, outside the lock of starting()
     with starting():
         proc, lifeline = start_child(argv, log_path=log_path, env=env, warm_ok=warm_ok)
         _LIVE.add(proc)

@@ -168,6 +168,13 @@ def _launcher(argv: list[str], env: dict[str, str], spawn) -> _Launcher | None:
     return None
 
 
+def prepare(argv: list[str], env: dict[str, str], spawn) -> None:
+    """Start argv's launcher and wait until it is ready (or failed). The runner calls this before it takes the lock
+    under which children start (repro.run.runner.starting), so that a launcher's import holds up neither the other
+    arms' starts nor a stop."""
+    _launcher(argv, env, spawn)
+
+
 def start(argv: list[str], *, log_path: Path, env: dict[str, str], read_fd: int, spawn) -> WarmChild | None:
     """Fork argv from a warm launcher, its lifeline read_fd handed over; None: spawn it as usual. spawn starts
     a launcher as the runner starts any child (repro.run.runner.start_child)."""
