@@ -3,6 +3,7 @@ tests first). Helpers live in kvkit_testutil (re-exported here)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -17,6 +18,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Python's usual handler (children then get the default disposition back across exec).
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+# The warm-import launcher (repro.run.warm): the kit's CPU engine children are forked from a process that imported
+# vLLM once, as proven byte-identical by tests/test_warm_launcher.py (docs/layout.md). KVKIT_WARM_IMPORT=0 in the
+# shell keeps every child spawned; the sequential self-test (e2e_runs) is always spawned, the reference it is held to.
+os.environ.setdefault("KVKIT_WARM_IMPORT", "1")
 import e2e_runs
 from e2e_runs import (  # noqa: F401
     e2e_lane,

@@ -52,7 +52,7 @@ core       repro.judge.verdict repro.judge.wording repro.judge.trials repro.plan
            repro.judge.pd_verdict repro.judge.pd_kvaudit repro.disagg repro.disagg.cases
 engine     repro.engine
 options    repro.plan.options
-machinery  repro.plan.arms repro.run.scheduler repro.run.runner repro.run.workdir repro.lmcache.ops repro.lmcache.mp
+machinery  repro.plan.arms repro.run.scheduler repro.run.runner repro.run.warm repro.run.workdir repro.lmcache.ops repro.lmcache.mp
            repro.lmcache.signals repro.run.neighbour repro.run.gpu_load repro.run.cpu_load repro.judge.kvaudit repro.run.scenarios
            repro.detection.plan
            repro.plan.run_plan repro.run.clock repro.run.launch repro.run.arm_runs repro.run.kvaudit repro.run.workspace

@@ -70,7 +70,10 @@ def test_kill_9_of_the_kit_stops_the_engines_it_started(tiny_model, tmp_path):
         engine_core = None
         while engine_core is None:  # an arm whose child has started vLLM's engine core process
             assert kit.poll() is None and time.monotonic() < deadline, "no engine core appeared"
-            groups = sorted(set(groups) | {c for c in _children_of(kit.pid) if _leads_group(c)})
+            # the arm children, and under KVKIT_WARM_IMPORT=1 the launchers' forked ones (the launcher's children)
+            kids = _children_of(kit.pid)
+            kids += [g for k in kids for g in _children_of(k)]
+            groups = sorted(set(groups) | {c for c in kids if _leads_group(c)})
             engine_core = next(
                 (p for g in groups for p in lifeline.group_members(g) if "EngineCor" in _comm(p) + _cmdline(p)), None
             )

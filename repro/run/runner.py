@@ -33,6 +33,7 @@ from repro.plan.arms import scratch_dirs
 from repro.plan.options import FRONTEND_ENV
 from repro.record.atomic import write_bytes_atomic, write_json_atomic
 from repro.record.provenance import KERNEL_ENV_NAMES, redact_text
+from repro.run import warm
 from repro.run.diskwatch import DiskLimits, DiskWatch, cut_log, empty_dir
 from repro.run.exits import collect_outcome
 from repro.run.lifeline import group_members, launch_command
@@ -204,17 +205,24 @@ def stop_all_children() -> None:
         kill_group(proc)
 
 
-def start_child(argv: list[str], *, log_path: Path, env: dict[str, str]) -> tuple[subprocess.Popen, int]:
+def start_child(
+    argv: list[str], *, log_path: Path, env: dict[str, str], warm_ok: bool = False
+) -> tuple[subprocess.Popen, int]:
     """Start argv as the leader of a new session, its output in log_path, on a lifeline.
 
     A new session: the terminal's Ctrl-C reaches the kit only, which then stops the group. The
     child runs under repro.run.lifeline's watcher; the kit holds the returned write end of the group's
     lifeline and must close it only once the group is reaped (if the kit dies first, the kernel
-    closes it and the watcher stops the whole group)."""
+    closes it and the watcher stops the whole group). warm_ok: argv is a CPU engine child that a warm-import
+    launcher may fork (repro.run.warm, when KVKIT_WARM_IMPORT=1); the handle is then a WarmChild."""
     if shutil.which(argv[0], path=env.get("PATH", os.defpath)) is None:  # what Popen would raise
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
     read_fd, write_fd = os.pipe()  # close-on-exec: no other child inherits either end
     try:
+        if warm_ok and warm.enabled():
+            forked = warm.start(argv, log_path=log_path, env=env, read_fd=read_fd, spawn=start_child)
+            if forked is not None:
+                return forked, write_fd
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 launch_command(argv, read_fd),
@@ -234,7 +242,13 @@ def start_child(argv: list[str], *, log_path: Path, env: dict[str, str]) -> tupl
 
 
 def run_child(
-    argv: list[str], *, log_path: Path, env: dict[str, str], timeout_s: float, watch: DiskWatch | None = None
+    argv: list[str],
+    *,
+    log_path: Path,
+    env: dict[str, str],
+    timeout_s: float,
+    watch: DiskWatch | None = None,
+    warm_ok: bool = False,
 ) -> tuple[int | None, bool, bool, float]:
     """Run one child in its own process group with its output in log_path; always reap the group.
 
@@ -247,8 +261,10 @@ def run_child(
     oom_before = oom_kill_count()
     own_watch = watch is None
     watch = watch or DiskWatch([log_path], log_path.parent)
+    if warm_ok and warm.enabled():
+        warm.prepare(argv, env, spawn=start_child)  # a launcher's import, outside the lock of starting()
     with starting():
-        proc, lifeline = start_child(argv, log_path=log_path, env=env)
+        proc, lifeline = start_child(argv, log_path=log_path, env=env, warm_ok=warm_ok)
         _LIVE.add(proc)
     try:
         try:
@@ -311,7 +327,12 @@ def run_arm(
         return not_started(name, log_path, DISK_LOW, f"{low}: the arm was not started so that the disk does not fill")
     write_json_atomic(job_path, replace(job, output=str(out_path)).to_json())
     returncode, timed_out, oom_killed, wall = run_child(
-        [python, "-m", module, str(job_path)], log_path=log_path, env=env, timeout_s=timeout_s, watch=watch
+        [python, "-m", module, str(job_path)],
+        log_path=log_path,
+        env=env,
+        timeout_s=timeout_s,
+        watch=watch,
+        warm_ok=module == "repro.engine" and job.engine.device == "cpu",  # never where CUDA could be initialised
     )
     stopped = None if watch.stop is None else (watch.stop[0], watch.stop[1] + give_back(watch, log_path))
     text = redact_log(log_path, env)

@@ -1,0 +1,188 @@
+"""`python -m repro.engine.warm SOCKET LOG`: a warm-import launcher for CPU engine children (KVKIT_WARM_IMPORT).
+
+The runner (repro.run.warm) starts one launcher per interpreter, working directory and exact environment,
+on a lifeline like any child. The launcher imports vLLM and torch (and repro.engine.child) once, builds no
+engine and starts no thread, then serves requests on a Unix SOCK_SEQPACKET socket: each request is a JSON
+message {"argv": [python, "-m", module, ARGS...], "log": path} with the arm's lifeline read end attached
+(SCM_RIGHTS). For each it forks a child that:
+
+- becomes the leader of a new session (setsid), so the runner's kill_group and the lifeline stop its group;
+- sends its stdin to /dev/null and its stdout and stderr to the arm log (opened as the runner opens it:
+  truncated), which starts with what the launcher printed while importing (the lines a spawned child
+  prints at the same point), then FORKED_LINE;
+- forks the lifeline watcher on the same pipe (repro.run.lifeline.watch), as `lifeline.py FD -- ARGV` does;
+- reseeds Python's and numpy's global random generators from the OS (a spawned interpreter starts with
+  fresh ones; forked children would otherwise share the launcher's state);
+- runs the module as `python -m module ARGS` does (runpy._run_module_as_main, a fresh __main__), and
+  exits as the interpreter does (atexit handlers, its exit status).
+
+The launcher answers `pid N` once the child is forked, then `exit STATUS` (the raw wait status) once it
+reaped it, on the same connection. It refuses (`refuse WHY`, the runner then spawns the child as usual)
+when a thread other than its own is running (threading.active_count, /proc/self/task, after stopping the
+OpenBLAS thread pools as their own fork handlers would) or CUDA was initialised. The hash seed is the
+launcher's, which is the child's: the launcher started under the child's exact environment, PYTHONHASHSEED
+included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import random
+import runpy
+import selectors
+import socket
+import sys
+import threading
+import types
+
+from repro.run import lifeline
+
+_MAX_MSG = 1 << 16
+FORKED_LINE = "kvkit warm launcher: this child was forked (vLLM imported once) by launcher pid"
+
+
+def _openblas_pools_down() -> None:
+    """Stop every loaded OpenBLAS's thread pool (numpy's and OpenCV's start one at load). Each registers the
+    same call as its own pthread_atfork handler, so this changes nothing a fork would not; the pool
+    restarts, with the same thread count, on the child's first threaded BLAS call."""
+    with open("/proc/self/maps") as maps:
+        libs = {line.split()[-1] for line in maps if "openblas" in line.rsplit("/", 1)[-1].lower()}
+    for path in sorted(libs):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(path).blas_thread_shutdown_()
+
+
+def fork_refusal() -> str | None:
+    """Why this process must not fork an engine child now, or None."""
+    import torch
+
+    if torch.cuda.is_initialized():
+        return "CUDA was initialised in the launcher"
+    _openblas_pools_down()
+    if threading.active_count() != 1:
+        return f"{threading.active_count()} Python threads are running"
+    tasks = os.listdir("/proc/self/task")
+    if len(tasks) != 1:
+        return f"{len(tasks)} threads are running (/proc/self/task)"
+    return None
+
+
+def _warm_up() -> None:
+    import torch  # noqa: F401
+    import vllm
+    import vllm.engine.arg_utils  # noqa: F401
+
+    import repro.engine.child  # noqa: F401
+
+
+def serve(sock_path: str, log_path: str) -> dict | None:
+    """Serve until the socket's listener is gone; in a forked child, return its request."""
+    _warm_up()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        with open(log_path, "rb") as log:
+            preamble = log.read()
+    except OSError:
+        preamble = b""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    server.bind(sock_path + ".tmp")
+    server.listen(16)
+    os.rename(sock_path + ".tmp", sock_path)  # the runner connects once the socket is there
+    print(f"kvkit warm launcher: ready on {sock_path}", file=sys.stderr, flush=True)
+    sel = selectors.DefaultSelector()
+    sel.register(server, selectors.EVENT_READ)
+    by_pid: dict[int, socket.socket] = {}
+    while True:
+        _reap(by_pid)
+        for key, _ in sel.select(timeout=0.05):
+            if key.fileobj is server:
+                conn, _ = server.accept()
+                msg, fds, _flags, _addr = socket.recv_fds(conn, _MAX_MSG, 1)
+                request = json.loads(msg)
+                if len(fds) != 1:
+                    conn.send(b"refuse no lifeline descriptor came with the request")
+                    conn.close()
+                    continue
+                why = fork_refusal()
+                if why is not None:
+                    os.close(fds[0])
+                    conn.send(f"refuse {why}".encode())
+                    conn.close()
+                    continue
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    sel.close()
+                    server.close()
+                    conn.close()
+                    for other in by_pid.values():
+                        other.close()
+                    return {**request, "lifeline_fd": fds[0], "preamble": preamble}
+                os.close(fds[0])
+                by_pid[pid] = conn
+                sel.register(conn, selectors.EVENT_READ)
+                conn.send(f"pid {pid}".encode())
+            else:  # the runner closed its end (it got the exit, or it is gone): nothing to tell any more
+                conn = key.fileobj
+                with contextlib.suppress(OSError):
+                    if conn.recv(_MAX_MSG):
+                        continue
+                sel.unregister(conn)
+                conn.close()
+                for pid, c in list(by_pid.items()):
+                    if c is conn:
+                        by_pid[pid] = None  # still reaped, its status goes nowhere
+
+
+def _reap(by_pid: dict) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = by_pid.pop(pid, None)
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.send(f"exit {status}".encode())
+
+
+def become_child(request: dict) -> None:
+    """In the forked child: the session, descriptors and lifeline watcher a spawned child has, then the module."""
+    os.setsid()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+    log = os.open(request["log"], flags, 0o666)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(null)
+    os.close(log)
+    os.write(2, request["preamble"])
+    os.write(2, f"{FORKED_LINE} {os.getppid()}\n".encode())
+    read_fd = request["lifeline_fd"]
+    if os.fork() == 0:
+        lifeline.watch(read_fd, os.getpgrp())
+    os.close(read_fd)
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+    argv = request["argv"]
+    if len(argv) < 3 or argv[1] != "-m":
+        raise SystemExit(f"kvkit warm launcher: not a `python -m MODULE` command: {argv}")
+    sys.argv = ["-m", *argv[3:]]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    runpy._run_module_as_main(argv[2])
+
+
+if __name__ == "__main__":
+    _request = serve(sys.argv[1], sys.argv[2])
+    if _request is not None:
+        become_child(_request)

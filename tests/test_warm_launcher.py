@@ -1,0 +1,102 @@
+"""End to end on the warm-import launcher (repro.run.warm, repro.engine.warm): a forked child's exit status, a
+child killed by a signal, a child that runs past its timeout, its lifeline, and the self-test forked against
+the self-test spawned. The launcher imports vLLM, so these are e2e."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import have_vllm
+from test_e2e_cpu import _comparable
+
+from repro.engine.warm import FORKED_LINE
+from repro.run import runner, warm
+from repro.run.lifeline import group_members
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
+
+CHILD = """
+import os, signal, sys, time
+what = sys.argv[1]
+print("child", os.getpid(), os.getpgrp(), os.getsid(0), os.environ.get("PYTHONHASHSEED"), hash("kvkit"), flush=True)
+if what == "exit":
+    sys.exit(3)
+if what == "signal":
+    os.kill(os.getpid(), signal.SIGKILL)
+if what == "sleep":
+    if os.fork() == 0:  # a grandchild in the group, as vLLM's engine core is
+        time.sleep(600)
+    time.sleep(600)
+"""
+
+
+@pytest.fixture
+def warm_env(tmp_path, monkeypatch):
+    monkeypatch.setenv(warm.SWITCH, "1")
+    (tmp_path / "kvkit_warm_child.py").write_text(CHILD)
+    env = runner.child_env(dict(os.environ), hashseed="0", extra={})
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    yield env
+    warm.stop_launchers()
+
+
+def _run(env: dict, tmp_path: Path, what: str, timeout_s: float = 120):
+    log = tmp_path / f"{what}.log"
+    argv = [sys.executable, "-m", "kvkit_warm_child", what]
+    rc, timed_out, _oom, _wall = runner.run_child(argv, log_path=log, env=env, timeout_s=timeout_s, warm_ok=True)
+    return rc, timed_out, log.read_text()
+
+
+def _child_line(text: str) -> list[str]:
+    return next(line for line in text.splitlines() if line.startswith("child ")).split()
+
+
+def test_a_forked_child_s_exit_status_session_log_and_hash_seed(warm_env, tmp_path):
+    rc, timed_out, text = _run(warm_env, tmp_path, "exit")
+    assert (rc, timed_out) == (3, False), text
+    assert FORKED_LINE in text
+    _, pid, pgid, sid, seed, forked_hash = _child_line(text)
+    assert pid == pgid == sid  # the leader of its own session, as a spawned child is
+    assert seed == "0"
+    # the hash of a str under PYTHONHASHSEED=0, which the launcher started under: what a spawned child computes
+    assert int(forked_hash) == _spawned_hash(warm_env)
+
+
+def _spawned_hash(env: dict) -> int:
+    out = subprocess.run(
+        [sys.executable, "-c", "print(hash('kvkit'))"], check=True, env=env, capture_output=True, text=True
+    )
+    return int(out.stdout)
+
+
+def test_a_forked_child_killed_by_a_signal(warm_env, tmp_path):
+    rc, timed_out, text = _run(warm_env, tmp_path, "signal")
+    assert (rc, timed_out) == (-9, False), text
+    assert FORKED_LINE in text
+
+
+def test_a_forked_child_past_its_timeout_is_stopped_with_its_group(warm_env, tmp_path):
+    rc, timed_out, text = _run(warm_env, tmp_path, "sleep", timeout_s=15)
+    assert timed_out, text
+    assert rc is not None and rc < 0
+    pgid = int(_child_line(text)[2])
+    assert not group_members(pgid)
+
+
+def test_forked_arm_children_give_the_report_of_spawned_ones(selftest_run, selftest_sequential_run):
+    """The shared self-test's arm children were forked by the launcher (the suite sets KVKIT_WARM_IMPORT=1), the
+    sequential one's spawned (tests/e2e_runs.py sets it to 0 there): every verdict, token ID, logprob, hit
+    counter and KV audit figure the same (test_e2e_cpu compares the two; this says which was which)."""
+    if os.environ.get(warm.SWITCH) != "1":
+        pytest.skip(f"{warm.SWITCH} is not 1 in this session: the shared self-test was spawned")
+    forked, spawned = selftest_run.report, selftest_sequential_run.report
+    for report, want in ((forked, True), (spawned, False)):
+        logs = [report.parent / a["log"] for a in json.loads(report.read_text())["arms"] if a.get("log")]
+        assert logs, report
+        assert all((FORKED_LINE in p.read_text()) is want for p in logs), (report, want)
+    assert _comparable(json.loads(forked.read_text())) == _comparable(json.loads(spawned.read_text()))
