@@ -12,9 +12,10 @@ Then it is sent again at once, as an ordinary request: that answer is the one ju
 attempt did (chunks, tokens, missed or not). The server's own counts (/metrics: `vllm:request_success` by
 finished_reason, "abort" apart, and its running and waiting gauges) are read before and after each round and recorded
 on the round's cancellations (`round`), beside the requests the kit sent and the connections it closed: a closed
-attempt is finished or aborted there as the disconnect reaches the server before its last token or not: each one it
-finished anyway shows as one finished request more than the requests it ran to their end. A cancelled attempt's KV audit
-record cannot be told from its retry's over HTTP: the retry's record is marked unavailable. Standard library HTTP.
+attempt is finished or aborted there as the disconnect reaches the server before its last token or not: each one
+it finished anyway shows as one finished request more than the requests it ran to their end. A cancelled attempt's
+KV audit record cannot be told from its retry's over HTTP: the retry's record is marked unavailable. Standard
+library HTTP.
 """
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ class ServerFrontend:
         self.tokenizer_check = check_tokenizer(self)
 
     def _dead(self, grace: float = 0.0) -> str | None:
-        """Why the server is gone (its pid and exit code), or None while it runs; grace: seconds to wait for its exit."""
+        """Why the server is gone (its pid and exit code), or None while it runs; grace: seconds to wait for an exit."""
         try:
             code = self.proc.wait(timeout=grace) if grace > 0 else self.proc.poll()
         except subprocess.TimeoutExpired:

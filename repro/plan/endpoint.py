@@ -8,9 +8,10 @@ or path of `--model` (the tokenizer the probes are built with), one whose tokeni
 tokenizer is checked by token IDs, exactly: a fixed set of texts (TOKENIZER_TEXTS) is sent to the server's
 `POST /tokenize` (vLLM's route) and encoded here by `--model`'s tokenizer loaded as the served child loads it
 (transformers' AutoTokenizer, as vLLM's get_tokenizer loads it, so its tokenizer_config.json counts as it does
-in a server; no special tokens added on either side); one text that differs refuses the server. Where that cannot be done (no /tokenize, no local copy of
---model's tokenizer) the check says why and the run goes on: each served child checks again with vLLM's own load
-of the tokenizer and records the outcome in its report (repro.engine.served). Standard library HTTP.
+in a server; no special tokens added on either side); one text that differs refuses the server. Where that cannot
+be done (no /tokenize, no local copy of --model's tokenizer) the check says why and the run goes on: each served
+child checks again with vLLM's own load of the tokenizer and records the outcome in its report
+(repro.engine.served). Standard library HTTP.
 """
 
 from __future__ import annotations
