@@ -22,6 +22,18 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 # vLLM once, as proven byte-identical by tests/test_warm_launcher.py (docs/layout.md). KVKIT_WARM_IMPORT=0 in the
 # shell keeps every child spawned; the sequential self-test (e2e_runs) is always spawned, the reference it is held to.
 os.environ.setdefault("KVKIT_WARM_IMPORT", "1")
+# One pool of launchers for the whole session (repro.run.warm.POOL_ENV): every run the tests start forks its arm
+# children from the same launchers, so each environment's vLLM import is paid once, not once per run. The pool's
+# launchers stop when this process is gone or the folder is removed (at exit, below). xdist's workers inherit it.
+if os.environ.get("KVKIT_WARM_IMPORT") == "1" and not os.environ.get("KVKIT_WARM_POOL"):
+    import atexit
+    import shutil
+    import tempfile
+
+    _pool = tempfile.mkdtemp(prefix="kvkit-warm-pool-")
+    Path(_pool, "owner").write_text(str(os.getpid()))
+    os.environ["KVKIT_WARM_POOL"] = _pool
+    atexit.register(shutil.rmtree, _pool, True)
 import e2e_runs
 from e2e_runs import (  # noqa: F401
     e2e_lane,

@@ -60,7 +60,8 @@ def test_kill_9_of_the_kit_stops_the_engines_it_started(tiny_model, tmp_path):
         [sys.executable, "-m", "repro.verify_kv_reuse", *selftest_cpu_argv(tiny_model, str(report))]
         + ["--jobs", "2", "--engine-layout", "vllm"],
         cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        # the kit's own launchers (no session pool: a pooled launcher outlives any one kit by design)
+        env=dict(os.environ, PYTHONPATH=str(ROOT), KVKIT_WARM_POOL=""),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +27,7 @@ CHILD = """
 import os, signal, sys, time
 what = sys.argv[1]
 print("child", os.getpid(), os.getpgrp(), os.getsid(0), os.environ.get("PYTHONHASHSEED"), hash("kvkit"), flush=True)
+print("gate", os.environ.get("KVKIT_PREFLIGHT_GATE", "unset"), flush=True)
 if what == "exit":
     sys.exit(3)
 if what == "signal":
@@ -38,6 +42,7 @@ if what == "sleep":
 @pytest.fixture
 def warm_env(tmp_path, monkeypatch):
     monkeypatch.setenv(warm.SWITCH, "1")
+    monkeypatch.delenv(warm.POOL_ENV, raising=False)  # this process's own launchers, unless a test names a pool
     (tmp_path / "kvkit_warm_child.py").write_text(CHILD)
     env = runner.child_env(dict(os.environ), hashseed="0", extra={})
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
@@ -72,6 +77,72 @@ def _spawned_hash(env: dict) -> int:
         [sys.executable, "-c", "print(hash('kvkit'))"], check=True, env=env, capture_output=True, text=True
     )
     return int(out.stdout)
+
+
+def test_a_run_time_variable_goes_with_the_request_not_into_the_launchers_key(warm_env, tmp_path):
+    """A --jobs 2 run's second arm carries the preflight gate's variable, the later arms of its slot not: one
+    launcher forks them all, and each child sees the variable as its own environment had it (set, then unset)."""
+    gated = {**warm_env, warm.PREFLIGHT_GATE_ENV: str(tmp_path / "gate")}
+    seen = []
+    for env, name in ((gated, "gated"), (warm_env, "plain")):
+        (tmp_path / name).mkdir()
+        rc, _, text = _run(env, tmp_path / name, "exit")
+        assert rc == 3, text
+        launcher = next(line for line in text.splitlines() if line.startswith(FORKED_LINE)).split()[-1]
+        gate = next(line for line in text.splitlines() if line.startswith("gate ")).split(" ", 1)[1]
+        seen.append((launcher, gate))
+    assert seen[0][0] == seen[1][0], seen  # the same launcher
+    assert [gate for _, gate in seen] == [str(tmp_path / "gate"), "unset"]
+    assert len([v for v in warm._LAUNCHERS.values() if v is not None]) == 1
+
+
+ANOTHER_KIT = """
+import json, sys
+from pathlib import Path
+from repro.run import runner
+rc, _, _, _ = runner.run_child(json.loads(sys.argv[1]), log_path=Path(sys.argv[2]), env=json.loads(sys.argv[3]),
+                               timeout_s=120, warm_ok=True)
+print(rc)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def test_a_pooled_launcher_serves_every_kit_process_that_names_the_pool_and_stops_with_it(
+    warm_env, tmp_path, monkeypatch
+):
+    """KVKIT_WARM_POOL (the test session's own): a child of this process and one of another kit process (a fresh
+    interpreter, as each verifier run is) are forked by the same launcher, which this process started outside any
+    run's lifeline; removing the pool's folder stops it."""
+    pool = Path(tempfile.mkdtemp(prefix="kvkit-pool-test-"))  # short: a Unix socket's path has 107 bytes
+    try:
+        (pool / "owner").write_text(str(os.getpid()))
+        monkeypatch.setenv(warm.POOL_ENV, str(pool))
+        env = {**warm_env, warm.POOL_ENV: str(pool)}
+        rc, _, text = _run(env, tmp_path, "exit")
+        assert rc == 3, text
+        launchers = [line.split()[-1] for line in text.splitlines() if line.startswith(FORKED_LINE)]
+        log = tmp_path / "other.log"
+        argv = [sys.executable, "-m", "kvkit_warm_child", "exit"]
+        other = subprocess.run([sys.executable, "-c", ANOTHER_KIT, json.dumps(argv), str(log), json.dumps(env)],
+                               env=env, capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+        assert other.stdout.strip() == "3", other.stderr[-3000:]
+        launchers += [line.split()[-1] for line in log.read_text().splitlines() if line.startswith(FORKED_LINE)]
+        assert len(launchers) == 2 and launchers[0] == launchers[1], launchers
+        assert not warm._LAUNCHERS  # no launcher of this process's own
+        homes = [d for d in pool.iterdir() if d.is_dir()]
+        assert len(homes) == 1 and (homes[0] / "s").exists()
+    finally:
+        shutil.rmtree(pool, ignore_errors=True)
+    deadline = time.monotonic() + 30
+    while not _gone(int(launchers[0])):
+        assert time.monotonic() < deadline, "the pooled launcher outlived its pool"
+        time.sleep(0.2)
 
 
 def test_a_forked_child_killed_by_a_signal(warm_env, tmp_path):

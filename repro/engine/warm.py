@@ -1,16 +1,20 @@
-"""`python -m repro.engine.warm SOCKET LOG`: a warm-import launcher for CPU engine children (KVKIT_WARM_IMPORT).
+"""`python -m repro.engine.warm SOCKET LOG [--owner PID]`: a warm-import launcher for CPU engine children
+(KVKIT_WARM_IMPORT).
 
-The runner (repro.run.warm) starts one launcher per interpreter, working directory and exact environment,
-on a lifeline like any child. The launcher imports vLLM and torch (and repro.engine.child) once, builds no
-engine and starts no thread, then serves requests on a Unix SOCK_SEQPACKET socket: each request is a JSON
-message {"argv": [python, "-m", module, ARGS...], "log": path} with the arm's lifeline read end attached
-(SCM_RIGHTS). For each it forks a child that:
+The runner (repro.run.warm) starts one launcher per interpreter, working directory and exact environment (but
+for the variables a child reads only at run time), on a lifeline like any child. The launcher imports vLLM and
+torch (and repro.engine.child) once, builds no engine and starts no thread, then serves requests on a Unix
+SOCK_SEQPACKET socket: each request is a JSON message {"argv": [python, "-m", module, ARGS...], "log": path,
+"run_time_env": {NAME: value, or null for unset}} with the arm's lifeline read end attached (SCM_RIGHTS). For each
+it forks a child that:
 
 - becomes the leader of a new session (setsid), so the runner's kill_group and the lifeline stop its group;
 - sends its stdin to /dev/null and its stdout and stderr to the arm log (opened as the runner opens it:
   truncated), which starts with what the launcher printed while importing (the lines a spawned child
   prints at the same point), then FORKED_LINE;
 - forks the lifeline watcher on the same pipe (repro.run.lifeline.watch), as `lifeline.py FD -- ARGV` does;
+- sets the run-time variables the request names (removes those it gives as null), so that its environment is
+  the one the runner asked for;
 - reseeds Python's and numpy's global random generators from the OS (a spawned interpreter starts with
   fresh ones; forked children would otherwise share the launcher's state);
 - runs the module as `python -m module ARGS` does (runpy._run_module_as_main, a fresh __main__), and
@@ -36,6 +40,7 @@ import selectors
 import socket
 import sys
 import threading
+import time
 import types
 
 from repro.run import lifeline
@@ -78,8 +83,22 @@ def _warm_up() -> None:
     import repro.engine.child  # noqa: F401
 
 
-def serve(sock_path: str, log_path: str) -> dict | None:
-    """Serve until the socket's listener is gone; in a forked child, return its request."""
+def _orphaned(sock_path: str, owner: int | None) -> bool:
+    """A pooled launcher's end (repro.run.warm's pool): its owner process is gone, or its socket was removed."""
+    if owner is None:
+        return False
+    try:
+        os.kill(owner, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    return not os.path.exists(sock_path)
+
+
+def serve(sock_path: str, log_path: str, owner: int | None = None) -> dict | None:
+    """Serve until the launcher is stopped (or, given an owner pid, until that process is gone or the socket was
+    removed: then None); in a forked child, return its request."""
     _warm_up()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -96,8 +115,15 @@ def serve(sock_path: str, log_path: str) -> dict | None:
     sel = selectors.DefaultSelector()
     sel.register(server, selectors.EVENT_READ)
     by_pid: dict[int, socket.socket] = {}
+    checked = time.monotonic()
     while True:
         _reap(by_pid)
+        if time.monotonic() - checked > 1.0:
+            checked = time.monotonic()
+            if _orphaned(sock_path, owner):
+                print("kvkit warm launcher: the pool's owner is gone or the socket removed; stopping", file=sys.stderr)
+                server.close()
+                return None
         for key, _ in sel.select(timeout=0.05):
             if key.fileobj is server:
                 conn, _ = server.accept()
@@ -170,6 +196,11 @@ def become_child(request: dict) -> None:
     if os.fork() == 0:
         lifeline.watch(read_fd, os.getpgrp())
     os.close(read_fd)
+    for name, value in (request.get("run_time_env") or {}).items():  # the runner's RUN_TIME_ENV: set, or removed
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     random.seed()
     numpy = sys.modules.get("numpy")
     if numpy is not None:
@@ -183,6 +214,8 @@ def become_child(request: dict) -> None:
 
 
 if __name__ == "__main__":
-    _request = serve(sys.argv[1], sys.argv[2])
+    # SOCKET LOG [--owner PID]: a pooled launcher names the pool's owner process
+    _owner = int(sys.argv[4]) if len(sys.argv) > 4 and sys.argv[3] == "--owner" else None
+    _request = serve(sys.argv[1], sys.argv[2], _owner)
     if _request is not None:
         become_child(_request)

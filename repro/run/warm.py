@@ -4,9 +4,17 @@ has imported vLLM once, instead of each spawning a fresh interpreter that spends
 Off unless KVKIT_WARM_IMPORT=1 is in the kit's environment (the test suite sets it: tests/conftest.py).
 Only `PYTHON -m repro.engine JOB` children of a CPU engine use it (repro.run.runner.run_arm says which);
 every other child, and any child the launcher refuses, is spawned as before. One launcher per interpreter
-path, working directory and exact environment (a child whose environment differs in any byte gets its own
-launcher, or is spawned once MAX_LAUNCHERS are running). A launcher runs on a lifeline like any child, so
-it dies with the kit; the kit stops the ones it started at exit.
+path, working directory and exact environment but for RUN_TIME_ENV (a child whose environment differs in any other
+byte gets its own launcher, or is spawned once MAX_LAUNCHERS are running). A variable of RUN_TIME_ENV is one the
+child reads only once it runs, never at import: it goes with each request, and the forked child sets it (or
+removes it) before its module runs, so a child gets the environment it asked for, byte for byte. A launcher runs
+on a lifeline like any child, so it dies with the kit; the kit stops the ones it started at exit.
+
+With KVKIT_WARM_POOL naming a folder (the test suite sets it: tests/conftest.py), the launchers live there and
+every kit process that names the folder shares them, so a key's import is paid once per test session, not once per
+run: a pooled launcher is started outside any run's lifeline (a session of its own) and stops when the folder's
+owner process is gone or its socket was removed. A key the pool cannot serve (full, or its launcher did not start)
+gets a launcher of the run's own, as without a pool.
 
 WarmChild stands in for subprocess.Popen: pid (the group's id too), poll, wait, returncode, the exit status
 the launcher reaped. If the launcher is gone before the child's status came, the child's group is killed
@@ -17,6 +25,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import select
@@ -30,12 +40,24 @@ import threading
 import time
 from pathlib import Path
 
+from repro.contract.job import PREFLIGHT_GATE_ENV
 from repro.run.lifeline import group_members
 
 SWITCH = "KVKIT_WARM_IMPORT"
 MODULE = "repro.engine.warm"
 MAX_LAUNCHERS = 4
 READY_S = 300.0  # a launcher's import on a loaded machine
+# read by the child at run time only (repro.engine.child.wait_for_preflight), so not a launcher's key: a --jobs 2
+# run's second arm, started during the first arm's preflight, shares the launcher of its slot's later arms. pytest's
+# name of the test running now is read by nothing of the kit's, and differs between runs a pool serves.
+RUN_TIME_ENV = (PREFLIGHT_GATE_ENV, "PYTEST_CURRENT_TEST")
+# A folder of launchers shared by every kit process that names it (the test suite's: tests/conftest.py), so a
+# key's import is paid once per test session rather than once per run. Its file `owner` holds the pid of the
+# process that made it: a pooled launcher stops when that process is gone or its socket was removed.
+POOL_ENV = "KVKIT_WARM_POOL"
+# launchers in a pool (each holds vLLM imported, about 0.5 GB); past it, a run starts its own. A soft cap: two kit
+# processes starting launchers of different keys at the same moment may both pass it (one lock file per key)
+POOL_MAX = 12
 _MAX_MSG = 1 << 16
 
 
@@ -124,13 +146,25 @@ class _Launcher:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+class _Pooled:
+    """A launcher of the pool (POOL_ENV): this process did not start it, and never stops it."""
+
+    def __init__(self, sock_path: Path):
+        self.sock_path = sock_path
+
+
 _LAUNCHERS: dict[tuple, _Launcher | None] = {}  # None: this key's launcher failed to start; spawn its children
+_POOLED: dict[tuple, _Pooled | None] = {}  # None: the pool could not serve this key; a launcher of this run's
 _LOCK = threading.Lock()
 _SAID: set[str] = set()
 
 
+def _launcher_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k not in RUN_TIME_ENV}
+
+
 def _key(argv: list[str], env: dict[str, str]) -> tuple:
-    environ = tuple(sorted((k.encode(), v.encode()) for k, v in env.items()))
+    environ = tuple(sorted((k.encode(), v.encode()) for k, v in _launcher_env(env).items()))
     return (os.path.abspath(argv[0]), os.path.realpath(argv[0]), os.getcwd(), environ)
 
 
@@ -140,8 +174,53 @@ def _say(line: str) -> None:
         print(f"[kvkit] warm launcher: {line}", file=sys.stderr, flush=True)
 
 
-def _launcher(argv: list[str], env: dict[str, str], spawn) -> _Launcher | None:
+def _pooled(pool: Path, key: tuple, argv: list[str], env: dict[str, str]) -> _Pooled | None:
+    """The pool's launcher for key, started here (under a lock file, so one process starts it) if it has none
+    yet; None: the pool is full, or its launcher did not start (a run's own launcher then serves the key)."""
+    with _LOCK:
+        if key in _POOLED:
+            return _POOLED[key]
+    digest = hashlib.sha256(repr(key).encode()).hexdigest()[:20]
+    home = pool / digest
+    found: _Pooled | None = None
+    try:
+        with open(pool / f"{digest}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            sock = home / "s"
+            if sock.exists():
+                found = _Pooled(sock)
+            elif home.is_dir() or sum(1 for d in pool.iterdir() if d.is_dir()) < POOL_MAX:
+                home.mkdir(exist_ok=True)
+                owner = (pool / "owner").read_text().strip()
+                with open(home / "launcher.log", "wb") as log:
+                    proc = subprocess.Popen(
+                        [argv[0], "-m", MODULE, str(sock), str(home / "launcher.log"), "--owner", owner],
+                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=_launcher_env(env),
+                        start_new_session=True,
+                    )  # fmt: skip
+                deadline = time.monotonic() + READY_S
+                while not sock.exists() and proc.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                if sock.exists():
+                    found = _Pooled(sock)
+                else:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    _say(f"a pooled launcher did not start (its log: {home / 'launcher.log'}); this run starts its own")
+    except OSError as exc:
+        _say(f"the launcher pool {pool} could not be used ({exc}); this run starts its own launchers")
+    with _LOCK:
+        _POOLED.setdefault(key, found)
+        return _POOLED[key]
+
+
+def _launcher(argv: list[str], env: dict[str, str], spawn) -> _Launcher | _Pooled | None:
     key = _key(argv, env)
+    pool = os.environ.get(POOL_ENV)
+    if pool:
+        pooled = _pooled(Path(pool), key, argv, env)
+        if pooled is not None:
+            return pooled
     with _LOCK:
         if key in _LAUNCHERS:
             launcher = _LAUNCHERS[key]
@@ -151,7 +230,7 @@ def _launcher(argv: list[str], env: dict[str, str], spawn) -> _Launcher | None:
             tmp = tempfile.mkdtemp(prefix="kvkit-warm-")
             sock = Path(tmp) / "s"
             log = Path(tmp) / "launcher.log"
-            proc, lifeline = spawn([argv[0], "-m", MODULE, str(sock), str(log)], log_path=log, env=env)
+            proc, lifeline = spawn([argv[0], "-m", MODULE, str(sock), str(log)], log_path=log, env=_launcher_env(env))
             launcher = _Launcher(key, proc, lifeline, sock, tmp)
             _LAUNCHERS[key] = launcher
     if launcher is None:
@@ -184,7 +263,7 @@ def start(argv: list[str], *, log_path: Path, env: dict[str, str], read_fd: int,
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         conn.connect(str(launcher.sock_path))
-        request = {"argv": argv, "log": str(log_path)}
+        request = {"argv": argv, "log": str(log_path), "run_time_env": {k: env.get(k) for k in RUN_TIME_ENV}}
         socket.send_fds(conn, [json.dumps(request).encode()], [read_fd])
         reply = conn.recv(_MAX_MSG)
     except OSError as exc:
@@ -203,5 +282,6 @@ def stop_launchers() -> None:
     with _LOCK:
         launchers = [v for v in _LAUNCHERS.values() if v is not None]
         _LAUNCHERS.clear()
+        _POOLED.clear()  # the pool's launchers are its owner's to stop
     for launcher in launchers:
         launcher.stop()
