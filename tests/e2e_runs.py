@@ -10,14 +10,16 @@ test having run first. Several files read one report, each asserting its own thi
   tests/test_e2e_kernels.py (the expectations hold under the variant, and the report names it). The self-test on
   the machine's own kernels runs in tests/test_kit.py (from the unpacked kit, whose acceptance must match), and
   every other end-to-end test runs those kernels.
-- selftest_sequential_run: the same, one arm after another (--jobs 1, --quiet) and in vLLM's own engine layout
-  (--engine-layout vllm: the engine core and its worker in processes of their own; every other CPU run takes the
-  one-process default): tests/test_e2e_cpu.py compares it with selftest_run, and tests/test_e2e_frontend.py reads its baseline and native arms as the sync front end's.
+- selftest_sequential_run: the same, one arm after another (--jobs 1, --quiet), every arm child spawned
+  (KVKIT_WARM_IMPORT=0): tests/test_e2e_cpu.py compares it with selftest_run (arms at once against one after
+  another), tests/test_warm_launcher.py says which was forked, and tests/test_e2e_frontend.py reads its baseline and
+  native arms as the sync front end's.
 - served_selftest_run: the self-test again with `--frontend server` (every arm a `vllm serve` process the kit
-  starts, over HTTP, in vLLM's own layout), two arms at a time as selftest_run (--jobs changes how many arm children
-  run at once and pins each one's OpenMP thread to a core of its own, not what an arm does:
-  repro.plan.arms.arm_slots): tests/test_e2e_served.py compares it with selftest_run request by request (and
-  tests/test_e2e_cpu.py that one with selftest_sequential_run, vLLM's layout one arm after another).
+  starts, over HTTP, in vLLM's own engine layout: the engine core and its worker in processes of their own, where
+  every offline CPU run takes the one-process default), two arms at a time as selftest_run (--jobs changes how many
+  arm children run at once and pins each one's OpenMP thread to a core of its own, not what an arm does:
+  repro.plan.arms.arm_slots): tests/test_e2e_served.py compares it with selftest_run request by request, which holds
+  the front end and the engine layout together to the same bits.
 - planted_scenarios_run: fixtures/scenarios-cpu-planted.json (two gated planted faults, native) with the in-flight
   and eviction scenarios: tests/test_scenarios_planted_e2e.py, and tests/test_e2e_planted_scenario_gates.py reads
   its plain probes (the gates stay shut one request at a time).
@@ -245,7 +247,7 @@ def _selftest(model: str, tmp: Path) -> Run:
 
 def _selftest_sequential(model: str, tmp: Path) -> Run:
     report = tmp / f"sequential-{SELFTEST_KERNELS}.json"
-    argv = [*selftest_cpu_argv(model, str(report)), "--jobs", "1", "--quiet", "--engine-layout", "vllm"]
+    argv = [*selftest_cpu_argv(model, str(report)), "--jobs", "1", "--quiet"]
     # spawned, whatever the suite sets: the reference the forked self-test is held to (test_warm_launcher)
     return verify(argv, report, env={**KERNEL_VARIANTS[SELFTEST_KERNELS], "KVKIT_WARM_IMPORT": "0"})
 

@@ -74,6 +74,34 @@ def test_the_adapters_baselines_differ_on_every_probe(adapters_run):
     assert "cannot tell the adapters apart" not in text
 
 
+def test_the_adapters_answer_apart_from_the_base_model(adapters_run, planted_scenarios_run):
+    """The base model's answer on the 1502-token prompt (the planted scenarios run's cache-off baseline: the same
+    model, engine flags and kernels, no adapter) differs from every adapter's, so the adapters are applied: an
+    adapter the engine dropped would answer as the base model. (Merged from the former tests/test_e2e_lora.py,
+    whose own engine run asked the same of both prompts; A and B apart on both is the test above.)"""
+    prompt = next(p for p in _fixture()["probes"] if p["name"] == "fixture-A")["prompt"]["token_ids"]
+    base_probe = next(p for p in _arm(planted_scenarios_run.data, "baseline")["probes"] if p["name"] == "fixture")
+    assert base_probe["submitted_token_ids"] == prompt
+    base = base_probe["requests"][0]["token_ids"]
+    for p in _arm(adapters_run.data, "baseline")["probes"]:
+        if p["submitted_token_ids"] == prompt:
+            assert p["requests"][0]["token_ids"] != base, p["name"]
+
+
+def test_reuse_under_each_adapter_hits_and_gives_its_own_answer(adapters_run):
+    """Native prefix caching under adapters A and B, both prompts: each probe's first request is a miss, and each
+    reuse under the same adapter hits and gives that adapter's baseline tokens (merged from the former
+    tests/test_e2e_lora.py; that a reuse across adapters misses is the a-then-b scenario's test below)."""
+    base = {p["name"]: p["requests"][0]["token_ids"] for p in _arm(adapters_run.data, "baseline")["probes"]}
+    native = _arm(adapters_run.data, "native")
+    for p in native["probes"]:
+        if p["adapter"] not in ("A", "B"):
+            continue
+        first, *reuses = p["requests"]
+        assert first["cached_tokens"] == 0, p["name"]
+        assert reuses and all(r["cached_tokens"] > 0 and r["token_ids"] == base[p["name"]] for r in reuses), p["name"]
+
+
 def test_every_verdict_is_the_fixtures(adapters_run):
     data, fixture = adapters_run.data, _fixture()
     for arm, table in fixture["expected"].items():

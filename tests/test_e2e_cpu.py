@@ -51,19 +51,21 @@ def _comparable(report: dict) -> dict:
 
 
 def test_arms_at_the_same_time_give_the_report_of_arms_one_after_another(selftest, selftest_sequential_run):
-    """--jobs 2 in the one-process engine layout (the shared self-test, the CPU's default) against --jobs 1 in
-    vLLM's own layout (the engine core and its worker in processes of their own): every verdict, token ID,
-    logprob, hit counter and KV audit figure the same; only timings, paths and request IDs differ. Neither the
-    arms running at once nor the engine's processes change one bit."""
+    """--jobs 2 (the shared self-test, its arm children forked by the warm launcher) against --jobs 1 (every arm
+    child spawned), both in the CPU's one-process engine layout: every verdict, token ID, logprob, hit counter and
+    KV audit figure the same; only timings, paths and request IDs differ. Neither the arms running at once nor
+    how their children started changes one bit. (vLLM's own layout against this one: the served self-test,
+    tests/test_e2e_served.py; --engine-layout vllm offline: tests/test_lifeline_e2e.py.)"""
     _, concurrent = selftest
     proc, report = selftest_sequential_run.proc, selftest_sequential_run.report
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "arm baseline" not in proc.stderr  # --quiet: the summary alone
     one, own = json.loads(concurrent.read_text()), json.loads(report.read_text())
-    assert (one["config"]["engine_layout"], own["config"]["engine_layout"]) == ("one-process", "vllm")
-    for data, layout, executor in ((one, "one-process", "uni"), (own, "vllm", "mp")):
+    assert (one["config"]["jobs"], own["config"]["jobs"]) == (2, 1)
+    for data in (one, own):
+        assert data["config"]["engine_layout"] == "one-process"
         ran = {(a["effective_config"]["engine_layout"], a["effective_config"]["executor"]) for a in data["arms"]}
-        assert ran == {(layout, executor)}
+        assert ran == {("one-process", "uni")}
     assert _comparable(own) == _comparable(one)
 
 

@@ -3,9 +3,8 @@ probes (its fixture probe and the acceptance suite's chat probes), on the baseli
 caching arms, once through vLLM's LLM and once through a bare AsyncLLM, give the same record request by
 request: token IDs, logprobs, cached-token counts, kv_transfer_params, request IDs, text. The sync side is the
 session's self-test one arm after another (tests/e2e_runs.py; its kernels: ATen's portable ones, which the async
-run takes too; vLLM's own engine layout, where the async run takes the CPU's one-process default, so the two
-agreeing says that neither the front end nor the layout changes a request), read on its baseline and native arms; the async run leaves the self-test's connector arms out to keep
-the cost down: the front end is the same code for every arm."""
+run takes too; both in the CPU's one-process engine layout), read on its baseline and native arms; the async run
+leaves the self-test's connector arms out to keep the cost down: the front end is the same code for every arm."""
 
 from __future__ import annotations
 

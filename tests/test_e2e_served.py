@@ -3,9 +3,11 @@ kit starts, over HTTP) against the offline front end on the CPU self-test, reque
 mid-run; and `repro endpoint` against two `vllm serve` servers this test starts itself.
 
 The offline side is the session's shared self-test (tests/e2e_runs.py: --jobs 2, ATen's portable kernels), which
-the served run mirrors, two arms at a time with the same kernels. `vllm serve` always runs vLLM's own engine layout,
-the offline run the CPU's one-process one; tests/test_e2e_cpu.py holds that run equal, request by request, to the
-sequential self-test in vLLM's layout, so neither the layout nor the arms at once change a bit here either."""
+the served run mirrors, two arms at a time with the same kernels. `vllm serve` always runs vLLM's own engine layout
+(the engine core and its worker in processes of their own, the engine spawned), the offline run the CPU's one-process
+one (its arm children forked by the warm launcher), so the comparison below holds the front end, the engine layout and
+the way the engine started to the same bits together (tests/test_e2e_cpu.py holds the offline run equal to the same
+self-test one arm after another, every child spawned)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, have_vllm
 from e2e_runs import SELFTEST_KERNELS
+from test_e2e_cpu import _comparable
 
 from repro.plan.options import CPU_ENGINE_FLAGS, SELFTEST_CPU_FIXTURE
 from repro.record.provenance import KERNEL_VARIANTS
@@ -58,6 +61,10 @@ def test_served_self_test_matches_the_offline_one_request_by_request(both):
                                        r.data["arms"] for p in a["probes"]} for r in both
     }  # fmt: skip
     assert kv["server"] == kv["sync"]  # the KV audit wraps the connector inside the server too
+    # and the whole comparable record (tests/test_e2e_cpu.py's: every arm's verdict and reasons, every request's
+    # fields, the KV audit's figures, acceptance): vLLM's own engine layout, spawned, against the CPU's one-process
+    # layout, forked, change nothing either
+    assert _comparable(served.data) == _comparable(offline.data)
 
 
 def test_the_planted_fault_fails_served_and_the_report_says_how_it_was_served(both):
@@ -67,7 +74,7 @@ def test_the_planted_fault_fails_served_and_the_report_says_how_it_was_served(bo
     assert served.data["config"]["frontend"] == "server" and served.data["config"]["engine_layout"] == "vllm"
     for arm in arms.values():
         facts = arm["effective_config"]["served"]
-        assert arm["effective_config"]["frontend"] == "server"
+        assert arm["effective_config"]["frontend"] == "server" and arm["effective_config"]["engine_layout"] == "vllm"
         assert facts["url"].startswith("http://127.0.0.1:") and facts["version"]["version"] == "0.28.0"
         assert "--enable-prompt-tokens-details" not in facts["argv"]  # the engine's own flags, as checked
     resets = arms["native"]["effective_config"]["served"]["prefix_cache_resets"]
@@ -120,6 +127,7 @@ def test_a_server_killed_mid_run_is_an_error_citing_its_log_and_nothing_is_left(
             SELFTEST_CPU_FIXTURE, "--reuses", "1", "--no-kv-audit", "--jobs", "2", "--quiet", "--frontend", "server",
             "--no-confirm", "--report", str(report)]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    env["KVKIT_WARM_POOL"] = ""  # the kit's own launchers: the servers are then its descendants, found below
     proc = subprocess.Popen([sys.executable, "-m", "repro.verify_kv_reuse", *argv], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     killed, groups, deadline = None, set(), time.monotonic() + 600
@@ -175,8 +183,13 @@ def _start_server(model: str, caching: bool, log: Path) -> tuple[subprocess.Pope
             "--model", model, "--dtype", "float32", "--gpu-memory-utilization", "0.1", "--max-model-len", "2048", "--block-size", "16", "--seed", "0",
             "--enforce-eager", "--max-num-seqs", "1", "--enable-prompt-tokens-details",
             "--enable-prefix-caching" if caching else "--no-enable-prefix-caching"]  # fmt: skip
-    server = subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
-                              env=dict(os.environ, **KERNEL_VARIANTS[SELFTEST_KERNELS]))  # fmt: skip
+    # the kernel variant as the kit runs it (repro.run.runner.child_env): with ATEN_CPU_CAPABILITY set, inductor's FX
+    # graph and AOT caches off, or a graph another run cached for the machine's own vector ISA is loaded and fails to
+    # build (g++: 'at::vec' has not been declared): with the variable alone, both servers did so at their first
+    # request in both end-to-end sessions run here on 2026-12-04
+    env = dict(os.environ, **KERNEL_VARIANTS[SELFTEST_KERNELS])
+    env.update({"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"})
+    server = subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
     return server, f"http://127.0.0.1:{port}"
 
 
