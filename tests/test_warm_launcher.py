@@ -85,9 +85,15 @@ def test_a_run_time_variable_goes_with_the_request_not_into_the_launchers_key(wa
     gated = {**warm_env, warm.PREFLIGHT_GATE_ENV: str(tmp_path / "gate")}
     seen = []
     for env, name in ((gated, "gated"), (warm_env, "plain")):
-        (tmp_path / name).mkdir()
-        rc, _, text = _run(env, tmp_path / name, "exit")
-        assert rc == 3, text
+        # a launcher refuses a fork while a thread of its own still runs (a clean clone's CI saw "2 threads are
+        # running" once, 2026-12-04) and the child is spawned, as the kit intends: ask again, up to three times
+        for attempt in range(3):
+            (tmp_path / f"{name}{attempt}").mkdir()
+            rc, _, text = _run(env, tmp_path / f"{name}{attempt}", "exit")
+            assert rc == 3, text
+            assert f"gate {gated[warm.PREFLIGHT_GATE_ENV] if env is gated else 'unset'}" in text  # forked or not
+            if FORKED_LINE in text:
+                break
         launcher = next(line for line in text.splitlines() if line.startswith(FORKED_LINE)).split()[-1]
         gate = next(line for line in text.splitlines() if line.startswith("gate ")).split(" ", 1)[1]
         seen.append((launcher, gate))
