@@ -27,6 +27,7 @@ from test_e2e_cpu import _comparable
 
 from repro.plan.options import CPU_ENGINE_FLAGS, SELFTEST_CPU_FIXTURE
 from repro.record.provenance import KERNEL_VARIANTS
+from repro.run import runner
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
 
@@ -183,12 +184,11 @@ def _start_server(model: str, caching: bool, log: Path) -> tuple[subprocess.Pope
             "--model", model, "--dtype", "float32", "--gpu-memory-utilization", "0.1", "--max-model-len", "2048", "--block-size", "16", "--seed", "0",
             "--enforce-eager", "--max-num-seqs", "1", "--enable-prompt-tokens-details",
             "--enable-prefix-caching" if caching else "--no-enable-prefix-caching"]  # fmt: skip
-    # the kernel variant as the kit runs it (repro.run.runner.child_env): with ATEN_CPU_CAPABILITY set, inductor's FX
-    # graph and AOT caches off, or a graph another run cached for the machine's own vector ISA is loaded and fails to
-    # build (g++: 'at::vec' has not been declared): with the variable alone, both servers did so at their first
-    # request in both end-to-end sessions run here on 2026-12-04
+    # the kernel variant as the kit runs it (runner.kernel_cache_env): with the variable alone, both servers loaded a
+    # graph another run cached for the machine's own vector ISA and failed to build it at their first request (g++:
+    # 'at::vec' has not been declared), in both end-to-end sessions run here on 2026-12-04
     env = dict(os.environ, **KERNEL_VARIANTS[SELFTEST_KERNELS])
-    env.update({"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"})
+    env.update(runner.kernel_cache_env(env))
     server = subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
     return server, f"http://127.0.0.1:{port}"
 

@@ -63,6 +63,16 @@ class Interrupted(Exception):
     """SIGINT or SIGTERM reached the kit: children are killed, no complete report is written."""
 
 
+def kernel_cache_env(env: dict[str, str]) -> dict[str, str]:
+    """A kernel variable (provenance.KERNEL_ENV_NAMES) passes through as the caller set it. With one set, the
+    engines do not share inductor's FX graph and AOT caches: torch 2.13 keys them without the vector ISA, so
+    vLLM's compiled sampler op (logprob ranks) built for AVX-512 ran 16-wide code on 8-wide vectors under
+    ATEN_CPU_CAPABILITY=avx2 (wrong counts, both ways) and failed to build under `default`."""
+    if any(env.get(name) for name in KERNEL_ENV_NAMES):
+        return {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
+    return {}
+
+
 def child_env(base: dict[str, str], *, hashseed: str, extra: dict[str, str]) -> dict[str, str]:
     env = dict(base)
     env.update(
@@ -83,12 +93,7 @@ def child_env(base: dict[str, str], *, hashseed: str, extra: dict[str, str]) -> 
     # the baseline: different reduction orders, different bits. One reserved core for every arm
     # keeps the kernels the same (a user's own setting wins; it is recorded with the environment).
     env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
-    # A kernel variable (provenance.KERNEL_ENV_NAMES) passes through as the caller set it. With one set, the
-    # engines do not share inductor's FX graph and AOT caches: torch 2.13 keys them without the vector ISA,
-    # so vLLM's compiled sampler op (logprob ranks) built for AVX-512 ran 16-wide code on 8-wide vectors under
-    # ATEN_CPU_CAPABILITY=avx2 (wrong counts, both ways) and failed to build under `default`.
-    if any(env.get(name) for name in KERNEL_ENV_NAMES):
-        env.update({"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"})
+    env.update(kernel_cache_env(env))
     # the engine's front end is what the kit's flag says (the verifier passes it in extra), never what the
     # caller's shell holds: the detection study, the margins and the model checks run vLLM's LLM
     env.pop(FRONTEND_ENV, None)

@@ -123,18 +123,23 @@ class WarmChild:
         return -signal.SIGKILL
 
 
+def _ready(sock_path: Path, proc, deadline: float) -> bool:
+    """Whether the launcher proc serves sock_path before the deadline (False: it exited, or the time ran out)."""
+    while time.monotonic() < deadline:
+        if sock_path.exists():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.1)
+    return False
+
+
 class _Launcher:
     def __init__(self, key: tuple, proc, lifeline: int, sock_path: Path, tmp: str):
         self.key, self.proc, self.lifeline, self.sock_path, self.tmp = key, proc, lifeline, sock_path, tmp
 
     def ready(self, deadline: float) -> bool:
-        while time.monotonic() < deadline:
-            if self.sock_path.exists():
-                return True
-            if self.proc.poll() is not None:
-                return False
-            time.sleep(0.1)
-        return False
+        return _ready(self.sock_path, self.proc, deadline)
 
     def stop(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -198,10 +203,7 @@ def _pooled(pool: Path, key: tuple, argv: list[str], env: dict[str, str]) -> _Po
                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=_launcher_env(env),
                         start_new_session=True,
                     )  # fmt: skip
-                deadline = time.monotonic() + READY_S
-                while not sock.exists() and proc.poll() is None and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                if sock.exists():
+                if _ready(sock, proc, time.monotonic() + READY_S):
                     found = _Pooled(sock)
                 else:
                     with contextlib.suppress(ProcessLookupError):
