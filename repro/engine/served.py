@@ -24,12 +24,17 @@ answers an error raises ServerFailed: the arm is an ERROR with the log's tail. S
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import runpy
 import socket
 import subprocess
 import sys
+import threading
 import time
+import traceback
+import types
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -114,6 +119,69 @@ def check_argv(argv: list[str], engine_kwargs: dict) -> None:
             )
 
 
+class ForkedServer:
+    """The server's first process forked from this child rather than started afresh, where this child was itself
+    forked by the kit's warm-import launcher (repro.engine.warm: vLLM and the server's modules are imported already,
+    and no thread runs), so it skips an interpreter's start and vLLM's import (about 10 s of each served arm on two
+    cores). The fork then runs the server's module as `python -m` would, with the same argv and environment; the
+    engine core and worker processes vLLM starts from it are started as vLLM starts them (on the CPU: spawned).
+    Its process title is the command a started server would have. Popen's poll, wait and pid; the status is the
+    fork's exit code (or -signal)."""
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+
+    @classmethod
+    def start(cls, argv: list[str], env: dict[str, str]) -> ForkedServer | None:
+        """The fork running argv (`PYTHON -m MODULE ARGS`) under env, or None where this child may not fork it."""
+        from repro.engine import child
+
+        if not child.FORKED or threading.active_count() != 1 or len(os.listdir("/proc/self/task")) != 1:
+            return None
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid:
+            print(f"kvkit-engine: vllm serve forked from this child (pid {pid})", flush=True)
+            return cls(pid)
+        try:  # the server: the arm's log as stdout and stderr (inherited), stdin empty, argv and environment as given
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.close(null)
+            with contextlib.suppress(ImportError):  # what ps shows: the command a started server would have
+                import setproctitle  # a dependency of vLLM's (first: it finds the title's memory by the environment's)
+
+                setproctitle.setproctitle(" ".join(argv))
+            for name in set(os.environ) - set(env):
+                del os.environ[name]
+            os.environ.update(env)
+            sys.argv = ["-m", *argv[3:]]
+            sys.modules["__main__"] = types.ModuleType("__main__")
+            runpy._run_module_as_main(argv[2])
+            code = None
+        except SystemExit as exc:
+            code = exc.code
+        except BaseException:  # noqa: BLE001 - the fork must never return into the arm's code: Python's own report
+            traceback.print_exc()
+            code = 1
+        child.exit_now(code)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(["vllm serve"], timeout or 0.0)
+            time.sleep(0.05)
+        return self.returncode
+
+
 class ServerFrontend:
     """A `vllm serve` process behind the calls the child makes (generate, reset_prefix_cache, get_tokenizer)."""
 
@@ -131,7 +199,7 @@ class ServerFrontend:
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # /reset_prefix_cache is a dev-mode route
         print(f"kvkit-engine: starting vllm serve on {self.base}: {' '.join(argv)}", flush=True)
         # In this child's process group (no new session): the parent's stop of the group, or the lifeline, stops it.
-        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
+        self.proc = ForkedServer.start(argv, env) or subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
         self._wait_healthy()
         self._tokenizer = self._config = None
         self._pool = ThreadPoolExecutor(max_workers=64)
