@@ -122,13 +122,15 @@ def _healthy(port: str) -> bool:
 
 
 def test_a_server_killed_mid_run_is_an_error_citing_its_log_and_nothing_is_left(tmp_path, tiny_model):
-    """Two served arms at once (--jobs 2); the first server that answers /health is killed with SIGKILL."""
+    """Two served arms at once (--jobs 2); the first server that answers /health is killed with SIGKILL. The arm
+    children are spawned (KVKIT_WARM_IMPORT=0), so their servers are started as a user's run starts them (every
+    other served run of the suite forks them: repro.engine.served.ForkedServer, tests/test_forked.py)."""
     report = tmp_path / "killed.json"
     argv = ["--model", tiny_model, *CPU_ENGINE_FLAGS, "--kv-connector", "ExampleConnector", "--fixture",
             SELFTEST_CPU_FIXTURE, "--reuses", "1", "--no-kv-audit", "--jobs", "2", "--quiet", "--frontend", "server",
             "--no-confirm", "--report", str(report)]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    env["KVKIT_WARM_POOL"] = ""  # the kit's own launchers: the servers are then its descendants, found below
+    env["KVKIT_WARM_IMPORT"] = "0"
     proc = subprocess.Popen([sys.executable, "-m", "repro.verify_kv_reuse", *argv], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     killed, groups, deadline = None, set(), time.monotonic() + 600

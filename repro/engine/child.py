@@ -12,14 +12,10 @@ from __future__ import annotations
 import time
 
 _T_PROCESS = time.monotonic()  # before any heavy import: engine start counts from here
-FORKED = False  # forked by the kit's warm-import launcher (repro.engine.warm sets it, with _T_PROCESS the fork's time)
 
-import atexit
-import contextlib
 import json
 import os
 import sys
-import threading
 import traceback
 from dataclasses import replace
 
@@ -353,24 +349,6 @@ def slot_cores(environ) -> list[int] | None:
             return None  # auto, nobind, unset, or a list of lists: vLLM's own words, nothing for the kit to pin
         cores.extend(range(int(lo), int(hi or lo) + 1))
     return cores
-
-
-def exit_now(code: object) -> None:
-    """Leave as the interpreter leaves after `sys.exit(code)` (or the module's end: None), in Py_FinalizeEx's
-    order: the non-daemon threads joined, the atexit handlers run, the standard streams flushed; then os._exit
-    with the status Python gives (None: 0, an int: itself, anything else printed to stderr: 1). What is skipped is
-    the teardown of the modules and their objects, which the launcher's imports made long (a process forked from
-    it: repro.engine.warm's children, repro.engine.served's ForkedServer)."""
-    if code is not None and not isinstance(code, int):
-        with contextlib.suppress(Exception):
-            print(code, file=sys.stderr)
-        code = 1
-    threading._shutdown()  # what Py_FinalizeEx calls first
-    atexit._run_exitfuncs()  # then this: an exception in a handler is printed and ignored, as there
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code or 0)
 
 
 def main(argv: list[str]) -> int:

@@ -41,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 from repro.contract.served import TOKENIZER_TEXTS
+from repro.engine import forked
 
 HOST = "127.0.0.1"
 STREAM_ENV = "KVKIT_SERVER_STREAM"  # "1": every request streamed (--stream; repro.plan.options.STREAM_ENV)
@@ -134,9 +135,7 @@ class ForkedServer:
     @classmethod
     def start(cls, argv: list[str], env: dict[str, str]) -> ForkedServer | None:
         """The fork running argv (`PYTHON -m MODULE ARGS`) under env, or None where this child may not fork it."""
-        from repro.engine import child
-
-        if not child.FORKED or threading.active_count() != 1 or len(os.listdir("/proc/self/task")) != 1:
+        if not forked.FORKED or threading.active_count() != 1 or len(os.listdir("/proc/self/task")) != 1:
             return None
         sys.stdout.flush()
         sys.stderr.flush()
@@ -164,7 +163,7 @@ class ForkedServer:
         except BaseException:  # noqa: BLE001 - the fork must never return into the arm's code: Python's own report
             traceback.print_exc()
             code = 1
-        child.exit_now(code)
+        forked.exit_now(code)
 
     def poll(self) -> int | None:
         if self.returncode is None:

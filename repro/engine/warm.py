@@ -4,9 +4,9 @@
 The runner (repro.run.warm) starts one launcher per interpreter, working directory and exact environment (but
 for the variables a child reads only at run time), on a lifeline like any child. The launcher imports vLLM and
 torch once (with repro.engine.child and the modules PRELOAD names, which an arm child imports as it builds its
-engine), builds no engine and starts no thread, then serves requests on a Unix SOCK_SEQPACKET socket: each request is a JSON message {"argv": [python, "-m", module, ARGS...], "log": path,
-"run_time_env": {NAME: value, or null for unset}} with the arm's lifeline read end attached (SCM_RIGHTS). For each
-it forks a child that:
+engine), builds no engine and starts no thread, then serves requests on a Unix SOCK_SEQPACKET socket: each
+request is a JSON message {"argv": [python, "-m", module, ARGS...], "log": path, "run_time_env": {NAME: value, or
+null for unset}} with the arm's lifeline read end attached (SCM_RIGHTS). For each it forks a child that:
 
 - becomes the leader of a new session (setsid), so the runner's kill_group and the lifeline stop its group;
 - sends its stdin to /dev/null and its stdout and stderr to the arm log (opened as the runner opens it:
@@ -19,9 +19,10 @@ it forks a child that:
   fresh ones; forked children would otherwise share the launcher's state);
 - runs the module as `python -m module ARGS` does (runpy._run_module_as_main, a fresh __main__), and
   exits as the interpreter does (non-daemon threads joined, atexit handlers, streams flushed, its exit status),
-  less the teardown of every module the launcher imported (repro.engine.child.exit_now): with vLLM's, that
-  took about 1.8 s of each child's life after its work was done. A module that ends with any exception but
-  SystemExit leaves the usual way (traceback, status 1, the full teardown).
+  less the teardown of every module the launcher imported (repro.engine.forked.exit_now): with vLLM's, that
+  took about 1.8 s of each child's life after its work was done (the engine child leaves with os._exit anyway).
+  A module that ends with any exception but SystemExit leaves the usual way (traceback, status 1, the full
+  teardown).
 
 The launcher answers `pid N` once the child is forked, then `exit STATUS` (the raw wait status) once it
 reaped it, on the same connection. It refuses (`refuse WHY`, the runner then spawns the child as usual)
@@ -47,6 +48,7 @@ import threading
 import time
 import types
 
+from repro.engine import forked
 from repro.run import lifeline
 
 _MAX_MSG = 1 << 16
@@ -239,7 +241,8 @@ def become_child(request: dict) -> None:
     random.seed()
     child = sys.modules.get("repro.engine.child")
     if child is not None:  # its engine_start_s and import_s count from this process's start, here the fork
-        child._T_PROCESS, child.FORKED = time.monotonic(), True
+        child._T_PROCESS = time.monotonic()
+    forked.FORKED = True
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()
@@ -253,9 +256,7 @@ def become_child(request: dict) -> None:
         code = None
     except SystemExit as exc:
         code = exc.code
-    from repro.engine.child import exit_now
-
-    exit_now(code)
+    forked.exit_now(code)
 
 
 if __name__ == "__main__":
