@@ -59,7 +59,7 @@ def run(opts: Options, argv: list[str], state: RunState) -> int:
 
             def audit(these: list[dict], their_results: dict) -> None:  # the KV audit pass over these entries
                 audit_entries(these, their_results, baseline, ws, plan.kv_audit, plan.children, engine.block_size,
-                              progress, warm_ok=engine.device == "cpu")  # fmt: skip
+                              progress)  # fmt: skip
 
             audit(entries + [r.entry for r in ran.runs], results)
             if todo := to_confirm(entries, ran, ws.clock.sharing, repeats.confirm):

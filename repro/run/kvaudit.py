@@ -13,7 +13,6 @@ from pathlib import Path
 from repro.contract.result import ArmResult
 from repro.judge import kvaudit
 from repro.plan.settings import ChildSettings, KVAuditSettings
-from repro.run import warm
 from repro.run.progress import Progress
 from repro.run.runner import run_child
 from repro.run.workspace import Workspace
@@ -21,19 +20,12 @@ from repro.run.workspace import Workspace
 COMPARE_MODULE = "repro.engine.kvcompare"
 
 
-def run_compare(
-    job: dict, work: Path, env: dict, python: str, timeout_s: float, warm_ok: bool = False
-) -> tuple[dict | None, str | None]:
-    """Run the comparison child; (raw figures, None) or (None, why it failed). warm_ok: a CPU run's, which a
-    pooled warm-import launcher may fork (repro.run.warm) as it forks the run's engine children."""
+def run_compare(job: dict, work: Path, env: dict, python: str, timeout_s: float) -> tuple[dict | None, str | None]:
+    """Run the comparison child; (raw figures, None) or (None, why it failed)."""
     job_path, out_path, log_path = work / "kv-compare.job.json", work / "kv-compare.out.json", work / "kv-compare.log"
     job_path.write_text(json.dumps(job), encoding="utf-8")
     rc, timed_out, oom, _wall = run_child(
-        [python, "-m", COMPARE_MODULE, str(job_path), str(out_path)],
-        log_path=log_path,
-        env=env,
-        timeout_s=timeout_s,
-        warm_ok=warm_ok and warm.pooled(),  # a launcher of its own would import more (vLLM) than it saves (torch)
+        [python, "-m", COMPARE_MODULE, str(job_path), str(out_path)], log_path=log_path, env=env, timeout_s=timeout_s
     )
     tail = log_path.read_text(encoding="utf-8", errors="replace")[-600:] if log_path.exists() else ""
     if timed_out:
@@ -58,10 +50,9 @@ def audit_entries(
     children: ChildSettings,
     block_size: int,
     progress: Progress,
-    warm_ok: bool = False,
 ) -> None:
     """The KV audit of these entries (or, with it off, the report saying so where it would speak); results:
-    the runs' results by name (those of other runs are left out); warm_ok: see run_compare."""
+    the runs' results by name (those of other runs are left out)."""
     if not audit.enabled:
         kvaudit.annotate(entries, results, None, None, block_size)
         return
@@ -70,7 +61,7 @@ def audit_entries(
             progress.stage(e["name"], "comparing KV")
     names = {e["name"] for e in entries}
     audited = {n: r for n, r in results.items() if n in names}
-    _audit_kv(entries, audited, baseline, ws.work, ws.env, audit.keep_dir, children, block_size, warm_ok)
+    _audit_kv(entries, audited, baseline, ws.work, ws.env, audit.keep_dir, children, block_size)
 
 
 def _audit_kv(
@@ -82,7 +73,6 @@ def _audit_kv(
     keep_dir: str | None,
     children: ChildSettings,
     block_size: int,
-    warm_ok: bool = False,
 ) -> None:
     """Compare every audited reuse's KV with the baseline's and annotate the entries (the token
     verdicts stay as they are); --keep-kv moves the tensors there, else they go with the work dir."""
@@ -93,7 +83,7 @@ def _audit_kv(
         problem = "the baseline recorded no reference KV"
     elif audited:
         job = kvaudit.compare_job(baseline, audited)
-        raw, problem = run_compare(job, work, env, children.python, children.timeout_s, warm_ok)
+        raw, problem = run_compare(job, work, env, children.python, timeout_s=children.timeout_s)
     kvaudit.annotate(entries, results, raw, problem, block_size)
     for e in entries:
         if e.get("kv_audit") is not None:

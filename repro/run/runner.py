@@ -218,8 +218,8 @@ def start_child(
     A new session: the terminal's Ctrl-C reaches the kit only, which then stops the group. The
     child runs under repro.run.lifeline's watcher; the kit holds the returned write end of the group's
     lifeline and must close it only once the group is reaped (if the kit dies first, the kernel
-    closes it and the watcher stops the whole group). warm_ok: argv is a CPU run's engine child or KV comparison,
-    which a warm-import launcher may fork (repro.run.warm, when KVKIT_WARM_IMPORT=1); the handle is then a WarmChild."""
+    closes it and the watcher stops the whole group). warm_ok: argv is a CPU engine child that a warm-import
+    launcher may fork (repro.run.warm, when KVKIT_WARM_IMPORT=1); the handle is then a WarmChild."""
     if shutil.which(argv[0], path=env.get("PATH", os.defpath)) is None:  # what Popen would raise
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
     read_fd, write_fd = os.pipe()  # close-on-exec: no other child inherits either end

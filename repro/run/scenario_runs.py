@@ -93,10 +93,7 @@ class ScenarioRuns:
                 else:
                     progress.note(f"scenarios: comparing KV{f' ({key})' if key else ''}")
                     job = scenarios.compare_job(reference, group)
-                    cpu = self.engine.device == "cpu"  # forked by a warm launcher where it may (run_compare)
-                    raw, problem = run_compare(
-                        job, self.work, self.env, self.children.python, self.children.timeout_s, cpu
-                    )
+                    raw, problem = run_compare(job, self.work, self.env, self.children.python, self.children.timeout_s)
             audits[key] = (raw, problem)
         # the scenario runs' tensors too (the arms' went before)
         if self.audit.enabled and results and self.audit.keep_dir and (self.work / "kv").exists():

@@ -2,14 +2,13 @@
 has imported vLLM once, instead of each spawning a fresh interpreter that spends seconds importing it.
 
 Off unless KVKIT_WARM_IMPORT=1 is in the kit's environment (the test suite sets it: tests/conftest.py).
-Only a CPU run's `PYTHON -m repro.engine JOB` children (repro.run.runner.run_arm says which) and its KV
-comparison (repro.run.kvaudit.run_compare) use it; every other child, and any child the launcher refuses, is
-spawned as before. One launcher per interpreter path, working directory and exact environment but for RUN_TIME_ENV
-(a child whose environment differs in any other byte gets its own launcher, or is spawned once MAX_LAUNCHERS are
-running). A variable of RUN_TIME_ENV is one the child reads only once it runs, never at import: it goes with each
-request, and the forked child sets it (or removes it) before its module runs, so a child gets the environment it
-asked for, byte for byte. A launcher runs on a lifeline like any child, so it dies with the kit; the kit stops the
-ones it started at exit.
+Only `PYTHON -m repro.engine JOB` children of a CPU engine use it (repro.run.runner.run_arm says which);
+every other child, and any child the launcher refuses, is spawned as before. One launcher per interpreter
+path, working directory and exact environment but for RUN_TIME_ENV (a child whose environment differs in any other
+byte gets its own launcher, or is spawned once MAX_LAUNCHERS are running). A variable of RUN_TIME_ENV is one the
+child reads only once it runs, never at import: it goes with each request, and the forked child sets it (or
+removes it) before its module runs, so a child gets the environment it asked for, byte for byte. A launcher runs
+on a lifeline like any child, so it dies with the kit; the kit stops the ones it started at exit.
 
 With KVKIT_WARM_POOL naming a folder (the test suite sets it: tests/conftest.py), the launchers live there and
 every kit process that names the folder shares them, so a key's import is paid once per test session, not once per
@@ -64,11 +63,6 @@ _MAX_MSG = 1 << 16
 
 def enabled() -> bool:
     return os.environ.get(SWITCH) == "1"
-
-
-def pooled() -> bool:
-    """A pool serves this process's launchers (POOL_ENV): a launcher's import is paid once per session."""
-    return bool(os.environ.get(POOL_ENV))
 
 
 class WarmChild:
