@@ -16,7 +16,7 @@ from conftest import ROOT
 EXIT = """
 import atexit, sys, threading, time
 from repro.engine.forked import exit_now
-atexit.register(lambda: print("atexit ran", flush=True))
+atexit.register(lambda: sys.stdout.write("atexit ran\\n"))  # not flushed: the exit must flush it
 threading.Thread(target=lambda: (time.sleep(0.3), print("thread joined", flush=True))).start()
 sys.stdout.write("buffered, not flushed\\n")
 code = sys.argv[1]
@@ -34,7 +34,7 @@ def _python(code: str, *args: str, cwd: Path | None = None) -> subprocess.Comple
 def test_exit_now_leaves_as_the_interpreter_would(code, status):
     proc = _python(EXIT, code)
     assert proc.returncode == status, proc.stderr
-    # the non-daemon thread is joined before the atexit handlers, as Py_FinalizeEx does; buffered output is flushed
+    # the non-daemon thread is joined before the atexit handlers, as Py_FinalizeEx does; what they wrote is flushed
     assert proc.stdout.splitlines() == ["buffered, not flushed", "thread joined", "atexit ran"], proc.stdout
     assert ("why not" in proc.stderr) == (code == "why not")
     spawned = subprocess.run([sys.executable, "-c", EXIT.replace("exit_now(", "sys.exit("), code], cwd=ROOT,
