@@ -17,6 +17,9 @@ first request the server's tokenizer is checked against the one the child builds
 fixed texts through `POST /tokenize`, token ID by token ID); a difference is ServerFailed, and a server without
 /tokenize is recorded as not checked, with why (`served.tokenizer` in the report).
 
+Where this child was forked by the kit's warm-import launcher (the test suite's), the server's first process is
+forked from it instead of started afresh (ForkedServer: same argv, environment and process title).
+
 The server's output goes to this child's log; it runs in the child's process group, so the parent's stop of the
 group (and the lifeline, if the kit dies) stops it too. A server that exits before it is healthy, dies, or
 answers an error raises ServerFailed: the arm is an ERROR with the log's tail. Standard library HTTP only.
