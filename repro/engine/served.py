@@ -30,14 +30,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import runpy
 import socket
 import subprocess
 import sys
-import threading
 import time
 import traceback
-import types
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -138,7 +135,7 @@ class ForkedServer:
     @classmethod
     def start(cls, argv: list[str], env: dict[str, str]) -> ForkedServer | None:
         """The fork running argv (`PYTHON -m MODULE ARGS`) under env, or None where this child may not fork it."""
-        if not forked.FORKED or threading.active_count() != 1 or len(os.listdir("/proc/self/task")) != 1:
+        if not forked.FORKED or forked.fork_refusal() is not None:
             return None
         sys.stdout.flush()
         sys.stderr.flush()
@@ -157,12 +154,7 @@ class ForkedServer:
             for name in set(os.environ) - set(env):
                 del os.environ[name]
             os.environ.update(env)
-            sys.argv = ["-m", *argv[3:]]
-            sys.modules["__main__"] = types.ModuleType("__main__")
-            runpy._run_module_as_main(argv[2])
-            code = None
-        except SystemExit as exc:
-            code = exc.code
+            code = forked.run_module(argv)
         except BaseException:  # noqa: BLE001 - the fork must never return into the arm's code: Python's own report
             traceback.print_exc()
             code = 1

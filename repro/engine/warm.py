@@ -35,50 +35,20 @@ included.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib
 import json
 import os
 import random
-import runpy
 import selectors
 import socket
 import sys
-import threading
 import time
-import types
 
 from repro.engine import forked
 from repro.run import lifeline
 
 _MAX_MSG = 1 << 16
 FORKED_LINE = "kvkit warm launcher: this child was forked (vLLM imported once) by launcher pid"
-
-
-def _openblas_pools_down() -> None:
-    """Stop every loaded OpenBLAS's thread pool (numpy's and OpenCV's start one at load). Each registers the
-    same call as its own pthread_atfork handler, so this changes nothing a fork would not; the pool
-    restarts, with the same thread count, on the child's first threaded BLAS call."""
-    with open("/proc/self/maps") as maps:
-        libs = {line.split()[-1] for line in maps if "openblas" in line.rsplit("/", 1)[-1].lower()}
-    for path in sorted(libs):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(path).blas_thread_shutdown_()
-
-
-def fork_refusal() -> str | None:
-    """Why this process must not fork an engine child now, or None."""
-    import torch
-
-    if torch.cuda.is_initialized():
-        return "CUDA was initialised in the launcher"
-    _openblas_pools_down()
-    if threading.active_count() != 1:
-        return f"{threading.active_count()} Python threads are running"
-    tasks = os.listdir("/proc/self/task")
-    if len(tasks) != 1:
-        return f"{len(tasks)} threads are running (/proc/self/task)"
-    return None
 
 
 # What a CPU arm child imports past `import vllm` while it builds its engine and generates (about 1,300 modules and
@@ -170,7 +140,7 @@ def serve(sock_path: str, log_path: str, owner: int | None = None) -> dict | Non
                     conn.send(b"refuse no lifeline descriptor came with the request")
                     conn.close()
                     continue
-                why = fork_refusal()
+                why = forked.fork_refusal()
                 if why is not None:
                     os.close(fds[0])
                     conn.send(f"refuse {why}".encode())
@@ -249,14 +219,7 @@ def become_child(request: dict) -> None:
     argv = request["argv"]
     if len(argv) < 3 or argv[1] != "-m":
         raise SystemExit(f"kvkit warm launcher: not a `python -m MODULE` command: {argv}")
-    sys.argv = ["-m", *argv[3:]]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        runpy._run_module_as_main(argv[2])
-        code = None
-    except SystemExit as exc:
-        code = exc.code
-    forked.exit_now(code)
+    forked.exit_now(forked.run_module(argv))
 
 
 if __name__ == "__main__":
