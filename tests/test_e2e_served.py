@@ -63,8 +63,8 @@ def test_served_self_test_matches_the_offline_one_request_by_request(both):
     }  # fmt: skip
     assert kv["server"] == kv["sync"]  # the KV audit wraps the connector inside the server too
     # and the whole comparable record (tests/test_e2e_cpu.py's: every arm's verdict and reasons, every request's
-    # fields, the KV audit's figures, acceptance): vLLM's own engine layout, spawned, against the CPU's one-process
-    # layout, forked, change nothing either
+    # fields, the KV audit's figures, acceptance): vLLM's own engine layout (the server forked from its arm child, its
+    # engine core and worker spawned by vLLM) against the CPU's one-process layout, forked, change nothing either
     assert _comparable(served.data) == _comparable(offline.data)
 
 
