@@ -88,6 +88,53 @@ def _warm_up() -> None:
     for name in PRELOAD:
         with contextlib.suppress(Exception):
             importlib.import_module(name)
+    _trace_sampler_op()
+
+
+def _trace_sampler_op() -> None:
+    """Trace, once here, the one function vLLM's sampler runs through torch.compile on the CPU: the rank of each
+    token's logprob (vllm.v1.sample.ops.logprobs.batched_count_greater_than, called by Sampler.gather_logprobs
+    whenever logprobs are asked for, which every arm does). Every process traces it on its first call: with
+    dynamo's and inductor's first use, 1.5 to 2 s of each forked arm's engine start. Its traced code is kept on
+    the function, which the forked children inherit; dynamo's guards still decide, call by call, whether that
+    code serves (the thread count is among them: a child that runs with another count traces again, in about
+    0.1 s with the rest done here). The op counts comparisons, so its output is the same integers however it
+    was compiled.
+
+    Called as vLLM calls it (Sampler.gather_logprobs, in inference mode), with two vocabulary sizes, so that the
+    code kept is the one for any vocabulary (the sizes the kit's models have). Under one torch thread, so no
+    OpenMP pool starts here, and with tqdm's monitor thread off: the launcher forks only with no thread but
+    its own (forked.fork_refusal), which it checks before every fork as before. A failure here leaves every
+    child to trace it itself, as a spawned one does."""
+    import torch
+
+    try:
+        from vllm.v1.sample.sampler import Sampler
+    except ImportError:
+        return
+    gather = getattr(Sampler, "gather_logprobs", None)
+    if gather is None:
+        return
+    try:
+        from tqdm import tqdm as tqdm_cls  # a dependency of vLLM's; inductor's compile may show a bar
+    except ImportError:
+        tqdm_cls = None
+    interval = getattr(tqdm_cls, "monitor_interval", None)
+    threads = torch.get_num_threads()
+    try:
+        if tqdm_cls is not None:
+            tqdm_cls.monitor_interval = 0
+        torch.set_num_threads(1)
+        with torch.inference_mode():
+            for vocab in (320, 321):
+                logprobs = torch.zeros(1, vocab).log_softmax(-1)
+                gather(logprobs, 1, torch.zeros(1, dtype=torch.int64))
+    except Exception as exc:  # noqa: BLE001 - the children trace it themselves, as a spawned child does
+        print(f"kvkit warm launcher: vLLM's sampler op not traced here ({exc!r})", file=sys.stderr)
+    finally:
+        torch.set_num_threads(threads)
+        if tqdm_cls is not None:
+            tqdm_cls.monitor_interval = interval
 
 
 def _orphaned(sock_path: str, owner: int | None) -> bool:
