@@ -49,8 +49,13 @@ MAX_LAUNCHERS = 4
 READY_S = 300.0  # a launcher's import on a loaded machine
 # read by the child at run time only (repro.engine.child.wait_for_preflight), so not a launcher's key: a --jobs 2
 # run's second arm, started during the first arm's preflight, shares the launcher of its slot's later arms. pytest's
-# name of the test running now is read by nothing of the kit's, and differs between runs a pool serves.
-RUN_TIME_ENV = (PREFLIGHT_GATE_ENV, "PYTEST_CURRENT_TEST")
+# name of the test running now is read by nothing of the kit's, and differs between runs a pool serves. A CPU arm's
+# slot (VLLM_CPU_OMP_THREADS_BIND: repro.plan.arms.arm_slots) is read once the child runs: the engine child pins its
+# process to the slot's cores before vLLM or torch starts a thread (repro.engine.child.slot_cores), and vLLM reads
+# it through vllm.envs (evaluated when read) as its executor and worker start, never at import. So a --jobs 2 run's
+# slots, and a run one arm at a time (the variable unset), share one launcher per key, not one each (a session of
+# the suite had filled its pool of 12 with slot twins, and later runs started launchers of their own).
+RUN_TIME_ENV = (PREFLIGHT_GATE_ENV, "PYTEST_CURRENT_TEST", "VLLM_CPU_OMP_THREADS_BIND")
 # A folder of launchers shared by every kit process that names it (the test suite's: tests/conftest.py), so a
 # key's import is paid once per test session rather than once per run. Its file `owner` holds the pid of the
 # process that made it: a pooled launcher stops when that process is gone or its socket was removed.
