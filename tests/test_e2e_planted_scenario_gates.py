@@ -25,6 +25,8 @@ import pytest
 from conftest import have_vllm
 from e2e_runs import PLANTED_SCENARIOS_FIXTURE, shared_run
 
+from repro.plan.settings import engine_layout_env
+
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,7 +103,11 @@ def _drive(tiny_model: str, tmp_path: Path, extra: dict, steps: list[list[str]],
         **engine,
         "out": str(tmp_path / "driven.json"),
     }
+    # the engine layout of the kit's CPU children (engine core and worker in this process, one OpenMP thread), as the
+    # driver builds the engine as the kit's child does: vLLM's own layout would spawn two more interpreters a drive
+    # (about 27 s of CPU on two cores) for what this file checks, the connector's gates
     env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_NO_USAGE_STATS="1", VLLM_CPU_NUM_OF_RESERVED_CPU="1")
+    env.update(engine_layout_env("one-process"))
     proc = subprocess.run(
         [sys.executable, __file__, json.dumps(config)],
         cwd=ROOT,
