@@ -4,7 +4,8 @@
 The runner (repro.run.warm) starts one launcher per interpreter, working directory and exact environment (but
 for the variables a child reads only at run time), on a lifeline like any child. The launcher imports vLLM and
 torch once (with repro.engine.child and the modules PRELOAD names, which an arm child imports as it builds its
-engine), builds no engine and starts no thread, then serves requests on a Unix SOCK_SEQPACKET socket: each
+engine), traces vLLM's one compiled sampler op under one torch thread (_trace_sampler_op), builds no engine and
+starts no thread, then serves requests on a Unix SOCK_SEQPACKET socket: each
 request is a JSON message {"argv": [python, "-m", module, ARGS...], "log": path, "run_time_env": {NAME: value, or
 null for unset}} with the arm's lifeline read end attached (SCM_RIGHTS). For each it forks a child that:
 
