@@ -96,14 +96,14 @@ def _trace_sampler_op() -> None:
     """Trace, once here, the one function vLLM's sampler runs through torch.compile on the CPU: the rank of each
     token's logprob (vllm.v1.sample.ops.logprobs.batched_count_greater_than, called by Sampler.gather_logprobs
     whenever logprobs are asked for, which every arm does). Every process traces it on its first call: with
-    dynamo's and inductor's first use, about 1.2 s of each forked arm's first generation (measured on two cores). Its traced code is kept on
-    the function, which the forked children inherit; dynamo's guards still decide, call by call, whether that
-    code serves (the thread count is among them: a child that runs with another count traces again, in about
-    0.1 s with the rest done here). The op counts comparisons, so its output is the same integers however it
-    was compiled.
+    dynamo's and inductor's first use, about 1.2 s of each forked arm's first generation (measured on two
+    cores). Its traced code is kept on the function, which the forked children inherit; dynamo's guards still
+    decide, call by call, whether that code serves (the thread count is among them: a child that runs with
+    another count traces again, in about 0.1 s with the rest done here). The op counts comparisons, so its
+    output is the same integers however it was compiled.
 
     Called as vLLM calls it (Sampler.gather_logprobs, in inference mode), with two vocabulary sizes, so that the
-    code kept is the one for any vocabulary (the sizes the kit's models have). Under one torch thread, so no
+    code kept has the vocabulary as a symbol and serves every model's. Under one torch thread, so no
     OpenMP pool starts here, and with tqdm's monitor thread off: the launcher forks only with no thread but
     its own (forked.fork_refusal), which it checks before every fork as before. A failure here leaves every
     child to trace it itself, as a spawned one does."""
