@@ -21,6 +21,7 @@ import pytest
 from conftest import ROOT, have_vllm
 from e2e_runs import SELFTEST_KERNELS
 
+from repro.plan.settings import engine_layout_env
 from repro.record.provenance import KERNEL_VARIANTS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
@@ -59,8 +60,9 @@ def test_endpoint_refuses_a_real_server_of_another_tokenizer(tmp_path, tiny_mode
             "--dtype", "float32", "--gpu-memory-utilization", "0.1", "--max-model-len", "2048", "--block-size", "16", "--seed", "0", "--enforce-eager",
             "--max-num-seqs", "1"]  # fmt: skip
     log = tmp_path / "server.log"
-    server = subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
-                              env=dict(os.environ, **KERNEL_VARIANTS[SELFTEST_KERNELS]))  # fmt: skip
+    env = dict(os.environ, **KERNEL_VARIANTS[SELFTEST_KERNELS])
+    env.update(engine_layout_env("one-process"))  # the engine core with its worker inside: one interpreter less
+    server = subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
     report = tmp_path / "endpoint.json"
     try:
         deadline = time.monotonic() + 600

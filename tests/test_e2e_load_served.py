@@ -24,12 +24,19 @@ def test_served_load_cancels_over_http_and_the_retries_pass_on_native(tiny_model
     fixture = write_arms_fixture(tmp_path / "f.json", "served-load", "the load scenario served", [],
                                  scenarios=[{"name": "production-load", "engine": ENGINE, "load": LOAD}])  # fmt: skip
     report = tmp_path / "r.json"
+    # the servers in the CPU's one-process layout (the engine core with its worker inside, beside the API server):
+    # cancellations go from the API server to the engine core, which either layout has apart; vLLM's own served
+    # layout is held to the offline bits by tests/test_e2e_served.py
     argv = fixture_argv(tiny_model, fixture, report, "--compare-native", "--no-native-matched", "--scenarios", "all",
-                        "--frontend", "server", "--reuses", "1", "--no-kv-audit", "--no-confirm", "--jobs", "2",
-                        "--quiet")  # fmt: skip
+                        "--frontend", "server", "--engine-layout", "one-process", "--reuses", "1", "--no-kv-audit",
+                        "--no-confirm", "--jobs", "2", "--quiet")  # fmt: skip
     proc = run_cli(argv)
     assert report.is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(report.read_text())
+    assert data["config"]["engine_layout"] == "one-process"
+    assert {(a["effective_config"]["engine_layout"], a["effective_config"]["executor"]) for a in data["arms"]} == {
+        ("one-process", "uni")
+    }  # no worker process of its own: vLLM's in-process executor
     scenario = next(s for s in data["scenarios"] if s["name"] == "production-load")
     native = next(a for a in scenario["arms"] if a["arm"] == "native")
     assert native["verdict"] == "PASS", (native.get("reasons"), proc.stdout[-2000:])

@@ -1,13 +1,14 @@
 """The served stack end to end on the real vLLM CPU engine: `--frontend server` (each arm a `vllm serve` process the
 kit starts, over HTTP) against the offline front end on the CPU self-test, request by request; a server killed
-mid-run; and `repro endpoint` against two `vllm serve` servers this test starts itself.
+mid-run; and `repro endpoint` against two `vllm serve` servers this test starts itself (in the CPU's one-process
+layout: the engine core with its worker inside).
 
 The offline side is the session's shared self-test (tests/e2e_runs.py: --jobs 2, ATen's portable kernels), which
-the served run mirrors, two arms at a time with the same kernels. `vllm serve` always runs vLLM's own engine layout
-(the engine core and its worker in processes of their own, the engine spawned), the offline run the CPU's one-process
-one (its arm children forked by the warm launcher), so the comparison below holds the front end, the engine layout and
-the way the engine started to the same bits together (tests/test_e2e_cpu.py holds the offline run equal to the same
-self-test one arm after another, every child spawned)."""
+the served run mirrors, two arms at a time with the same kernels. The served run takes the served default, vLLM's own
+engine layout (the engine core and its worker in processes of their own, the engine spawned), the offline run the
+CPU's one-process one (its arm children forked by the warm launcher), so the comparison below holds the front end,
+the engine layout and the way the engine started to the same bits together (tests/test_e2e_cpu.py holds the offline
+run equal to the same self-test one arm after another, every child spawned)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from e2e_runs import SELFTEST_KERNELS
 from test_e2e_cpu import _comparable
 
 from repro.plan.options import CPU_ENGINE_FLAGS, SELFTEST_CPU_FIXTURE
+from repro.plan.settings import engine_layout_env
 from repro.record.provenance import KERNEL_VARIANTS
 from repro.run import runner
 
@@ -191,6 +193,7 @@ def _start_server(model: str, caching: bool, log: Path) -> tuple[subprocess.Pope
     # 'at::vec' has not been declared), in both end-to-end sessions run here on 2026-12-04
     env = dict(os.environ, **KERNEL_VARIANTS[SELFTEST_KERNELS])
     env.update(runner.kernel_cache_env(env))
+    env.update(engine_layout_env("one-process"))  # the engine core with its worker inside: one interpreter less
     server = subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
     return server, f"http://127.0.0.1:{port}"
 

@@ -111,6 +111,10 @@ def test_the_engine_layout_is_one_process_on_the_cpu_unless_asked_and_sets_the_c
 
     assert _selftest(tiny_model, tmp_path / "r.json")[0].engine.engine_layout == "one-process"
     assert _selftest(tiny_model, tmp_path / "r.json", "--engine-layout", "vllm")[0].engine.engine_layout == "vllm"
+    served = ("--frontend", "server")  # vLLM's own layout unless asked; one-process on the CPU when asked
+    assert _selftest(tiny_model, tmp_path / "r.json", *served)[0].engine.engine_layout == "vllm"
+    asked = _selftest(tiny_model, tmp_path / "r.json", *served, "--engine-layout", "one-process")[0]
+    assert (asked.engine.engine_layout, asked.engine.frontend) == ("one-process", "server")
     monkeypatch.setattr(devices, "visible_gpus", lambda: ["0"])  # --device auto with a GPU: vLLM's own, always
     argv = [a for a in selftest_cpu_argv(tiny_model, str(tmp_path / "r.json")) if a not in ("--device", "cpu")]
     assert build_plan(parse_args(argv), argv).engine.engine_layout == "vllm"

@@ -108,13 +108,13 @@ def test_the_counters_are_read_from_the_servers_metrics():
     assert served.parse_metric(text, "vllm:absent") is None
 
 
-def test_a_served_arm_cannot_run_in_one_process(tmp_path):
+def test_a_served_arm_runs_in_one_process_only_on_the_cpu(tmp_path):
     (tmp_path / "config.json").write_text("{}")
-    args = cli.build_parser().parse_args(["--model", str(tmp_path), "--fixture", "fixtures/selftest-cpu.json",
-                                          "--report", str(tmp_path / "r.json"), "--device", "cpu",
-                                          "--frontend", "server", "--engine-layout", "one-process"])  # fmt: skip
-    with pytest.raises(UsageError, match="one-process cannot serve"):
-        cli.validate(args)
+    argv = ["--model", str(tmp_path), "--fixture", "fixtures/selftest-cpu.json", "--report", str(tmp_path / "r.json"),
+            "--frontend", "server", "--engine-layout", "one-process"]  # fmt: skip
+    cli.validate(cli.build_parser().parse_args([*argv, "--device", "cpu"]))  # the engine core with its worker inside
+    with pytest.raises(UsageError, match="one-process is for the CPU engine"):
+        cli.validate(cli.build_parser().parse_args([*argv, "--device", "cuda"]))
 
 
 # ---- repro endpoint's checks, against stand-ins that fail ----------------------------------------------------------

@@ -144,8 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=ENGINE_LAYOUTS,
         default=None,
         help="the processes of each arm's vLLM engine: vllm (vLLM's own: the engine core and its worker each in a "
-        "process of their own; always on a GPU) or one-process (both inside the arm's child, vLLM's "
-        "VLLM_ENABLE_V1_MULTIPROCESSING=0, one OpenMP thread: a third of the start-up; the default on the CPU)",
+        "process of their own; always on a GPU, and the served default) or one-process (both in one process, vLLM's "
+        "VLLM_ENABLE_V1_MULTIPROCESSING=0, one OpenMP thread: a third of the start-up; the default offline on the "
+        "CPU; with --frontend server, that process is the engine core's, beside the API server's)",
     )
     p.add_argument(
         "--scenarios",
@@ -414,11 +415,6 @@ def validate(args: argparse.Namespace) -> Options:
     if args.stream and args.frontend not in ("server", "endpoint"):
         raise UsageError(
             f"--stream needs --frontend server (a stream is an HTTP answer), not --frontend {args.frontend}"
-        )
-    if args.frontend == "server" and args.engine_layout == "one-process":
-        raise UsageError(
-            "--engine-layout one-process cannot serve: `vllm serve` always runs its engine core in a process of "
-            "its own (drop the flag: --frontend server runs vLLM's own layout)"
         )
     opts = Options(args=args, extra_config=extra, model_is_local=local)
     if getattr(args, "batch_invariant", False) and args.device == "auto" and not devices.uses_cuda(args.device):

@@ -70,11 +70,13 @@ def engine_layout_env(layout: str) -> dict[str, str]:
     (vLLM's CPU platform forces its multiprocess executor while VLLM_ENABLE_V1_MULTIPROCESSING is on). Each of the
     two imports vLLM and torch again: on a two-core machine about 13 of an arm's 20 seconds of start-up.
     one-process (the CPU only): VLLM_ENABLE_V1_MULTIPROCESSING=0, so the engine core and the in-process executor's
-    worker run inside the arm's child, and one OpenMP thread (OMP_NUM_THREADS=1), pinned to the arm's core where
-    arms run at once (the slot's VLLM_CPU_OMP_THREADS_BIND; repro.engine.child pins it): the kernels' thread
-    count is then one on any machine. vLLM's own layout runs its CPU worker on the slot's cores (one when arms
-    run at once; all but one reserved core when an arm runs alone), so on a two-core machine both run one thread,
-    and the same requests give the same bits (tests/test_e2e_cpu.py compares the two layouts' reports)."""
+    worker run inside the arm's child (served: inside the engine core's process, which `vllm serve` always starts
+    beside its API server's; the server inherits the child's environment and cores), and one OpenMP thread
+    (OMP_NUM_THREADS=1), pinned to the arm's core where arms run at once (the slot's VLLM_CPU_OMP_THREADS_BIND;
+    repro.engine.child pins it): the kernels' thread count is then one on any machine. vLLM's own layout runs its
+    CPU worker on the slot's cores (one when arms run at once; all but one reserved core when an arm runs alone),
+    so on a two-core machine both run one thread, and the same requests give the same bits (tests/test_e2e_cpu.py
+    compares the two layouts' reports)."""
     if layout == "one-process":
         return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
     return {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
