@@ -13,6 +13,7 @@ from pathlib import Path
 from repro.contract.result import ArmResult
 from repro.judge import kvaudit
 from repro.plan.settings import ChildSettings, KVAuditSettings
+from repro.run import warm
 from repro.run.progress import Progress
 from repro.run.runner import run_child
 from repro.run.workspace import Workspace
@@ -24,9 +25,11 @@ def run_compare(job: dict, work: Path, env: dict, python: str, timeout_s: float)
     """Run the comparison child; (raw figures, None) or (None, why it failed)."""
     job_path, out_path, log_path = work / "kv-compare.job.json", work / "kv-compare.out.json", work / "kv-compare.log"
     job_path.write_text(json.dumps(job), encoding="utf-8")
-    rc, timed_out, oom, _wall = run_child(
-        [python, "-m", COMPARE_MODULE, str(job_path), str(out_path)], log_path=log_path, env=env, timeout_s=timeout_s
-    )
+    argv = [python, "-m", COMPARE_MODULE, str(job_path), str(out_path)]
+    # forked (the warm-import launcher's) where the run's CPU engine children were, from their launcher: the same
+    # interpreter and environment, torch imported once (tests/test_warm_launcher.py: the same figures as spawned)
+    warm_ok = warm.enabled() and warm.serves(argv, env)
+    rc, timed_out, oom, _wall = run_child(argv, log_path=log_path, env=env, timeout_s=timeout_s, warm_ok=warm_ok)
     tail = log_path.read_text(encoding="utf-8", errors="replace")[-600:] if log_path.exists() else ""
     if timed_out:
         return None, f"the KV comparison timed out after {timeout_s:.0f} s"

@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 from repro.contract.job import PREFLIGHT_GATE_ENV
+from repro.plan.options import FRONTEND_ENV, STREAM_ENV
 from repro.run.lifeline import group_members
 
 SWITCH = "KVKIT_WARM_IMPORT"
@@ -55,7 +56,10 @@ READY_S = 300.0  # a launcher's import on a loaded machine
 # it through vllm.envs (evaluated when read) as its executor and worker start, never at import. So a --jobs 2 run's
 # slots, and a run one arm at a time (the variable unset), share one launcher per key, not one each (a session of
 # the suite had filled its pool of 12 with slot twins, and later runs started launchers of their own).
-RUN_TIME_ENV = (PREFLIGHT_GATE_ENV, "PYTEST_CURRENT_TEST", "VLLM_CPU_OMP_THREADS_BIND")
+# The front end (KVKIT_FRONTEND) and a served arm's streaming (KVKIT_SERVER_STREAM) are read as the child builds its
+# engine (repro.engine.frontend.make, repro.engine.served.ServerFrontend), never at import: the launcher imports every
+# front end's modules alike (PRELOAD), so the sync, async and served runs of a session share it.
+RUN_TIME_ENV = (PREFLIGHT_GATE_ENV, "PYTEST_CURRENT_TEST", "VLLM_CPU_OMP_THREADS_BIND", FRONTEND_ENV, STREAM_ENV)
 # A folder of launchers shared by every kit process that names it (the test suite's: tests/conftest.py), so a
 # key's import is paid once per test session rather than once per run. Its file `owner` holds the pid of the
 # process that made it: a pooled launcher stops when that process is gone or its socket was removed.
@@ -252,6 +256,15 @@ def _launcher(argv: list[str], env: dict[str, str], spawn) -> _Launcher | _Poole
             _say(f"a launcher did not start; its children are spawned. Its log's tail:\n{tail}")
             launcher.stop()
     return None
+
+
+def serves(argv: list[str], env: dict[str, str]) -> bool:
+    """Whether a ready launcher for argv's key is already this process's (one of its CPU engine children was forked
+    from it). A child too short to be worth a launcher's import of its own (the KV comparison, about 1.7 CPU-s of
+    importing torch in each) is forked only then, from the launcher its run's baseline came from."""
+    key = _key(argv, env)
+    with _LOCK:
+        return _POOLED.get(key) is not None or _LAUNCHERS.get(key) is not None
 
 
 def prepare(argv: list[str], env: dict[str, str], spawn) -> None:
