@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 from repro.contract.job import PREFLIGHT_GATE_ENV
+from repro.plan.endpoint import ENDPOINT_URL_ENV
 from repro.plan.options import FRONTEND_ENV, STREAM_ENV
 from repro.run.lifeline import group_members
 
@@ -56,10 +57,13 @@ READY_S = 300.0  # a launcher's import on a loaded machine
 # it through vllm.envs (evaluated when read) as its executor and worker start, never at import. So a --jobs 2 run's
 # slots, and a run one arm at a time (the variable unset), share one launcher per key, not one each (a session of
 # the suite had filled its pool of 12 with slot twins, and later runs started launchers of their own).
-# The front end (KVKIT_FRONTEND) and a served arm's streaming (KVKIT_SERVER_STREAM) are read as the child builds its
-# engine (repro.engine.frontend.make, repro.engine.served.ServerFrontend), never at import: the launcher imports every
-# front end's modules alike (PRELOAD), so the sync, async and served runs of a session share it.
-RUN_TIME_ENV = (PREFLIGHT_GATE_ENV, "PYTEST_CURRENT_TEST", "VLLM_CPU_OMP_THREADS_BIND", FRONTEND_ENV, STREAM_ENV)
+# The front end (KVKIT_FRONTEND), a served arm's streaming (KVKIT_SERVER_STREAM) and an endpoint arm's server
+# (KVKIT_ENDPOINT_URL, one per arm) are read as the child builds its engine (repro.engine.frontend.build_frontend,
+# repro.engine.served), never at import: the launcher imports every front end's modules alike (PRELOAD), so the sync,
+# async and served runs of a session share it, and so do both arms of a `repro endpoint` run.
+RUN_TIME_ENV = (
+    PREFLIGHT_GATE_ENV, "PYTEST_CURRENT_TEST", "VLLM_CPU_OMP_THREADS_BIND", FRONTEND_ENV, STREAM_ENV, ENDPOINT_URL_ENV
+)  # fmt: skip
 # A folder of launchers shared by every kit process that names it (the test suite's: tests/conftest.py), so a
 # key's import is paid once per test session rather than once per run. Its file `owner` holds the pid of the
 # process that made it: a pooled launcher stops when that process is gone or its socket was removed.
