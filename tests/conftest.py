@@ -60,8 +60,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The engine-free tests first and the end-to-end ones (marker e2e: real engines, minutes each) last, so a
     broken unit shows in minutes; of those, the ones that need the machine alone first, before the lane of runs
-    made ahead starts (e2e_runs). A stable sort keeps each group in its usual order."""
-    items.sort(key=lambda item: (item.get_closest_marker("e2e") is not None, "machine_alone" not in item.fixturenames))
+    made ahead starts (e2e_runs); then those that keep about one core busy (marker one_core: a launcher's import, a
+    run one arm at a time, a kill and its wait), beside the lane's runs on the other core: last, with the lane's runs
+    made, they left one core of two idle (about 30 to 50 % of the machine idle through them, `vmstat`). A stable
+    sort keeps each group in its usual order."""
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("e2e") is not None,
+            "machine_alone" not in item.fixturenames,
+            item.get_closest_marker("one_core") is None,
+        )
+    )
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -28,8 +28,9 @@ The lane: a run made one arm at a time keeps one core of two busy, so the runs m
 one after another in a background thread, in the order the selected tests first ask for them, from the first
 end-to-end test on (a test that asks for one first makes it itself; while it waits for one the lane is making, it
 makes the lane's next). A test whose verdicts depend on the machine's load asks for machine_alone: it runs before
-the lane starts (conftest orders it first), and holds the lane while it runs. At the session's end the lane
-finishes the run it is making and starts no other."""
+the lane starts (conftest orders it first), and holds the lane while it runs. The tests that keep about one core
+busy (marker one_core) come next, beside the lane's runs. At the session's end the lane finishes the run it is
+making and starts no other."""
 
 from __future__ import annotations
 

@@ -17,7 +17,12 @@ from conftest import ROOT, have_vllm
 from repro.plan.options import selftest_cpu_argv
 from repro.run import lifeline
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
+# one_core: the engines start, then the kit is killed and the test waits for them to go
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.one_core,
+    pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed"),
+]
 
 
 def _children_of(pid: int) -> list[int]:

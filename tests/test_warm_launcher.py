@@ -61,6 +61,7 @@ def _child_line(text: str) -> list[str]:
     return next(line for line in text.splitlines() if line.startswith("child ")).split()
 
 
+@pytest.mark.one_core  # a launcher's import, then one child
 def test_a_forked_child_s_exit_status_session_log_and_hash_seed(warm_env, tmp_path):
     rc, timed_out, text = _run(warm_env, tmp_path, "exit")
     assert (rc, timed_out) == (3, False), text
@@ -79,6 +80,7 @@ def _spawned_hash(env: dict) -> int:
     return int(out.stdout)
 
 
+@pytest.mark.one_core  # a launcher's import, then one child
 def test_a_run_time_variable_goes_with_the_request_not_into_the_launchers_key(warm_env, tmp_path):
     """A --jobs 2 run's second arm carries the preflight gate's variable, the later arms of its slot not: one
     launcher forks them all, and each child sees the variable as its own environment had it (set, then unset)."""
@@ -119,6 +121,7 @@ def _gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.one_core  # a launcher's import, then one child
 def test_a_pooled_launcher_serves_every_kit_process_that_names_the_pool_and_stops_with_it(
     warm_env, tmp_path, monkeypatch
 ):
@@ -151,12 +154,14 @@ def test_a_pooled_launcher_serves_every_kit_process_that_names_the_pool_and_stop
         time.sleep(0.2)
 
 
+@pytest.mark.one_core  # a launcher's import, then one child
 def test_a_forked_child_killed_by_a_signal(warm_env, tmp_path):
     rc, timed_out, text = _run(warm_env, tmp_path, "signal")
     assert (rc, timed_out) == (-9, False), text
     assert FORKED_LINE in text
 
 
+@pytest.mark.one_core  # a launcher's import, then one child
 def test_a_forked_child_past_its_timeout_is_stopped_with_its_group(warm_env, tmp_path):
     rc, timed_out, text = _run(warm_env, tmp_path, "sleep", timeout_s=15)
     assert timed_out, text
