@@ -14,6 +14,7 @@ from kvkit_testutil import run_test_connector
 
 from repro.contract.job import ArmSpec, EngineConfig, ProbeJob, build_job
 from repro.plan.fixtures import load_fixture
+from repro.plan.settings import engine_layout_env
 from repro.plan.suite import build_probes
 from repro.run.runner import child_env, run_arm
 
@@ -29,7 +30,8 @@ def _baseline(tiny_model, tmp_path, kv_audit_dir):
     )
     work = tmp_path / ("audit" if kv_audit_dir else "plain")
     work.mkdir()
-    env = child_env(dict(os.environ), hashseed="0", extra={"PYTHONPATH": str(ROOT)})
+    # in the kit's CPU engine layout (the engine core and its worker in the child), as the verifier's arms run
+    env = child_env(dict(os.environ), hashseed="0", extra={"PYTHONPATH": str(ROOT), **engine_layout_env("one-process")})
     outcome = run_arm(job, workdir=work, log_path=work / "arm.log", env=env, timeout_s=900)
     assert outcome.failure is None, outcome.log_text[-3000:]
     return outcome.result

@@ -9,6 +9,7 @@ from conftest import have_vllm
 from e2e_runs import shared_run
 
 from repro.detection import plan
+from repro.plan.settings import engine_layout_env
 from repro.run.runner import child_env, run_arm
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
@@ -22,7 +23,7 @@ def _stored_blocks(model: str, work) -> list:
         job,
         workdir=work,
         log_path=work / "arm.log",
-        env=child_env(dict(os.environ), hashseed="0", extra={}),
+        env=child_env(dict(os.environ), hashseed="0", extra=engine_layout_env("one-process")),  # the kit's CPU layout
         timeout_s=900,
     )
     assert out.failure is None, out.failure
