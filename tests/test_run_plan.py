@@ -52,10 +52,10 @@ def test_the_cpu_self_tests_plan_has_every_part_typed_and_read_once(tiny_model, 
     assert plan.engine == EngineSettings(
         model=tiny_model, model_is_local=True, revision=None, dtype="float32", seed=0, gpu_memory_utilization=0.1,
         max_model_len=2048, block_size=16, device="cpu", max_tokens=16, logprobs=2, batch_invariant=False,
-        frontend="sync", engine_layout="one-process",
+        frontend="sync", engine_layout="one-process", kv_cache_tokens=32768,
     )  # fmt: skip
     resolved = str(Path(tiny_model).resolve())  # a local model, by its resolved path
-    assert plan.engine.config() == EngineConfig(resolved, None, "float32", 0, 0.1, 2048, 16, "cpu")
+    assert plan.engine.config() == EngineConfig(resolved, None, "float32", 0, 0.1, 2048, 16, "cpu", 32768)
     inputs = plan.inputs
     assert inputs.fixture_path == str(ROOT / SELFTEST_CPU_FIXTURE) and inputs.fixture.name == "selftest-cpu"
     assert inputs.suite == "acceptance" and inputs.reuses is None and inputs.scenarios == ()
@@ -174,7 +174,8 @@ def test_the_reports_config_comes_from_the_plan_as_the_options_gave_it(tiny_mode
         assert config_block(plan) == {
             "model": a.model, "model_revision": a.model_revision, "dtype": a.dtype, "block_size": a.block_size,
             "max_tokens": a.max_tokens, "max_model_len": a.max_model_len, "seed": a.seed,
-            "gpu_memory_utilization": a.gpu_memory_utilization, "device": a.device, "suite": a.suite,
+            "gpu_memory_utilization": a.gpu_memory_utilization, "kv_cache_tokens": a.kv_cache_tokens,
+            "device": a.device, "suite": a.suite,
             "compare_native": a.compare_native, "reuses": a.reuses, "logprobs": a.logprobs,
             "kv_connector": a.kv_connector, "kv_connector_module_path": a.kv_connector_module_path,
             "lmcache_config": a.lmcache_config, "kv_audit": a.kv_audit, "keep_kv": a.keep_kv,
@@ -191,6 +192,7 @@ def test_the_reports_config_comes_from_the_plan_as_the_options_gave_it(tiny_mode
         (["--scenarios", "nope"], "declares no scenarios"),  # the self-test's fixture has none
         (["--kv-connector", "native"], "--kv-connector"),  # a name the kit gives its own arm
         (["--engine-layout", "one-process", "--device", "cuda"], "is for the CPU engine"),
+        (["--kv-cache-tokens", "2047"], "--kv-cache-tokens 2047 is below --max-model-len 2048"),
     ],
 )
 def test_a_plan_that_cannot_be_made_is_one_usage_error(tiny_model, tmp_path, extra, message):

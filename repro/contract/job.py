@@ -109,7 +109,8 @@ class EngineConfig:
     max_model_len: int
     block_size: int
     device: str
-    # set where arms share a GPU: the KV cache holds this many tokens (repro.plan.arms.arm_slots); a scenario's own
+    # the KV cache holds this many tokens: --kv-cache-tokens, a scenario's own, or where arms share a GPU
+    # (repro.plan.arms.arm_slots)
     kv_cache_tokens: int | None = None
     # a scenario's engine (repro.run.scenarios): requests in flight at once, and tokens one step schedules
     max_num_seqs: int | None = None

@@ -26,9 +26,12 @@ from repro.plan.settings import DEFAULT_MAX_CHILD_DISK_GB
 
 DEFAULT_ENGINE_MODULE = "repro.engine"
 # The engine settings of every CPU run the kit makes (the self-test, `make bench`, the tests).
+# --kv-cache-tokens: 16 x --max-model-len, the same pool on any machine; vLLM's CPU default (--gpu-memory-utilization
+# of the machine's memory: 1.7 GiB, 450,000 of the tiny model's tokens on 24 GiB) was zeroed by every arm as it
+# started, about 0.8 CPU-s each (docs/layout.md), and grows with the machine
 CPU_ENGINE_FLAGS = (
-    "--dtype", "float32", "--gpu-memory-utilization", "0.1", "--max-model-len", "2048", "--block-size", "16",
-    "--max-tokens", "16", "--seed", "0", "--device", "cpu",
+    "--dtype", "float32", "--gpu-memory-utilization", "0.1", "--kv-cache-tokens", "32768", "--max-model-len", "2048",
+    "--block-size", "16", "--max-tokens", "16", "--seed", "0", "--device", "cpu",
 )  # fmt: skip
 SELFTEST_CPU_FIXTURE = "fixtures/selftest-cpu.json"
 
@@ -76,6 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dtype", default="auto")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.45)
+    p.add_argument(
+        "--kv-cache-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="each arm's KV cache holds N tokens (vLLM's kv_cache_memory_bytes, from the model's KV bytes a token; a "
+        "scenario's engine.kv_cache_tokens wins for its runs); default: vLLM's own sizing (on the CPU "
+        "--gpu-memory-utilization of the machine's memory)",
+    )
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=16)
@@ -369,6 +381,11 @@ def validate(args: argparse.Namespace) -> Options:
         raise UsageError("--reuses must be from 1 to 64 (a probe with no reuse proves nothing)")
     if not 0.0 < args.gpu_memory_utilization <= 1.0:
         raise UsageError("--gpu-memory-utilization must be in (0, 1]")
+    if args.kv_cache_tokens is not None and args.kv_cache_tokens < args.max_model_len:
+        raise UsageError(
+            f"--kv-cache-tokens {args.kv_cache_tokens} is below --max-model-len {args.max_model_len} (vLLM refuses a "
+            "KV cache that cannot hold one request of that length)"
+        )
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
     if not 0 < args.max_child_disk_gb < math.inf:

@@ -73,6 +73,7 @@ def build_plan(opts: Options, argv: list[str]) -> RunPlan:
         dtype=a.dtype,
         seed=a.seed,
         gpu_memory_utilization=a.gpu_memory_utilization,
+        kv_cache_tokens=a.kv_cache_tokens,
         max_model_len=a.max_model_len,
         block_size=a.block_size,
         device=a.device,

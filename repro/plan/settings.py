@@ -47,6 +47,7 @@ class EngineSettings:
     engine_layout: str = "vllm"  # --engine-layout, resolved (repro.plan.run_plan): see engine_layout_env
     stream: bool = False  # --stream: a served arm's requests streamed (repro.engine.served)
     lora: dict | None = None  # the engine's LoRA settings where probes run under adapters (repro.plan.adapters)
+    kv_cache_tokens: int | None = None  # --kv-cache-tokens (None: vLLM sizes the KV cache)
 
     def config(self) -> EngineConfig:
         """The job's engine (a local model by its resolved path)."""
@@ -59,6 +60,7 @@ class EngineSettings:
             max_model_len=self.max_model_len,
             block_size=self.block_size,
             device=self.device,
+            kv_cache_tokens=self.kv_cache_tokens,
             lora=self.lora,
         )
 

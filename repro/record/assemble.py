@@ -114,6 +114,7 @@ def config_block(plan: RunPlan) -> dict:
         "max_model_len": engine.max_model_len,
         "seed": engine.seed,
         "gpu_memory_utilization": engine.gpu_memory_utilization,
+        **({"kv_cache_tokens": engine.kv_cache_tokens} if engine.kv_cache_tokens else {}),  # --kv-cache-tokens
         "device": engine.device,
         "suite": plan.inputs.suite,
         "compare_native": asked.compare_native,

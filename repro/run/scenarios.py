@@ -127,12 +127,13 @@ def job_for(
 
 def scenario_job(job: Job, scenario: Scenario, probes: list[Probe]) -> Job:
     """A job made a scenario's: the probes the scenario names (prompts only, one request each), its steps, and
-    its engine settings over the job's (max_num_seqs defaults to its largest together-step)."""
+    its engine settings over the job's (max_num_seqs defaults to its largest together-step; the KV cache to the
+    run's --kv-cache-tokens, if given)."""
     by_name = {p.name: p for p in (*probes, *scenario.generated)}
     eng = scenario.engine
     engine = replace(
         job.engine,
-        kv_cache_tokens=eng.get("kv_cache_tokens"),
+        kv_cache_tokens=eng.get("kv_cache_tokens", job.engine.kv_cache_tokens),
         max_num_seqs=eng.get("max_num_seqs", scenario.widest),
         max_num_batched_tokens=eng.get("max_num_batched_tokens"),
         async_scheduling=eng.get("async_scheduling"),
