@@ -272,7 +272,8 @@ def test(c, k="", fast=False):
     # summary line is the last thing printed, after its 15 slowest steps (where the suite's time goes: docs/layout.md
     # keeps the per-file figures).
     select = f" -k '{k}'" if k else ""
-    workers = len(os.sched_getaffinity(0)) + 2
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)  # macOS: none
+    workers = cores + 2
     sessions = [f"-m pytest -q -ra -n {workers} -m 'not e2e'{select}"] + (
         [] if fast else [f"-m pytest -q -ra --durations=15 -m e2e{select}"]
     )
