@@ -108,9 +108,10 @@ def _flood(job: dict, mode: str, mb_s: float, count: str | None) -> None:
             sys.stdout.write(piece.decode())
             sys.stdout.flush()
         written += 1
-        if count:
-            with open(count, "w") as out:
+        if count:  # whole or not at all: the kill lands between any two writes, and the test reads the last count
+            with open(count + ".tmp", "w") as out:
                 out.write(str(written))
+            os.replace(count + ".tmp", count)
         time.sleep(max(0.0, t0 + written / mb_s - time.monotonic()))
 
 
