@@ -22,6 +22,7 @@ from conftest import ROOT, have_vllm
 from e2e_runs import SELFTEST_KERNELS
 
 from repro.engine.engine_args import kv_bytes_per_token
+from repro.plan.options import CPU_KV_CACHE_TOKENS
 from repro.plan.settings import engine_layout_env
 from repro.record.provenance import KERNEL_VARIANTS
 
@@ -59,7 +60,7 @@ def test_endpoint_refuses_a_real_server_of_another_tokenizer(tmp_path, tiny_mode
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port",
             url.rsplit(":", 1)[1], "--model", tiny_model, "--tokenizer", _other_tokenizer(tiny_model, tmp_path / "tok"),
             "--dtype", "float32", "--gpu-memory-utilization", "0.1", "--max-model-len", "2048", "--block-size", "16", "--seed", "0", "--enforce-eager",
-            "--kv-cache-memory-bytes", str(32768 * kv_bytes_per_token(tiny_model, None, "float32")),  # the self-test's pool
+            "--kv-cache-memory-bytes", str(CPU_KV_CACHE_TOKENS * kv_bytes_per_token(tiny_model, None, "float32")),  # the self-test's pool
             "--max-num-seqs", "1"]  # fmt: skip
     log = tmp_path / "server.log"
     env = dict(os.environ, **KERNEL_VARIANTS[SELFTEST_KERNELS])

@@ -14,6 +14,7 @@ from kvkit_testutil import run_test_connector
 
 from repro.contract.job import ArmSpec, EngineConfig, ProbeJob, build_job
 from repro.plan.fixtures import load_fixture
+from repro.plan.options import CPU_KV_CACHE_TOKENS
 from repro.plan.settings import engine_layout_env
 from repro.plan.suite import build_probes
 from repro.run.runner import child_env, run_arm
@@ -24,7 +25,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM 
 def _baseline(tiny_model, tmp_path, kv_audit_dir):
     fixture = load_fixture(ROOT / "fixtures" / "selftest-cpu.json")
     probes = [ProbeJob(p.name, p.prompt_spec(), 1) for p in build_probes(fixture.probes, "acceptance")]
-    engine = EngineConfig(tiny_model, None, "float32", 0, 0.1, 2048, 16, "cpu", 32768)  # the CPU self-test's pool
+    engine = EngineConfig(
+        tiny_model, None, "float32", 0, 0.1, 2048, 16, "cpu", CPU_KV_CACHE_TOKENS
+    )  # the CPU self-test's pool
     job = build_job(
         ArmSpec("baseline", "baseline"), engine, probes, max_tokens=16, logprobs=2, kv_audit_dir=kv_audit_dir
     )

@@ -27,7 +27,7 @@ from e2e_runs import SELFTEST_KERNELS
 from test_e2e_cpu import _comparable
 
 from repro.engine.engine_args import kv_bytes_per_token
-from repro.plan.options import CPU_ENGINE_FLAGS, SELFTEST_CPU_FIXTURE
+from repro.plan.options import CPU_ENGINE_FLAGS, CPU_KV_CACHE_TOKENS, SELFTEST_CPU_FIXTURE
 from repro.plan.settings import engine_layout_env
 from repro.record.provenance import KERNEL_VARIANTS
 from repro.run import runner
@@ -187,7 +187,7 @@ def _start_server(model: str, caching: bool, log: Path) -> tuple[subprocess.Pope
         port = s.getsockname()[1]
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(port),
             "--model", model, "--dtype", "float32", "--gpu-memory-utilization", "0.1", "--max-model-len", "2048", "--block-size", "16", "--seed", "0",
-            "--kv-cache-memory-bytes", str(32768 * kv_bytes_per_token(model, None, "float32")),  # the self-test's pool
+            "--kv-cache-memory-bytes", str(CPU_KV_CACHE_TOKENS * kv_bytes_per_token(model, None, "float32")),  # the self-test's pool
             "--enforce-eager", "--max-num-seqs", "1", "--enable-prompt-tokens-details",
             "--enable-prefix-caching" if caching else "--no-enable-prefix-caching"]  # fmt: skip
     # the kernel variant as the kit runs it (runner.kernel_cache_env): with the variable alone, both servers loaded a

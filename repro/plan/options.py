@@ -29,9 +29,10 @@ DEFAULT_ENGINE_MODULE = "repro.engine"
 # --kv-cache-tokens: 16 x --max-model-len, the same pool on any machine; vLLM's CPU default (--gpu-memory-utilization
 # of the machine's memory: 1.7 GiB, 450,000 of the tiny model's tokens on 24 GiB) was zeroed by every arm as it
 # started, about 0.8 CPU-s each (docs/layout.md), and grows with the machine
+CPU_KV_CACHE_TOKENS = 32768
 CPU_ENGINE_FLAGS = (
-    "--dtype", "float32", "--gpu-memory-utilization", "0.1", "--kv-cache-tokens", "32768", "--max-model-len", "2048",
-    "--block-size", "16", "--max-tokens", "16", "--seed", "0", "--device", "cpu",
+    "--dtype", "float32", "--gpu-memory-utilization", "0.1", "--kv-cache-tokens", str(CPU_KV_CACHE_TOKENS),
+    "--max-model-len", "2048", "--block-size", "16", "--max-tokens", "16", "--seed", "0", "--device", "cpu",
 )  # fmt: skip
 SELFTEST_CPU_FIXTURE = "fixtures/selftest-cpu.json"
 
