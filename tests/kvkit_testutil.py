@@ -42,6 +42,46 @@ def run_cli(args: list[str], timeout: float = 1500, env: dict | None = None) -> 
     )
 
 
+# The newest CPU vLLM's environment (tasks.py NEWEST_CPU_PROFILE; make test builds it; tests/test_profiles.py pins the
+# name to tasks.py's)
+NEWEST_CPU_ENV = ROOT / ".venvs" / "cpu-vllm-0.32"
+
+
+def newest_cpu_python() -> str | None:
+    """The newest CPU vLLM's interpreter (.venvs/cpu-vllm-0.32), None where it was not built (make test builds it)."""
+    py = NEWEST_CPU_ENV / "bin" / "python"
+    return str(py) if py.exists() else None
+
+
+def need_newest_cpu_python() -> str:
+    """newest_cpu_python(), or the test fails where make test should have built it; only a bare pytest skips."""
+    py = newest_cpu_python()
+    if py is None:
+        import pytest
+
+        if os.environ.get("KVKIT_MAKE_TEST"):
+            pytest.fail(f"{NEWEST_CPU_ENV.relative_to(ROOT)} is missing, though make test builds it")
+        pytest.skip(
+            f"{NEWEST_CPU_ENV.relative_to(ROOT)} not built (make test builds it; or make repro PROFILE=cpu-vllm-0.32)"
+        )
+    return py
+
+
+def engine_block_size(python: str | None = None) -> int:
+    """The block size the CPU self-test's --block-size auto picks for this interpreter's vLLM (asked of its attention
+    backend once per install: repro.plan.interpreter.probe_engine): what the tests' block arithmetic is in."""
+    from repro.plan.block_size import choose_block_size
+    from repro.plan.interpreter import probe_engine
+
+    caps = probe_engine(python or sys.executable, "cpu")
+    if "problem" in caps:
+        raise RuntimeError(f"{python or sys.executable}: {caps['problem']}")
+    size = choose_block_size(caps["block_sizes"])
+    if size is None:
+        raise RuntimeError(f"{python or sys.executable}: its CPU attention backend names no block size")
+    return size
+
+
 def have_vllm() -> bool:
     from importlib.util import find_spec
 

@@ -24,13 +24,15 @@ def _baseline_llm(model: str, dtype: str):
     """A cache-off engine as the verifier's CPU baseline builds it, returning raw logits."""
     from vllm import LLM
 
+    from repro.engine.capabilities import cpu_block_size
+
     return LLM(
         model=model,
         dtype=dtype,
         enforce_eager=True,
         gpu_memory_utilization=0.1,
         max_model_len=2048,
-        block_size=16,
+        block_size=cpu_block_size(),  # as the self-test's --block-size auto picks it
         enable_prefix_caching=False,
         logprobs_mode="raw_logits",
         max_num_seqs=1,

@@ -131,7 +131,9 @@ def check_transformers(folder: str, gguf_path: str, fixture: str | None, n: int)
 def check_vllm(folder: str, fixture: str | None, n: int) -> dict:
     from vllm import LLM, SamplingParams, TokensPrompt
 
-    llm = LLM(model=folder, dtype="float32", enforce_eager=True, max_model_len=2048, block_size=16, gpu_memory_utilization=0.1,
+    from repro.engine.capabilities import cpu_block_size
+
+    llm = LLM(model=folder, dtype="float32", enforce_eager=True, max_model_len=2048, block_size=cpu_block_size(), gpu_memory_utilization=0.1,
               enable_prefix_caching=False, max_num_seqs=1, seed=0)  # fmt: skip
     tokenizer = llm.get_tokenizer()
     sp = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=1)

@@ -104,9 +104,11 @@ def check_argv(argv: list[str], engine_kwargs: dict) -> None:
     """vLLM's own parser reads the flags back: every keyword argument must come back as given (a translation that
     drops or alters one would make the served arm another engine than the offline one)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    from repro.engine.capabilities import served_arg_parser
+
+    make_arg_parser = served_arg_parser()  # vLLM 0.32 moved it (repro.engine.capabilities.SERVED_PARSER_MODULES)
     parsed = AsyncEngineArgs.from_cli_args(make_arg_parser(FlexibleArgumentParser()).parse_args(argv))
     for key, want in engine_kwargs.items():
         got = getattr(parsed, key, None)

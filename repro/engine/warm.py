@@ -63,6 +63,7 @@ PRELOAD = (
     "vllm.v1.core.kv_cache_manager",
     "vllm.v1.worker.cpu_worker",
     "vllm.v1.worker.cpu_model_runner",
+    "vllm.v1.worker.cpu.model_runner",  # vLLM 0.34's CPU runner (the V1 runner above is gone there)
     "vllm.v1.attention.backends.cpu_attn",
     "vllm.v1.sample.sampler",
     "vllm.model_executor.models.qwen3",
@@ -72,6 +73,7 @@ PRELOAD = (
     "vllm.tool_parsers",
     "vllm.plugins.lora_resolvers.filesystem_resolver",
     "vllm.entrypoints.openai.api_server",  # a served arm's server, forked from its child (repro.engine.served)
+    "repro.engine.capabilities",
     "repro.engine.frontend",
     "repro.engine.kvaudit",
     "repro.engine.kvaudit_hooks",

@@ -20,11 +20,12 @@ def _fact(problems: list[str], what: str, read):
 
 
 def _batch_invariant_mode() -> bool:
-    """vLLM's own flag, set in this process by init_batch_invariance (vLLM 0.26 and 0.28: the worker's
-    init_worker_distributed_environment) once it installed its batch-invariant kernel overrides."""
-    from vllm.model_executor.layers import batch_invariant
+    """vLLM's own flag, set in this process by init_batch_invariance (the worker's
+    init_worker_distributed_environment) once it installed its batch-invariant kernel overrides; its module moved
+    in vLLM 0.32 (repro.engine.capabilities.BATCH_INVARIANT_MODULES)."""
+    from repro.engine.capabilities import batch_invariant_module
 
-    return bool(batch_invariant._batch_invariant_MODE)
+    return bool(batch_invariant_module()._batch_invariant_MODE)
 
 
 def _attention_layers(vllm_config) -> dict:

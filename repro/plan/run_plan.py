@@ -76,6 +76,7 @@ def build_plan(opts: Options, argv: list[str]) -> RunPlan:
         kv_cache_tokens=a.kv_cache_tokens,
         max_model_len=a.max_model_len,
         block_size=a.block_size,
+        block_size_chosen=opts.block_size_chosen,
         device=a.device,
         max_tokens=a.max_tokens,
         logprobs=a.logprobs,

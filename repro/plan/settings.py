@@ -48,6 +48,7 @@ class EngineSettings:
     stream: bool = False  # --stream: a served arm's requests streamed (repro.engine.served)
     lora: dict | None = None  # the engine's LoRA settings where probes run under adapters (repro.plan.adapters)
     kv_cache_tokens: int | None = None  # --kv-cache-tokens (None: vLLM sizes the KV cache)
+    block_size_chosen: str | None = None  # --block-size auto: how it was chosen (repro.plan.options.resolve_block_size)
 
     def config(self) -> EngineConfig:
         """The job's engine (a local model by its resolved path)."""

@@ -10,7 +10,7 @@ from repro.plan.adapters import describe as describe_adapters
 from repro.plan.images import describe as describe_images
 from repro.plan.run_plan import RunPlan
 from repro.plan.settings import HASHSEED
-from repro.record.acceptance import check_acceptance, check_scenario_acceptance
+from repro.record.acceptance import check_acceptance, check_scenario_acceptance, check_upstream
 from repro.record.provenance import collect_provenance, hardware_label, utc_now
 from repro.record.report import REPORT_KIND, REPORT_SCHEMA_VERSION, generations
 
@@ -29,6 +29,11 @@ def assemble(plan: RunPlan, ws, entries: list[dict], ran, scen=None) -> dict:
         report["acceptance"]["scenarios"] = check_scenario_acceptance(
             scen.sections, plan.inputs.fixture.expected_scenarios, plan.inputs.suite, expected_kv
         )
+    fixture = plan.inputs.fixture
+    if fixture.upstream:  # the expectations bound to an upstream bug, on the engine's versions as its baseline recorded
+        versions = report["provenance"].get("engine_versions")
+        sections = scen.sections if scen is not None else None
+        report["upstream"] = check_upstream(fixture.upstream, entries, sections, versions, plan.kv_audit.enabled)
     report["conditions"] = {
         "trials": plan.repeats.trials,
         "confirm": plan.repeats.confirm,
@@ -110,6 +115,7 @@ def config_block(plan: RunPlan) -> dict:
         "model_revision": engine.revision,
         "dtype": engine.dtype,
         "block_size": engine.block_size,
+        **({"block_size_chosen": engine.block_size_chosen} if engine.block_size_chosen else {}),  # --block-size auto
         "max_tokens": engine.max_tokens,
         "max_model_len": engine.max_model_len,
         "seed": engine.seed,
