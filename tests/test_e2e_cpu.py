@@ -7,7 +7,7 @@ import json
 
 import pytest
 from conftest import have_vllm
-from kvkit_testutil import SELFTEST_VERDICTS, run_test_connector
+from kvkit_testutil import SELFTEST_VERDICTS, engine_block_size, run_test_connector
 
 from repro.record.atomic import dumps_json
 from repro.record.report import REPORT_SCHEMA_VERSION
@@ -188,7 +188,7 @@ def test_report_contract(selftest):
     for arm in data["arms"]:
         assert {"name", "mode", "connector", "verdict", "reasons", "effective_config", "probes"} <= set(arm)
         cfg = arm["effective_config"]
-        assert cfg["block_size"] == 16 and cfg["enforce_eager"] is True and cfg["dtype"] == "float32"
+        assert cfg["block_size"] == engine_block_size() and cfg["enforce_eager"] is True and cfg["dtype"] == "float32"
         assert cfg["enable_prefix_caching"] is (arm["mode"] == "native")
         assert cfg["model_runner"] == "v1"  # vLLM's CPU build has no Triton, so no model runner v2
         assert (report.parent / arm["log"]).is_file()

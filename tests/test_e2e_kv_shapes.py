@@ -20,6 +20,7 @@ import json
 
 import pytest
 from conftest import ARTIFACTS, have_vllm, run_cli
+from kvkit_testutil import engine_block_size
 from planted_fixtures import _fixture, _planted_arm
 
 from repro.judge.verdict import CORRUPT, EXACT, FOREIGN, MISPLACED
@@ -81,7 +82,7 @@ def test_a_shift_from_beyond_the_reused_prefix_is_misplaced(shapes):
         assert shape.startswith("slots 0–") and "(shifted by +16)" in shape, (probe, shape)
         assert "from beyond the reused prefix" in shape and "block(s) 0–" in shape, (probe, shape)
         reuse = next(p for p in arms["shift-beyond"]["probes"] if p["name"] == probe)["requests"][1]
-        assert reuse["cached_tokens"] == 256  # the hit the connector reported: 16 blocks
+        assert reuse["cached_tokens"] == 16 * engine_block_size()  # the hit the connector reported: 16 blocks
 
 
 def test_another_prompts_kv_is_foreign_and_named(shapes):

@@ -10,7 +10,7 @@ import os
 import pytest
 from conftest import ROOT, have_vllm
 from e2e_runs import shared_run
-from kvkit_testutil import run_test_connector
+from kvkit_testutil import engine_block_size, run_test_connector
 
 from repro.contract.job import ArmSpec, EngineConfig, ProbeJob, build_job
 from repro.plan.fixtures import load_fixture
@@ -26,8 +26,8 @@ def _baseline(tiny_model, tmp_path, kv_audit_dir):
     fixture = load_fixture(ROOT / "fixtures" / "selftest-cpu.json")
     probes = [ProbeJob(p.name, p.prompt_spec(), 1) for p in build_probes(fixture.probes, "acceptance")]
     engine = EngineConfig(
-        tiny_model, None, "float32", 0, 0.1, 2048, 16, "cpu", CPU_KV_CACHE_TOKENS
-    )  # the CPU self-test's pool
+        tiny_model, None, "float32", 0, 0.1, 2048, engine_block_size(), "cpu", CPU_KV_CACHE_TOKENS
+    )  # the CPU self-test's pool and block size
     job = build_job(
         ArmSpec("baseline", "baseline"), engine, probes, max_tokens=16, logprobs=2, kv_audit_dir=kv_audit_dir
     )
@@ -66,7 +66,7 @@ def test_the_reference_recorder_does_not_change_the_baseline(recorded_baselines)
         assert ra.token_ids == rb.token_ids
         assert ra.logprobs == rb.logprobs  # the top-2 logprobs of every position, bit for bit
         assert ra.cached_tokens == rb.cached_tokens == 0
-        assert rb.kv_audit_record["computed_blocks"] == len(a.prompt_token_ids) // 16
+        assert rb.kv_audit_record["computed_blocks"] == len(a.prompt_token_ids) // engine_block_size()
     assert audited.kv_audit["errors"] == []
 
 
@@ -88,7 +88,8 @@ def test_a_subtle_out_of_tree_connector_is_blamed_at_its_block(tiny_model, tmp_p
     assert probe["kv"]["blame"]["layers"] == [0, 1, 2, 3]
     for r in probe["requests"][1:]:
         audit = r["kv_audit"]
-        assert audit["status"] == "audited" and audit["num_blocks"] == 1488 // 16
+        # the fixture probe's full blocks below its last token (1502 tokens)
+        assert audit["status"] == "audited" and audit["num_blocks"] == (1502 - 1) // engine_block_size()
         assert audit["counts"]["corrupt"] == 8  # one block x 4 layers x 2 planes
         for plane in ("K", "V"):
             for row in audit["planes"][plane]["class"]:
