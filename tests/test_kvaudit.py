@@ -306,7 +306,7 @@ def _wrapped(monkeypatch, tmp_path):
 
 
 def test_an_asynchronous_load_is_described_when_the_request_is_promoted(monkeypatch, tmp_path):
-    """vLLM's order (0.26 and 0.28): match (n, True); allocate with n; steps that schedule nothing for
+    """vLLM's order (0.26, 0.28 and 0.32): match (n, True); allocate with n; steps that schedule nothing for
     the request; promotion: allocate again with 0, scheduled as new with num_computed_tokens = n."""
     from types import SimpleNamespace
 

@@ -7,9 +7,12 @@ Built on the verifier's audit (repro.engine.kvaudit, docs/kv-audit.md), unchange
              (`<seq>.computed.<layer>.pt`, with `<seq>.json`).
   consumer   `vllm serve` with the auditing subclass of NixlConnector (the audit's WRAPPED class, its target named
              by KVKIT_KV_AUDIT_TARGET=NixlConnector, kv_role kv_consumer): NIXL loads asynchronously, so the audit
-             reads a request's blocks at the first forward step after the worker's get_finished reported its
-             receive done, exactly what attention then reads (`<seq>.reused.<layer>.pt`: the reused full blocks,
-             its own prefix-cache hit first, then the received ones).
+             reads a request's blocks at the first forward step after the worker reported its receive done,
+             exactly what attention then reads (`<seq>.reused.<layer>.pt`: the reused full blocks, its own
+             prefix-cache hit first, then the received ones). The worker asks NixlConnector.get_transfer_results
+             from vLLM 0.30 (which never calls get_finished; get_finished before), and the audit reads whichever the
+             installed vLLM has; a receive NIXL reports failed (failed_recving) is never read: its record says so
+             in `unavailable` (repro.engine.kvaudit_hooks).
   producer   unchanged (no audit).
 Each server writes to a folder of its own under the audit folder. The pair sends one request at a time
 (--max-num-seqs 1), so the newest record of a prompt (its prompt_sha256) after a request is that request's.

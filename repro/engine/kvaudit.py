@@ -28,7 +28,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from repro.engine.kvaudit_hooks import AuditHooks, AuditMetadata
+from repro.engine.kvaudit_hooks import HOOKS_BEFORE_030, HOOKS_SINCE_030, AuditHooks, AuditMetadata
 
 AUDIT_TARGET_ENV = "KVKIT_KV_AUDIT_TARGET"  # "Name" (vLLM's registry) or "module.path:Name"
 MODULE = "repro.engine.kvaudit"
@@ -98,10 +98,14 @@ def _target_class(spec: str):
 
 
 def make_wrapped(target) -> type:
-    """A subclass of `target` whose hooks call the target's first, then the audit's."""
+    """A subclass of `target` whose hooks call the target's first, then the audit's. A load's completion is read
+    where the installed vLLM's worker asks for it: get_transfer_results where the class has it (vLLM 0.30 on; the
+    base class's calls get_finished, MultiConnector's and NixlConnector's do not), get_finished always."""
+    transfer_results = hasattr(target, "get_transfer_results")
 
     class Wrapped(AuditHooks, target):
         _audit_target_name = f"{target.__module__}.{target.__qualname__}"
+        _audit_completion_hooks = HOOKS_SINCE_030 if transfer_results else HOOKS_BEFORE_030
 
         def __init__(self, vllm_config, role, kv_cache_config=None):
             target.__init__(self, vllm_config, role, kv_cache_config)
@@ -133,9 +137,12 @@ def make_wrapped(target) -> type:
             return target.handle_preemptions(self, inner if inner is not None else kv_connector_metadata)
 
         def get_finished(self, finished_req_ids):
-            out = target.get_finished(self, finished_req_ids)
-            self._audit_finished(out)
-            return out
+            return self._audit_get_finished(target.get_finished, finished_req_ids)
+
+        if transfer_results:  # only where vLLM has it: the wrapped class offers what the target offers
+
+            def get_transfer_results(self, finished_req_ids):
+                return self._audit_get_transfer_results(target.get_transfer_results, finished_req_ids)
 
         def wait_for_layer_load(self, layer_name: str):
             out = target.wait_for_layer_load(self, layer_name)

@@ -16,17 +16,26 @@ What it reads, and when:
                   op wrote the step's KV: the full prompt blocks this step computed (requests that
                   reused nothing: the baseline's reference and each arm's cold prefill).
 
-An asynchronous load (get_num_new_matched_tokens returned (n, True); LMCache's MP connector) is
-read the same way, one promotion later. vLLM (0.26 and 0.28 alike) then parks the request in
-WAITING_FOR_REMOTE_KVS, where it is not in scheduled_new_reqs, while the connector loads; the worker
-reports the load done in the second set get_finished returns; the scheduler promotes the request and
-schedules it as new, with num_computed_tokens = the loaded tokens, and update_state_after_alloc is
-called a second time with 0. So the scheduler side keeps the first nonzero external count from the
-allocation that started the load (_audit_pending) and describes the request when it is promoted; the
-worker side remembers every id its get_finished reported received, and reads the blocks after
-wait_for_layer_load of the first forward step that computes the request: exactly what attention
-reads. A request promoted without this worker having seen that signal (a connector that reports
-completion some other way) stays unavailable, with that reason.
+An asynchronous load (get_num_new_matched_tokens returned (n, True); LMCache's MP connector, NIXL) is
+read the same way, one promotion later. vLLM (0.26, 0.28 and 0.32 alike) then parks the request
+in WAITING_FOR_REMOTE_KVS, where it is not in scheduled_new_reqs, while the connector loads; the worker reports
+the load done (below); the scheduler promotes the request and schedules it as new, with num_computed_tokens = the
+loaded tokens, and update_state_after_alloc is called a second time with 0. So the scheduler side keeps the first
+nonzero external count from the allocation that started the load (_audit_pending) and describes the request when
+it is promoted; the worker side remembers every id its connector reported received, and reads the blocks after
+wait_for_layer_load of the first forward step that computes the request: exactly what attention reads. Since
+vLLM 0.29 (#53333) a step with no synchronous load starts its loads after the forward launch; the audit reads
+nothing of a load in the step that starts it, so that changes nothing here.
+
+How the worker reports a load done depends on what the installed vLLM's worker calls (probed on the connector
+class, never from a version): before 0.30, get_finished's second set; from 0.30, get_transfer_results
+(KVConnectorTransferResults: finished_recving, and failed_recving for a receive that failed, which vLLM lists
+as finished too so that the scheduler releases the request). The base class's get_transfer_results calls
+get_finished, but MultiConnector, NixlConnector and Mooncake override it, so the audit wraps both and counts
+one report per worker call (_audit_get_finished, _audit_get_transfer_results). A request promoted without this
+worker having seen its load reported stays unavailable, with that reason; one whose receive was reported failed
+is never read as loaded: its record says the receive failed and, where vLLM still counted tokens beyond its own
+prefix-cache hit as computed, that a failed load was counted as a hit.
 
 Each block is written as [2, elements]: plane 0 is K, plane 1 is V, split by the backend's layout
 (repro.engine.kv_blocks.LAYOUTS). Files go to the audit directory (AUDIT_DIR_ENV) as
@@ -113,10 +122,27 @@ class AuditMetadata(KVConnectorMetadata):
     requests: list[AuditRequest] = field(default_factory=list)
 
 
+# How a worker reports an asynchronous load done, by what its connector class offers (the audited class's hooks
+# the audit wraps, repro.engine.kvaudit.make_wrapped): vLLM 0.30 added get_transfer_results, and with it
+# failed_recving; before it get_finished was the only report.
+HOOKS_BEFORE_030 = ("get_finished",)
+HOOKS_SINCE_030 = ("get_transfer_results", "get_finished")
+# What a record of an asynchronous load says when this vLLM reports no receive failure apart from its completion.
+NO_FAILED_RECVING = (
+    "unavailable: this vLLM's connector API has no get_transfer_results (vLLM 0.30 added it, with failed_recving): "
+    "a receive that failed is reported finished like one that succeeded"
+)
+
+
 class AuditHooks:
     """The audit's half of every hook; mixed in before the connector class it audits."""
 
     _audit_target_name: str | None = None
+    _audit_completion_hooks: tuple[str, ...] = HOOKS_BEFORE_030
+    # worker: get_transfer_results calls under way (the base class's calls get_finished: one report, not two), and
+    # the reports taken so far (a get_finished that called get_transfer_results inside took its report from it)
+    _audit_transfer_depth = 0
+    _audit_transfer_reports = 0
 
     def _audit_init(self, vllm_config, role) -> None:
         self._audit_dir = os.environ.get(AUDIT_DIR_ENV) or None
@@ -128,7 +154,8 @@ class AuditHooks:
         self._audit_external: dict[str, int] = {}
         self._audit_pending: dict[str, tuple[int, int]] = {}  # async load started: (local, external)
         self._audit_members: dict[str, dict] = {}  # MultiConnector: the member chosen to load each request
-        self._audit_received: set[str] = set()  # worker: ids get_finished reported loaded
+        self._audit_received: dict[str, str] = {}  # worker: ids reported loaded -> the hook that reported it
+        self._audit_failed: set[str] = set()  # worker: ids whose receive was reported failed (failed_recving)
         self._audit_seq = 0
         self._audit_seqs: dict[str, int] = {}  # scheduler: each request id's seq, given at its first scheduling
         self._audit_bytes = 0  # worker: what this process has written
@@ -167,7 +194,7 @@ class AuditHooks:
             self._audit_fail("get_num_new_matched_tokens")
 
     def _audit_note_member(self, rid: str, result) -> None:
-        """MultiConnector (vLLM 0.26 and 0.28) records the member it will load a request from in
+        """MultiConnector (vLLM 0.26, 0.28 and 0.32 alike) records the member it will load a request from in
         _requests_to_connector when that member reports hits: read it right after it chose."""
         chosen = getattr(self, "_requests_to_connector", None)
         if chosen is None or not result or not result[0]:
@@ -260,15 +287,58 @@ class AuditHooks:
         except Exception:  # noqa: BLE001
             self._audit_fail("register_kv_caches")
 
+    def _audit_get_finished(self, call, finished_req_ids):
+        """The connector's get_finished, `call`, through the audit: its received ids count unless a
+        get_transfer_results report covers this call (under way around it, or taken inside it)."""
+        taken = self._audit_transfer_reports
+        out = call(self, finished_req_ids)
+        if not self._audit_transfer_depth and taken == self._audit_transfer_reports:
+            self._audit_finished(out)
+        return out
+
+    def _audit_get_transfer_results(self, call, finished_req_ids):
+        """The connector's get_transfer_results, `call`, through the audit: the outermost call's report counts."""
+        self._audit_transfer_depth += 1
+        try:
+            out = call(self, finished_req_ids)
+        finally:
+            self._audit_transfer_depth -= 1
+        if not self._audit_transfer_depth:
+            self._audit_transfer_reports += 1
+            self._audit_transferred(out)
+        return out
+
     def _audit_finished(self, result) -> None:
         """The ids get_finished reported received: their asynchronous loads are complete."""
         if self._audit_dead:
             return
         try:
             received = result[1] if result else None
-            self._audit_received.update(str(rid) for rid in received or ())
+            self._audit_note_received({str(rid) for rid in received or ()}, set(), "get_finished")
         except Exception:  # noqa: BLE001
             self._audit_fail("get_finished")
+
+    def _audit_transferred(self, results) -> None:
+        """What get_transfer_results reported: loads complete (finished_recving) and receives that failed
+        (failed_recving; vLLM lists those as finished too, and a failed one is counted whether or not it is)."""
+        if self._audit_dead:
+            return
+        try:
+            failed = {str(rid) for rid in getattr(results, "failed_recving", None) or ()}
+            done = {str(rid) for rid in getattr(results, "finished_recving", None) or ()}
+            self._audit_note_received(done | failed, failed, "get_transfer_results")
+        except Exception:  # noqa: BLE001
+            self._audit_fail("get_transfer_results")
+
+    def _audit_note_received(self, done: set[str], failed: set[str], hook: str) -> None:
+        """A report's receives; the latest report of an id stands: one that succeeded after a failed one is a
+        retried load (vLLM's recompute policy frees the request's blocks and may load it again)."""
+        for rid in done:
+            self._audit_received[rid] = hook
+            if rid in failed:
+                self._audit_failed.add(rid)
+            else:
+                self._audit_failed.discard(rid)
 
     def _audit_bind(self, metadata):
         """Remember our part; return the wrapped connector's own metadata."""
@@ -287,17 +357,22 @@ class AuditHooks:
         if r.seq in self._audit_written:
             return r.seq not in self._audit_blind
         self._audit_written.add(r.seq)
-        reason, signalled = None, None
+        reason, signalled, failed, by = None, None, None, None
         if r.async_load:
-            # the scheduler promotes on the workers' get_finished; this worker's own report is the
-            # proof that the bytes are in place before this step's forward
-            signalled = r.req_id in self._audit_received
-            self._audit_received.discard(r.req_id)
-            if not signalled:
+            # the scheduler promotes on the workers' reports; this worker's own report is the proof that the
+            # bytes are in place before this step's forward, and a failed receive's blocks are never read
+            by = self._audit_received.pop(r.req_id, None)
+            signalled, failed = by is not None, r.req_id in self._audit_failed
+            self._audit_failed.discard(r.req_id)
+            if failed:
+                reason = self._audit_failed_reason(r)
+            elif not signalled:
                 reason = (
-                    "the connector loads asynchronously and this worker's get_finished never reported the "
-                    "request's load finished: the audit cannot tell when the load completed"
+                    f"the connector loads asynchronously and this worker's {' / '.join(self._audit_completion_hooks)} "
+                    "never reported the request's load finished: the audit cannot tell when the load completed"
                 )
+            if "get_transfer_results" not in self._audit_completion_hooks:
+                failed = NO_FAILED_RECVING
         if reason is None and self._audit_layout is None:
             reason = self._audit_layout_problem or "no KV tensors were registered"
         record = {
@@ -311,6 +386,8 @@ class AuditHooks:
             "computed_tokens": r.computed_tokens,
             "async_load": r.async_load,
             "load_finished_reported": signalled,
+            "load_reported_by": by,
+            "load_failed_reported": failed,
             "reused_blocks": len(r.reused_blocks(self._audit_bs)),
             "computed_blocks": len(r.computed_blocks(self._audit_bs)),
             "layers": list(self._audit_kv),
@@ -330,6 +407,22 @@ class AuditHooks:
         if reason is not None:
             self._audit_blind.add(r.seq)
         return reason is None
+
+    def _audit_failed_reason(self, r: AuditRequest) -> str:
+        """Why a request whose receive this worker's connector reported failed is not read."""
+        said = "the connector reported this request's receive failed (failed_recving)"
+        computed = r.computed_tokens if r.computed_tokens is not None else r.local_tokens + r.external_tokens
+        beyond = computed - r.local_tokens
+        if beyond > 0:
+            return (
+                f"{said}, yet vLLM scheduled it with {computed} tokens counted as computed, {beyond} beyond its own "
+                f"prefix-cache hit of {r.local_tokens}: a failed load counted as a hit; the audit does not read "
+                "blocks a failed receive left"
+            )
+        return (
+            f"{said} and vLLM recomputed it ({computed} tokens counted as computed, its own prefix-cache hit): "
+            "no received block to audit"
+        )
 
     def _audit_worker(self) -> dict:
         """What this worker process runs with, read once it has served a request (see worker_facts)."""
