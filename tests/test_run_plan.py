@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from kvkit_testutil import ROOT
+from kvkit_testutil import ROOT, engine_block_size
 from test_cli_failures import _args, _env, setup  # noqa: F401 - setup is a fixture
 
 from repro.contract.job import EngineConfig, Preflight
@@ -33,6 +33,12 @@ from repro.plan.settings import (
     Repeats,
 )
 from repro.record.assemble import config_block
+from repro.record.provenance import package_version
+
+
+def vllm_version() -> str:
+    return package_version("vllm")
+
 
 SELFTEST_ARMS = ["baseline", "ExampleConnector", "PlantedFault", "PlantedFault-none", "native", "native-matched"]
 
@@ -49,13 +55,16 @@ def test_the_cpu_self_tests_plan_has_every_part_typed_and_read_once(tiny_model, 
     report = tmp_path / "out" / "selftest.json"
     plan, argv = _selftest(tiny_model, report)
     assert plan.argv == tuple(argv)
+    block = engine_block_size()  # --block-size auto: what this vLLM's CPU attention backend takes (16 on 0.28)
+    assert plan.engine.block_size_chosen.startswith(f"auto: vLLM {vllm_version()}'s CPUAttentionBackend takes ")
     assert plan.engine == EngineSettings(
         model=tiny_model, model_is_local=True, revision=None, dtype="float32", seed=0, gpu_memory_utilization=0.1,
-        max_model_len=2048, block_size=16, device="cpu", max_tokens=16, logprobs=2, batch_invariant=False,
+        max_model_len=2048, block_size=block, device="cpu", max_tokens=16, logprobs=2, batch_invariant=False,
         frontend="sync", engine_layout="one-process", kv_cache_tokens=32768,
+        block_size_chosen=plan.engine.block_size_chosen,
     )  # fmt: skip
     resolved = str(Path(tiny_model).resolve())  # a local model, by its resolved path
-    assert plan.engine.config() == EngineConfig(resolved, None, "float32", 0, 0.1, 2048, 16, "cpu", 32768)
+    assert plan.engine.config() == EngineConfig(resolved, None, "float32", 0, 0.1, 2048, block, "cpu", 32768)
     inputs = plan.inputs
     assert inputs.fixture_path == str(ROOT / SELFTEST_CPU_FIXTURE) and inputs.fixture.name == "selftest-cpu"
     assert inputs.suite == "acceptance" and inputs.reuses is None and inputs.scenarios == ()
@@ -153,7 +162,7 @@ def test_build_plan_reads_every_option_of_the_command_line(tiny_model, tmp_path)
                 read.add(name)
             return super().__getattribute__(name)
 
-    spied = Options(Spy(**vars(opts.args)), opts.extra_config, opts.model_is_local)
+    spied = Options(Spy(**vars(opts.args)), opts.extra_config, opts.model_is_local, opts.block_size_chosen)
     assert build_plan(spied, argv) == build_plan(opts, argv)
     dests = {a.dest for a in build_parser()._actions if a.dest != "help"}
     # the connector's JSON settings are read by the parser's checks into Options.extra_config, which the plan takes
@@ -173,6 +182,7 @@ def test_the_reports_config_comes_from_the_plan_as_the_options_gave_it(tiny_mode
         a = opts.args
         assert config_block(plan) == {
             "model": a.model, "model_revision": a.model_revision, "dtype": a.dtype, "block_size": a.block_size,
+            "block_size_chosen": opts.block_size_chosen,  # --block-size auto (the self-test's), as it was settled
             "max_tokens": a.max_tokens, "max_model_len": a.max_model_len, "seed": a.seed,
             "gpu_memory_utilization": a.gpu_memory_utilization, "kv_cache_tokens": a.kv_cache_tokens,
             "device": a.device, "suite": a.suite,
