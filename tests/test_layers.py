@@ -64,7 +64,7 @@ publish    repro.publish repro.matrix.page repro.detection.page repro.detection.
 commands   repro.verify repro.verify_kv_reuse repro.__main__ repro.measure.bench repro.measure.margins repro.matrix
            repro.measure.load_bench
            repro.detection repro.detection.scenario_plan repro.detection.load_column repro.kit repro.chaos repro.models.convert
-           repro.models.check repro.disagg.commands
+           repro.models.check repro.disagg.commands repro.watch
 """
 
 
@@ -72,7 +72,7 @@ commands   repro.verify repro.verify_kv_reuse repro.__main__ repro.measure.bench
 # command registry); "entry" is the verifier's pipeline and entry points (repro/verify.py and the two mains).
 ROOM_ORDER = (
     "ground", "contract", "judge", "plan", "record", "lmcache", "run", "models", "engine", "readmodel", "publish",
-    "detection", "matrix", "measure", "disagg", "kit", "chaos", "entry",
+    "detection", "matrix", "measure", "disagg", "kit", "chaos", "watch", "entry",
 )  # fmt: skip
 GROUND = {"repro", "repro.errors", "repro.paths", "repro.commands"}
 ENTRY = {"repro.verify", "repro.verify_kv_reuse", "repro.__main__"}
