@@ -34,6 +34,9 @@
 #                                              `stage028 DIR`), so unpacking overlaps the staging calls
 #   tests/gpu/h200_conditions.sh stage028 DIR  stage one bundle part: copy, check its sum, mark it arrived
 #   tests/gpu/h200_conditions.sh finish028     after stream028: what unpack028 does after unpacking
+#                                              (stage028, stream028, unpack028 and finish028 serve another bundle with
+#                                              BUNDLE=v034 SITE028=DIR: its parts' names and where it unpacks;
+#                                              tests/gpu/h200_v034.sh does so for the vLLM 0.34.0 bundle)
 #   tests/gpu/h200_conditions.sh scenarios028 OUT
 #                                              on that stack, the tiny model: fixtures/scenarios-gpu-lmcache.json
 #                                              with --scenarios all (both LMCache connectors, native,
@@ -91,6 +94,7 @@ set -euo pipefail
 STAGE=${STAGE:-/tmp/kvkit-stage}
 SITE=${SITE:-/tmp/site}
 SITE028=${SITE028:-/tmp/site028}
+BUNDLE=${BUNDLE:-v028}  # the parts' names of the bundle that stage028 ... finish028 handle (pack-vllm028.sh's TAG)
 MODEL=${MODEL:-/tmp/models/kvkit-tiny-qwen3-seed6}
 SMOLLM2=${SMOLLM2:-/tmp/models/smollm2-f16}
 PY=${PY:-python3}
@@ -263,26 +267,26 @@ case ${1:?step} in
     tar -C "$(dirname "$OUT")" -cJf "$DEST/results.tar.xz" "$(basename "$OUT")" && ls -l "$DEST" ;;
   stage028)  # DIR: one part (c00 also brings v028.sha256), checked on arrival
     d=${2:?DIR}; mkdir -p "$STAGE" && cp "$d"/* "$STAGE"/
-    for f in "$d"/v028.[0-9][0-9]; do
-      n=${f##*/}; (cd "$STAGE" && grep " $n\$" v028.sha256 | sha256sum -c --quiet) && touch "$STAGE/$n.ok"
+    for f in "$d/$BUNDLE".[0-9][0-9]; do
+      n=${f##*/}; (cd "$STAGE" && grep " $n\$" "$BUNDLE.sha256" | sha256sum -c --quiet) && touch "$STAGE/$n.ok"
     done
     ls "$STAGE" | grep -c '\.ok$' ;;
   stream028)  # N: unpack parts 00 .. N-1 in order as each one's .ok appears (started with setsid, in the background)
     n=${2:?N}; rm -rf "$SITE028" && mkdir -p "$SITE028"
     rc=0
     for i in $(seq 0 $((n - 1))); do
-      part=$(printf '%s/v028.%02d' "$STAGE" "$i")
+      part=$(printf '%s/%s.%02d' "$STAGE" "$BUNDLE" "$i")
       while [ ! -e "$part.ok" ]; do sleep 0.5; done
       cat "$part"
     done | xz -d -T0 | tar -x -C "$SITE028" || rc=$?
-    echo "exit $rc" >"$STAGE/stream028.done" ;;
+    echo "exit $rc" >"$STAGE/stream${BUNDLE#v}.done" ;;
   unpack028 | finish028)
     if [ "$1" = unpack028 ]; then
-      (cd "$STAGE" && sha256sum -c --quiet v028.sha256)
-      rm -rf "$SITE028" && mkdir -p "$SITE028" && cat "$STAGE"/v028.[0-9][0-9] | xz -d -T0 | tar -x -C "$SITE028"
+      (cd "$STAGE" && sha256sum -c --quiet "$BUNDLE.sha256")
+      rm -rf "$SITE028" && mkdir -p "$SITE028" && cat "$STAGE/$BUNDLE".[0-9][0-9] | xz -d -T0 | tar -x -C "$SITE028"
     else
-      for _ in $(seq 600); do [ -e "$STAGE/stream028.done" ] && break; sleep 1; done
-      grep -qx "exit 0" "$STAGE/stream028.done" || { echo "stream028 did not finish cleanly" >&2; exit 3; }
+      for _ in $(seq 600); do [ -e "$STAGE/stream${BUNDLE#v}.done" ] && break; sleep 1; done
+      grep -qx "exit 0" "$STAGE/stream${BUNDLE#v}.done" || { echo "stream${BUNDLE#v} did not finish cleanly" >&2; exit 3; }
     fi
     # torch 2.13 finds CUDA's libraries by RPATH in $SITE028/nvidia/*/lib, and the bundle holds only those
     # whose version changed: link the image's others in beside them (a bundled file is never replaced)
