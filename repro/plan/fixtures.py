@@ -15,6 +15,11 @@ Fixture schema (kind "kvkit-fixture"; JSON Schema in schemas/fixture.schema.json
   schema_version 2: adapters, lora and a probe's adapter (LoRA adapters, repro.plan.adapters). A kit older
     than them refuses the file: ignoring them it would run those probes under the base model. Version 1 loads as is.
   schema_version 3, 4: a probe's prompt_logprobs (repro.plan.prompt_logprobs); a prompt's image (plan.images); alike.
+    Addition without a bump (any version): upstream bounds. In any of the four tables an entry may be
+    {"verdict": <a finding or a set of findings>, "upstream": {"issue", "package", "versions"}}: the expected finding
+    rests on a known upstream bug, which holds for those versions of that package (repro.plan.upstream reads it,
+    repro.judge.upstream judges it). A kit older than bounds refuses such an entry with a one-line error (it is
+    neither a verdict nor a list), so nothing is read differently.
 """
 
 from __future__ import annotations
@@ -25,13 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from repro.errors import UsageError
-from repro.judge.expectations import expectation_problem
 from repro.judge.verdict import KV_VERDICTS, VERDICTS
 from repro.plan import load, multi, offloading
 from repro.plan.adapters import AdapterTable, parse_adapters
 from repro.plan.images import parse_images
 from repro.plan.load import LoadSpec, parse_load
 from repro.plan.prompt_logprobs import parse_prompt_logprobs
+from repro.plan.upstream import BoundExpectation, parse_entry
 
 FIXTURE_KIND = "kvkit-fixture"
 FIXTURE_SCHEMA_VERSION = 4
@@ -163,6 +168,8 @@ class Fixture:
     expected_scenarios: dict = field(default_factory=dict)  # arm name -> {scenario name -> verdict}
     expected_scenarios_kv: dict = field(default_factory=dict)  # arm name -> {scenario name -> KV verdict}
     adapters: AdapterTable | None = None  # the LoRA adapters its probes run under (repro.plan.adapters)
+    # the expectations bound to a known upstream bug (repro.plan.upstream), in table order
+    upstream: tuple[BoundExpectation, ...] = ()
 
 
 def _name(name: object) -> str:
@@ -321,15 +328,15 @@ def parse_fixture(data: object, path: str | Path, digest: str) -> Fixture:
     if not isinstance(arms_raw, list):
         raise _fail(path, "arms: must be a list")
     arms = tuple(_parse_arm(a, f"arms[{i}]", path) for i, a in enumerate(arms_raw))
-    expected = _parse_expected(data, "expected", VERDICTS, path)
-    expected_kv = _parse_expected(data, "expected_kv", KV_VERDICTS, path)
+    expected, bound = _parse_expected(data, "expected", VERDICTS, path)
+    expected_kv, bound_kv = _parse_expected(data, "expected_kv", KV_VERDICTS, path)
     scenarios_raw = data.get("scenarios", [])
     if not isinstance(scenarios_raw, list):
         raise _fail(path, "scenarios: must be a list")
     scenarios = tuple(parse_scenario(sc, f"scenarios[{i}]", path) for i, sc in enumerate(scenarios_raw))
     check_unique([sc.name for sc in scenarios], path, "scenario")
-    expected_scenarios = _parse_expected(data, "expected_scenarios", VERDICTS, path)
-    expected_scenarios_kv = _parse_expected(data, "expected_scenarios_kv", KV_VERDICTS, path)
+    expected_scenarios, bound_sc = _parse_expected(data, "expected_scenarios", VERDICTS, path)
+    expected_scenarios_kv, bound_sc_kv = _parse_expected(data, "expected_scenarios_kv", KV_VERDICTS, path)
     names = {sc.name for sc in scenarios}
     for i, arm in enumerate(arms):
         unknown = sorted(set(arm.skip_scenarios) - names)
@@ -354,6 +361,7 @@ def parse_fixture(data: object, path: str | Path, digest: str) -> Fixture:
         expected_scenarios=expected_scenarios,
         expected_scenarios_kv=expected_scenarios_kv,
         adapters=adapters,
+        upstream=tuple(bound + bound_kv + bound_sc + bound_sc_kv),
     )
     check_unique([p.name for p in probes], path, "probe")
     check_unique([a.name for a in arms], path, "arm")
@@ -461,21 +469,30 @@ def _load_scenario(obj: dict, name: str, description: str, engine: dict, lmcache
     return scenario
 
 
-def _parse_expected(data: dict, key: str, verdicts: tuple[str, ...], path) -> dict:
+def _parse_expected(data: dict, key: str, verdicts: tuple[str, ...], path) -> tuple[dict, list[BoundExpectation]]:
     """An expectation table, arm -> {probe: expectation}: one verdict of verdicts, or a set of them
     (a non-empty list of distinct verdicts, never a finding beside its absence; repro.judge.expectations
-    .expectation_problem). Kept as written: the report's checked items repeat it."""
+    .expectation_problem), or either bound to an upstream bug ({verdict, upstream}: repro.plan.upstream). The table
+    keeps each expectation as written (a bound entry's verdict): the report's checked items repeat it; the bounds
+    come back beside it."""
     table_of = data.get(key, {})
     if not isinstance(table_of, dict):
         raise _fail(path, f"{key}: must be an object of arm -> {{probe: verdict}}")
+    out: dict = {}
+    bounds: list[BoundExpectation] = []
     for arm, table in table_of.items():
         if not isinstance(table, dict):
             raise _fail(path, f"{key}.{_name(arm)}: must be an object of probe -> verdict")
+        out[arm] = {}
         for probe, want in table.items():
-            problem = expectation_problem(want, verdicts)
-            if problem:
-                raise _fail(path, f"{key}.{_name(arm)}.{_name(probe)}: {problem}")
-    return table_of
+            try:
+                verdict, bound = parse_entry(want, verdicts)
+            except (ValueError, TypeError) as exc:
+                raise _fail(path, f"{key}.{_name(arm)}.{_name(probe)}: {exc}") from None
+            out[arm][probe] = verdict
+            if bound is not None:
+                bounds.append(BoundExpectation(key, arm, probe, verdict, bound))
+    return out, bounds
 
 
 def check_unique(names: list[str], path, what: str) -> None:

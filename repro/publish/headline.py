@@ -194,8 +194,9 @@ def _audit_clause(report: Report) -> str:
 
 def headline(report: Report | dict) -> str:
     """The report's finding in one sentence: the lead arm with its stack and its strength (how many probes of how
-    many), every other reuse arm in a few words, the scenario runs that are not a plain PASS, the KV audit's absence.
-    A planted-fault self-test says so first."""
+    many), every other reuse arm in a few words, the scenario runs that are not a plain PASS, the KV audit's absence,
+    and each upstream bound that is a change to look at ('vllm-project/vllm#30931 fixed upstream: does not reproduce
+    on vllm 0.32.0'). A planted-fault self-test says so first."""
     report = as_report(report)
     reuse = [a for a in report.reuse_arms if a.mode != "baseline"]
     planted = any(_planted_fault(a) is not None for a in reuse)
@@ -213,6 +214,7 @@ def headline(report: Report | dict) -> str:
         sentence = f"{_name(lead)} ({stack}) {_arm_clause(lead, True)}"
     parts = [sentence] + [f"{_name(a)} {_arm_clause(a, False)}" for a in rest]
     parts += [p for p in (_scenario_clause(report), _audit_clause(report)) if p]
+    parts += [u.short for u in report.upstream_changes]  # an expected finding that no longer says what the run shows
     if report.data.get("complete") is False:
         parts.append("the run did not complete")
     return "; ".join(parts)

@@ -182,9 +182,10 @@ def format_kv_audit(report: Report) -> str:
 
 
 def format_verdicts(report: Report | dict) -> str:
-    """Each arm's verdict with its first reasons, and the acceptance result."""
+    """Each arm's verdict with its first reasons, the acceptance result, and each upstream bound as the run judged it."""
     report = as_report(report)
     lines = [f"- {acceptance_text(report)} · {report.generations} generations"]
+    lines += [f"- upstream bound: {u.text}" for u in report.upstream]
     for arm in report.arms:
         reasons = "; ".join(arm.reasons)
         reasons = reasons if len(reasons) <= 400 else reasons[:399] + "…"

@@ -69,7 +69,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     chromium = find_chromium()
     with tempfile.TemporaryDirectory(prefix="kvkit-site-") as site:
-        render_site(Path(args.reports), Path(site))
+        render_site(Path(args.reports), Path(site), versions=True)  # as `python -m repro site` renders it
         pages = dict(DEFAULT_PAGES, report=args.report)
         for png in take_screenshots(Path(site), Path(args.out), pages, chromium):
             print(f"{png} ({png.stat().st_size} bytes)")

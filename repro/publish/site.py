@@ -23,6 +23,7 @@ from repro.publish.environment import GENERATOR, make_environment
 from repro.publish.headline import ACCEPTANCE_MEANS
 from repro.publish.site_index import build_index_row, sort_rows
 from repro.publish.site_model import build_report_page
+from repro.publish.site_versions import NOT_RUN, build_version_grid
 from repro.publish.writeup import render_writeup
 from repro.readmodel import Report, read_report
 from repro.record.atomic import write_bytes_atomic
@@ -54,9 +55,12 @@ def render_report_page(
     return env.get_template("report.html.j2").render(page=page, writeup=writeup, generator=GENERATOR)
 
 
-def render_index(rows: list, env: jinja2.Environment | None = None, entries: list[Entry] | None = None) -> str:
-    """The site's one entrance: the report pages' table, then every matrix, the detection study and the
-    reports of each folder (repro.publish.catalog), each with a one-line summary."""
+def render_index(
+    rows: list, env: jinja2.Environment | None = None, entries: list[Entry] | None = None, grid: bool = True
+) -> str:
+    """The site's one entrance: the report pages' table, with grid the verdicts by vLLM version
+    (repro.publish.site_versions), then every matrix, the detection study and the reports of each folder
+    (repro.publish.catalog), each with a one-line summary."""
     env = env or make_environment()
     # every report, in this folder and one level down, in one table, newest stack first, each led by its headline
     rows = sort_rows([*rows, *(e.row for e in entries or () if e.section == "reports" and e.row is not None)])
@@ -73,6 +77,8 @@ def render_index(rows: list, env: jinja2.Environment | None = None, entries: lis
         kv_column=kv_column,
         conditions=conditions,
         sections=tuple((t, es) for t, es in sections if es),
+        versions=build_version_grid(rows) if grid else None,
+        not_run=NOT_RUN,
         generator=GENERATOR,
     )
 
@@ -135,10 +141,12 @@ def _prune(out_dir: Path, keep: set[Path]) -> None:
             raw.rmdir()
 
 
-def render_site(reports_dir: Path, out_dir: Path, catalog: bool = True) -> list[Path]:
+def render_site(reports_dir: Path, out_dir: Path, catalog: bool = True, versions: bool = False) -> list[Path]:
     """Render every `reports_dir/*.json` report into `out_dir` and, with catalog, every matrix, detection
     study and folder of reports one level down (repro.publish.catalog); returns the files written,
-    index.html last."""
+    index.html last. With versions (and catalog) the index has the verdicts by vLLM version as well: the site's
+    root as `python -m repro site` renders it; a folder's own index and a matrix's cell pages go without, so
+    they read the same whoever renders them."""
     reports_dir, out_dir = Path(reports_dir), Path(out_dir)
     if not reports_dir.is_dir():
         raise UsageError(f"reports directory {reports_dir} does not exist")
@@ -165,7 +173,8 @@ def render_site(reports_dir: Path, out_dir: Path, catalog: bool = True) -> list[
                     for p in sorted(src.glob("*.json")) if _kind_of(p) == REPORT_KIND]  # fmt: skip
 
         entries = render_catalog(reports_dir, out_dir, lambda path, data: _write(path, data, written), render_folder)
-    _write(out_dir / "index.html", render_index(rows, env, entries).encode("utf-8"), written)
+    grid = versions and catalog  # it spans every folder: on the root's index only
+    _write(out_dir / "index.html", render_index(rows, env, entries, grid=grid).encode("utf-8"), written)
     _prune(out_dir, set(written))
     return written
 
@@ -176,7 +185,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--reports", default="reports", help="directory of kvkit-report JSON files (default: reports)")
     parser.add_argument("--out", default="site", help="output directory (default: site)")
     args = parser.parse_args(argv)
-    written = render_site(Path(args.reports), Path(args.out))
+    written = render_site(Path(args.reports), Path(args.out), versions=True)
     pages = sum(1 for p in written if p.suffix == ".html" and p.name != "index.html")
     print(f"{Path(args.out) / 'index.html'}: {pages} page(s), {len(written)} file(s)")
     return EXIT_OK

@@ -1,6 +1,7 @@
 """The site index's rows: one per report, led by its headline (repro.publish.headline), then its hardware, date,
-versions, each arm's verdict, the KV tallies and the scenario runs that are not a plain PASS (an ERROR among them).
-Sorted newest stack first (sort_rows). Pure, as repro.publish.site_model.
+versions, each arm's verdict, the KV tallies and the scenario runs that are not a plain PASS (an ERROR among them),
+and what the verdicts-by-vLLM-version grid reads of it (repro.publish.site_versions). Sorted newest stack first
+(sort_rows). Pure, as repro.publish.site_model.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 
 from repro.judge.verdict import ERROR, KV_FINDINGS, PASS
 from repro.publish.headline import headline, stack_key
+from repro.publish.site_versions import VersionFacts, version_facts
 from repro.readmodel import Arm, Report, ScenarioArm, as_report
 
 
@@ -43,6 +45,7 @@ class IndexRow:
     # a P→D report's negative controls (repro.disagg.page.index_row): (case, verdicts over the trials, "held n of m")
     controls: tuple[tuple[str, str, str], ...] = ()
     stack_note: str = ""  # what the stack column adds for a report that is not the verifier's ("NIXL 1.2.0 · …")
+    versions: VersionFacts | None = None  # what the verdicts-by-vLLM-version grid reads (repro.publish.site_versions)
 
 
 def build_index_row(report: Report | dict, *, stem: str, href: str) -> IndexRow:
@@ -67,6 +70,7 @@ def build_index_row(report: Report | dict, *, stem: str, href: str) -> IndexRow:
         scenario_passes=sum(_plain_pass(a) for s in report.scenarios for a in s.arms),
         headline=headline(report),
         stack=stack_key(report),
+        versions=version_facts(report),
     )
 
 

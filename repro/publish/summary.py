@@ -73,6 +73,15 @@ def scenario_block(report: Report) -> list[str]:
     return lines + ([f"  {acceptance}"[:400]] if acceptance else []) + [""]
 
 
+def upstream_block(report: Report) -> list[str]:
+    """The summary's Upstream bounds block: what the run says of each expectation the fixture bound to a known
+    upstream bug ('fixed upstream: … does not reproduce on vllm 0.32.0 (native same-name PASS …)'); [] for a report
+    without bounds."""
+    if not report.upstream:
+        return []
+    return ["Upstream bounds"] + [f"  {u.text}"[:600] for u in report.upstream] + [""]
+
+
 def format_summary(report: Report | Mapping[str, Any]) -> str:
     report = as_report(report)
     audit = report.kv_audit_state
@@ -118,5 +127,7 @@ def format_summary(report: Report | Mapping[str, Any]) -> str:
             lines.append(f"  {a.title} / {p.name}: {cls}{p.kv.blame_text}{expected}")
             lines += [f"    {shape}"[:400] for shape in p.kv_shapes]
     lines += scenario_block(report)
+    upstream = upstream_block(report)
+    lines += ([""] if upstream and lines[-1] else []) + upstream  # set apart, as the Scenarios block is
     lines.append(CLAIM_LINE)
     return "\n".join(lines)

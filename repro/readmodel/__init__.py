@@ -12,7 +12,7 @@ from typing import Any
 from repro.readmodel.arms import Arm, ArmAudit, floor_rel_text, floor_text
 from repro.readmodel.conditions import ArmConditions, ConditionMark, CopyPath, RunConditions, TrialRate
 from repro.readmodel.probes import KV_FINER_LEGEND, Probe, ProbeKV, kv_blame_text
-from repro.readmodel.reports import Report, commit_label
+from repro.readmodel.reports import DEVICE_UNRECORDED, Report, commit_label
 from repro.readmodel.requests import (
     DIVERGENCE_LEGEND,
     REPLAY_LEGEND,
@@ -27,6 +27,7 @@ from repro.readmodel.scenario_requests import ControlRequest, ScenarioControl, S
 from repro.readmodel.scenarios import Scenario, ScenarioArm, Step
 
 __all__ = [
+    "DEVICE_UNRECORDED",
     "DIVERGENCE_LEGEND",
     "KV_FINER_LEGEND",
     "REPLAY_LEGEND",

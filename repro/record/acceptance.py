@@ -6,6 +6,7 @@ to be caught): only the class the fixture states for that probe, never another.
 from __future__ import annotations
 
 from repro.judge.expectations import expectation_met, expectation_states
+from repro.judge.upstream import UPSTREAM_CHANGES, judge_bound
 from repro.judge.verdict import ERROR, KV_FINDINGS, SKIPPED
 
 
@@ -189,3 +190,42 @@ def excused_scenario_kv(acc: dict) -> set[tuple[str, str]]:
     or a set of findings holding the one observed) and a matched scenario acceptance checked: a planted fault the
     scenario is meant to catch, as excused_kv_findings for the plain arms."""
     return _excused(acc, "scenario")
+
+
+def check_upstream(
+    bounds, arms: list[dict], sections: list[dict] | None, versions: dict | None, audited: bool
+) -> list[dict]:
+    """Each upstream bound (repro.plan.upstream.BoundExpectation) judged against what the run observed and the
+    engine's version of its package (versions: the report's provenance.engine_versions, what the baseline's engine
+    child recorded; None where it recorded none), in every run, with or without the acceptance suite: whether a
+    known bug reproduces on this engine is a fact of the run, not of matching. A bound on a scenario the run did not
+    ask for, or on a KV expectation of a run without the KV audit, is left out (nothing of it was asked); one on a
+    plain arm the run lacks is judged on no verdict (unjudged), as acceptance checks it. The state and its sentence
+    are repro.judge.upstream.judge_bound's."""
+    by_arm = {a["name"]: {p["name"]: p for p in a.get("probes") or []} for a in arms}
+    ran = {(sc["name"], arm["arm"]): arm for sc in sections or [] for arm in sc.get("arms") or []}
+    asked = {sc["name"] for sc in sections or []}
+    out = []
+    for b in bounds:
+        if (b.check == "kv" and not audited) or (b.on_scenario and b.item not in asked):
+            continue
+        entry = ran.get((b.item, b.arm)) if b.on_scenario else by_arm.get(b.arm, {}).get(b.item)
+        kv = scenario_kv_verdict if b.on_scenario else kv_verdict
+        got = None if entry is None else entry.get("verdict") if b.check == "tokens" else kv(entry)
+        version = (versions or {}).get(b.bound.package)
+        judged = judge_bound(b.bound, b.verdict, got, version, f"{b.arm} {b.item}" + (" KV" if b.check == "kv" else ""))
+        item = {"check": b.check, "arm": b.arm, ("scenario" if b.on_scenario else "probe"): b.item}
+        out.append(item | {"expected": b.verdict, "observed": got, **b.bound.to_json(),
+                           "engine_version": version if isinstance(version, str) else None,
+                           "state": judged.state, "text": judged.text})  # fmt: skip
+    return out
+
+
+def upstream_changes(report: dict, scenarios_only: bool = False) -> list[dict]:
+    """The report's upstream bounds that are a change to look at (fixed upstream, a wrong bound, one that cannot be
+    decided: repro.judge.upstream.UPSTREAM_CHANGES), in report order; [] for a report without bounds."""
+    return [
+        u
+        for u in report.get("upstream") or []
+        if u.get("state") in UPSTREAM_CHANGES and (not scenarios_only or "scenario" in u)
+    ]

@@ -1,5 +1,5 @@
 """The exit rule (docs/verdicts.md#exit-codes): one rule for plain arms and scenarios alike, from a report's
-errors, its later runs' findings, its KV findings and its acceptance; exit_reason says why.
+errors, its later runs' findings, its KV findings, its upstream bounds and its acceptance; exit_reason says why.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from repro.record.acceptance import (
     scenario_arms,
     scenario_kv_verdict,
     unexpected_kv_findings,
+    upstream_changes,
 )
 
 
@@ -138,15 +139,10 @@ def _scenario_reason(report: dict) -> tuple[int, str] | None:
     pairs = scenario_arms(report)
     if not pairs:
         return None
+    found = _scenario_kv_reason(report)
+    if found is not None:
+        return found
     acc = (report.get("acceptance") or {}).get("scenarios") or {"matched": None}
-    excused = excused_scenario_kv(acc)
-    found = [
-        (f"{sc['name']} {arm['arm']}", str(scenario_kv_verdict(arm)))
-        for sc, arm in pairs
-        if scenario_kv_verdict(arm) in KV_FINDINGS and (sc["name"], arm["arm"]) not in excused
-    ]
-    if found:
-        return EXIT_MISMATCH, "scenario " + _kv_reason(found)
     if acc.get("matched") is None:
         bad = [
             f"{sc['name']} {arm['arm']} {arm['verdict']}" for sc, arm in pairs if arm["verdict"] not in (PASS, SKIPPED)
@@ -157,6 +153,19 @@ def _scenario_reason(report: dict) -> tuple[int, str] | None:
     return EXIT_MISMATCH, "scenario acceptance not matched: " + _some(_acceptance_misses(acc, "scenario"))
 
 
+def _scenario_kv_reason(report: dict) -> tuple[int, str] | None:
+    """A scenario KV finding (CORRUPT, FOREIGN, MISPLACED) that the fixture did not state, as an exit and its reason;
+    None: none."""
+    acc = (report.get("acceptance") or {}).get("scenarios") or {"matched": None}
+    excused = excused_scenario_kv(acc)
+    found = [
+        (f"{sc['name']} {arm['arm']}", str(scenario_kv_verdict(arm)))
+        for sc, arm in scenario_arms(report)
+        if scenario_kv_verdict(arm) in KV_FINDINGS and (sc["name"], arm["arm"]) not in excused
+    ]
+    return (EXIT_MISMATCH, "scenario " + _kv_reason(found)) if found else None
+
+
 def scenario_exit(report: dict) -> int | None:
     """The scenarios' part of the exit code (None: they have none, or all are good): the exit rule
     (exit_reason) applied to the scenarios section alone."""
@@ -164,7 +173,7 @@ def scenario_exit(report: dict) -> int | None:
         return None
     if _scenario_errors(report):
         return EXIT_RUNTIME
-    if scenario_trial_findings(report):
+    if scenario_trial_findings(report) or upstream_changes(report, scenarios_only=True):
         return EXIT_MISMATCH
     found = _scenario_reason(report)
     return found[0] if found else None
@@ -204,8 +213,19 @@ def exit_reason(report: dict) -> tuple[int, str]:
     3 for any ERROR anywhere (an arm, a trial, the re-run alone, a scenario's control or run; run_errors);
     1 for any FAIL or KV finding that a later run made and trial 1 did not already show of the same kind
     (later_findings), for a KV finding (CORRUPT, FOREIGN, MISPLACED) the fixture did not state (plain arms or
-    scenarios), for an acceptance not matched, and without the acceptance suite for a verdict other than PASS;
-    else 0."""
+    scenarios), for an upstream bound that is a change to look at (fixed upstream, a wrong bound, one that cannot be
+    decided: repro.judge.upstream; with or without the suite), for an acceptance not matched, and without the
+    acceptance suite for a verdict other than PASS; else 0. The reason is the first of these that holds; an upstream
+    bound to look at is named after it where another reason came first, so that no other reason hides it."""
+    code, why = _first_reason(report)
+    changed = _some([str(u.get("text")) for u in upstream_changes(report)])
+    if changed and why != changed:
+        why += f"; and {changed}"
+    return code, why
+
+
+def _first_reason(report: dict) -> tuple[int, str]:
+    """exit_reason's code and the first reason of its order."""
     errors = run_errors(report)
     if errors:
         return EXIT_RUNTIME, f"{len(errors)} ERROR{'s' if len(errors) > 1 else ''}: " + _some(errors)
@@ -216,6 +236,12 @@ def exit_reason(report: dict) -> tuple[int, str]:
     kv = [(f"{a['name']} {p['name']}", str(kv_verdict(p))) for a, p in unexpected_kv_findings(report)]
     if kv:
         return EXIT_MISMATCH, _kv_reason(kv)
+    scen_kv = _scenario_kv_reason(report)
+    if scen_kv is not None:
+        return scen_kv
+    changed = upstream_changes(report)
+    if changed:
+        return EXIT_MISMATCH, _some([str(u.get("text")) for u in changed])
     scen = _scenario_reason(report)
     if scen is not None:
         return scen
@@ -235,6 +261,6 @@ def exit_reason(report: dict) -> tuple[int, str]:
 
 
 def exit_code(report: dict) -> int:
-    """0 all good; 1 a finding the fixture does not state, or acceptance not matched; 3 an ERROR anywhere
-    (exit_reason says why)."""
+    """0 all good; 1 a finding the fixture does not state, an upstream bound to look at, or acceptance not matched;
+    3 an ERROR anywhere (exit_reason says why)."""
     return exit_reason(report)[0]

@@ -40,7 +40,10 @@ Report schema (kind "kvkit-report"; JSON Schema in schemas/report.schema.json):
     (python -m repro compact-report, repro.record.compact); absent from a report the verifier wrote.
     Additions to version 3 that old readers may ignore and old files lack (no version bump): `adapters` (top level:
     the LoRA adapters the probes ran under, repro.plan.adapters.describe), per probe `adapter` (its label), per
-    replay `answers_as` (the source is the prompt under another adapter, repro.judge.adapters).
+    replay `answers_as` (the source is the prompt under another adapter, repro.judge.adapters). `upstream` (top
+    level: the fixture's expectations bound to a known upstream bug, each judged on the engine's recorded version,
+    repro.record.acceptance.check_upstream); an older reader ignores it and so does not exit 1 on a bound that is
+    fixed upstream, wrong or undecided (its acceptance still fails where the finding did not show).
 The schema is authoritative: validate_report checks every report before it is written (and the
 cross-field shape of the KV audit, which JSON Schema cannot say).
 A newer file is refused ("upgrade the kit"). A version 1 file loads as it is: version 2 only added
