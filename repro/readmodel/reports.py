@@ -171,9 +171,10 @@ class Report:
         return str(matched).lower()
 
     def package_version(self, name: str) -> str:
-        """A package's version as the parent recorded it, else the engine's; '—' when neither did."""
+        """A package's version as the engine child recorded it (what ran, also under --python), else the parent's;
+        '—' when neither did."""
         prov = self.provenance
-        value = (prov.get("packages") or {}).get(name) or (prov.get("engine_versions") or {}).get(name)
+        value = (prov.get("engine_versions") or {}).get(name) or (prov.get("packages") or {}).get(name)
         return "—" if value is None else str(value)
 
     @property
