@@ -97,7 +97,9 @@ def test_version_order_and_newest_stack_first():
     assert version_key("0.5.5rc5") < version_key("0.5.5") < version_key("0.5.6") < version_key("0.28.0")
     assert version_key("—") < version_key("0.1")
     old, new = _v2(), _v2()
-    new["provenance"]["packages"]["vllm"] = "0.29.0"
+    for recorded in ("packages", "engine_versions"):  # the engine's record is read first (what ran)
+        if isinstance(new["provenance"].get(recorded), dict):
+            new["provenance"][recorded]["vllm"] = "0.29.0"
     assert stack_key(read_like(new)) > stack_key(read_like(old))
     rows = sort_rows([build_index_row(old, stem="a", href="a.html"), build_index_row(new, stem="b", href="b.html")])
     assert [r.stem for r in rows] == ["b", "a"] and rows[0].headline == headline(new)
