@@ -197,6 +197,28 @@ def test_cli_writes_the_file(tmp_path):
         main([str(tmp_path / "missing.json")])
 
 
+def test_a_second_issue_in_a_folder_replaces_nothing_the_first_wrote(tmp_path):
+    """issue 55 D13: repro_min.py and its inputs have fixed names beside the issue text, so a second issue written into
+    the folder is refused (one line, exit 2) before anything is written; --force replaces, as asked."""
+    from repro.publish.issue_md import main
+
+    first = tmp_path / "issue.md"
+    assert main([str(SAMPLE), "--out", str(first)]) == 0
+    written = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert {"issue.md", "repro_min.py"} <= set(written)  # and repro_min.json, its inputs (issue 55 D5)
+    second = ["--arm", "native", "--out", str(tmp_path / "issue-2.md")]
+    with pytest.raises(UsageError, match=r"repro_min\.(py|json) exists .*nothing was written.*--force"):
+        main([str(SAMPLE), *second])
+    with pytest.raises(UsageError, match=r"issue\.md exists"):  # the issue text alone is not replaced either
+        main([str(SAMPLE), "--out", str(first), "--repro-min", str(tmp_path / "elsewhere" / "repro_min.py")])
+    proc = run_repro("issue-md", str(SAMPLE), "--repro-min", str(tmp_path / "repro_min.py"))
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1 and "exists" in proc.stderr, proc.stderr
+    assert proc.stdout == ""  # not even the body on stdout: refused before anything
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == written
+    assert main([str(SAMPLE), *second, "--force"]) == 0
+    assert json.loads((tmp_path / "repro_min.json").read_text(encoding="utf-8"))["arm"] == "native"
+
+
 def run_repro(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     cmd = [sys.executable, "-m", "repro", *args]

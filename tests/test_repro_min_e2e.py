@@ -1,10 +1,11 @@
-"""The reproducer without the kit (repro_min.py, issue 35 item 6), run on the real vLLM CPU engine: generated from
-the session's CPU self-test report (tests/e2e_runs.py) for its planted fault (zero_blocks: FAIL on every probe in
-the kit) and its faithful control (PlantedFault-none: PASS), each run as a maintainer would run it, outside the kit:
-`python repro_min.py MODEL_DIR` from another folder, with only the planted connector's module importable (the
-script names it by module path, as it names any out-of-tree connector). It FAILs and PASSes as the kit did; its run
-time is measured and left in tests/artifacts/repro-min-times.json (the two scripts run at the same time, each on
-a core of two, beside whatever else the session runs then: a figure of this run, not a benchmark)."""
+"""The reproducer without the kit (repro_min.py, issue 35 item 6; a fixed script and its repro_min.json since issue
+55), run on the real vLLM CPU engine: its inputs made from the session's CPU self-test report (tests/e2e_runs.py) for
+its planted fault (zero_blocks: FAIL on every probe in the kit) and its faithful control (PlantedFault-none: PASS),
+each run as a maintainer would run it, outside the kit: `python repro_min.py MODEL_DIR` from another folder, with
+only the planted connector's module importable (its inputs name it by module path, as they name any out-of-tree
+connector). It FAILs and PASSes as the kit did; its run time is measured and left in
+tests/artifacts/repro-min-times.json (the two scripts run at the same time, each on a core of two, beside whatever
+else the session runs then: a figure of this run, not a benchmark)."""
 
 from __future__ import annotations
 
@@ -18,16 +19,17 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import ARTIFACTS, ROOT, have_vllm
 
-from repro.publish.repro_min import MAX_LINES, make_repro_min
+from repro.publish.repro_min import MAX_LINES, SCRIPT, ReproMin, make_repro_min
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
 
 
-def _run(script: str, model: str, tmp_path, name: str) -> tuple[subprocess.CompletedProcess, float]:
+def _run(made: ReproMin, model: str, tmp_path, name: str) -> tuple[subprocess.CompletedProcess, float]:
     folder = tmp_path / name
     folder.mkdir()
     path = folder / "repro_min.py"
-    path.write_text(script, encoding="utf-8")
+    path.write_text(made.script, encoding="utf-8")
+    (folder / "repro_min.json").write_text(made.inputs_json, encoding="utf-8")  # where the script reads its inputs
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "KVKIT_"))}
     env["PYTHONPATH"] = str(ROOT)  # the planted connector's module (repro.engine.connectors.planted_fault)
     t0 = time.monotonic()
@@ -60,10 +62,11 @@ def runs(selftest_run, tiny_model, tmp_path_factory):
 
 
 def test_the_script_is_short_and_names_no_path_of_this_machine(runs, tiny_model):
-    for script, _, _ in runs.values():
-        assert script.count("\n") <= MAX_LINES
-        assert str(ROOT) not in script and tiny_model not in script and "/tmp/" not in script
-        assert "import repro" not in script and "from repro" not in script  # vLLM and the standard library only
+    for made, _, _ in runs.values():
+        assert made.script == SCRIPT and SCRIPT.count("\n") <= MAX_LINES
+        for text in (SCRIPT, made.inputs_json):
+            assert str(ROOT) not in text and tiny_model not in text and "/tmp/" not in text
+        assert "import repro" not in SCRIPT and "from repro" not in SCRIPT  # vLLM and the standard library only
 
 
 def test_it_fails_where_the_kit_found_the_planted_fault(runs, selftest_run):

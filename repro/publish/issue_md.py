@@ -361,32 +361,64 @@ def format_issue_md(report: Report | dict, limit: int = GITHUB_BODY_LIMIT, lmcac
     return hard_truncate(body, limit)
 
 
+def _outputs(args) -> tuple[Path | None, Path | None]:
+    """Where the issue text and repro_min.py go: --out FILE, and --repro-min PATH or beside --out."""
+    out = Path(args.out) if args.out else None
+    script = Path(args.repro_min) if args.repro_min else (out.parent / "repro_min.py" if out else None)
+    if script is not None and script.suffix != ".py":  # its inputs go beside it under its name with .json
+        raise UsageError(f"--repro-min {script}: name the script with .py (its inputs are written beside it as .json)")
+    if (
+        out is not None
+        and script is not None
+        and out.resolve() in (script.resolve(), script.with_suffix(".json").resolve())
+    ):
+        raise UsageError(f"--out {out}: that is where repro_min.py or its inputs go; name the issue text otherwise")
+    return out, script
+
+
+def _refuse_replacing(paths: list[Path], force: bool) -> None:
+    """Nothing already written is replaced unless asked: another issue's text or reproducer may be there, and that
+    issue's text still says `python repro_min.py` (attached). Checked before anything is written."""
+    there = [p for p in paths if p.exists() or p.is_symlink()]
+    if there and not force:
+        raise UsageError(
+            f"{there[0]} exists (another issue's?): nothing was written; write into another folder, or pass --force "
+            "to replace it"
+        )
+
+
 def main(argv: list[str]) -> int:
     """`python -m repro issue-md REPORT [--out FILE]`: print the issue body, or write it to FILE."""
     parser = ArgumentParser(prog="python -m repro issue-md", description=main.__doc__)
     parser.add_argument("report", help="a kvkit report JSON")
-    parser.add_argument("--out", help="write the Markdown to this file instead of stdout (and repro_min.py beside it)")
+    parser.add_argument(
+        "--out", help="write the Markdown to this file instead of stdout (and repro_min.py and its .json beside it)"
+    )
     parser.add_argument("--repro-min", help="write the reproducer without the kit here (default: beside --out)")
     parser.add_argument("--arm", help="the reuse arm repro_min.py reproduces (default: the first with a finding)")
+    parser.add_argument("--force", action="store_true", help="replace files already there (default: refuse, exit 2)")
     args = parser.parse_args(argv)
+    out, script = _outputs(args)
     report = read_report(args.report)
     body = format_issue_md(report, lmcache_yaml=find_lmcache_yaml(report))
-    if args.out:
-        write_bytes_atomic(args.out, body.encode("utf-8"))
-        print(f"wrote {args.out} ({len(body)} characters)", file=sys.stderr)
-    else:
-        sys.stdout.write(body)
-    target = args.repro_min or (str(Path(args.out).parent / "repro_min.py") if args.out else None)
-    if target:
-        from repro.publish.repro_min import make_repro_min
+    repro = None
+    if script is not None:
+        from repro.publish.repro_min import make_repro_min, sidecar_path
 
         try:
-            script = make_repro_min(report.data, args.arm, Path(args.report).name)
+            repro = make_repro_min(report.data, args.arm, Path(args.report).name)
         except UsageError as exc:
             if args.repro_min or args.arm:
                 raise
             print(f"no repro_min.py: {exc}", file=sys.stderr)
-            return EXIT_OK
-        write_bytes_atomic(target, script.encode("utf-8"))
-        print(f"wrote {target} ({script.count(chr(10))} lines)", file=sys.stderr)
+    writes = [(out, body)] if out else []
+    if repro is not None:
+        writes += [(sidecar_path(script), repro.inputs_json), (script, repro.script)]
+    _refuse_replacing([path for path, _ in reversed(writes)], args.force)  # the script named first where it is there
+    if not out:
+        sys.stdout.write(body)
+    for path, text in writes:  # the script last: a script is never there without its inputs
+        write_bytes_atomic(path, text.encode("utf-8"))
+        what = f"{text.count(chr(10))} lines" if path == script else f"{len(text)} characters"
+        print(f"wrote {path} ({what})", file=sys.stderr)
     return EXIT_OK

@@ -132,7 +132,7 @@ def format_how_to_reproduce(report: Report) -> str:
         f"From the kvkit archive's root (kit commit `{report.commit}`), with the stack below:\n\n"
         f"```sh\n{cmd}\n```\n\n"
         f"`MODEL_DIR`: {model_label(report)} (sha256 of its files `{sha[:16]}…`; {_model_maker(model)}). Without "
-        "the kit, `python repro_min.py MODEL_DIR` (attached) runs "
+        "the kit, `python repro_min.py MODEL_DIR` (attached, with the `repro_min.json` it reads beside it) runs "
         "the reuse arm and caching off in separate processes with vLLM (and LMCache) alone, and compares the token "
         "IDs exactly."
     )
@@ -225,14 +225,32 @@ def _lmcache_yaml_text(report: Report, found: str | None) -> str:
     return f"{head}:\n\n```yaml\n{str(contents).rstrip()}\n```"
 
 
+def read_lmcache_yaml(given: object, root: Path = KIT_ROOT) -> tuple[str | None, str]:
+    """The LMCache YAML a report recorded (provenance's lmcache_config: path and sha256), read from the kit only when
+    its path is relative, stays inside root once resolved (no `..`, no link out) and its bytes have the recorded
+    SHA-256: (text, "") then, else (None, why). Any other file of the machine is never read into an issue or a script
+    its user attaches upstream."""
+    if not isinstance(given, Mapping) or not isinstance(given.get("path"), str) or not given["path"]:
+        return None, "the report records no path for it"
+    shown = repr(given["path"])[:120]
+    if PurePath(given["path"]).is_absolute():
+        return None, f"the report records it by an absolute path ({shown}), not one inside the kit"
+    try:
+        base = root.resolve()
+        path = (base / given["path"]).resolve()
+        if not path.is_relative_to(base):
+            return None, f"its recorded path {shown} leads out of the kit"
+        if not path.is_file():
+            return None, f"{shown} is not in this copy of the kit"
+        data = path.read_bytes()
+        text = data.decode("utf-8")
+    except (OSError, ValueError) as exc:  # a NUL in the path, a file that is not UTF-8 text
+        return None, f"{shown} cannot be read as UTF-8 text ({type(exc).__name__})"
+    if hashlib.sha256(data).hexdigest() != given.get("sha256"):
+        return None, f"{shown} here is not the file the report ran with (its SHA-256 differs)"
+    return text, ""
+
+
 def find_lmcache_yaml(report: Report, root: Path = KIT_ROOT) -> str | None:
-    """The report's LMCache YAML from the kit (a relative path under root), only when its SHA-256 is the one the
-    report recorded; None otherwise."""
-    given = report.provenance.get("lmcache_config")
-    if not isinstance(given, Mapping) or not given.get("path") or PurePath(str(given["path"])).is_absolute():
-        return None
-    path = root / str(given["path"])
-    if not path.is_file():
-        return None
-    data = path.read_bytes()
-    return data.decode("utf-8") if hashlib.sha256(data).hexdigest() == given.get("sha256") else None
+    """The report's LMCache YAML from the kit by read_lmcache_yaml's rule; None otherwise."""
+    return read_lmcache_yaml(report.provenance.get("lmcache_config"), root)[0]
