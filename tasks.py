@@ -452,11 +452,17 @@ def kit_check(c, archive="", keep=False):
 
 
 @task(
-    positional=["report"], help={"report": "a kvkit report JSON", "out": "write the Markdown to FILE (default: stdout)"}
+    positional=["report"],
+    help={
+        "report": "a kvkit report JSON",
+        "out": "write the Markdown to FILE (default: stdout), repro_min.py and repro_min.json beside it",
+        "force": "replace an issue text or reproducer already there (default: refuse, exit 2)",
+    },
 )
-def issue_md(c, report, out=""):
+def issue_md(c, report, out="", force=False):
     """Print a report as GitHub Markdown to paste into an upstream issue (under 65,536 characters)."""
     args = f"-m repro issue-md {shlex.quote(report)}" + (f" --out {shlex.quote(out)}" if out else "")
+    args += " --force" if force else ""
     result = run_py(c, venv_python(PUBLISH_ENV, PUBLISH_REQUIREMENTS), args, warn=True)
     if result.exited != 0:
         raise Exit(code=result.exited)
