@@ -220,6 +220,18 @@ def test_an_error_is_never_hidden_behind_unchanged_and_inconclusive_is_said():
     assert compare_arm(foreign, foreign, has_baseline=True).status == UNDECIDED
 
 
+def test_an_upstream_bound_the_run_judged_fixed_is_fixed_upstream_first_result_or_not():
+    text = "fixed upstream: vllm-project/vllm#30931 does not reproduce on vllm 0.32.0 (native same-name PASS ...)"
+    fixed = ArmOutcome("adapters", "native", "same-name", PASS, EXACT, (), False, "", "fixed-upstream", text)
+    for old, has in ((None, False), (arm(FAIL, FOREIGN, ["FAIL", "FOREIGN"]), True)):
+        change = compare_arm(fixed, old, has_baseline=has)
+        assert (change.status, change.detail) == (FIXED_UPSTREAM, f"PASS, KV EXACT: {text}")
+    assert compare_arm(fixed, fixed, has_baseline=True).status == UNCHANGED  # as in the baseline: said there
+    wrong = ArmOutcome("adapters", "native", "same-name", FAIL, FOREIGN, ("FAIL",), False, "", "bound-wrong", "w")
+    assert compare_arm(wrong, None, has_baseline=False).status == CHANGED
+    assert ArmOutcome.from_json(fixed.to_json()) == fixed
+
+
 def test_first_results_missing_arms_and_unsettled_classes():
     assert compare_arm(arm(), None, has_baseline=False).status == FIRST
     assert compare_arm(arm(), None, has_baseline=True).status == FIRST_ARM

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME
+from repro.judge.upstream import FIXED_UPSTREAM as UPSTREAM_FIXED
 from repro.judge.verdict import ERROR, EXACT, INCONCLUSIVE, NUMERIC
 from repro.watch.outcome import ArmOutcome, RunOutcome
 
@@ -73,6 +74,11 @@ def compare_arm(new: ArmOutcome | None, old: ArmOutcome | None, *, has_baseline:
             return ArmChange(key, NEW_FINDING, new, old, detail)
         was = f" (was {old.state_text})" if old is not None and old.verdict != INCONCLUSIVE else ""
         return ArmChange(key, UNDECIDED, new, old, new.detail + was)
+    if new.upstream and (old is None or old.upstream_state != new.upstream_state):
+        # the fixture's bound on an upstream bug says what changed, baseline or not: 'fixed upstream: #30931 does not
+        # reproduce on vllm 0.32.0' (a wrong or undecided bound is a change of another kind)
+        status = FIXED_UPSTREAM if new.upstream_state == UPSTREAM_FIXED else CHANGED
+        return ArmChange(key, status, new, old, f"{new.state_text}: {new.upstream}")
     if old is None:
         return ArmChange(key, FIRST if not has_baseline else FIRST_ARM, new, None, new.state_text)
     if incomparable:

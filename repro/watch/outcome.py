@@ -4,7 +4,7 @@ each arm's verdict, KV class and findings, read from its report through repro.re
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from repro.judge.verdict import ERROR, FAIL, INCONCLUSIVE, KV_FINDINGS
@@ -46,6 +46,10 @@ class ArmOutcome:
     findings: tuple[str, ...]  # 'fixture: FAIL', 'fixture: CORRUPT' (a scenario run: 'FAIL', 'FOREIGN'), sorted
     planted: bool  # the kit's own planted connector (its findings are the kit's, never an upstream fix)
     detail: str = ""  # the error, or the first reason of an INCONCLUSIVE or FAIL
+    # an expectation of this arm the fixture bound to an upstream bug, where the run judged it a change to look at
+    # (repro.judge.upstream: fixed-upstream, bound-wrong, undecided): its state and the judge's sentence; "" if none
+    upstream_state: str = ""
+    upstream: str = ""
 
     @property
     def key(self) -> str:
@@ -58,13 +62,15 @@ class ArmOutcome:
 
     def to_json(self) -> dict:
         return {"run": self.run, "arm": self.arm, "scenario": self.scenario, "verdict": self.verdict, "kv": self.kv,
-                "findings": list(self.findings), "planted": self.planted, "detail": self.detail}  # fmt: skip
+                "findings": list(self.findings), "planted": self.planted, "detail": self.detail,
+                "upstream_state": self.upstream_state, "upstream": self.upstream}  # fmt: skip
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ArmOutcome:
         return cls(str(data["run"]), str(data["arm"]), data.get("scenario"), str(data["verdict"]), data.get("kv"),
                    tuple(str(f) for f in data.get("findings") or []), bool(data.get("planted")),
-                   str(data.get("detail") or ""))  # fmt: skip
+                   str(data.get("detail") or ""), str(data.get("upstream_state") or ""),
+                   str(data.get("upstream") or ""))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -118,7 +124,15 @@ def arm_outcomes(run: str, report: Report) -> tuple[ArmOutcome, ...]:
     by_name = {a.name: a for a in report.arms}
     plain = [_plain(run, a) for a in report.arms]
     scenarios = [_scenario(run, s.name, a, by_name.get(a.name)) for s in report.scenarios for a in s.arms]
-    return tuple(plain + scenarios)
+    return tuple(_with_upstream(o, report) for o in plain + scenarios)
+
+
+def _with_upstream(outcome: ArmOutcome, report: Report) -> ArmOutcome:
+    """The outcome with the first upstream bound of its arm (and scenario) that the run judged a change to look at."""
+    for bound in report.upstream_changes:
+        if bound.data.get("arm") == outcome.arm and bound.data.get("scenario") == outcome.scenario:
+            return replace(outcome, upstream_state=bound.state, upstream=_short(bound.text))
+    return outcome
 
 
 def comparable_facts(report: Report) -> dict:
