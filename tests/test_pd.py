@@ -153,7 +153,7 @@ def test_a_control_holds_only_as_its_case_says():
     assert decide_control(named_prev, [FAIL, ERROR], "prev").held
     missed = decide_control(named_prev, [FAIL], "third")
     assert not missed.held and missed.reason == "expected the answer named as third's, it answers as prev"
-    passed = decide_pd_request("me", base, base, Transfer(3, transfers=1), answers)
+    passed = decide_pd_request("me", base, base, Transfer(3, transfers=1, failed_transfers=0), answers)
     assert decide_control(passed, [FAIL, ERROR]).reason == "expected FAIL or ERROR, got PASS"
     with pytest.raises(ValueError):
         decide_control(passed, ["WRONG"])

@@ -135,23 +135,26 @@ def test_block_digests_are_read_back_from_the_audits_records(tmp_path):
 
     prompt = tuple(range(40, 88))
     assert audit.prompt_sha256(prompt) == prompt_sha256(prompt)
+    pair = servers.NixlPair(servers.ServeSettings("/py", "/m", 16, 2048, kv_audit_dir=str(tmp_path)), tmp_path, {})
+    assert pair._audit_files("reference") == {}  # no folder yet
     _record(tmp_path / "reference", 0, prompt, "computed", [0, 1, 2])
     _record(tmp_path / "consumer", 0, prompt, "reused", [7, 7, 7])  # an older request of the same prompt
+    before = pair._audit_files("consumer")
     _record(tmp_path / "consumer", 1, prompt, "reused", [0, 1, 2], local=16)  # its own first block, then two received
-    pair = servers.NixlPair(servers.ServeSettings("/py", "/m", 16, 2048, kv_audit_dir=str(tmp_path)), tmp_path, {})
-    ref, _ = pair._audited("reference", prompt, "computed")
-    got, first = pair._audited("consumer", prompt, "reused")
-    assert len(ref) == 3 and (got, first) == (ref[1:], 1)  # the newest record; the received blocks only
+    ref, _ = pair._audited("reference", prompt, "computed", {})
+    got, first = pair._audited("consumer", prompt, "reused", before)
+    assert len(ref) == 3 and (got, first) == (ref[1:], 1)  # the record written since; the received blocks only
     assert name_loaded_blocks("p", got, 1, {"p": ref}).verdict == EXACT
-    assert pair._audited("consumer", (1, 2), "reused") == (None, 0)  # no record of that prompt
+    assert pair._audited("consumer", (1, 2), "reused", {}) == (None, 0)  # no record of that prompt
+    assert pair._audited("consumer", prompt, "reused", pair._audit_files("consumer")) == (None, 0)  # none since
     _record(tmp_path / "torn", 0, prompt, "reused", [0, 1])
     (tmp_path / "torn" / "000000.reused.001.pt").unlink()
-    rec = audit.newest_record(tmp_path / "torn", audit.prompt_sha256(prompt))
+    rec = audit.new_record(tmp_path / "torn", audit.prompt_sha256(prompt), {})
     assert audit.block_digests(tmp_path / "torn", rec, "reused") is None
     blind = _record(tmp_path / "blind", 0, prompt, "reused", [0], unavailable="no KV tensors were registered")
     assert audit.block_digests(tmp_path / "blind", blind, "reused") is None
     plain = servers.NixlPair(servers.ServeSettings("/py", "/m", 16, 2048), tmp_path, {})
-    assert plain._audited("consumer", prompt, "reused") == (None, 0)  # the audit off
+    assert plain._audit_files("consumer") == {} and plain._audited("consumer", prompt, "reused", {}) == (None, 0)
 
 
 def test_the_summary_and_the_page_say_whose_blocks_a_control_loaded():

@@ -15,7 +15,9 @@ Built on the verifier's audit (repro.engine.kvaudit, docs/kv-audit.md), unchange
              in `unavailable` (repro.engine.kvaudit_hooks).
   producer   unchanged (no audit).
 Each server writes to a folder of its own under the audit folder. The pair sends one request at a time
-(--max-num-seqs 1), so the newest record of a prompt (its prompt_sha256) after a request is that request's.
+(--max-num-seqs 1), so a request's record is the one of its prompt (its prompt_sha256) written after the request was
+sent (record_files taken before it, new_record after): never the newest in the folder, which may be an earlier run's
+(nothing empties the folder) or, for a request that wrote none, the previous request's.
 
 A block's digest is the SHA-256 of its bytes in every layer, K then V (the files' [blocks, 2, elements] rows, read
 from the saved tensor's storage without torch), so two digests are equal only where the KV is bit for bit; repro.judge.pd_kvaudit names the received blocks by them.
@@ -65,17 +67,37 @@ def prompt_sha256(token_ids) -> str:
     return hashlib.sha256(json.dumps([int(t) for t in token_ids]).encode()).hexdigest()
 
 
-def newest_record(folder: Path, prompt_sha256: str, after: int = -1) -> dict | None:
-    """The newest `<seq>.json` in `folder` for that prompt with a seq above `after` (None: none)."""
-    best = None
-    for path in sorted(folder.glob("[0-9]*.json")):
+def record_files(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every `<seq>.json` in `folder` now, by name: (inode, mtime in ns); {} for a folder not there. Taken just
+    before a request is sent, it is the lower bound that makes the request's record its own (new_record)."""
+    out = {}
+    for path in folder.glob("[0-9]*.json"):
         try:
-            rec = json.loads(path.read_text(encoding="utf-8"))
+            st = path.stat()
+        except OSError:
+            continue
+        out[path.name] = (st.st_ino, st.st_mtime_ns)
+    return out
+
+
+def new_record(folder: Path, prompt_sha256: str, before: dict[str, tuple[int, int]]) -> dict | None:
+    """The record of that prompt that a request wrote after `before` (record_files taken just before it was sent):
+    a file not there then, or replaced since (each server's seq starts again at 0, so a re-run into the same folder
+    writes an earlier run's names anew: that run's other records stay as they were and are never read). The first
+    by seq where there are several (the same request scheduled anew: its first is its own first load, as
+    repro.engine.audit_records keeps it); None: the request wrote none, and then no other request's record stands
+    in for it."""
+    found = []
+    for name, stamp in sorted(record_files(folder).items()):
+        if before.get(name) == stamp:
+            continue
+        try:
+            rec = json.loads((folder / name).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if rec.get("prompt_sha256") == prompt_sha256 and int(rec.get("seq", -1)) > after:
-            best = rec
-    return best
+        if rec.get("prompt_sha256") == prompt_sha256:
+            found.append(rec)
+    return min(found, key=lambda r: int(r.get("seq", -1))) if found else None
 
 
 def _storage_bytes(path: Path) -> bytes | None:

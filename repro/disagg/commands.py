@@ -1,10 +1,12 @@
 """`python -m repro pd`: the P→D cases through a real NixlConnector pair on this host's GPU, into a report.
 
 Bad input is one line and exit 2, before any server starts: the cases file, the model folder, --device cpu (NIXL
-needs a CUDA GPU), an engine interpreter without vLLM, without NIXL's bindings or without a CUDA device. Exit 0: the
-arm PASSed (every probe request matched its baseline with external tokens loaded) and every negative control held;
-1: any other verdict, or a control that did not hold; 3: a
-server did not start or stopped answering (the report says which, with its log's tail, verdict ERROR).
+needs a CUDA GPU), an engine interpreter without vLLM, without NIXL's bindings or without a CUDA device. The exit
+code is the kit's one exit rule (repro.record.exit_rule) over the report's requests (repro.disagg.report.exit_view):
+0: every probe request PASSed (it matched its baseline with external tokens loaded) and every negative control held;
+1: a KV finding of a probe request (with --kv-audit: it loaded another prompt's blocks, or its own misplaced), any
+other verdict, or a control that did not hold; 3: any ERROR, a request the pair refused or a server that did not
+start or stopped answering (the report says which, with its log's tail, verdict ERROR).
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from repro.disagg import report as pd_report
 from repro.disagg.cases import load_cases
 from repro.disagg.pair import Run, run_cases
 from repro.disagg.servers import NixlPair, PairError, ServeSettings
-from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME, UsageError
-from repro.judge.verdict import PASS, decide_child_failure
+from repro.errors import UsageError
+from repro.judge.verdict import decide_child_failure
+from repro.record.exit_rule import exit_reason
 from repro.record.provenance import utc_now
 
 
@@ -92,7 +95,6 @@ def pd(argv: list[str]) -> int:
     pd_report.write_report(args.report, report)
     for line in pd_report.summary_lines(report):
         print(line)
-    if failure is not None:
-        return EXIT_RUNTIME
-    held = report["controls"]["held"] == report["controls"]["run"]
-    return EXIT_OK if report["verdict"] == PASS and held else EXIT_MISMATCH
+    code, why = exit_reason(pd_report.exit_view(report))  # the kit's one exit rule, over the P→D records
+    print(f"exit {code}: {why}")
+    return code

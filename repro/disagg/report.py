@@ -16,12 +16,13 @@ from repro import __version__
 from repro.disagg.cases import Cases
 from repro.disagg.pair import Run, controls, probe_requests
 from repro.judge.pd_verdict import decide_pd_arm
-from repro.judge.verdict import PASS
+from repro.judge.verdict import ERROR, PASS
 from repro.plan.interpreter import ask_json
 from repro.record.atomic import write_json_atomic
 from repro.record.provenance import study_provenance
 
 KIND = "kvkit-pd-report"
+ARM = "P→D (NixlConnector)"  # the one arm, as the summary and the exit rule name it
 SCHEMA_VERSION = 1
 NIXL_DISTS = ("nixl", "nixl-cu12", "nixl-cu13")
 # Asked of the engine interpreter in a subprocess: the versions that make a P→D run, whether NIXL's bindings import
@@ -106,6 +107,47 @@ def build_report(run: Run, cases: Cases, settings: dict, pair: dict, prov: dict)
     }
 
 
+def exit_view(report: dict) -> dict:
+    """The P→D report as the kit's one exit rule reads a report (repro.record.exit_rule.exit_reason), so that P→D
+    decides no exit code of its own: one arm, ARM, whose verdict is the report's and whose probes are the probe
+    requests (repro.disagg.pair.probe_requests), each with its token verdict and its KV audit (a KV finding is exit
+    1 as on every arm); an acceptance whose checked items are every probe request (expected PASS: a probe request
+    is judged as the kit judges every reuse) and every negative control (expected to hold, as its case states); and,
+    as errors, every request outside the controls that ended in ERROR (a consumer's own prefill of the warm prompt
+    included). A control's own verdict and KV are what its case judges (its ERROR, FAIL or foreign blocks are the
+    fault it hands over on purpose), so neither is a probe here. Pure: a view of the report's data."""
+    requests = report.get("requests") or []
+    probes = [
+        {"name": _request_name(r), "verdict": r["verdict"], "kv": r.get("kv_audit")}
+        for r in requests
+        if r.get("control") is None and r.get("reference") is not None
+    ]
+    checked = [_check(p["name"], "tokens", PASS, p["verdict"], p["verdict"] == PASS) for p in probes]
+    for r in requests:
+        c = r.get("control")
+        if c is not None:
+            seen = "held" if c.get("held") else f"not held ({c.get('reason')})"
+            checked.append(_check(f"{r['case']} (trial {r['trial']})", "control", "held", seen, bool(c.get("held"))))
+    errors = [
+        {"arm": f"{ARM} {_request_name(r)}", "kind": f"{ERROR} ({(r.get('reasons') or ['no reason'])[0]})"}
+        for r in requests
+        if r.get("control") is None and r.get("verdict") == ERROR
+    ]
+    arm = {"name": ARM, "mode": "pd", "verdict": report["verdict"], "reasons": list(report.get("reasons") or []),
+           "probes": probes}  # fmt: skip
+    acceptance = {"suite": "pd-cases", "matched": bool(checked) and all(c["ok"] for c in checked),
+                  "checked": checked, "unchecked_arms": [], "unchecked_probes": []}  # fmt: skip
+    return {"complete": True, "arms": [arm], "errors": errors, "acceptance": acceptance}
+
+
+def _request_name(request: dict) -> str:
+    return f"{request['case']} {request['prompt']} (trial {request['trial']})"
+
+
+def _check(what: str, check: str, expected: str, observed: str, ok: bool) -> dict:
+    return {"check": check, "arm": ARM, "probe": what, "expected": expected, "observed": observed, "ok": ok}
+
+
 def write_report(path: str, report: dict) -> None:
     write_json_atomic(path, report)
 
@@ -114,9 +156,7 @@ def summary_lines(report: dict) -> list[str]:
     """The run in a few lines: the arm's verdict, its counts, each control, each request that is not PASS."""
     counts = ", ".join(f"{v} {n}" for v, n in report["counts"].items()) or "none"
     c = report["controls"]
-    lines = [
-        f"P→D (NixlConnector): {report['verdict']} (probe requests: {counts}; controls held {c['held']}/{c['run']})"
-    ]
+    lines = [f"{ARM}: {report['verdict']} (probe requests: {counts}; controls held {c['held']}/{c['run']})"]
     for r in report["requests"]:
         if r["control"] is not None:
             lines.append(f"  control {r['case']} (trial {r['trial']}): {r['control']['reason']}{kv_text(r)}")

@@ -289,23 +289,34 @@ class NixlPair:
 
     def baseline(self, request_id: str, prompt: tuple[int, ...], max_tokens: int) -> Answer:
         reference = self._start_reference()
+        before = self._audit_files("reference")
         status, text = reference.request("POST", "/v1/completions", completion_body(prompt, max_tokens, None, True))
         if status != 200:
             return Answer(None, error=f"reference answered HTTP {status}: {text[:300]}")
         response = json.loads(text)
         ids, cached = answer_of(response)
         error = None if ids is not None else "no token_ids in the response"
-        blocks, _ = self._audited("reference", prompt, "computed")
+        blocks, _ = self._audited("reference", prompt, "computed", before)
         return Answer(ids, cached_tokens=cached, error=error, top_gaps=top_gaps_of(response), kv_blocks=blocks)
 
-    def _audited(self, name: str, prompt: tuple[int, ...], kind: str) -> tuple[tuple[str | None, ...] | None, int]:
-        """With the KV audit: the digests of the blocks `name` recorded for this prompt's newest request (the
-        consumer's reused blocks from the first one it received on) and that first block's slot; None without the
-        audit or a record, () where it recorded no block (repro.judge.pd_kvaudit says so)."""
+    def _audit_files(self, name: str) -> dict[str, tuple[int, int]]:
+        """The audit's records in `name`'s folder before a request is sent ({} without the audit): the lower bound
+        that makes the record read after it the request's own (repro.disagg.audit.new_record)."""
+        if self.s.kv_audit_dir is None:
+            return {}
+        return audit.record_files(Path(self.s.kv_audit_dir) / name)
+
+    def _audited(
+        self, name: str, prompt: tuple[int, ...], kind: str, before: dict[str, tuple[int, int]]
+    ) -> tuple[tuple[str | None, ...] | None, int]:
+        """With the KV audit: the digests of the blocks `name` recorded for this prompt's request, the record
+        written since `before` (_audit_files taken before it was sent; the consumer's reused blocks from the first
+        one it received on) and that first block's slot; None without the audit or a record of its own, () where it
+        recorded no block (repro.judge.pd_kvaudit says so)."""
         if self.s.kv_audit_dir is None:
             return None, 0
         folder = Path(self.s.kv_audit_dir) / name
-        record = audit.newest_record(folder, audit.prompt_sha256(prompt))
+        record = audit.new_record(folder, audit.prompt_sha256(prompt), before)
         if record is None:
             return None, 0
         blocks = audit.block_digests(folder, record, kind)
@@ -339,13 +350,13 @@ class NixlPair:
 
     def decode(self, request_id: str, prompt: tuple[int, ...], params: dict | None, max_tokens: int) -> Answer:
         _, consumer = self._start_pair()
-        before = consumer.metrics()
+        before, files = consumer.metrics(), self._audit_files("consumer")
         response, error = self._complete(consumer, prompt, max_tokens, params)
         after = _settled_metrics(consumer)
         if error is not None:
             return Answer(None, transfer_of(before, after, None), error)
         ids, cached = answer_of(response)
-        blocks, first = self._audited("consumer", prompt, "reused")
+        blocks, first = self._audited("consumer", prompt, "reused", files)
         return Answer(ids, transfer_of(before, after, cached), None if ids is not None else "no token_ids",
                       kv_blocks=blocks, kv_first_slot=first)  # fmt: skip
 

@@ -11,7 +11,8 @@ tokens are another request's baseline answer at the same indices (repro.judge.re
 A wrong answer given with HTTP 200 after external tokens were loaded is a FAIL, as every reuse that differs from the
 baseline (docs/verdicts.md); where the consumer counted a failed NIXL transfer (vllm:nixl_num_failed_transfers) the
 reasons say so (the fault showed in the server's metrics, not to the client). A refused request is ERROR. A failed
-transfer recomputed into the right answer is "transfer not exercised", INCONCLUSIVE.
+transfer recomputed into the right answer is "transfer not exercised", INCONCLUSIVE; a NIXL counter the consumer did
+not export (None) is INCONCLUSIVE too, naming the counter: missing telemetry never scores better than a zero.
 
 A negative control (a consumed, stale or out-of-range reference handed to the consumer) is judged the same way; what
 the case declares it must not be (`expect`: the verdicts that show the stack caught or exposed it, `expect_answers_as`:
@@ -38,6 +39,9 @@ from repro.judge.verdict import (
 )
 
 NOT_EXERCISED = "transfer not exercised"
+# the consumer's metrics Transfer's counts come from (repro.disagg.servers reads them), named where one is missing
+XFER_COUNTER = "vllm:nixl_xfer_time_seconds"
+FAILED_COUNTER = "vllm:nixl_num_failed_transfers"
 
 
 @dataclass(frozen=True)
@@ -141,8 +145,16 @@ def _gate(transfer: Transfer, ext: int | None) -> tuple[str, tuple[str, ...]]:
     failed = hit_count(transfer.failed_transfers)
     if failed:
         return INCONCLUSIVE, (f"{NOT_EXERCISED}: {failed} NIXL transfer(s) failed and the consumer recomputed",)
-    if hit_count(transfer.transfers) == 0:
+    done = hit_count(transfer.transfers)
+    if done == 0:
         return INCONCLUSIVE, (f"{NOT_EXERCISED}: {ext} external tokens counted but no NIXL transfer completed",)
+    # a counter the consumer did not export is missing, never good: it may hide a failed load recomputed right
+    if done is None:
+        why = f"whether the {ext} external tokens came by a completed transfer is unknown"
+        return INCONCLUSIVE, (f"the NIXL transfer counter ({XFER_COUNTER}) missing: {why}",)
+    if failed is None:
+        why = "whether a transfer failed and the consumer recomputed is unknown"
+        return INCONCLUSIVE, (f"the failed NIXL transfer counter ({FAILED_COUNTER}) missing: {why}",)
     return PASS, ()
 
 
@@ -184,7 +196,8 @@ def decide_pd_arm(verdicts: Sequence[str], controls: Sequence[ControlOutcome]) -
     """The arm: the worst of its probe requests' verdicts (no probe request at all is INCONCLUSIVE). A control that
     did not hold is a reason beside it, not a change of it: a stack that refuses or recomputes a bad reference is
     correct, and the probes say whether its transfers are; the control says the kit could not show that fault there
-    (the command's exit code is 0 only when the arm PASSes and every control held)."""
+    (the exit code, the kit's one exit rule over the requests, is 0 only when every probe request PASSes and every
+    control held: repro.disagg.report.exit_view)."""
     order = {PASS: 0, INCONCLUSIVE: 1, FAIL: 2, ERROR: 3}
     arm = max(verdicts, key=order.__getitem__) if verdicts else INCONCLUSIVE
     reasons = [] if verdicts else ["no probe request was run"]
