@@ -253,3 +253,26 @@ def test_a_trial_that_ended_in_error_is_set_apart_in_the_arms_finding_text():
     crashed = {**_run(2, "ERROR", {}), "error": {"kind": "timeout", "detail": "x"}}
     cond = ArmConditions({"trials": trials.trial_rates([fail, crashed])})
     assert not cond.qualified and cond.finding_class_text == "findings in 1/1 finished trials, 1 ERROR"
+
+
+def test_d14_a_load_rounds_missing_or_negative_hit_counter_is_no_reuse_and_is_counted_apart():
+    """Issue 55, D14: vLLM's -1 ('not checked yet') and an absent counter are no hit (repro.judge.verdict.hit_count):
+    the per-round 'k of N reused' counts neither, and counts them apart as a counter missing, said in the text."""
+    from types import SimpleNamespace
+
+    from repro.readmodel.scenario_load import arm_rates_text, controls_text
+    from repro.run import load_scenario
+
+    req = {"step": 0, "first_diff": None, "class": None, "verdict": PASS}
+    entry = {"requests": [{**req, "cached_tokens": c} for c in (-1, None, 0, 256)]}
+    (round_,) = load_scenario.rates(entry)
+    assert (round_["requests"], round_["reused"], round_["counter_missing"]) == (4, 1, 2)
+    assert "1 of 4 reused, 2 of 4 with no hit counter" in arm_rates_text({"rounds": [round_]})
+    reqs = [SimpleNamespace(step=0, probe="p", request=SimpleNamespace(token_ids=TOKENS, cached_tokens=c))
+            for c in (-1, None, 0, 256)]  # fmt: skip
+    outcome = SimpleNamespace(failure=None, log_path=Path("/logs/c.log"), wall_s=1.0,
+                              result=SimpleNamespace(scenario=SimpleNamespace(requests=reqs), effective_config={}))  # fmt: skip
+    _, control = load_scenario.reuse_control(outcome, {"p": list(TOKENS)}, "logs")
+    (round_,) = control["rounds"]
+    assert (round_["reused"], round_["counter_missing"]) == (1, 2)
+    assert "1 reused, 2 with no hit counter" in controls_text({"reuse_control": control})

@@ -36,10 +36,13 @@ def test_the_smollm2_finding_names_its_stack_model_and_strength():
 
 
 def test_scenario_errors_are_in_the_headline():
-    """The run whose LMCache engines both timed out in the preemption scenario: the ERROR is said, never PASS."""
+    """The run whose LMCache engines both timed out in the preemption scenario: the ERROR is said, never PASS, and
+    what a later trial found that the run's own did not (LMCacheConnectorV1's trial 2 loaded corrupt KV) beside it
+    (issue 55, D4: the headline reads every trial)."""
     committed_or_skip(PREEMPTION)
     text = headline(read_report(PREEMPTION))
-    assert "scenario preemption: LMCacheConnectorV1 and LMCacheMPConnector ERROR (trials: 1 of 2 ERROR)" in text
+    assert "scenario preemption: LMCacheConnectorV1 ERROR, CORRUPT KV in trial 2 (trials: 1 of 2 ERROR)" in text
+    assert "scenario preemption: LMCacheMPConnector ERROR (trials: 1 of 2 ERROR)" in text
     assert "scenario preemption: native prefix caching ERROR (trials: 2 of 2 ERROR)" in text
 
 

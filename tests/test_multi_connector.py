@@ -151,3 +151,46 @@ def test_the_report_page_lists_each_members_service_under_the_table():
     assert "member 1 PlantedFaultConnector: served 0 reuses, 0 tokens · INCONCLUSIVE" in html
     # a report without a MultiConnector arm renders as before: no members list
     assert 'id="members"' not in render_report_page(report, stem="t")
+
+
+def _multi_report(members: list) -> dict:
+    from repro.record.acceptance import check_acceptance
+
+    conn = ConnectorSpec("MultiConnector", None, {"connectors": [EXAMPLE, PLANTED]})
+    probe = {"name": "fixture", "verdict": PASS, "reasons": [], "skipped": None, "kv": None,
+             "requests": [{"first_diff": None, "cached_tokens": 0}, {"first_diff": None, "cached_tokens": 1488}]}  # fmt: skip
+    base = {"name": "baseline", "mode": "baseline", "verdict": PASS, "reasons": [], "error": None,
+            "probes": [{**probe, "requests": probe["requests"][:1]}]}  # fmt: skip
+    arm = {"name": "multi", "mode": "connector", "connector": conn.to_json(), "verdict": PASS, "error": None,
+           "reasons": [r for m in members for r in m.reasons], "probes": [probe], "findings": [],
+           "members": [m.to_json() for m in members]}  # fmt: skip
+    return {"kind": "kvkit-report", "schema_version": 2, "complete": True, "errors": [], "arms": [base, arm],
+            "acceptance": check_acceptance([], {}, None), "generations": 0, "provenance": {},
+            "config": {"kv_audit": False}, "warnings": []}  # fmt: skip
+
+
+def test_an_unexercised_member_is_exit_1_through_the_one_exit_rule_and_never_matched_in_the_headline():
+    """Issue 55, D8: the member never served a reuse (INCONCLUSIVE, not exercised); no fixture states a member's
+    verdict, so the exit is 1 with a reason naming it, never 0 'every verdict PASS'."""
+    from repro.errors import EXIT_MISMATCH, EXIT_OK
+    from repro.publish.headline import headline
+    from repro.publish.summary import format_summary
+    from repro.record.exit_rule import exit_reason
+
+    idle = decide_members(["ExampleConnector", "PlantedFaultConnector"], [Served("fixture reuse 1", 0, 1488, False)],
+                          PASS)  # fmt: skip
+    report = _multi_report(idle)
+    code, why = exit_reason(report)
+    assert code == EXIT_MISMATCH, why
+    assert "every verdict PASS" not in why and "multi member 1 PlantedFaultConnector" in why and INCONCLUSIVE in why
+    text = headline(report)
+    assert "matched" not in text and PASS not in text and "member 1 PlantedFaultConnector not exercised" in text
+    line = next(x for x in format_summary(report).splitlines() if x.startswith("multi (MultiConnector): "))
+    assert not line.removeprefix("multi (MultiConnector): ").startswith(PASS), line
+    # both members served a reuse: exit 0, and the headline may say matched
+    both = decide_members(["ExampleConnector", "PlantedFaultConnector"],
+                          [Served("fixture reuse 1", 0, 1488, False), Served("fixture reuse 2", 1, 1488, False)],
+                          PASS)  # fmt: skip
+    report = _multi_report(both)
+    assert exit_reason(report) == (EXIT_OK, "every verdict PASS (no acceptance suite)")
+    assert "matched caching off token for token on 1 of 1 probes" in headline(report)

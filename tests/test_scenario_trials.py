@@ -216,8 +216,8 @@ def test_the_summary_says_in_how_many_trials():
     )
     assert lines[3:5] == [
         (
-            "  a-b-a · native: PASS · KV EXACT · preemptions 0 · hits 0 16 496 · intermittent: found in 1 of 2 "
-            "trials (PASS, FAIL)"
+            "  a-b-a · native: FAIL in trial 2 · its own run (trial 1): PASS · KV EXACT · preemptions 0 · hits 0 16 496 "
+            "· intermittent: found in 1 of 2 trials (PASS, FAIL)"
         ),
         "      trials: step 1 chat-512: #1 PASS · #2 FAIL @3 (intermittent)",
     ]

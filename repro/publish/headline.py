@@ -28,6 +28,13 @@ from repro.judge.verdict import (
     UNAVAILABLE,
 )
 from repro.readmodel import Arm, Report, ScenarioArm, as_report
+from repro.record.exit_rule import (
+    idle_members,
+    later_errors,
+    plain_later_findings,
+    scenario_later_errors,
+    scenario_later_findings,
+)
 
 PLANTED_CONNECTOR = "PlantedFaultConnector"  # repro.engine.connectors.planted_fault's connector class
 NO_FAULT = "none"  # its `fault` setting that plants nothing (the self-test's control)
@@ -134,7 +141,63 @@ def _kv_clause(arm: Arm) -> str:
     return f"KV unreadable ({UNAVAILABLE}) on {k} of {n}" if k else ""
 
 
-def _arm_clause(arm: Arm, lead: bool) -> str:
+def _run_label(run: str) -> str:
+    return "the re-run alone" if run == "alone" else run
+
+
+def _runs_text(runs: list[str]) -> str:
+    """'trial 2', 'trials 3, 4 and 5', 'trial 2 and the re-run alone'."""
+    runs = list(dict.fromkeys(runs))
+    numbers = [r.removeprefix("trial ") for r in runs if r.startswith("trial ")]
+    said = [f"trial{'s' if len(numbers) > 1 else ''} {_and(numbers)}"] if numbers else []
+    return _and(said + [_run_label(r) for r in runs if not r.startswith("trial ")])
+
+
+def later_facts(report: Report, arm: str) -> tuple[list[tuple[str, str, str]], list[tuple[str, str]], list[str]]:
+    """What the exit rule counts against a plain arm beyond its own run (repro.record.exit_rule): (run, probe, kind)
+    of each finding a later run made that trial 1 did not show, (run, kind) of each later run that ended in ERROR,
+    and each MultiConnector member never exercised."""
+    found = [(run, probe, kind) for a, run, probe, kind in plain_later_findings(report.data) if a == arm]
+    errors = [(run, kind) for a, run, kind in later_errors(report.data) if a == arm]
+    idle = [member for a, member in idle_members(report.data) if a == arm]
+    return found, errors, idle
+
+
+def later_text(report: Report, arm: str, words: bool = True) -> str:
+    """What a plain arm's later runs and members count against it, as the headline says it ('answered differently
+    in trial 2 on chat-511, ended in ERROR in trial 3 (timeout), member 1 OffloadingConnector not exercised') or,
+    with words=False, as the summary does ('FAIL in trial 2 on chat-511, ERROR in trial 3 (timeout), …'); ''
+    when nothing is. A later ERROR is named where the arm's own run was no ERROR (one that was says so already)."""
+    found, errors, idle = later_facts(report, arm)
+    parts = []
+    for kind in [FAIL, *KV_FINDINGS]:
+        mine = [(run, probe) for run, probe, k in found if k == kind]
+        if not mine:
+            continue
+        probes = list(dict.fromkeys(p for _, p in mine))
+        on = ", ".join(probes[:3]) + (f" and {len(probes) - 3} more" if len(probes) > 3 else "")
+        runs = _runs_text([r for r, _ in mine])
+        if words:
+            what = "answered differently" if kind == FAIL else f"loaded {KV_WORDS[kind]} KV"
+        else:
+            what = FAIL if kind == FAIL else f"KV {kind}"
+        parts.append(f"{what} in {runs} on {on}")
+    own = next((a.verdict for a in report.arms if a.name == arm), None)
+    # an ERROR arm says ERROR already; kind: 'timeout', or 'ERROR (its first reason)' for one without an error object
+    for run, kind in errors if own != ERROR else []:
+        why = kind.removeprefix(ERROR) if kind.startswith(ERROR) else f" ({kind})"
+        parts.append(f"{'ended in ' if words else ''}{ERROR} in {_run_label(run)}{why}")
+    if idle:
+        parts.append(f"{_and(idle)} not exercised ({INCONCLUSIVE})")
+    return ", ".join(parts)
+
+
+def _arm_clause(arm: Arm, lead: bool, later: str = "") -> str:
+    if later:  # a later run or a member counts against it: never 'matched', 'PASS' or 'bit-exact'
+        if arm.verdict == PASS:
+            kv = _kv_clause(arm)
+            return later + (f", and its own run {kv}" if kv.startswith("loaded") else "")
+        return f"{_arm_clause(arm, lead)}, and {later}"
     tokens, kv = _token_clause(arm, lead), _kv_clause(arm)
     if not lead and arm.verdict == PASS and kv == "bit-exact KV":
         return "bit-exact"  # 'native prefix caching bit-exact': PASS on every probe, every block bit-identical
@@ -145,22 +208,41 @@ def _arm_clause(arm: Arm, lead: bool) -> str:
     return f"{tokens} {'and' if kv.startswith('loaded') else 'with'} {kv}"
 
 
-def _severity(arm: Arm) -> int:
-    """The lead arm is the one with the most to say: a finding, then an ERROR, INCONCLUSIVE, PASS."""
+def _severity(arm: Arm, later: str = "") -> int:
+    """The lead arm is the one with the most to say: a finding, then an ERROR, INCONCLUSIVE, PASS (a PASS that a
+    later run or a member counts against after the plain verdicts of its kind)."""
     finding = arm.verdict == FAIL or any(p.kv_finding for p in arm.probes)
-    return 0 if finding else {ERROR: 1, INCONCLUSIVE: 2}.get(arm.verdict, 3)
+    return 0 if finding else {ERROR: 1, INCONCLUSIVE: 2}.get(arm.verdict, 3 if later else 4)
+
+
+def scenario_later_text(report: Report, scenario: str, arm: str, errors: bool = True) -> str:
+    """What a (scenario, arm)'s later trials count against it (repro.record.exit_rule): 'FAIL in trial 2',
+    'CORRUPT KV in trial 2 and trial 3', 'ERROR in trial 2' (with errors: where the run's own verdict is no ERROR,
+    so that no text says the trials' ERRORs twice); '' when nothing is."""
+    found = [(run, kind) for s, a, run, kind in scenario_later_findings(report.data) if (s, a) == (scenario, arm)]
+    parts = []
+    for kind in [FAIL, *KV_FINDINGS]:
+        runs = [run for run, k in found if k == kind]
+        if runs:
+            parts.append(f"{kind if kind == FAIL else f'{kind} KV'} in {_runs_text(runs)}")
+    crashed = [run for s, a, run, _ in scenario_later_errors(report.data) if (s, a) == (scenario, arm)]
+    if crashed and errors:
+        parts.append(f"{ERROR} in {_runs_text(crashed)}")
+    return ", ".join(parts)
 
 
 def _scenario_clause(report: Report) -> str:
     """'scenario preemption: ERROR for LMCacheConnectorV1 and LMCacheMPConnector'; the runs that are a plain PASS
-    counted; '' for a report without scenarios. A SKIPPED run (the fixture says it cannot run) is left out."""
+    in every trial counted; '' for a report without scenarios. A SKIPPED run (the fixture says it cannot run) is
+    left out."""
     said: dict[tuple[str, str], list[str]] = {}
     passes = 0
     for scenario in report.scenarios:
         for arm in scenario.arms:
             if arm.verdict == SKIPPED:
                 continue
-            text = _scenario_verdict(arm)
+            later = scenario_later_text(report, scenario.name, str(arm.data.get("arm")), arm.verdict == PASS)
+            text = _scenario_verdict(arm, later)
             if text == PASS:
                 passes += 1
             else:
@@ -171,11 +253,14 @@ def _scenario_clause(report: Report) -> str:
     return "; ".join(parts)
 
 
-def _scenario_verdict(arm: ScenarioArm) -> str:
-    """'FAIL with corrupt KV', 'ERROR (trials: 2 of 2 ERROR)', 'PASS': a scenario run's verdict and what qualifies it."""
+def _scenario_verdict(arm: ScenarioArm, later: str = "") -> str:
+    """'FAIL with corrupt KV', 'ERROR (trials: 2 of 2 ERROR)', 'PASS', 'FAIL in trial 2 (trials: …)': a scenario
+    run's verdict and what qualifies it; a PASS that a later trial's finding or ERROR counts against is no PASS."""
     text = arm.verdict_text
     if arm.kv_verdict in KV_FINDINGS:
         text += f" with {KV_WORDS[arm.kv_verdict]} KV"
+    if later:
+        text = later if arm.verdict == PASS else f"{text}, {later}"
     if arm.trials and arm.trials.errors:
         text += f" (trials: {arm.trials.errors} of {arm.trials.n} {ERROR})"
     return text
@@ -204,15 +289,17 @@ def headline(report: Report | dict) -> str:
     if not reuse:
         base = report.baseline
         return f"No reuse arm ran ({stack}); baseline {base.verdict if base else 'absent'}"
-    connectors = sorted((a for a in reuse if a.mode != "native"), key=_severity)
+    later = {a.name: later_text(report, a.name) for a in reuse}
+    connectors = sorted((a for a in reuse if a.mode != "native"), key=lambda a: _severity(a, later[a.name]))
     controls = [a for a in reuse if a.mode == "native"]
-    ordered = connectors + controls if connectors else sorted(controls, key=_severity)
+    ordered = connectors + controls if connectors else sorted(controls, key=lambda a: _severity(a, later[a.name]))
     lead, rest = ordered[0], ordered[1:]
+    lead_later = later[lead.name]
     if planted:
-        sentence = f"Planted-fault self-test ({stack}): {_name(lead)} {_arm_clause(lead, True)}"
+        sentence = f"Planted-fault self-test ({stack}): {_name(lead)} {_arm_clause(lead, True, lead_later)}"
     else:
-        sentence = f"{_name(lead)} ({stack}) {_arm_clause(lead, True)}"
-    parts = [sentence] + [f"{_name(a)} {_arm_clause(a, False)}" for a in rest]
+        sentence = f"{_name(lead)} ({stack}) {_arm_clause(lead, True, lead_later)}"
+    parts = [sentence] + [f"{_name(a)} {_arm_clause(a, False, later[a.name])}" for a in rest]
     parts += [p for p in (_scenario_clause(report), _audit_clause(report)) if p]
     parts += [u.short for u in report.upstream_changes]  # an expected finding that no longer says what the run shows
     if report.data.get("complete") is False:

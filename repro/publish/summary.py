@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from repro.judge.verdict import CORRUPT, ERROR, PASS, SKIPPED
+from repro.publish.headline import later_facts, later_text, scenario_later_text
 from repro.readmodel import Arm, Probe, Report, Scenario, as_report
 from repro.readmodel.scenario_load import SUMMARY_REQUESTS, controls_text, spec_text
 from repro.record.report import CLAIM_LINE
@@ -19,6 +20,19 @@ def _probe_line(probe: Probe, kv: str | None, width: int = VERDICT_COLUMN) -> st
     if kv is None:  # a report without the KV audit keeps the line it always had
         return f"{head}{probe.tokens_verdict}"
     return f"{head}{probe.tokens_verdict:<{width}} KV {kv}"
+
+
+def _arm_verdict(report: Report, arm: Arm) -> str:
+    """'PASS', 'FAIL (decisive: 6)'; where a later run or a member counts against the arm (the exit rule's
+    later findings, later ERRORs, members never exercised), that first: 'FAIL in trial 2 on a · its own run
+    (trial 1): PASS · …', never a bare PASS over what the exit code counts."""
+    later = later_text(report, arm.name, words=False)
+    if not later:
+        return arm.verdict_text
+    found, errors, idle = later_facts(report, arm.name)
+    own = "its own run (trial 1)" if found or errors else "its tokens"
+    text = arm.verdict_text.split(" · not exercised: ")[0] if idle else arm.verdict_text  # said in `later`
+    return f"{later} · {own}: {text}" if arm.verdict == PASS else f"{text} · {later}"
 
 
 def _condition_lines(arm: Arm) -> list[str]:
@@ -35,7 +49,7 @@ def _condition_lines(arm: Arm) -> list[str]:
     return [f"  {line}"[:400] for line in lines if line]
 
 
-def _scenario_lines(scenario: Scenario) -> list[str]:
+def _scenario_lines(report: Report, scenario: Scenario) -> list[str]:
     """The control's line where it failed or differs from the plain baseline, then per arm a line (verdict,
     class, KV, preemptions, hits, what its trials found), why where it has no requests, a line per request
     that is not a PASS (in how many trials), and one per request only a later trial did not pass."""
@@ -47,7 +61,11 @@ def _scenario_lines(scenario: Scenario) -> list[str]:
             f"  {scenario.name} · {controls_text(scenario.load)}",
         ]
     for arm in scenario.arms:
-        lines.append(f"  {scenario.name} · {arm.name}: {arm.summary_line}")
+        later = scenario_later_text(report, scenario.name, str(arm.data.get("arm")), arm.verdict == PASS)
+        line = arm.summary_line
+        if later:  # a later trial counts against it: said first, never behind a bare PASS
+            line = f"{later} · its own run (trial 1): {line}" if arm.verdict == PASS else f"{line} · {later}"
+        lines.append(f"  {scenario.name} · {arm.name}: {line}")
         if arm.verdict in (ERROR, SKIPPED) or not arm.requests:
             why = [arm.error_text] if arm.error_text else []
             lines += [f"      {r}" for r in why + [r for r in arm.reasons[:3] if r not in arm.error_text]]
@@ -68,7 +86,7 @@ def scenario_block(report: Report) -> list[str]:
     """The summary's Scenarios block, set apart by blank lines; [] for a report without scenarios."""
     if not report.scenarios:
         return []
-    lines = ["", "Scenarios"] + [line for s in report.scenarios for line in _scenario_lines(s)]
+    lines = ["", "Scenarios"] + [line for s in report.scenarios for line in _scenario_lines(report, s)]
     acceptance = report.scenario_acceptance_text
     return lines + ([f"  {acceptance}"[:400]] if acceptance else []) + [""]
 
@@ -100,7 +118,7 @@ def format_summary(report: Report | Mapping[str, Any]) -> str:
             if arm.verdict != PASS:
                 lines.append(f"baseline: {arm.verdict} — " + "; ".join(arm.reasons)[:300])
             continue
-        lines.append(f"{arm.title}: {arm.verdict_text}")
+        lines.append(f"{arm.title}: {_arm_verdict(report, arm)}")
         if arm.error:
             lines.append(f"  ERROR {arm.error['kind']}: {arm.error['detail']}"[:400])
         lines += _condition_lines(arm)

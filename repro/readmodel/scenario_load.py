@@ -27,7 +27,8 @@ def rounds_of(data: Mapping[str, Any] | None) -> tuple[Mapping[str, Any], ...]:
 
 def arm_rates_text(load: Mapping[str, Any] | None) -> str:
     """'round 1: 2 of 64 differ (2 FAIL), 6 of 64 reused, 6 cancelled; round 2: ...' for an arm's load rates: a
-    request differs when neither the reuse control nor the schedule control shows its divergence; '' without
+    request differs when neither the reuse control nor the schedule control shows its divergence; a request whose
+    hit counter is None or negative (vLLM's -1) is no reuse, said apart ('2 of 64 with no hit counter'); '' without
     rates."""
     parts = []
     for r in rounds_of(load):
@@ -40,7 +41,10 @@ def arm_rates_text(load: Mapping[str, Any] | None) -> str:
         ]
         if explained:
             text += f", {' and '.join(explained)}"
-        text += f", {_n(r, 'reused')} of {total} reused, {_n(r, 'cancelled')} cancelled"
+        text += f", {_n(r, 'reused')} of {total} reused"
+        if int_field(r.get("counter_missing")):  # None or vLLM's -1: no hit, said apart (absent in older reports)
+            text += f", {_n(r, 'counter_missing')} of {total} with no hit counter"
+        text += f", {_n(r, 'cancelled')} cancelled"
         if int_field(r.get("cancel_missed")):
             text += f" ({_n(r, 'cancel_missed')} missed)"
         parts.append(text)
@@ -81,6 +85,7 @@ def controls_text(load: Mapping[str, Any]) -> str:
     rounds = [
         f"round {_n(r, 'round')}: {_n(r, 'differ')} of {_n(r, 'requests')} differ from cache-off, "
         f"{_n(r, 'reused')} reused"
+        + (f", {_n(r, 'counter_missing')} with no hit counter" if int_field(r.get("counter_missing")) else "")
         for r in rounds_of(ctl)
     ]
     return " · ".join([ref_text, ctl_text + (f": {'; '.join(rounds)}" if rounds else "")])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME
 from repro.judge.expectations import expectation_text
-from repro.judge.verdict import ERROR, FAIL, KV_FINDINGS, PASS, SKIPPED
+from repro.judge.verdict import ERROR, FAIL, INCONCLUSIVE, KV_FINDINGS, PASS, SKIPPED
 from repro.record.acceptance import (
     excused_scenario_kv,
     kv_verdict,
@@ -65,6 +65,49 @@ def _scenario_later(report: dict) -> list[tuple[str, str, str, str]]:
             for kind in sorted(_kinds(run.get("verdict"), run.get("kv")) - own):
                 out.append((str(sc.get("name")), str(arm.get("arm")), f"trial {run.get('trial')}", kind))
     return out
+
+
+def plain_later_findings(report: dict) -> list[tuple[str, str, str, str]]:
+    """(arm, run, probe, kind) of later_findings for the plain arms: what a later run of each counts against it."""
+    return _plain_later(report)
+
+
+def scenario_later_findings(report: dict) -> list[tuple[str, str, str, str]]:
+    """(scenario, arm, run, kind) of later_findings for the scenarios."""
+    return _scenario_later(report)
+
+
+def later_errors(report: dict) -> list[tuple[str, str, str]]:
+    """(arm, run, kind) of every later run of a plain arm (a trial 2..N, the re-run alone) that ended in ERROR."""
+    return [
+        (arm["name"], label, _error_kind(run))
+        for arm in report["arms"]
+        for label, run in _later_runs(arm)
+        if run.get("verdict") == ERROR
+    ]
+
+
+def scenario_later_errors(report: dict) -> list[tuple[str, str, str, str]]:
+    """(scenario, arm, run, kind) of every later trial of a (scenario, arm) that ended in ERROR."""
+    return [
+        (str(sc.get("name")), str(arm.get("arm")), f"trial {run.get('trial')}", _error_kind(run))
+        for sc in report.get("scenarios") or []
+        for arm in sc.get("arms") or []
+        for run in (arm.get("trials") or {}).get("runs") or []
+        if run.get("trial") != 1 and run.get("verdict") == ERROR
+    ]
+
+
+def idle_members(report: dict) -> list[tuple[str, str]]:
+    """(arm, 'member i Connector') of every MultiConnector member that served no reuse (repro.judge.members: INCONCLUSIVE,
+    not exercised). No fixture states a member's verdict, so each is INCONCLUSIVE outside the expectations: exit 1."""
+    return [
+        (str(arm["name"]), f"member {m.get('index')} {m.get('connector')}")
+        for arm in report["arms"]
+        if arm.get("verdict") != ERROR  # an ERROR arm is exit 3 already, and its members were never judged
+        for m in arm.get("members") or []
+        if isinstance(m, dict) and not m.get("reuses_served") and m.get("verdict") != PASS
+    ]
 
 
 def trial_findings(report: dict) -> list[tuple[str, str]]:
@@ -214,7 +257,8 @@ def exit_reason(report: dict) -> tuple[int, str]:
     1 for any FAIL or KV finding that a later run made and trial 1 did not already show of the same kind
     (later_findings), for a KV finding (CORRUPT, FOREIGN, MISPLACED) the fixture did not state (plain arms or
     scenarios), for an upstream bound that is a change to look at (fixed upstream, a wrong bound, one that cannot be
-    decided: repro.judge.upstream; with or without the suite), for an acceptance not matched, and without the
+    decided: repro.judge.upstream; with or without the suite), for a MultiConnector member never exercised
+    (INCONCLUSIVE, which no fixture states: idle_members), for an acceptance not matched, and without the
     acceptance suite for a verdict other than PASS; else 0. The reason is the first of these that holds; an upstream
     bound to look at is named after it where another reason came first, so that no other reason hides it."""
     code, why = _first_reason(report)
@@ -242,6 +286,10 @@ def _first_reason(report: dict) -> tuple[int, str]:
     changed = upstream_changes(report)
     if changed:
         return EXIT_MISMATCH, _some([str(u.get("text")) for u in changed])
+    idle = idle_members(report)
+    if idle:
+        named = [f"{arm} {member}" for arm, member in idle]
+        return EXIT_MISMATCH, f"{INCONCLUSIVE}: MultiConnector member not exercised (served no reuse): " + _some(named)
     scen = _scenario_reason(report)
     if scen is not None:
         return scen

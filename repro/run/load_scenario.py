@@ -16,7 +16,7 @@ from dataclasses import replace
 from repro.contract.result import ArmResult
 from repro.judge.compare import first_diff
 from repro.judge.scenario_verdict import REUSE_NUMERICS, SCHEDULE_NUMERICS
-from repro.judge.verdict import FAIL
+from repro.judge.verdict import FAIL, hit_count
 from repro.plan.arms import PlannedArm
 from repro.plan.fixtures import Scenario
 from repro.plan.load import CONTROL_SUFFIX, REFERENCE_SUFFIX
@@ -83,9 +83,10 @@ def reuse_control(outcome, answers: dict[str, list[int]], logs_rel: str) -> tupl
     reqs = outcome.result.scenario.requests
     rounds: dict[int, dict] = {}
     for sr in reqs:
-        r = rounds.setdefault(sr.step, {"round": sr.step + 1, "requests": 0, "reused": 0, "differ": 0})
+        r = rounds.setdefault(sr.step, {"round": sr.step + 1, "requests": 0, "reused": 0, "counter_missing": 0,
+                                        "differ": 0})  # fmt: skip
         r["requests"] += 1
-        r["reused"] += bool(sr.request.cached_tokens)
+        _count_hit(r, sr.request.cached_tokens)
         base = answers.get(sr.probe)
         r["differ"] += base is not None and first_diff(base, list(sr.request.token_ids)) is not None
     pairs = [(sr.step, sr.probe, tuple(sr.request.token_ids), sr.request.cached_tokens) for sr in reqs]
@@ -108,8 +109,18 @@ def aligned(pairs: list | None, result: ArmResult) -> list | None:
     return pairs if same else None
 
 
+def _count_hit(round_: dict, cached_tokens: object) -> None:
+    """One request's hit counter into its round: reused when it is a count above 0 (repro.judge.verdict.hit_count);
+    a counter that is None, negative (vLLM's -1, 'not checked yet') or no integer is no hit and no miss: counted
+    apart as counter_missing, never as reused (absent telemetry is never read as good)."""
+    hits = hit_count(cached_tokens)
+    round_["reused"] += bool(hits)
+    round_["counter_missing"] += hits is None
+
+
 def rates(entry: dict) -> list[dict]:
-    """An arm's load rates per round from its judged requests: N requests, how many reused, differ from the
+    """An arm's load rates per round from its judged requests: N requests, how many reused (a hit counter above 0),
+    how many have no hit counter (None, or vLLM's -1: counter_missing, counted apart), differ from the
     cache-off answer, are explained by the reuse control (reuse-numerics) or the schedule control (schedule-numerics),
     differ (neither explains them), are findings (FAIL), and how many cancellations landed or missed."""
     out: dict[int, dict] = {}
@@ -117,10 +128,11 @@ def rates(entry: dict) -> list[dict]:
         k = out.setdefault(
             r["step"],
             {"round": r["step"] + 1, "requests": 0, "reused": 0, "differ_from_cache_off": 0, "reuse_numerics": 0,
-             "schedule_numerics": 0, "differ": 0, "fail": 0, "cancelled": 0, "cancel_missed": 0},
+             "schedule_numerics": 0, "differ": 0, "fail": 0, "cancelled": 0, "cancel_missed": 0,
+             "counter_missing": 0},
         )  # fmt: skip
         k["requests"] += 1
-        k["reused"] += bool(r["cached_tokens"])
+        _count_hit(k, r["cached_tokens"])
         if r["first_diff"] is not None:
             k["differ_from_cache_off"] += 1
             cls = r["class"]
