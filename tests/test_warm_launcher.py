@@ -42,9 +42,11 @@ if what == "sleep":
 @pytest.fixture
 def warm_env(tmp_path, monkeypatch):
     monkeypatch.setenv(warm.SWITCH, "1")
-    monkeypatch.delenv(warm.POOL_ENV, raising=False)  # this process's own launchers, unless a test names a pool
     (tmp_path / "kvkit_warm_child.py").write_text(CHILD)
     env = runner.child_env(dict(os.environ), hashseed="0", extra={})
+    # this process's own launchers, unless a test names a pool: in the children's environment, never in os.environ,
+    # which the runs the tests' lane starts beside this test copy (a pool named there leaked into them)
+    env.pop(warm.POOL_ENV, None)
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
     yield env
     warm.stop_launchers()
@@ -122,16 +124,13 @@ def _gone(pid: int) -> bool:
 
 
 @pytest.mark.one_core  # a launcher's import, then one child
-def test_a_pooled_launcher_serves_every_kit_process_that_names_the_pool_and_stops_with_it(
-    warm_env, tmp_path, monkeypatch
-):
+def test_a_pooled_launcher_serves_every_kit_process_that_names_the_pool_and_stops_with_it(warm_env, tmp_path):
     """KVKIT_WARM_POOL (the test session's own): a child of this process and one of another kit process (a fresh
     interpreter, as each verifier run is) are forked by the same launcher, which this process started outside any
     run's lifeline; removing the pool's folder stops it."""
     pool = Path(tempfile.mkdtemp(prefix="kvkit-pool-test-"))  # short: a Unix socket's path has 107 bytes
     try:
         (pool / "owner").write_text(str(os.getpid()))
-        monkeypatch.setenv(warm.POOL_ENV, str(pool))
         env = {**warm_env, warm.POOL_ENV: str(pool)}
         rc, _, text = _run(env, tmp_path, "exit")
         assert rc == 3, text

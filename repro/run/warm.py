@@ -231,7 +231,9 @@ def _pooled(pool: Path, key: tuple, argv: list[str], env: dict[str, str]) -> _Po
 
 def _launcher(argv: list[str], env: dict[str, str], spawn) -> _Launcher | _Pooled | None:
     key = _key(argv, env)
-    pool = os.environ.get(POOL_ENV)
+    # the child's environment names the pool (it is this process's own, copied, in every run): a test that gives one
+    # child another pool changes nothing for the runs other threads of its process start meanwhile
+    pool = env.get(POOL_ENV)
     if pool:
         pooled = _pooled(Path(pool), key, argv, env)
         if pooled is not None:
