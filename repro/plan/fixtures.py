@@ -15,11 +15,8 @@ Fixture schema (kind "kvkit-fixture"; JSON Schema in schemas/fixture.schema.json
   schema_version 2: adapters, lora and a probe's adapter (LoRA adapters, repro.plan.adapters). A kit older
     than them refuses the file: ignoring them it would run those probes under the base model. Version 1 loads as is.
   schema_version 3, 4: a probe's prompt_logprobs (repro.plan.prompt_logprobs); a prompt's image (plan.images); alike.
-    Addition without a bump (any version): upstream bounds. In any of the four tables an entry may be
-    {"verdict": <a finding or a set of findings>, "upstream": {"issue", "package", "versions"}}: the expected finding
-    rests on a known upstream bug, which holds for those versions of that package (repro.plan.upstream reads it,
-    repro.judge.upstream judges it). A kit older than bounds refuses such an entry with a one-line error (it is
-    neither a verdict nor a list), so nothing is read differently.
+    Addition without a bump (any version): an entry bound to an upstream bug (repro.plan.upstream); an older kit
+    refuses it in one line (neither a verdict nor a list), so nothing is read differently.
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ from repro.plan.adapters import AdapterTable, parse_adapters
 from repro.plan.images import parse_images
 from repro.plan.load import LoadSpec, parse_load
 from repro.plan.prompt_logprobs import parse_prompt_logprobs
-from repro.plan.upstream import BoundExpectation, parse_entry
+from repro.plan.upstream import BoundExpectation, parse_table
 
 FIXTURE_KIND = "kvkit-fixture"
 FIXTURE_SCHEMA_VERSION = 4
@@ -470,29 +467,12 @@ def _load_scenario(obj: dict, name: str, description: str, engine: dict, lmcache
 
 
 def _parse_expected(data: dict, key: str, verdicts: tuple[str, ...], path) -> tuple[dict, list[BoundExpectation]]:
-    """An expectation table, arm -> {probe: expectation}: one verdict of verdicts, or a set of them
-    (a non-empty list of distinct verdicts, never a finding beside its absence; repro.judge.expectations
-    .expectation_problem), or either bound to an upstream bug ({verdict, upstream}: repro.plan.upstream). The table
-    keeps each expectation as written (a bound entry's verdict): the report's checked items repeat it; the bounds
-    come back beside it."""
-    table_of = data.get(key, {})
-    if not isinstance(table_of, dict):
-        raise _fail(path, f"{key}: must be an object of arm -> {{probe: verdict}}")
-    out: dict = {}
-    bounds: list[BoundExpectation] = []
-    for arm, table in table_of.items():
-        if not isinstance(table, dict):
-            raise _fail(path, f"{key}.{_name(arm)}: must be an object of probe -> verdict")
-        out[arm] = {}
-        for probe, want in table.items():
-            try:
-                verdict, bound = parse_entry(want, verdicts)
-            except (ValueError, TypeError) as exc:
-                raise _fail(path, f"{key}.{_name(arm)}.{_name(probe)}: {exc}") from None
-            out[arm][probe] = verdict
-            if bound is not None:
-                bounds.append(BoundExpectation(key, arm, probe, verdict, bound))
-    return out, bounds
+    """An expectation table, arm -> {probe: expectation} and the entries bound to an upstream bug beside it
+    (repro.plan.upstream.parse_table); every problem one line."""
+    try:
+        return parse_table(data.get(key, {}), key, verdicts, _name)
+    except (ValueError, TypeError) as exc:
+        raise _fail(path, str(exc)) from None
 
 
 def check_unique(names: list[str], path, what: str) -> None:

@@ -254,32 +254,25 @@ def resolve_block_size(args: argparse.Namespace) -> str | None:
     vLLM (repro.plan.interpreter.probe_engine), which also refuses an environment whose engine does not import:
     every problem is one line, exit 2, before any arm starts."""
     endpoint = getattr(args, "frontend", None) == "endpoint"  # the deployment's own engine, not one the kit builds
-    if endpoint or args.engine_module != DEFAULT_ENGINE_MODULE:  # or a stand-in engine (tests)
-        if args.block_size == AUTO:
-            args.block_size = PREFERRED_BLOCK_SIZE
-            who = "a server the kit did not start" if endpoint else f"a stand-in engine ({args.engine_module})"
-            return f"auto: {PREFERRED_BLOCK_SIZE}, the kit's default ({who}: no attention backend to ask)"
-        return None
-    caps = probe_engine(args.python, "cuda" if devices.uses_cuda(args.device) else "cpu")
-    if "problem" in caps:
-        raise UsageError(f"--python {args.python}: {caps['problem']}")
-    accepted = caps.get("block_sizes") or {}
+    unasked = "a server the kit did not start" if endpoint else f"a stand-in engine ({args.engine_module})"
+    accepted: dict = {"unavailable": f"{unasked}: no attention backend to ask"}
+    if not endpoint and args.engine_module == DEFAULT_ENGINE_MODULE:  # else a stand-in engine (tests)
+        caps = probe_engine(args.python, "cuda" if devices.uses_cuda(args.device) else "cpu")
+        if "problem" in caps:
+            raise UsageError(f"--python {args.python}: {caps['problem']}")
+        accepted = caps.get("block_sizes") or {}  # a GPU's is unavailable: picked at engine start; all take 16
+    if "unavailable" in accepted:
+        if args.block_size != AUTO:
+            return None
+        args.block_size = PREFERRED_BLOCK_SIZE
+        return f"auto: {PREFERRED_BLOCK_SIZE}, the kit's default (block sizes unavailable: {accepted['unavailable']})"
     who = f"vLLM {caps.get('vllm')}'s {accepted.get('backend', 'attention backend')}"
-    if "unavailable" in accepted:  # a GPU: its backend is picked at engine start; every CUDA backend takes 16
-        if args.block_size == AUTO:
-            args.block_size = PREFERRED_BLOCK_SIZE
-            return (
-                f"auto: {PREFERRED_BLOCK_SIZE}, the kit's default (block sizes unavailable: {accepted['unavailable']})"
-            )
-        return None
     if args.block_size == AUTO:
-        chosen = choose_block_size(accepted)
-        if chosen is None:
+        if (chosen := choose_block_size(accepted)) is None:
             raise UsageError(f"--block-size auto: {who} names no block size it takes")
         args.block_size = chosen
         return f"auto: {who} takes {accepted_text(accepted)}"
-    problem = block_size_problem(accepted, args.block_size, who)
-    if problem:
+    if problem := block_size_problem(accepted, args.block_size, who):
         raise UsageError(problem)
     return None
 

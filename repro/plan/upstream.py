@@ -78,3 +78,28 @@ def _parse_bound(obj: object) -> UpstreamBound:
     except ValueError as exc:
         raise ValueError(f"upstream.versions: {exc}") from None
     return UpstreamBound(obj["issue"], obj["package"], versions)
+
+
+def parse_table(table_of: object, key: str, verdicts: tuple[str, ...], name) -> tuple[dict, list[BoundExpectation]]:
+    """An expectation table, arm -> {probe: expectation}: one verdict of verdicts, or a set of them (a non-empty list
+    of distinct verdicts, never a finding beside its absence; repro.judge.expectations.expectation_problem), or either
+    bound to an upstream bug (parse_entry). The table keeps each expectation as written (a bound entry's verdict): the
+    report's checked items repeat it; the bounds come back beside it. ValueError or TypeError 'key.arm.probe: why' (name() quotes
+    a fixture's name for the message)."""
+    if not isinstance(table_of, dict):
+        raise TypeError(f"{key}: must be an object of arm -> {{probe: verdict}}")
+    out: dict = {}
+    bounds: list[BoundExpectation] = []
+    for arm, table in table_of.items():
+        if not isinstance(table, dict):
+            raise TypeError(f"{key}.{name(arm)}: must be an object of probe -> verdict")
+        out[arm] = {}
+        for probe, want in table.items():
+            try:
+                verdict, bound = parse_entry(want, verdicts)
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"{key}.{name(arm)}.{name(probe)}: {exc}") from None
+            out[arm][probe] = verdict
+            if bound is not None:
+                bounds.append(BoundExpectation(key, arm, probe, verdict, bound))
+    return out, bounds
