@@ -61,7 +61,7 @@ def _stat(path: Path) -> tuple[int, int] | None:
         return None
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop_verifier(proc: subprocess.Popen) -> None:
     """SIGTERM the verifier (it kills its engines and writes nothing), then SIGKILL its group."""
     if proc.poll() is not None:
         return
@@ -137,10 +137,10 @@ def run_cell(job: CellJob) -> CellOutcome:
         try:
             returncode = proc.wait(job.timeout_s)
         except subprocess.TimeoutExpired:
-            _stop(proc)
+            stop_verifier(proc)
             returncode = None
         except BaseException:  # a cancelled Ray task gets KeyboardInterrupt here
-            _stop(proc)
+            stop_verifier(proc)
             raise
         out.seek(0)
         tail = "\n".join(out.read().decode("utf-8", "replace").splitlines()[-TAIL_LINES:])

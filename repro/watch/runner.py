@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,13 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from repro.errors import EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+from repro.matrix.cell import stop_verifier  # SIGTERM the verifier, then SIGKILL its group
 from repro.paths import KIT_ROOT
 from repro.readmodel import read_report
 from repro.watch.outcome import RunOutcome, read_outcome
 from repro.watch.stack import WatchRun
 
 TAIL_CHARS = 300
-STOP_GRACE_S = 60.0
 ISSUE_TIMEOUT_S = 300
 
 
@@ -50,23 +49,11 @@ def launch(cmd: list[str], out: Path, timeout_s: float) -> Finished:
             code: int | None = proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             code = None
-            _stop(proc)
+            stop_verifier(proc)
         except BaseException:
-            _stop(proc)
+            stop_verifier(proc)
             raise
     return Finished(code, round(time.monotonic() - t0, 1), _tail(out))
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
 
 
 def _tail(out: Path) -> str:
