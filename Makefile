@@ -49,8 +49,8 @@ clean: $(INV) ## Remove environments, generated models and local reports
 .PHONY: matrix
 MATRIX ?=
 RESUME ?=
-matrix: $(INV) ## Run a matrix of cells on Ray (MATRIX=fixtures/matrix-....yaml; RESUME=1: only missing and failed cells; RAY_ADDRESS: an existing cluster)
-	@$(INV) matrix --matrix "$(MATRIX)" $(if $(RESUME),--resume,)
+matrix: $(INV) ## Run a matrix of cells on Ray (MATRIX=fixtures/matrix-....yaml; RESUME=1: only missing and failed cells; FORCE=1: replace an earlier run of it; RAY_ADDRESS: an existing cluster)
+	@$(INV) matrix --matrix "$(MATRIX)" $(if $(RESUME),--resume,) $(if $(FORCE),--force,)
 
 .PHONY: chaos
 FAULTS ?= 50

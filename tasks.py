@@ -240,7 +240,9 @@ def repro(c, profile="auto", model="", python="", kernels=""):
     if is_cpu(profile):
         model = model or make_model(c, py)
     model = model or REFERENCE_MODEL
-    args = reference_args(profile, model, report, packaged) + f" --python {shlex.quote(py)}"
+    # --force: reports/latest-*.json is this task's own "latest run" (gitignored), replaced by every run on purpose;
+    # last, where the issue text's reading of the command line (repro.publish.issue_sections) takes it as valueless
+    args = reference_args(profile, model, report, packaged) + f" --python {shlex.quote(py)} --force"
     if env:
         print(f"[kvkit] kernels {kernels}: {' '.join(f'{k}={v}' for k, v in env.items())}", file=sys.stderr, flush=True)
     result = run_py(c, shlex.quote(py), "-m repro.verify_kv_reuse " + args, warn=True, env=env)
@@ -332,9 +334,10 @@ def bench(c):
         "matrix": "the matrix file (e.g. fixtures/matrix-cpu-ci.yaml)",
         "resume": "rerun only the cells whose report is missing or that failed",
         "one_at_a_time": "run the cells one after another (to compare with the concurrent run)",
+        "force": "run every cell again over an earlier run of the matrix (default: refuse, exit 2)",
     }
 )
-def matrix(c, matrix="", resume=False, one_at_a_time=False):
+def matrix(c, matrix="", resume=False, one_at_a_time=False, force=False):
     """Run a matrix of cells on Ray (a local cluster, or RAY_ADDRESS's): one report per cell, a summary, a page."""
     if not matrix:
         raise Exit("give the matrix file: make matrix MATRIX=fixtures/matrix-cpu-ci.yaml", code=2)
@@ -351,7 +354,7 @@ def matrix(c, matrix="", resume=False, one_at_a_time=False):
         cell_py = venv_python(profile)
         if is_cpu(profile):
             make_model(c, cell_py)
-    args = f"-m repro matrix {shlex.quote(matrix)}" + (" --resume" if resume else "")
+    args = f"-m repro matrix {shlex.quote(matrix)}" + (" --resume" if resume else "") + (" --force" if force else "")
     result = run_py(c, py, args + (" --one-at-a-time" if one_at_a_time else ""), warn=True)
     if result.exited != 0:
         raise Exit(code=result.exited)
@@ -382,9 +385,9 @@ def detection(c, model=""):
     """Run the detection-power study (faults x positions x windows, no-fault controls) and render its page."""
     if model:
         make_trained_model(c, model)  # an unknown name: one line, exit 2
-    result = run_py(
-        c, venv_python("cpu"), "-m repro detection" + (f" --model {shlex.quote(model)}" if model else ""), warn=True
-    )
+    # --force: the target writes the study's own files (reports/detection/), as it says; each run replaces them
+    args = "-m repro detection --force" + (f" --model {shlex.quote(model)}" if model else "")
+    result = run_py(c, venv_python("cpu"), args, warn=True)
     if result.exited != 0:
         raise Exit(code=result.exited)
 
@@ -392,7 +395,7 @@ def detection(c, model=""):
 @task
 def detection_scenarios(c):
     """Run the detection study's scenario columns (which planted faults each scenario catches that plain probes miss)."""
-    result = run_py(c, venv_python("cpu"), "-m repro detection --scenarios", warn=True)
+    result = run_py(c, venv_python("cpu"), "-m repro detection --scenarios --force", warn=True)  # its own files
     if result.exited != 0:
         raise Exit(code=result.exited)
 

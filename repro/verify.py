@@ -20,6 +20,7 @@ from repro.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, UsageError
 from repro.models.lora import make_planned
 from repro.plan.endpoint import check_endpoints
 from repro.plan.options import Options, build_parser, parse_args, validate
+from repro.plan.report_path import check_report_path
 from repro.plan.run_plan import build_plan
 from repro.publish.summary import format_summary
 from repro.record.assemble import assemble
@@ -144,6 +145,7 @@ def _endpoint(argv: list[str]) -> int:
     p.add_argument("--model", required=True, help="the model both serve (its tokenizer builds the chat probes)")
     p.add_argument("--fixture", required=True)
     p.add_argument("--report", required=True)
+    p.add_argument("--force", action="store_true", help="replace a report already at --report and its logs")
     p.add_argument("--max-tokens", default="16")
     p.add_argument("--logprobs", default="5")
     p.add_argument("--reuses", default=None)
@@ -151,12 +153,13 @@ def _endpoint(argv: list[str]) -> int:
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--stream", action="store_true", help="every request streamed (server-sent events)")
     own = p.parse_args(argv)
+    check_report_path(Path(own.report), Path(own.fixture), own.force)  # before asking the servers
     urls = check_endpoints(own.url, own.baseline_url, own.model)
     verifier = ["--model", own.model, "--fixture", own.fixture, "--report", own.report, "--device", "cpu",
                 "--compare-native", "--no-native-matched", "--no-kv-audit", "--max-tokens", own.max_tokens,
                 "--logprobs", own.logprobs, "--timeout", own.timeout, "--jobs", "2", "--no-confirm",
                 *(["--reuses", own.reuses] if own.reuses else []), *(["--quiet"] if own.quiet else []),
-                *(["--stream"] if own.stream else [])]  # fmt: skip
+                *(["--stream"] if own.stream else []), *(["--force"] if own.force else [])]  # fmt: skip
 
     def read(args: list[str]) -> Options:
         ns = build_parser().parse_args(args)

@@ -176,7 +176,8 @@ def _fake_run(tmp_path, *extra, caller_env="1"):
     report = tmp_path / "r.json"
     fake = {"echo_env": ["VLLM_BATCH_INVARIANT"]}
     args = ["--model", str(model), "--max-model-len", "256", "--max-tokens", "4", "--timeout", "60"]
-    args += ["--fixture", str(fixture), "--report", str(report), "--kv-connector", "ExampleConnector", "--jobs", "1"]
+    args += ["--fixture", str(fixture), "--report", str(report), "--force", "--kv-connector", "ExampleConnector"]
+    args += ["--jobs", "1"]  # --force: a test's runs replace each other's report
     proc = run_cli([*args, *FAKE, *extra], env={"KVKIT_FAKE": json.dumps(fake), "VLLM_BATCH_INVARIANT": caller_env})
     assert proc.returncode in (0, 1, 3), proc.stderr
     data = json.loads(report.read_text())

@@ -65,6 +65,8 @@ def setup(tmp_path):
 
 
 def _args(s: dict, *extra: str, fixture: Path | None = None, report: Path | None = None) -> list[str]:
+    """The verifier's arguments; --force: each test's run replaces the setup's earlier report, or keeps it on failure
+    (without --force it is refused before anything runs: tests/test_no_overwrite.py)."""
     return [
         "--model",
         str(s["model"]),
@@ -78,6 +80,7 @@ def _args(s: dict, *extra: str, fixture: Path | None = None, report: Path | None
         str(fixture or s["fixture"]),
         "--report",
         str(report or s["report"]),
+        "--force",
         *FAKE,
         *extra,
     ]

@@ -137,7 +137,11 @@ def test_make_detection_model_converts_it_then_runs_the_study_of_it(monkeypatch)
     tasks.detection.body(Ctx(), model="smollm2")
     tasks.detection.body(Ctx())
     assert converted == ["smollm2"]
-    assert ran == ["/envs/cpu/bin/python -m repro detection --model smollm2", "/envs/cpu/bin/python -m repro detection"]
+    # --force: the target writes the study's own files, as it says (tests/test_no_overwrite.py: the command refuses)
+    assert ran == [
+        "/envs/cpu/bin/python -m repro detection --force --model smollm2",
+        "/envs/cpu/bin/python -m repro detection --force",
+    ]
 
 
 def test_make_detection_with_a_model_it_does_not_know_stops_in_one_line():

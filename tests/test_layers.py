@@ -42,7 +42,9 @@ from test_imports import package_modules
 FLOOR_TABLE = """
 base       repro repro.errors repro.paths repro.record.atomic repro.contract repro.judge.compare repro.judge.logscan repro.run.lifeline
            repro.run.progress repro.plan.prompts repro.judge.replays repro.run.sharing repro.plan.devices repro.commands
+           repro.judge.answer
            repro.plan.settings repro.plan.interpreter repro.run.exits repro.lmcache.mp_ports repro.plan.block_size
+           repro.plan.report_path
 core       repro.judge.verdict repro.judge.wording repro.judge.trials repro.plan.fixtures repro.plan.suite repro.judge.evaluate repro.record.report
            repro.models repro.models.tiny repro.record.provenance repro.matrix.spec repro.matrix.cell
            repro.judge.kv_verdict repro.judge.kv_shape repro.judge.scenario_verdict repro.judge.batch_invariance repro.judge.expectations
@@ -50,6 +52,7 @@ core       repro.judge.verdict repro.judge.wording repro.judge.trials repro.plan
            repro.plan.scenarios repro.record.publish repro.judge.members repro.plan.adapters repro.judge.adapters
            repro.plan.load repro.plan.prompt_logprobs repro.judge.prompt_logprobs repro.plan.endpoint repro.plan.images
            repro.judge.pd_verdict repro.judge.pd_kvaudit repro.disagg repro.disagg.cases repro.judge.upstream repro.plan.upstream
+           repro.plan.fixture_keys
 engine     repro.engine
 options    repro.plan.options
 machinery  repro.plan.arms repro.run.scheduler repro.run.runner repro.run.warm repro.run.workdir repro.lmcache.ops repro.lmcache.mp
@@ -58,6 +61,7 @@ machinery  repro.plan.arms repro.run.scheduler repro.run.runner repro.run.warm r
            repro.plan.run_plan repro.run.clock repro.run.launch repro.run.arm_runs repro.run.kvaudit repro.run.workspace
            repro.run.scenario_runs repro.run.entries repro.run.confirm repro.record.assemble repro.run.load_scenario
            repro.disagg.pair repro.disagg.servers repro.disagg.report repro.disagg.audit
+           repro.plan.expectation_names
 read       repro.readmodel repro.matrix.status repro.detection.blame repro.detection.matrix
            repro.detection.scenario_cells
 publish    repro.publish repro.matrix.page repro.detection.page repro.detection.scenario_page repro.disagg.page

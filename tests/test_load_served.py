@@ -1,6 +1,7 @@
 """A served load round's cancellations (repro.engine.load_served) against stand-in streaming servers: a close at its
-point is recorded with what came; a point that passed is recorded as missed, never hidden; an error answer is a
-server failure; the server's abort counter is read from /metrics (tests/test_e2e_load_served.py runs vLLM's)."""
+point is recorded with what came; a point that passed is recorded as missed, never hidden, and its answer read to its
+end; an error answer is a server failure; the server's abort counter is read from /metrics
+(tests/test_e2e_load_served.py runs vLLM's; tests/test_load_defects.py whole rounds and their KV audit records)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def _event(ids: list[int], finish: str | None = None) -> bytes:
 @contextmanager
 def streaming(plan, status: int = 200, raw: bytes = b""):
     """A server whose POST /v1/completions answers status, then plan's events (bytes), each written and flushed; an
-    event None waits until the test ends (the request stays in its prefill)."""
+    event None waits until the test ends (the request stays in its prefill); raw: these bytes (headers and body in
+    one write), then the end of the answer."""
     done = threading.Event()
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -32,7 +34,6 @@ def streaming(plan, status: int = 200, raw: bytes = b""):
             self.rfile.read(int(self.headers["Content-Length"]))
             if raw:
                 self.wfile.write(raw)
-                done.wait()
                 return
             self.send_response(status)
             self.send_header("Content-Type", "text/event-stream")
@@ -60,39 +61,53 @@ BODY = {"prompt": [1, 2, 3], "max_tokens": 4}
 
 def test_a_last_step_cancel_closes_after_all_but_the_last_token():
     with streaming([_event([7]), _event([8, 9]), _event([10], "length"), b"data: [DONE]\n\n"]) as url:
-        got = load_served.cancel_once(url, BODY, "last-step", 4)
+        got, answer = load_served.cancel_once(url, BODY, "last-step", 4)
     assert got == {"when": "last-step", "chunks": 2, "generated": 3, "observed": True, "over": "http", "streamed": True}
+    assert answer is None  # closed: it is sent again
 
 
 @pytest.mark.parametrize(
-    "plan, said",
+    "plan, said, tokens",
     [
-        ([_event([7, 8, 9, 10], "length")], "its last token came in the chunk that brought 4"),
-        ([_event([7]), b"data: [DONE]\n\n"], "the stream ended after 1 tokens"),
-        ([_event([7])], "the stream ended after 1 tokens"),  # closed with no [DONE]: still an attempt sent
+        (
+            [_event([7, 8, 9, 10], "length")],
+            "its last token came in the chunk that brought 4; not closed, read to its end",
+            [7, 8, 9, 10],
+        ),
+        ([_event([7]), b"data: [DONE]\n\n"], "the stream ended after 1 tokens with no finish reason: sent again", None),
+        ([_event([7])], "the stream ended after 1 tokens with no finish reason: sent again", None),  # no [DONE]
     ],
 )
-def test_a_last_step_point_that_passed_is_missed(plan, said):
+def test_a_last_step_point_that_passed_is_missed(plan, said, tokens):
+    """A point that passed with the answer finished: read to its end, the answer judged; a stream that ended with no
+    finish reason: no answer, sent again."""
     with streaming(plan) as url:
-        got = load_served.cancel_once(url, BODY, "last-step", 4)
+        got, answer = load_served.cancel_once(url, BODY, "last-step", 4)
     assert got["when"] == "last-step" and got["missed"] == said and got["streamed"]
+    assert (answer and answer["choices"][0]["token_ids"]) == tokens
 
 
 def test_a_prefill_cancel_closes_before_the_first_chunk():
     with streaming([None]) as url:
-        got = load_served.cancel_once(url, BODY, "prefill", 4)
+        got, answer = load_served.cancel_once(url, BODY, "prefill", 4)
     assert got == {"when": "prefill", "chunks": 0, "generated": 0, "observed": False, "over": "http", "streamed": True}
+    assert answer is None
 
 
 def test_a_prefill_point_that_passed_is_missed():
     """The first chunk is sent with the headers, in one write: it is there when the kit would close."""
-    with streaming([], raw=b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n" + _event([7])) as url:
-        got = load_served.cancel_once(url, BODY, "prefill", 4)
-    assert got["missed"] == "a token chunk had come before the close: its prefill was over" and got["streamed"]
+    rest = _event([8, 9]) + _event([10], "length") + b"data: [DONE]\n\n"
+    with streaming([], raw=b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n" + _event([7]) + rest) as url:
+        got, answer = load_served.cancel_once(url, BODY, "prefill", 4)
+    said = "a token chunk had come before the close: its prefill was over; not closed, read to its end"
+    assert got["missed"] == said and got["streamed"]
+    assert answer["choices"][0]["token_ids"] == [7, 8, 9, 10] and answer["choices"][0]["finish_reason"] == "length"
 
 
 def test_max_tokens_one_has_no_last_step_and_an_error_answer_is_a_failure():
-    assert load_served.cancel_once("http://127.0.0.1:1", BODY, "last-step", 1)["missed"].startswith("max_tokens is 1")
+    assert load_served.cancel_once("http://127.0.0.1:1", BODY, "last-step", 1)[0]["missed"].startswith(
+        "max_tokens is 1"
+    )
     with streaming([], status=400) as url, pytest.raises(ServerFailed, match="HTTP 400"):
         load_served.cancel_once(url, BODY, "last-step", 4)
 

@@ -494,7 +494,7 @@ def test_the_command_writes_the_report_and_exits_0_only_for_a_pass_with_every_co
     assert code == 0 and report["verdict"] == PASS and report["controls"] == {"run": 3, "held": 3}
     assert report["provenance"]["nixl"] == "1.2.0" and report["pair"] == {"ports": {"consumer_http": 1}}
     assert report["settings"]["trials"] == 1 and (tmp_path / "pd.json.logs").is_dir()
-    code, report = _command_with(monkeypatch, tmp_path, re_prefill_pair(16))
+    code, report = _command_with(monkeypatch, tmp_path, re_prefill_pair(16), "--force")  # over the first's report
     assert code == 1 and report["verdict"] == INCONCLUSIVE
 
 

@@ -63,6 +63,7 @@ def test_unknown_connector_is_exit_2_before_any_arm(tmp_path, tiny_model):
             "fixtures/selftest-cpu.json",
             "--report",
             str(report),
+            "--force",  # the old report passes the path's check; the connector's refusal must still keep it
         ],
         timeout=300,
     )

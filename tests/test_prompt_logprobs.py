@@ -117,7 +117,7 @@ def test_sampling_params_are_built_afresh_per_prompt_where_one_asks():
 def test_the_record_keeps_each_prompt_tokens_logprob_and_the_top_1():
     steps = [None, {5: _Lp(-1.5, 2), 9: _Lp(-0.5, 1)}, {6: _Lp(-0.25, 1)}, {7: _Lp(math.nan, 1)}]
     got = record(_Out([4, 5, 6, 7], steps), 1)
-    assert got == {"k": 1, "logprobs": [-1.5, -0.25, None], "top1": [9, 6, 7], "nonfinite": 1}
+    assert got == {"k": 1, "logprobs": [-1.5, -0.25, None], "top1": [9, 6, 7], "nonfinite": 1, "prompt_tokens": 4}
     assert record(_Out([4, 5], [None, {5: _Lp(-1.0, 3)}]), 0)["top1"] == [None]  # k=0: no alternative returned
     assert record(_Out([4, 5], []), None) is None
 

@@ -165,8 +165,9 @@ def test_build_plan_reads_every_option_of_the_command_line(tiny_model, tmp_path)
     spied = Options(Spy(**vars(opts.args)), opts.extra_config, opts.model_is_local, opts.block_size_chosen)
     assert build_plan(spied, argv) == build_plan(opts, argv)
     dests = {a.dest for a in build_parser()._actions if a.dest != "help"}
-    # the connector's JSON settings are read by the parser's checks into Options.extra_config, which the plan takes
-    assert dests - read == {"kv_connector_extra_config"}
+    # the connector's JSON settings are read by the parser's checks into Options.extra_config, which the plan takes;
+    # --force only by the check of the report's path (repro.plan.report_path), before any plan
+    assert dests - read == {"kv_connector_extra_config", "force"}
     argv += ["--kv-connector", "ExampleConnector", "--kv-connector-extra-config", '{"a": 1}']
     assert build_plan(parse_args(argv), argv).asked.extra_config == {"a": 1}
 

@@ -17,7 +17,7 @@ from repro.contract.result import ArmResult, ProbeResult, RequestResult, Scenari
 from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME, UsageError
 from repro.judge.kv_verdict import KVVerdict, decide_scenario_kv
 from repro.judge.scenario_verdict import SCHEDULE_NUMERICS, decide_scenario_arm, decide_scenario_request
-from repro.judge.verdict import CORRUPT, EXACT, FAIL, INCONCLUSIVE, PASS, UNAVAILABLE, Request
+from repro.judge.verdict import CORRUPT, EXACT, FAIL, INCONCLUSIVE, PASS, UNAVAILABLE, Request, counter_missing
 from repro.plan.fixtures import load_fixture, parse_fixture
 from repro.plan.scenarios import select
 from repro.plan.suite import build_probes
@@ -67,7 +67,10 @@ def test_the_cpu_fixture_declares_the_four_shipped_scenarios():
         (_scenario(steps=[{"submit": []}]), r"scenario s.steps\[0\].submit: empty"),
         (_scenario(steps=[{"submit": ["a b"]}]), r"scenario s.steps\[0\].submit\[0\]: 'a b' must be"),
         (_scenario(steps=[{"submit": ["fixture"], "expect": "hit"}]), r"expect: 'hit' is not one of miss, reuse"),
-        (_scenario(steps=[{"submit": ["fixture"], "togther": True}]), r"unknown field togther"),
+        (
+            _scenario(steps=[{"submit": ["fixture"], "togther": True}]),
+            r"scenarios\[0\]\.steps\[0\]: unknown field 'togther' \(did you mean 'together'\?",
+        ),
         (_scenario(steps=[{"submit": ["fixture", "fixture"], "together": True}]), "names each probe once"),
         (_scenario(steps=[{"submit": ["fixture"], "together": "yes"}]), "together: must be true or false"),
         (
@@ -83,8 +86,11 @@ def test_the_cpu_fixture_declares_the_four_shipped_scenarios():
         (_scenario(engine={"kv_cache_tokens": 0}), "engine.kv_cache_tokens: must be positive"),
         (_scenario(engine={"kv_cache_tokens": "2048"}), "engine.kv_cache_tokens: wrong type str"),
         (_scenario(engine={"preemption": 1}), "engine.preemption: wrong type int"),
-        (_scenario(engine={"gpu_blocks": 4}), "engine: unknown field gpu_blocks"),
-        (_scenario(mp_server={"cpu_pool_gb": 1}), "mp_server: unknown field cpu_pool_gb"),
+        (
+            _scenario(engine={"gpu_blocks": 4}),
+            r"scenarios\[0\]\.engine: unknown field 'gpu_blocks' \(known: kv_cache_tokens",
+        ),
+        (_scenario(mp_server={"cpu_pool_gb": 1}), r"scenarios\[0\]\.mp_server: unknown field 'cpu_pool_gb'"),
         (_scenario(mp_server={"l1_use_lazy": "no"}), "mp_server.l1_use_lazy: wrong type str"),
         (_scenario(lmcache={"x": [1]}), "lmcache: must be an object of LMCache YAML keys"),
         (
@@ -92,7 +98,7 @@ def test_the_cpu_fixture_declares_the_four_shipped_scenarios():
             r"max_num_seqs: 1 is fewer than its largest together step \(2\)",
         ),
         (_scenario(name="a/b"), r"scenarios\[0\].name: 'a/b' must be"),
-        (_scenario(colour="red"), "unknown field colour"),
+        (_scenario(colour="red"), r"scenarios\[0\]: unknown field 'colour'"),
     ],
 )
 def test_a_bad_scenario_is_one_line(scenario, message):
@@ -179,7 +185,7 @@ def test_expectations():
     no_hit = decide_scenario_request(BASE, _req(cached=0), "reuse", True)
     assert no_hit.verdict == INCONCLUSIVE and "reuse not exercised" in no_hit.reasons[0]
     missing = decide_scenario_request(BASE, _req(cached=None), None, True)
-    assert missing.verdict == INCONCLUSIVE and missing.reasons == ("hit counter missing",)
+    assert missing.verdict == INCONCLUSIVE and missing.reasons == (counter_missing(None, cached=True),)
 
 
 def test_a_divergence_the_control_shows_too_is_schedule_numerics_never_a_fail():

@@ -76,15 +76,18 @@ def prepare(layout: Layout, python: str) -> None:
 def command(
     layout: Layout, scenario: str, report: Path, tmpdir: Path, python: str, ray_python: str | None
 ) -> tuple[list[str], dict[str, str]]:
-    """The argv and environment of one kit run of the scenario, writing `report`."""
+    """The argv and environment of one kit run of the scenario, writing `report` (--force: each run replaces the
+    previous one's report on purpose, which is what the checks judge a fault against)."""
     env = {**os.environ, "PYTHONPATH": str(KIT_ROOT)}
     env.pop("RAY_ADDRESS", None)  # a local cluster of its own, never someone's
     if scenario == MATRIX:
         if ray_python is None:
             raise ValueError("the matrix scenario needs a Python with Ray")
-        argv = [ray_python, "-m", "repro", "matrix", str(layout.root / "matrix.yaml"), "--reports", str(report.parent)]
+        argv = [ray_python, "-m", "repro", "matrix", str(layout.root / "matrix.yaml"), "--reports", str(report.parent),
+                "--force"]  # fmt: skip
         return argv, env  # Ray keeps its sockets under TMPDIR: left as it is (their paths have a length limit)
-    argv = [python, "-m", VERIFIER, *selftest_cpu_argv(str(layout.model), str(report)), "--engine-module", FAKE_ENGINE]
+    argv = [python, "-m", VERIFIER, *selftest_cpu_argv(str(layout.model), str(report)), "--force",
+            "--engine-module", FAKE_ENGINE]  # fmt: skip
     mode = "linger" if scenario == LINGER else "slow"  # linger: the result is written, then the child waits
     env.update(KVKIT_FAKE=json.dumps({"modes": {"*": mode}, "sleep_s": ARM_S}), TMPDIR=str(tmpdir))
     if scenario == MP:

@@ -12,6 +12,7 @@ from repro.detection.matrix import summarize
 from repro.detection.page import load_matrix, write_page
 from repro.detection.run import run_detection
 from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME, UsageError
+from repro.plan.report_path import refuse_replacing
 
 
 def _fault_kinds(text: str) -> tuple[str, ...]:
@@ -123,11 +124,15 @@ def detection(argv: list[str]) -> int:
         help="instead: which planted faults each workload scenario catches that plain probes miss (rows x scenario "
         "columns, the tiny model; writes reports/detection/detection-scenarios.json and its page)",
     )
+    p.add_argument(
+        "--force", action="store_true", help="replace a study report already at --report (default: refuse, exit 2)"
+    )
     if "--scenarios" in argv:
         return detection_scenarios(p, argv)
     a = _parse(p, argv)
     if a.model is not None and a.seeds is not None:
         raise UsageError("--seeds picks tiny models; --model runs one packaged model (give one of them)")
+    refuse_replacing(Path(a.report), a.force)  # before any model is made or engine started
     report = run_detection(
         Path(a.report),
         Path(a.models_dir),
@@ -169,6 +174,7 @@ def detection_scenarios(p: ArgumentParser, argv: list[str]) -> int:
     if a.model is not None or a.seeds is not None or "--faults" in argv:
         raise UsageError("--scenarios runs its own rows on the tiny model (no --model, --seeds or --faults)")
     report_path, site_path = _scenario_paths(a)
+    refuse_replacing(Path(report_path), a.force)
     report = run_scenario_study(Path(report_path), Path(a.models_dir), a.timeout, ["detection", *argv])
     return _publish_scenarios(report, report_path, site_path)
 

@@ -17,7 +17,8 @@ Built on the verifier's audit (repro.engine.kvaudit, docs/kv-audit.md), unchange
 Each server writes to a folder of its own under the audit folder. The pair sends one request at a time
 (--max-num-seqs 1), so a request's record is the one of its prompt (its prompt_sha256) written after the request was
 sent (record_files taken before it, new_record after): never the newest in the folder, which may be an earlier run's
-(nothing empties the folder) or, for a request that wrote none, the previous request's.
+or, for a request that wrote none, the previous request's. `repro pd` refuses an audit folder that holds anything
+(an earlier run's records) unless --force, and then removes the audited servers' folders first (clear_records).
 
 A block's digest is the SHA-256 of its bytes in every layer, K then V (the files' [blocks, 2, elements] rows, read
 from the saved tensor's storage without torch), so two digests are equal only where the KV is bit for bit; repro.judge.pd_kvaudit names the received blocks by them.
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -41,6 +43,7 @@ OBSERVER_ROLE = "kv_producer"  # not kv_both: repro.engine.kvaudit says why
 AUDIT_TARGET_ENV = "KVKIT_KV_AUDIT_TARGET"
 AUDIT_DIR_ENV = "KVKIT_KV_AUDIT_DIR"
 TARGET = "NixlConnector"
+AUDITED = ("reference", "consumer")  # the servers that write records, each into <audit folder>/<name>
 
 
 def audited_transfer_config(role: str | None) -> dict:
@@ -65,6 +68,18 @@ def audit_env(env: dict[str, str], folder: Path, role: str | None) -> dict[str, 
 def prompt_sha256(token_ids) -> str:
     """What names a request in the audit's records (repro.engine.kv_blocks.prompt_sha256, which imports torch)."""
     return hashlib.sha256(json.dumps([int(t) for t in token_ids]).encode()).hexdigest()
+
+
+def clear_records(folder: Path) -> None:
+    """`repro pd --force`: the records an earlier run left in the audit folder removed before any server starts
+    (every audited server's folder, all that the audit reads), so that none is read as this run's; anything else
+    in the folder is left as it is."""
+    for name in AUDITED:
+        path = folder / name
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        elif path.is_dir():
+            shutil.rmtree(path)
 
 
 def record_files(folder: Path) -> dict[str, tuple[int, int]]:

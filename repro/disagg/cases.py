@@ -34,6 +34,7 @@ from pathlib import Path
 
 from repro.errors import UsageError
 from repro.judge.verdict import VERDICTS
+from repro.plan.fixture_keys import unknown_key
 
 KIND = "kvkit-pd-cases"
 SCHEMA_VERSION = 1
@@ -91,7 +92,7 @@ def _unknown(obj: object, keys: tuple[str, ...], where: str) -> dict:
         raise UsageError(f"{where}: must be an object")
     extra = sorted(set(obj) - set(keys))
     if extra:
-        raise UsageError(f"{where}: unknown key {extra[0]!r} (known: {', '.join(keys)})")
+        raise UsageError(f"{where}: {unknown_key(extra[0], keys, 'key')}")
     return obj
 
 
@@ -158,15 +159,17 @@ def parse_case(raw: object, where: str, prompts: dict, seen: set[str]) -> Case:
 
 def parse_cases(data: object, path: str = "", digest: str = "") -> Cases:
     """A cases file's JSON, checked; every problem is one line (UsageError)."""
-    obj = _unknown(data, _TOP, "cases file")
-    if obj.get("kind") != KIND:
-        raise UsageError(f"kind: must be {KIND!r}, not {obj.get('kind')!r}")
-    version = obj.get("schema_version")
+    if not isinstance(data, dict):
+        raise UsageError("cases file: must be an object")
+    if data.get("kind") != KIND:
+        raise UsageError(f"kind: must be {KIND!r}, not {data.get('kind')!r}")
+    version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         newer = isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION
         raise UsageError(
             f"schema_version {version!r}: " + ("upgrade the kit" if newer else f"expected {SCHEMA_VERSION}")
         )
+    obj = _unknown(data, _TOP, "cases file")  # after kind and version: a newer file's keys say "upgrade the kit"
     vocab = obj.get("vocab")
     ok = isinstance(vocab, list) and len(vocab) == 2 and all(type(v) is int for v in vocab)
     if not ok or not 0 <= vocab[0] < vocab[1]:

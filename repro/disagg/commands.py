@@ -1,7 +1,8 @@
 """`python -m repro pd`: the P→D cases through a real NixlConnector pair on this host's GPU, into a report.
 
 Bad input is one line and exit 2, before any server starts: the cases file, the model folder, --device cpu (NIXL
-needs a CUDA GPU), an engine interpreter without vLLM, without NIXL's bindings or without a CUDA device. The exit
+needs a CUDA GPU), an engine interpreter without vLLM, without NIXL's bindings or without a CUDA device, and an
+earlier run's report, servers' logs or KV audit records where this run would write (unless --force). The exit
 code is the kit's one exit rule (repro.record.exit_rule) over the report's requests (repro.disagg.report.exit_view):
 0: every probe request PASSed (it matched its baseline with external tokens loaded) and every negative control held;
 1: a KV finding of a probe request (with --kv-audit: it loaded another prompt's blocks, or its own misplaced), any
@@ -17,11 +18,13 @@ from pathlib import Path
 
 from repro.commands import ArgumentParser
 from repro.disagg import report as pd_report
+from repro.disagg.audit import clear_records
 from repro.disagg.cases import load_cases
 from repro.disagg.pair import Run, run_cases
 from repro.disagg.servers import NixlPair, PairError, ServeSettings
 from repro.errors import UsageError
 from repro.judge.verdict import decide_child_failure
+from repro.plan.report_path import holds_something, refuse_replacing
 from repro.record.exit_rule import exit_reason
 from repro.record.provenance import utc_now
 
@@ -41,7 +44,47 @@ def parser() -> ArgumentParser:
     p.add_argument("--logs", help="the servers' logs (default: REPORT.logs/)")
     p.add_argument("--kv-audit", metavar="DIR", help="audit the consumer's received KV against the reference's "
                    "(repro.disagg.audit; records in DIR, KV tensors included: not yet run on a GPU)")  # fmt: skip
+    p.add_argument("--force", action="store_true", help="replace an earlier run's report, servers' logs and KV audit "
+                   "records there (removed before any server starts; default: refuse, exit 2)")  # fmt: skip
     return p
+
+
+# The pair's servers (repro.disagg.servers.NixlPair names them so), each appending to <logs>/<name>.log
+SERVERS = ("reference", "producer", "consumer")
+
+
+def logs_folder(args) -> Path:
+    return Path(args.logs or f"{args.report}.logs")
+
+
+def check_outputs(args) -> None:
+    """Nothing an earlier run wrote is replaced unless --force (one line, exit 2): its report, its logs (a server
+    appends to its log) and the KV audit's records (the audit would read them beside this run's); a writeup beside
+    the report never (repro.plan.report_path)."""
+    if Path(args.report).is_dir():
+        raise UsageError(f"--report {args.report}: is a directory")
+    refuse_replacing(Path(args.report), args.force, logs=logs_folder(args))
+    if args.kv_audit is None:
+        return
+    folder = Path(args.kv_audit)
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"--kv-audit {folder}: not a folder")
+    if holds_something(folder) and not args.force:
+        raise UsageError(
+            f"--kv-audit {folder}: an earlier run's records are there (the audit would read them as this run's): "
+            "give another folder, or --force to replace them"
+        )
+
+
+def clear_earlier_run(args) -> None:
+    """--force, once every check has passed and before any server starts: the earlier report, its servers' logs
+    and the audited servers' records go, so that none stands beside this run's or is read as its own (the servers
+    write as they run: there is no swap at the end as the verifier's)."""
+    Path(args.report).unlink(missing_ok=True)
+    for name in SERVERS:
+        (logs_folder(args) / f"{name}.log").unlink(missing_ok=True)
+    if args.kv_audit is not None:
+        clear_records(Path(args.kv_audit))
 
 
 def check_args(args) -> None:
@@ -55,6 +98,7 @@ def check_args(args) -> None:
         raise UsageError(f"--model {args.model}: not a folder")
     if not Path(args.report).parent.is_dir():
         raise UsageError(f"--report {args.report}: its folder does not exist")
+    check_outputs(args)
 
 
 def pd(argv: list[str]) -> int:
@@ -68,8 +112,10 @@ def pd(argv: list[str]) -> int:
     engine = pd_report.probe_engine(args.python)
     if (problem := pd_report.environment_problem(engine)) is not None:
         raise UsageError(problem)
+    if args.force:
+        clear_earlier_run(args)
     started = utc_now()
-    logs = Path(args.logs or f"{args.report}.logs")
+    logs = logs_folder(args)
     logs.mkdir(parents=True, exist_ok=True)
     settings = ServeSettings(args.python, args.model, cases.block_size, args.max_model_len,
                              args.gpu_memory_utilization, args.dtype, start_timeout_s=args.start_timeout,

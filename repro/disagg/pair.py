@@ -138,7 +138,8 @@ def _run_case(
         got = driver.decode(f"{tag}-{label}", p[prompt], params, cases.max_tokens)
         base = baselines[prompt]
         pv = decide_pd_request(prompt, base.token_ids or (), got.token_ids, got.transfer, answers, got.error,
-                               base.cached_tokens if base.error is None else None, base.top_gaps)  # fmt: skip
+                               base.cached_tokens if base.error is None else None, base.top_gaps,
+                               asked=cases.max_tokens)  # fmt: skip
         if base.error is not None:
             pv = decide_pd_request(prompt, (), None, None, answers, f"the baseline failed: {base.error}")
         control = decide_control(pv, case.expect, case.expect_answers_as, case.predict) if judged_as_control else None

@@ -15,14 +15,18 @@ from collections import Counter
 from repro import __version__
 from repro.disagg.cases import Cases
 from repro.disagg.pair import Run, controls, probe_requests
+from repro.errors import EXIT_OK
 from repro.judge.pd_verdict import decide_pd_arm
-from repro.judge.verdict import ERROR, PASS
+from repro.judge.verdict import ERROR, KV_FINDINGS, PASS
 from repro.plan.interpreter import ask_json
 from repro.record.atomic import write_json_atomic
+from repro.record.exit_rule import exit_reason
 from repro.record.provenance import study_provenance
 
 KIND = "kvkit-pd-report"
 ARM = "P→D (NixlConnector)"  # the one arm, as the summary and the exit rule name it
+# A request that is not PASS and records no reason says so (repro.publish.summary.NO_REASON, a floor above this one).
+NO_REASON = "no reason recorded"
 SCHEMA_VERSION = 1
 NIXL_DISTS = ("nixl", "nixl-cu12", "nixl-cu13")
 # Asked of the engine interpreter in a subprocess: the versions that make a P→D run, whether NIXL's bindings import
@@ -153,16 +157,23 @@ def write_report(path: str, report: dict) -> None:
 
 
 def summary_lines(report: dict) -> list[str]:
-    """The run in a few lines: the arm's verdict, its counts, each control, each request that is not PASS."""
+    """The run in a few lines: the arm's verdict, its counts, each control, each request that is not PASS or whose KV
+    audit found another prompt's, misplaced or corrupt KV. Where the one exit rule counts something against an arm
+    whose tokens PASSed (a KV finding, a control not held), the first line says the exit, never a bare PASS."""
     counts = ", ".join(f"{v} {n}" for v, n in report["counts"].items()) or "none"
     c = report["controls"]
-    lines = [f"{ARM}: {report['verdict']} (probe requests: {counts}; controls held {c['held']}/{c['run']})"]
+    code, why = exit_reason(exit_view(report))
+    head = report["verdict"] if code == EXIT_OK or report["verdict"] != PASS else f"tokens {PASS}, exit {code}: {why}"
+    lines = [f"{ARM}: {head} (probe requests: {counts}; controls held {c['held']}/{c['run']})"]
     for r in report["requests"]:
+        kv_found = (r.get("kv_audit") or {}).get("verdict") in KV_FINDINGS
         if r["control"] is not None:
             lines.append(f"  control {r['case']} (trial {r['trial']}): {r['control']['reason']}{kv_text(r)}")
-        elif r["reference"] is not None and r["verdict"] != PASS:
-            why = "; ".join(r["reasons"])
-            lines.append(f"  {r['case']} {r['prompt']} (trial {r['trial']}): {r['verdict']}: {why}")
+        elif r["reference"] is not None and (r["verdict"] != PASS or kv_found):
+            why = "; ".join(dict.fromkeys(r["reasons"])) or (
+                NO_REASON if r["verdict"] != PASS else "tokens as cache-off"
+            )
+            lines.append(f"  {r['case']} {r['prompt']} (trial {r['trial']}): {r['verdict']}: {why}{kv_text(r)}")
     lines += [f"  {reason}" for reason in report["reasons"]]
     return lines
 

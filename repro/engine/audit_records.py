@@ -39,6 +39,14 @@ def served_member(record: dict | None, audited: str | None) -> dict:
     return {"index": member.get("index"), "connector": member.get("connector"), "tokens": tokens}
 
 
+def served_request(engine_id: object, kit_id: str) -> bool:
+    """Whether the engine's request ID (an audit record's req_id) is that of the HTTP request the kit sent with
+    `request_id` kit_id: vLLM's server names the request cmpl-<kit_id>, each of its prompts cmpl-<kit_id>-<n>, and
+    its engine adds '-' and 8 random characters. A server that names it otherwise matches nothing: no record, said
+    as such, never another request's."""
+    return isinstance(engine_id, str) and (engine_id == f"cmpl-{kit_id}" or engine_id.startswith(f"cmpl-{kit_id}-"))
+
+
 def _first_of(records: list[dict]) -> dict:
     """One request's record among several: one is written per scheduling of a new request, so a second one (kept as
     "also_seqs") is the same request or prompt scheduled anew; the first is its own first load."""
@@ -85,8 +93,10 @@ class AuditRecords:
         return mine[0]
 
     def take_many(self, prompts: list[list[int]]) -> list[dict | None]:
-        """The records of one generate call of several prompts (a scenario step in flight together):
-        every new record, matched to each prompt by its SHA-256 (the prompts are distinct)."""
+        """The records of one generate call of several prompts (a scenario step in flight together), each prompt
+        sent once: every new record, matched to each prompt by its SHA-256 (the prompts are distinct). Where a prompt
+        is sent more than once (a cancelled attempt and its retry), its records are told apart by request ID
+        (take_requests), never by prompt."""
         if not self.directory:
             return [None] * len(prompts)
         try:
@@ -108,9 +118,10 @@ class AuditRecords:
             out.append(_first_of(mine))
         return out
 
-    def take_requests(self, request_ids: list[str]) -> list[dict | None]:
-        """The records of requests the kit added itself (a load round, repro.engine.load), matched by the engine's
-        request ID: the first record of each is its own first scheduling, later ones ("also_seqs") its
+    def take_requests(self, request_ids: list[str], served: bool = False) -> list[dict | None]:
+        """The records of requests the kit added itself (a load round: repro.engine.load, or repro.engine.load_served
+        with served), matched by request ID: the engine's, or (served) the one the kit gave its HTTP request
+        (served_request). The first record of each is its own first scheduling, later ones ("also_seqs") its
         rescheduling after a preemption. Records of other requests (a cancelled attempt) are set aside."""
         if not self.directory:
             return [None] * len(request_ids)
@@ -121,7 +132,7 @@ class AuditRecords:
             return [{"seq": None, "unavailable": why} for _ in request_ids]
         out = []
         for rid in request_ids:
-            mine = [r for r in records if r.get("req_id") == rid]
+            mine = [r for r in records if (served_request(r.get("req_id"), rid) if served else r.get("req_id") == rid)]
             if not mine:
                 out.append({"seq": None, "unavailable": f"no audit record for request {rid} among {len(records)} new"})
             else:

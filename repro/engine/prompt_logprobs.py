@@ -4,7 +4,9 @@
 The record keeps, for each prompt position from the second token on (vLLM returns None for the first), the prompt
 token's logprob and the top-1 token ID (the alternative of rank 1; None where k is 0 and the prompt token is not
 it). A value that is no JSON number (NaN, an infinity: what uninitialized memory can hold) is kept as None, and
-`nonfinite` counts them, so that writing the result never fails on it.
+`nonfinite` counts them, so that writing the result never fails on it. `prompt_tokens` is the prompt's length as the
+engine saw it: a record with fewer positions than it has from the second token on holds none for the rest (a
+stream carries no prompt logprobs, an endpoint may ignore the field), which the judge reads as missing.
 """
 
 from __future__ import annotations
@@ -44,4 +46,4 @@ def record(out, k: int | None) -> dict | None:
         logprobs.append(value)
         ranked = [int(t) for t, lp in (step or {}).items() if getattr(lp, "rank", None) == 1]
         top1.append(ranked[0] if ranked else None)
-    return {"k": k, "logprobs": logprobs, "top1": top1, "nonfinite": nonfinite}
+    return {"k": k, "logprobs": logprobs, "top1": top1, "nonfinite": nonfinite, "prompt_tokens": len(prompt_ids)}

@@ -8,9 +8,10 @@ server starts: vLLM's own parser reads the command line back into AsyncEngineArg
 back as given (else the arm fails, naming it). The child waits for `/health`, then sends each request to
 `/v1/completions`: the prompt as token IDs, greedy, `ignore_eos`, `max_tokens`, `logprobs` with the IDs
 (`return_tokens_as_token_ids`) and the generated token IDs (`return_token_ids`), so the comparison is on token
-IDs, never text. The hit counter is `usage.prompt_tokens_details.cached_tokens` (the server runs with
-`--enable-prompt-tokens-details`): absent, the request's `num_cached_tokens` is None, which the judge reads as
-missing (INCONCLUSIVE), never 0. Several prompts of one call (a scenario's together step) are sent at once, each
+IDs, never text. An answer without them (plain, or a stream in which no chunk carried any), or not of the
+max_tokens asked (repro.judge.answer), is ServerFailed: never an empty or partial answer. The hit counter is
+`usage.prompt_tokens_details.cached_tokens` (the server runs with `--enable-prompt-tokens-details`): absent, the
+request's `num_cached_tokens` is None, which the judge reads as missing (INCONCLUSIVE, naming the flag), never 0. Several prompts of one call (a scenario's together step) are sent at once, each
 its own HTTP request, so they are in flight together. `reset_prefix_cache` is `POST /reset_prefix_cache`
 (vLLM's dev-mode route: the server runs with VLLM_SERVER_DEV_MODE=1). Counters come from `/metrics`. Before the
 first request the server's tokenizer is checked against the one the child builds prompts with (check_tokenizer:
@@ -42,6 +43,7 @@ from types import SimpleNamespace
 
 from repro.contract.served import TOKENIZER_TEXTS
 from repro.engine import forked
+from repro.judge.answer import NO_TOKEN_IDS, answer_problem
 
 HOST = "127.0.0.1"
 STREAM_ENV = "KVKIT_SERVER_STREAM"  # "1": every request streamed (--stream; repro.plan.options.STREAM_ENV)
@@ -296,9 +298,13 @@ class ServerFrontend:
         return [as_output(a, p["prompt_token_ids"]) for a, p in zip(answers, prompts)]
 
     def _complete(self, body: dict) -> dict:
+        """The answer to one request (a stream joined), held to what the body asked (the_choice)."""
         if not self.stream:
-            return json.loads(self._call("POST", "/v1/completions", body))
-        return joined_stream(self._call("POST", "/v1/completions", {**body, **STREAM}))
+            answer = json.loads(self._call("POST", "/v1/completions", body))
+        else:
+            answer = joined_stream(self._call("POST", "/v1/completions", {**body, **STREAM}))
+        the_choice(answer, body)
+        return answer
 
 
 ENDPOINT_URL_ENV = "KVKIT_ENDPOINT_URL"  # the server an endpoint arm talks to (repro.plan.endpoint sets it per arm)
@@ -386,8 +392,9 @@ def completion_body(ids: list[int], sp) -> dict:
 def joined_stream(raw: bytes) -> dict:
     """A streamed /v1/completions answer (server-sent events, one choice) joined into the answer it stands for: the
     token IDs, logprobs and text of every chunk in order, the finish reason of the last, the usage of the final
-    chunk (include_usage: where prompt_tokens_details comes), the prompt's IDs from the first."""
-    ids, tops, text, finish, usage, prompt, first = [], [], "", None, None, None, None
+    chunk (include_usage: where prompt_tokens_details comes), the prompt's IDs from the first. token_ids is None
+    where no chunk carried any (a server that ignores return_token_ids), never an empty answer."""
+    ids, tops, text, finish, usage, prompt, first, carried = [], [], "", None, None, None, None, False
     for line in raw.decode("utf-8", "replace").splitlines():
         if not line.startswith("data: ") or line == "data: [DONE]":
             continue
@@ -395,6 +402,7 @@ def joined_stream(raw: bytes) -> dict:
         first = first or chunk
         usage = chunk.get("usage") or usage
         for choice in chunk.get("choices") or []:
+            carried = carried or choice.get("token_ids") is not None
             ids += choice.get("token_ids") or []
             tops += ((choice.get("logprobs") or {}).get("top_logprobs")) or []
             text += choice.get("text") or ""
@@ -402,7 +410,7 @@ def joined_stream(raw: bytes) -> dict:
             prompt = prompt or choice.get("prompt_token_ids")
     if first is None:
         raise ServerFailed("the streamed answer held no chunk")
-    choice = {"token_ids": ids, "text": text, "finish_reason": finish, "prompt_token_ids": prompt,
+    choice = {"token_ids": ids if carried else None, "text": text, "finish_reason": finish, "prompt_token_ids": prompt,
               "logprobs": {"top_logprobs": tops} if tops else None}  # fmt: skip
     return {"id": first.get("id"), "choices": [choice], "usage": usage, "streamed": True}
 
@@ -415,14 +423,28 @@ def _token_id(key: str) -> int:
     return int(number)
 
 
-def as_output(answer: dict, prompt_ids: list[int]):
-    """A /v1/completions answer as the RequestOutput fields the child reads (repro.engine.outputs._request)."""
+def the_choice(answer: dict, body: dict | None = None) -> dict:
+    """An answer's one choice, or ServerFailed: not one choice, no token IDs (plain, or no chunk of a stream), or,
+    where body (the request sent) is given, not the max_tokens it asked under its ignore_eos
+    (repro.judge.answer.answer_problem)."""
     choices = answer.get("choices") or []
     if len(choices) != 1:
         raise ServerFailed(f"/v1/completions answered {len(choices)} choices, not 1")
     choice = choices[0]
-    if choice.get("token_ids") is None:
-        raise ServerFailed("/v1/completions answered no token_ids (return_token_ids not supported by this server)")
+    asked, ignore_eos = (None, False) if body is None else (body.get("max_tokens"), bool(body.get("ignore_eos")))
+    problem = answer_problem(choice.get("token_ids"), asked, ignore_eos)
+    if problem == NO_TOKEN_IDS:
+        how = "streamed no token_ids in any chunk" if answer.get("streamed") else "answered no token_ids"
+        raise ServerFailed(f"/v1/completions {how} (return_token_ids not supported by this server)")
+    if problem is not None:
+        raise ServerFailed(f"/v1/completions: {problem}")
+    return choice
+
+
+def as_output(answer: dict, prompt_ids: list[int], body: dict | None = None):
+    """A /v1/completions answer as the RequestOutput fields the child reads (repro.engine.outputs._request); body:
+    the request sent, where the caller has it and its answer did not come through _complete (which holds it)."""
+    choice = the_choice(answer, body)
     steps = None
     lp = choice.get("logprobs")
     if lp is not None:

@@ -88,12 +88,18 @@ def margin_of(index: int | None, base: RequestResult, req: RequestResult) -> dic
 
 
 def probe_verdict(
-    probe: ProbeResult, baseline_probe: ProbeResult | None, mode: str, counts_external: bool = False
+    probe: ProbeResult,
+    baseline_probe: ProbeResult | None,
+    mode: str,
+    counts_external: bool = False,
+    max_tokens: int | None = None,
 ) -> ProbeVerdict:
     """The verdict for one probe (a baseline probe alone, or a reuse probe against the baseline's).
-    counts_external: the arm's connector sits beneath the GPU prefix cache (its own hits are the ones that count)."""
+    counts_external: the arm's connector sits beneath the GPU prefix cache (its own hits are the ones that count).
+    max_tokens: what every request was asked for (greedy, ignore_eos): an answer of another length is none
+    (repro.judge.answer); None where not known."""
     if mode == "baseline":
-        return decide_baseline_probe(_view(probe.requests[0]))
+        return decide_baseline_probe(_view(probe.requests[0]), asked=max_tokens)
     if baseline_probe is None:
         return decide_missing_baseline_probe()
     base = baseline_probe.requests[0]
@@ -102,7 +108,8 @@ def probe_verdict(
         tuple(base.token_ids),
         _view(reqs[0]),
         [_view(r, counts_external) for r in reqs[1:]],
-        baseline_verdict=decide_baseline_probe(_view(base)).verdict,
+        baseline_verdict=decide_baseline_probe(_view(base), asked=max_tokens).verdict,
+        asked=max_tokens,
     )
 
 
@@ -123,13 +130,14 @@ def judge_probe(
     answers: Mapping[str, list[int]] | None = None,
     counts_external: bool = False,
     same: Mapping[str, str] | None = None,
+    max_tokens: int | None = None,
 ) -> tuple[dict, ProbeVerdict]:
     """The report entry for one probe (requests annotated with diffs and margins) and its verdict.
 
     answers: every probe's baseline continuation by name; each reuse that differs from its own baseline
     gets `replays` (a list, empty when it replays nothing), one that does not gets None. same: the probes
     that are its prompt under other LoRA adapters (repro.judge.adapters.siblings; key identity)."""
-    pv = probe_verdict(probe, baseline_probe, mode, counts_external)
+    pv = probe_verdict(probe, baseline_probe, mode, counts_external, max_tokens)
     reqs = [r.to_json() for r in probe.requests]
     for r in reqs:
         del r["kv_audit_record"]  # the child's bookkeeping; the report carries repro.judge.kvaudit's kv_audit
@@ -184,12 +192,14 @@ def judge_arm(
     skip_probes: dict[str, str] | None = None,
     asked: Mapping[str, int] | None = None,
     counts_external: bool = False,
+    max_tokens: int | None = None,
 ) -> tuple[list[dict], ArmVerdict]:
     """(probe entries, arm verdict) for an arm whose child delivered a result.
 
     asked: what its job asked for, probe name -> requests (cold + reuses). A probe asked for that the result
     lacks is INCONCLUSIVE, and so is one with fewer requests than asked: an arm is judged on what it was
-    asked to run, never on the part of it that came back (None: not known, as for an old caller)."""
+    asked to run, never on the part of it that came back (None: not known, as for an old caller). max_tokens:
+    what each request was asked for; an answer of another length is none (repro.judge.answer)."""
     if mode != "baseline":
         if baseline is None:
             return [], decide_no_baseline()
@@ -200,7 +210,8 @@ def judge_arm(
     answers = {name: list(p.requests[0].token_ids) for name, p in base_probes.items() if p.requests}
     sibs = adapters.siblings(base_probes.values()) if mode != "baseline" else {}
     judged = [
-        judge_probe(p, base_probes.get(p.name), mode, answers, counts_external, sibs.get(p.name)) for p in result.probes
+        judge_probe(p, base_probes.get(p.name), mode, answers, counts_external, sibs.get(p.name), max_tokens)
+        for p in result.probes
     ]
     judged += [(_skipped_entry(name, why), decide_skipped(why)) for name, why in sorted((skip_probes or {}).items())]
     verdicts = {entry["name"]: pv for entry, pv in judged}

@@ -12,7 +12,9 @@ A wrong answer given with HTTP 200 after external tokens were loaded is a FAIL, 
 baseline (docs/verdicts.md); where the consumer counted a failed NIXL transfer (vllm:nixl_num_failed_transfers) the
 reasons say so (the fault showed in the server's metrics, not to the client). A refused request is ERROR. A failed
 transfer recomputed into the right answer is "transfer not exercised", INCONCLUSIVE; a NIXL counter the consumer did
-not export (None) is INCONCLUSIVE too, naming the counter: missing telemetry never scores better than a zero.
+not export (None) is INCONCLUSIVE too, naming the counter: missing telemetry never scores better than a zero. An
+answer, the consumer's or the baseline's, that is not the one asked for (greedy, ignore_eos: max_tokens long,
+repro.judge.answer) is ERROR, as a refused request is: two empty or cut answers that agree prove nothing.
 
 A negative control (a consumed, stale or out-of-range reference handed to the consumer) is judged the same way; what
 the case declares it must not be (`expect`: the verdicts that show the stack caught or exposed it, `expect_answers_as`:
@@ -24,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from repro.judge.answer import answer_problem
 from repro.judge.compare import first_diff
 from repro.judge.replays import BASELINE, Replay, find_replays
 from repro.judge.verdict import (
@@ -97,18 +100,24 @@ def decide_pd_request(
     error: str | None = None,
     baseline_cached: int | None = 0,
     baseline_gaps: Sequence[float | None] | None = None,
+    asked: int | None = None,
 ) -> PdVerdict:
     """One request sent through the pair: `name` the request, `baseline` its cache-off answer, `tokens` the
     consumer's (None with `error`: the consumer or producer refused it), `answers` every request's baseline answer
     (its own is skipped) for naming a replay, `baseline_cached` what the baseline reported cached (must be 0),
     `baseline_gaps` the baseline's top-1/top-2 logprob gap at each index: a divergence is classed from it (a near-tie
-    or decisive, repro.judge.verdict.classify_divergence), which never changes the FAIL."""
+    or decisive, repro.judge.verdict.classify_divergence), which never changes the FAIL. `asked`: the max_tokens both
+    were sent with (greedy, ignore_eos); None where not known, and then only an empty answer is refused."""
     if error is not None or tokens is None:
         failed = hit_count(transfer.failed_transfers) if transfer else None
         told = f"; the consumer counted {failed} failed NIXL transfer(s)" if failed else ""
         return PdVerdict(ERROR, (f"the pair gave no answer: {error or 'no tokens'}{told}",))
+    cut = [f"{whose}{p}" for whose, ids in (("", tokens), ("the baseline's ", baseline))
+           if (p := answer_problem(ids, asked, ignore_eos=True)) is not None]  # fmt: skip
+    if cut:
+        return PdVerdict(ERROR, tuple(cut))
     if hit_count(baseline_cached) != 0:
-        why = counter_missing(baseline_cached, "baseline") if hit_count(baseline_cached) is None else None
+        why = counter_missing(baseline_cached, "baseline", cached=True) if hit_count(baseline_cached) is None else None
         why = why or f"the baseline reported {baseline_cached} cached tokens with caching off"
         return PdVerdict(INCONCLUSIVE, (f"{why}: it is not a reference",))
     diff = first_diff(list(baseline), list(tokens))

@@ -11,7 +11,11 @@ The rule, fixed before any run was measured (docs/verdicts.md, "Prompt logprobs"
   tolerance would be invented;
 - a request that asked for prompt logprobs where reuse was expected and whose hit counter says 0 is INCONCLUSIVE:
   vLLM's SamplingParams skip reading the prefix cache for such a request (skip_reading_prefix_cache), so the arm
-  compared no reuse.
+  compared no reuse;
+- a record with fewer positions than its prompt has from the second token on (the record's prompt_tokens; vLLM's
+  completion stream carries no prompt logprobs, and an endpoint may ignore the field), or one compared with a
+  baseline's that has, is missing evidence: INCONCLUSIVE with its reason, never exact (two empty records are
+  equal and compare nothing); the report then keeps no vs_baseline for it.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from repro.judge.verdict import ERROR, FAIL, INCONCLUSIVE, SKIPPED, hit_count, w
 
 TURNED_OFF = "reuse turned off by prompt_logprobs"
 EXACT_VALUES, VALUES_DIFFER, INVALID, TOP1_DIFFERS = "exact", "values-differ", "invalid", "top1-differs"
+MISSING = "missing"  # a side holds fewer positions than its prompt: nothing compared (never written in a report)
 
 
 @dataclass(frozen=True)
@@ -32,7 +37,7 @@ class Comparison:
     and how many do, the first and last value that differ (a reuse's cached prefix covers positions 0 to hits - 1:
     a last difference below that says the positions it computed are bit-identical), the largest |difference| (over
     positions both hold a number), the values that are no logprob, and the class (the worst of top1-differs,
-    invalid, values-differ, exact)."""
+    invalid, values-differ, exact; missing where either side is short of its prompt, with why in `missing`)."""
 
     positions: int
     baseline_positions: int
@@ -43,6 +48,7 @@ class Comparison:
     max_abs_diff: float | None
     invalid: int
     cls: str
+    missing: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
         return {
@@ -61,8 +67,20 @@ def _bad(value: object) -> bool:
     return not isinstance(value, (int, float)) or isinstance(value, bool) or value > 0
 
 
+def shortfall(record: dict) -> str | None:
+    """Why a record holds fewer positions than its prompt has from the second token on (None: it holds them all).
+    Without prompt_tokens (a record made by hand) only an empty record is short."""
+    got, prompt = len(record.get("logprobs") or []), record.get("prompt_tokens")
+    if isinstance(prompt, int) and not isinstance(prompt, bool) and got < prompt - 1:
+        return f"{got} of {prompt - 1} prompt positions returned"
+    return "no prompt positions returned" if got == 0 else None
+
+
 def compare(record: dict, baseline: dict) -> Comparison:
-    """One request's record (repro.engine.prompt_logprobs.record) against the baseline's for the same prompt."""
+    """One request's record (repro.engine.prompt_logprobs.record) against the baseline's for the same prompt; a side
+    short of its prompt (shortfall) makes the class MISSING: nothing is compared, whatever the rest says."""
+    missing = tuple(f"{whose}{why}" for whose, r in (("", record), ("the baseline's record: ", baseline))
+                    if (why := shortfall(r)) is not None)  # fmt: skip
     lps, top1 = list(record.get("logprobs") or []), list(record.get("top1") or [])
     base_lps, base_top1 = list(baseline.get("logprobs") or []), list(baseline.get("top1") or [])
     n, m = len(lps), len(base_lps)
@@ -74,6 +92,7 @@ def compare(record: dict, baseline: dict) -> Comparison:
     cls = (
         TOP1_DIFFERS if top1_diffs or n != m else INVALID if invalid else VALUES_DIFFER if value_diffs else EXACT_VALUES
     )
+    cls = MISSING if missing else cls
     return Comparison(
         positions=n,
         baseline_positions=m,
@@ -84,6 +103,7 @@ def compare(record: dict, baseline: dict) -> Comparison:
         max_abs_diff=max(numbers) if numbers else None,
         invalid=invalid,
         cls=cls,
+        missing=missing,
     )
 
 
@@ -94,27 +114,33 @@ def digest(record: dict) -> str:
 
 
 def summary(record: dict | None, comparison: Comparison | None) -> dict | None:
-    """What the report keeps of a request's prompt logprobs (never every value: reports stay small)."""
+    """What the report keeps of a request's prompt logprobs (never every value: reports stay small); vs_baseline only
+    where a comparison was made (not where a side was missing)."""
     if record is None:
         return None
     out = {"k": record.get("k"), "positions": len(record.get("logprobs") or []), "digest": digest(record)}
-    return out | ({"vs_baseline": comparison.as_dict()} if comparison is not None else {})
+    made = comparison is not None and comparison.cls != MISSING
+    return out | ({"vs_baseline": comparison.as_dict()} if made else {})
 
 
 def findings(
     record: dict | None, comparison: Comparison | None, hits: int | None, expect_reuse: bool
 ) -> list[tuple[str, str]]:
     """(verdict, reason) pairs a request's prompt logprobs add to its verdict; none where it asked for none.
-    hits: its hit counter as a count (None: missing, which its own verdict already says)."""
+    hits: its hit counter as a count (None: missing, which its own verdict already says). comparison None: not
+    compared (a baseline's own request), and then only the record's own shortfall is judged."""
     if record is None:
         return []
     found = []
     if expect_reuse and hits == 0:
         why = f"{TURNED_OFF}: it asked for prompt_logprobs={record.get('k')} and its hit counter says 0"
         found.append((INCONCLUSIVE, why + " (vLLM skips reading its prefix cache for such a request)"))
-    if comparison is None or comparison.cls not in (TOP1_DIFFERS, INVALID):
-        return found
+    missing = comparison.missing if comparison is not None else tuple(filter(None, [shortfall(record)]))
+    if missing:
+        found.append((INCONCLUSIVE, f"prompt logprobs missing: {'; '.join(missing)} (nothing compared)"))
     c = comparison
+    if c is None or c.cls not in (TOP1_DIFFERS, INVALID, MISSING) or (c.cls == MISSING and not c.invalid):
+        return found
     what = (
         f"prompt logprobs' top-1 IDs differ from the baseline's @{c.top1_first_diff} ({c.top1_differ} of "
         f"{c.baseline_positions} positions; {c.positions} returned)"
@@ -143,7 +169,8 @@ def apply(verdict, found: list[tuple[str, str]]):
 def judge_probe(pv, requests: tuple, baseline_cold, entries: list[dict], reuse_arm: bool):
     """A plain probe's verdict with its prompt logprobs judged: every request (RequestResult) of a reuse arm against
     the baseline's cold request, its reuses expected to hit; entries (the report's requests, in the same order) get
-    the summary in place of the record. The baseline's own requests are summarized, not compared."""
+    the summary in place of the record. The baseline's own requests are summarized, not compared; a record of
+    theirs short of its prompt is missing evidence there too."""
     base = baseline_cold.prompt_logprobs if baseline_cold is not None else None
     found = []
     for i, (req, entry) in enumerate(zip(requests, entries)):
@@ -153,10 +180,9 @@ def judge_probe(pv, requests: tuple, baseline_cold, entries: list[dict], reuse_a
         if record is None:
             continue
         entry["prompt_logprobs"] = summary(record, comparison)
-        if reuse_arm:
-            label = "cold request" if i == 0 else f"reuse {i}"
-            hits = hit_count(req.cached_tokens)
-            found += [(v, f"{label}: {r}") for v, r in findings(record, comparison, hits, expect_reuse=i > 0)]
+        label = "cold request" if i == 0 else f"reuse {i}"
+        hits = hit_count(req.cached_tokens)
+        found += [(v, f"{label}: {r}") for v, r in findings(record, comparison, hits, expect_reuse=reuse_arm and i > 0)]
     return apply(pv, found)
 
 

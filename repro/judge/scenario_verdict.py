@@ -6,8 +6,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from repro.judge.answer import answer_problem
 from repro.judge.compare import first_diff
-from repro.judge.verdict import FAIL, INCONCLUSIVE, PASS, ArmVerdict, Request, counter_missing, hit_count, worst
+from repro.judge.verdict import (
+    ERROR,
+    FAIL,
+    INCONCLUSIVE,
+    PASS,
+    ArmVerdict,
+    Request,
+    counter_missing,
+    hit_count,
+    worst,
+)
 
 # A divergence that the scenario's own cache-off run (the schedule control) shows too: the schedule
 # (batching, preemption) changed the numerics, so reuse is neither blamed nor cleared there.
@@ -37,8 +48,12 @@ def decide_scenario_request(
     expect: str | None,
     control_matches: bool | None,
     preempted: bool = False,
+    asked: int | None = None,
 ) -> ScenarioRequestVerdict:
     """A scenario request against its probe's cache-off baseline (the baseline arm's plain cold request).
+
+    asked: the max_tokens it and the baseline were sent with (greedy, ignore_eos); an answer of another length, or
+    none, is no answer (repro.judge.answer): ERROR, whatever else holds (None: not known, only an empty one is).
 
     expect: "miss" (a hit is a finding: FAIL), "reuse" (a zero or missing hit counter: INCONCLUSIVE),
     None (either is correct). control_matches: whether the scenario's cache-off run gave the baseline's
@@ -51,10 +66,13 @@ def decide_scenario_request(
     cached = req.hits
     role = REUSE if cached else MISS
     diff = first_diff(list(baseline), list(req.token_ids))
+    cut = _unanswered(req.token_ids, baseline, asked)
+    if cut:
+        return ScenarioRequestVerdict(ERROR, cut, role, diff)
     found: list[tuple[str, str]] = []  # (verdict, reason)
     cls = None
     if cached is None:
-        found.append((INCONCLUSIVE, counter_missing(req.cached_tokens)))
+        found.append((INCONCLUSIVE, counter_missing(req.cached_tokens, cached=True)))
     if expect == MISS and cached:
         found.append((FAIL, f"expected a miss, reported {cached} cached tokens"))
     if expect == REUSE and cached == 0:
@@ -85,26 +103,40 @@ def decide_scenario_request(
     return ScenarioRequestVerdict(verdict, tuple(r for _, r in found), role, diff, cls)
 
 
+def _unanswered(tokens, baseline, asked: int | None) -> tuple[str, ...]:
+    """Why a request's answer or its baseline's is not the one asked for (repro.judge.answer); () when both are."""
+    return tuple(
+        f"{whose}{p}"
+        for whose, ids in (("", tokens), ("the baseline's ", baseline))
+        if (p := answer_problem(ids, asked, ignore_eos=True)) is not None
+    )
+
+
 def decide_load_request(
     baseline: tuple[int, ...],
     req: Request,
     control_matches: bool | None,
     preempted: bool,
     reuse_control: tuple[tuple[int, ...], int | None] | None,
+    asked: int | None = None,
 ) -> ScenarioRequestVerdict:
     """A production-load request (repro.plan.load): against its prompt's cache-off answer (baseline), as any
     scenario request, but a divergence the reuse control shows too, token for token (its tokens for the same
     request, and how many it reused), is no finding: PASS, classed reuse-numerics, its reason saying both reuse
-    lengths. reuse_control None: that run failed or has no such request; the request is judged without it."""
+    lengths. reuse_control None: that run failed or has no such request; the request is judged without it. asked:
+    as decide_scenario_request's."""
     diff = first_diff(list(baseline), list(req.token_ids))
     if diff is not None and reuse_control is not None and tuple(req.token_ids) == tuple(reuse_control[0]):
         why = (
             f"differs from the cache-off answer @{diff} ({req.cached_tokens} cached tokens), exactly as native prefix "
             f"caching with a pool that holds every prompt does here ({reuse_control[1]} cached tokens): reuse numerics"
         )
-        checked = decide_scenario_request(tuple(req.token_ids), req, None, True, preempted)  # its counters still count
+        cut = _unanswered(req.token_ids, baseline, asked)
+        if cut:
+            return ScenarioRequestVerdict(ERROR, cut, REUSE if req.hits else MISS, diff)
+        checked = decide_scenario_request(tuple(req.token_ids), req, None, True, preempted, asked)  # counters count
         return ScenarioRequestVerdict(checked.verdict, (why, *checked.reasons), checked.role, diff, REUSE_NUMERICS)
-    return decide_scenario_request(baseline, req, None, control_matches, preempted)
+    return decide_scenario_request(baseline, req, None, control_matches, preempted, asked)
 
 
 def decide_scenario_indistinct(v: ScenarioRequestVerdict, reason: str) -> ScenarioRequestVerdict:

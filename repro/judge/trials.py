@@ -13,7 +13,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from repro.judge.verdict import CORRUPT, ERROR, FAIL, FOREIGN, INCONCLUSIVE, KV_FINDINGS, MISPLACED, PASS
+from repro.judge.verdict import (
+    CORRUPT,
+    ERROR,
+    EXACT,
+    FAIL,
+    FOREIGN,
+    INCONCLUSIVE,
+    KV_FINDINGS,
+    MISPLACED,
+    NUMERIC,
+    PASS,
+)
 
 EVERY_TRIAL = "every trial"
 INTERMITTENT = "intermittent"
@@ -27,6 +38,8 @@ NOT_REPRODUCED = "not reproduced"
 UNCONFIRMED = "unconfirmed"
 # A run whose arm verdict is one of these decided nothing about the finding.
 UNDECIDED = (ERROR, INCONCLUSIVE)
+# A confirmation's reason when the run alone could read what the shared run stored (repro.plan.arms's `store`).
+STORE_PERSISTED = "the store persisted: not independent"
 # A rate's count of the trials whose KV verdict was each KV finding, worst first. kv_corrupt is as old as trials;
 # kv_foreign and kv_misplaced came with those classes (a report written before them has neither: read as 0).
 # A probe (a request) has one KV verdict per trial, so their sum is the trials with any KV finding.
@@ -102,7 +115,10 @@ def has_finding(run: dict) -> bool:
 
 
 def decided(run: dict) -> bool:
-    return run["verdict"] not in UNDECIDED
+    """The run says something of a finding: any verdict but ERROR and INCONCLUSIVE, or an INCONCLUSIVE run that
+    found something all the same (a KV finding is the KV audit's decision where the tokens decided nothing, as a
+    token-keyed connector across LoRA adapters shows). An ERROR decided nothing: it did not finish."""
+    return run["verdict"] not in UNDECIDED or (run["verdict"] != ERROR and has_finding(run))
 
 
 def _probe_found(run: dict, name: str) -> tuple[bool, str | None]:
@@ -241,24 +257,53 @@ def rate_text(rates: dict) -> str:
     return "; ".join(parts)
 
 
+def shared_runs_of(entry: dict) -> list[dict]:
+    """The runs of an arm's judged entry that shared their device, as its confirmation was classed against: its
+    trials' (trial 1 is its own run), else its own run (shared as its `sharing` says)."""
+    runs = (entry.get("trials") or {}).get("runs")
+    if runs is None:
+        runs = [run_summary(entry, 1, (entry.get("sharing") or {}).get("shared"))]
+    return [r for r in runs if r.get("shared")]
+
+
 def needs_confirmation(runs: list[dict]) -> dict | None:
     """The first run that found something while it shared its device (the one to re-run alone), or None."""
     return next((run for run in runs if run.get("shared") and has_finding(run)), None)
 
 
 def _run_text(run: dict) -> str:
-    if not decided(run):
-        why = (run.get("error") or {}).get("kind") or run["verdict"]
-        return f"{run['verdict']} ({why})"
-    bad = sorted(_probes(run))
-    total = len(run["probes"])
-    if not bad:
-        return f"PASS {total}/{total}"
-    return f"{run['verdict']} on {', '.join(bad)}"
+    """'PASS 4/4', 'FAIL on a, b', 'FAIL on a; KV CORRUPT on a, b', 'INCONCLUSIVE, KV FOREIGN on a, b' (a KV finding
+    is named beside the token FAILs, never folded into them), 'INCONCLUSIVE (no finding)', 'ERROR (timeout)'."""
+    if run["verdict"] == ERROR:
+        return f"{ERROR} ({(run.get('error') or {}).get('kind') or ERROR})"
+    found = findings(run)
+    failed = sorted({name for kind, name, _ in found if kind == "tokens"})
+    parts = [f"{FAIL} on {', '.join(failed)}"] if failed else []
+    for cls in KV_FINDINGS:
+        names = sorted(name for kind, name, what in found if kind == "kv" and what == cls)
+        parts += [f"KV {cls} on {', '.join(names)}"] if names else []
+    if not parts:
+        total = len(run["probes"])
+        return f"{PASS} {total}/{total}" if run["verdict"] == PASS else f"{run['verdict']} (no finding)"
+    text = "; ".join(parts)
+    return text if run["verdict"] == FAIL else f"{run['verdict']}, {text}"
+
+
+def _same_text(target: dict, alone: dict) -> str:
+    """What a run alone that found exactly what the shared run found found again: 'first diffs and KV blame',
+    'first diffs' or 'KV blame', and where its own tokens were INCONCLUSIVE, that the KV audit confirms it."""
+    kinds = {kind for kind, *_ in findings(target)}
+    what = " and ".join(w for k, w in (("tokens", "first diffs"), ("kv", "KV blame")) if k in kinds)
+    by_kv = alone["verdict"] == INCONCLUSIVE and "kv" in kinds
+    return f"the same {what} as while sharing" + (
+        " (confirmed by the KV audit; its tokens were INCONCLUSIVE)" if by_kv else ""
+    )
 
 
 def classify_confirmation(shared_runs: list[dict], alone: dict) -> tuple[str, str]:
-    """(class, reason) of a finding made while sharing, given the same job re-run alone.
+    """(class, reason) of a finding made while sharing, given the same job re-run alone. A finding is a token FAIL
+    or a KV finding (findings): a run alone whose tokens were INCONCLUSIVE but whose KV audit found the same KV
+    finding on the same probes confirms it.
 
     deterministic: alone finds exactly what the shared run found; reproduced, varying: alone finds
     something wrong with a probe the shared run found wrong, but not the same first diffs or KV blame
@@ -266,7 +311,9 @@ def classify_confirmation(shared_runs: list[dict], alone: dict) -> tuple[str, st
     requests); contention-dependent: alone finds nothing, and every shared run found it (one clean
     shared trial would make a clean run alone no evidence of contention); not reproduced: alone finds
     nothing after shared trials that were themselves intermittent, or finds something only on other
-    probes; unconfirmed: the run alone decided nothing."""
+    probes; unconfirmed: the run alone decided nothing (an ERROR; an INCONCLUSIVE that found nothing, or found
+    something only on other probes; a clean run alone whose KV audit said nothing of a probe the shared run
+    blamed KV on)."""
     found = [r for r in shared_runs if has_finding(r)]
     target = found[0] if found else None
     if target is None:
@@ -274,23 +321,9 @@ def classify_confirmation(shared_runs: list[dict], alone: dict) -> tuple[str, st
     if not decided(alone):
         return UNCONFIRMED, f"alone: {_run_text(alone)}: the finding is neither confirmed nor cleared"
     if findings(alone) == findings(target):
-        return DETERMINISTIC, f"alone: {_run_text(alone)}, the same first diffs and KV blame as while sharing"
+        return DETERMINISTIC, f"alone: {_run_text(alone)}: {_same_text(target, alone)}"
     if not has_finding(alone):
-        wanted = _probes(target)
-        others = [r for r in shared_runs if not (_probes(r) & wanted)]  # shared runs that did not find it
-        shared_clean = [r for r in others if _clean_on(r, wanted)]
-        if shared_clean:
-            return NOT_REPRODUCED, (
-                f"alone: {_run_text(alone)}; {len(shared_clean)} of {len(shared_runs)} shared trials were clean too, "
-                "so one clean run alone does not tell contention from chance"
-            )
-        if others:
-            return UNCONFIRMED, (
-                f"alone: {_run_text(alone)}; {len(others)} of {len(shared_runs)} shared trials decided nothing on "
-                f"{', '.join(sorted(wanted))} ({', '.join(_run_text(r) for r in others)}), so a clean run alone "
-                "cannot say the finding needed the shared device"
-            )
-        return CONTENTION_DEPENDENT, f"alone: {_run_text(alone)}: the finding needed the shared device"
+        return _clean_alone(shared_runs, target, alone)
     again = sorted(_probes(alone) & _probes(target))
     if again:
         which = "the same probes" if again == sorted(_probes(target)) else ", ".join(again)
@@ -298,7 +331,44 @@ def classify_confirmation(shared_runs: list[dict], alone: dict) -> tuple[str, st
             f"alone: {_run_text(alone)}: {which} wrong again without the shared device, "
             "with other first diffs or KV blame than while sharing"
         )
+    if alone["verdict"] == INCONCLUSIVE:  # its tokens decided nothing on the shared run's probes
+        return UNCONFIRMED, (
+            f"alone: {_run_text(alone)}: a finding on other probes only, and nothing decided on "
+            f"{', '.join(sorted(_probes(target)))}: the finding is neither confirmed nor cleared"
+        )
     return NOT_REPRODUCED, f"alone: {_run_text(alone)}: a finding on other probes than the shared run's"
+
+
+def _clean_alone(shared_runs: list[dict], target: dict, alone: dict) -> tuple[str, str]:
+    """classify_confirmation's class for a run alone that found nothing."""
+    wanted = _probes(target)
+    unaudited = _kv_unaudited(target, alone)
+    if unaudited:  # absent KV telemetry is never a clean KV verdict
+        return UNCONFIRMED, (
+            f"alone: {_run_text(alone)}, but no KV verdict on {', '.join(unaudited)}, where the shared run found a KV "
+            "finding: the finding is neither confirmed nor cleared"
+        )
+    others = [r for r in shared_runs if not (_probes(r) & wanted)]  # shared runs that did not find it
+    shared_clean = [r for r in others if _clean_on(r, wanted)]
+    if shared_clean:
+        return NOT_REPRODUCED, (
+            f"alone: {_run_text(alone)}; {len(shared_clean)} of {len(shared_runs)} shared trials were clean too, "
+            "so one clean run alone does not tell contention from chance"
+        )
+    if others:
+        return UNCONFIRMED, (
+            f"alone: {_run_text(alone)}; {len(others)} of {len(shared_runs)} shared trials decided nothing on "
+            f"{', '.join(sorted(wanted))} ({', '.join(_run_text(r) for r in others)}), so a clean run alone "
+            "cannot say the finding needed the shared device"
+        )
+    return CONTENTION_DEPENDENT, f"alone: {_run_text(alone)}: the finding needed the shared device"
+
+
+def _kv_unaudited(target: dict, alone: dict) -> list[str]:
+    """The probes the shared run blamed KV on that the run alone has no KV verdict for (not audited, UNAVAILABLE)."""
+    by = {p["name"]: p for p in alone["probes"]}
+    blamed = {name for kind, name, _ in findings(target) if kind == "kv"}
+    return sorted(n for n in blamed if (by.get(n) or {}).get("kv") not in (EXACT, NUMERIC))
 
 
 def _clean_on(run: dict, names: set[str]) -> bool:

@@ -6,8 +6,9 @@ INCONCLUSIVE: the evidence cannot blame or clear reuse (missing or zero counters
 request that was not a verified miss, a cold miss that already differs from the baseline, or no
 reuse at all).
 ERROR: the engine crashed, timed out or raised, the arms cannot be compared, LMCache ran in
-degraded mode, or --batch-invariant asked for vLLM's batch-invariant kernels and the arm's workers
-did not confirm them active; never turned into PASS.
+degraded mode, --batch-invariant asked for vLLM's batch-invariant kernels and the arm's workers
+did not confirm them active, or a request's answer is not the one asked for (no token IDs, or not
+max_tokens long under greedy ignore_eos: repro.judge.answer); never turned into PASS.
 SKIPPED: a probe a fixture declares the arm cannot run, with the reason (shown, never dropped).
 
 The KV audit adds a second, independent verdict per probe of a reuse arm (the token verdict
@@ -45,6 +46,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
+from repro.judge.answer import answer_problem
 from repro.judge.compare import NEAR_TIE_NATS, first_diff
 
 PASS, FAIL, INCONCLUSIVE, ERROR, SKIPPED = "PASS", "FAIL", "INCONCLUSIVE", "ERROR", "SKIPPED"
@@ -88,11 +90,19 @@ def hit_count(value: object) -> int | None:
     return value
 
 
-def counter_missing(value: object, whose: str = "") -> str:
-    """'[whose ]hit counter missing', with the value it had when there was one (-1: vLLM's 'not checked yet')."""
+# Where a served answer's hit counter comes from, named where it is absent: vLLM's server sends
+# usage.prompt_tokens_details only when started with this flag (the kit's own servers are; a server that
+# `repro endpoint` judges may not be).
+SERVED_HITS_FLAG = "--enable-prompt-tokens-details"
+
+
+def counter_missing(value: object, whose: str = "", cached: bool = False) -> str:
+    """'[whose ]hit counter missing', with the value it had when there was one (-1: vLLM's 'not checked yet').
+    cached: the counter is the request's cached tokens; absent, the reason says where a served answer has it."""
     head = f"{whose} hit counter missing" if whose else "hit counter missing"
     if value is None:
-        return head
+        served = f"a served answer has it in usage.prompt_tokens_details, which vLLM sends only with {SERVED_HITS_FLAG}"
+        return f"{head} ({served})" if cached else head
     note = " (vLLM's 'not checked yet')" if value == -1 and not isinstance(value, bool) else ""
     return f"{head} ({value!r}{note}: not a count)"
 
@@ -197,10 +207,13 @@ def decide_lmcache_degraded(current: ArmVerdict, degraded_messages: list[str] | 
     return ArmVerdict(ERROR, (reason, *current.reasons), LMCACHE_DEGRADED, detail)
 
 
-def decide_baseline_probe(cold: Request) -> ProbeVerdict:
-    """The cache-disabled reference must itself report no reuse."""
+def decide_baseline_probe(cold: Request, asked: int | None = None) -> ProbeVerdict:
+    """The cache-disabled reference must itself report no reuse, and its answer be the one asked for (asked: the
+    max_tokens of every probe request, greedy and ignore_eos; None: not known, only an empty answer is refused)."""
+    if (problem := answer_problem(cold.token_ids, asked, ignore_eos=True)) is not None:
+        return ProbeVerdict(ERROR, (f"baseline: {problem}",), None)
     if cold.hits is None:
-        why = counter_missing(cold.cached_tokens, "baseline")
+        why = counter_missing(cold.cached_tokens, "baseline", cached=True)
         return ProbeVerdict(INCONCLUSIVE, (f"{why}: cannot confirm caching was off",), None)
     if cold.hits > 0:
         return ProbeVerdict(
@@ -214,19 +227,31 @@ def decide_probe(
     cold: Request,
     reuses: list[Request] | tuple[Request, ...],
     baseline_verdict: str = PASS,
+    asked: int | None = None,
 ) -> ProbeVerdict:
     """Verdict for one probe of a reuse arm: a cold request then N reuses, against the baseline.
 
     baseline_verdict is the baseline's own verdict on this probe: a reference that is not PASS
-    (it reported cached tokens with caching off, say) can neither clear nor blame reuse."""
+    (it reported cached tokens with caching off, say) can neither clear nor blame reuse. asked: the max_tokens
+    every request of the probe was sent with (greedy, ignore_eos: every probe request the kit sends); None where
+    the caller does not know it, and then only an empty answer is refused (repro.judge.answer). A request whose
+    answer is not the one asked for is not an answer: the probe is ERROR, whatever the others show."""
     cold_diff = first_diff(list(baseline), list(cold.token_ids))
     diffs = tuple(first_diff(list(baseline), list(r.token_ids)) for r in reuses)
     diffs_cold = tuple(first_diff(list(cold.token_ids), list(r.token_ids)) for r in reuses)
+    labelled = [("cold request", cold), *((f"reuse {i}", r) for i, r in enumerate(reuses, start=1))]
+    unanswered = [
+        f"{label}: {p}" for label, r in labelled if (p := answer_problem(r.token_ids, asked, ignore_eos=True))
+    ]
+    if unanswered:
+        return ProbeVerdict(ERROR, tuple(unanswered), cold_diff, diffs, diffs_cold)
     reasons: list[str] = []
-    if baseline_verdict != PASS:
+    if (problem := answer_problem(baseline, asked, ignore_eos=True)) is not None:
+        reasons.append(f"the baseline's {problem}: it is not a reference")
+    elif baseline_verdict != PASS:
         reasons.append(f"the baseline's own probe is {baseline_verdict}: it is not a reference")
     if cold.hits is None:
-        reasons.append(f"{counter_missing(cold.cached_tokens, 'cold request')}: not a verified miss")
+        reasons.append(f"{counter_missing(cold.cached_tokens, 'cold request', cached=True)}: not a verified miss")
     elif cold.hits > 0:
         reasons.append(f"cold request reported {cold.cached_tokens} cached tokens: not a verified miss")
     if cold_diff is not None:
@@ -239,7 +264,7 @@ def decide_probe(
     failed, unproven = [], []
     for i, (req, diff) in enumerate(zip(reuses, diffs), start=1):
         if req.hits is None:
-            unproven.append(f"reuse {i}: {counter_missing(req.cached_tokens)}")
+            unproven.append(f"reuse {i}: {counter_missing(req.cached_tokens, cached=True)}")
         elif req.hits == 0:
             unproven.append(f"reuse {i}: zero cached tokens, reuse not exercised")
         elif req.counts_external:

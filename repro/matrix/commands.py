@@ -82,7 +82,31 @@ def _on_term(signum, frame):
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def run_matrix(matrix: Matrix, reports: Path, resume: bool, one_at_a_time: bool) -> int:
+def check_earlier_run(matrix: Matrix, reports: Path, resume: bool, force: bool) -> None:
+    """A run of the matrix replaces its summary, its page and every cell's report and logs: where an earlier run's
+    summary or a cell report is there, it is refused (one line, exit 2, before anything runs) unless --resume (the
+    same run, its missing and failed cells run again) or --force; a writeup <name>.md beside the summary is never
+    left to describe another run (repro.plan.report_path), so --force does not run every cell again under it."""
+    summary, folder = reports / f"{matrix.name}.json", reports / matrix.name
+    cells = [folder / f"{c.name}.json" for c in matrix.cells]
+    earlier = next((p for p in (summary, *cells) if p.exists()), None)
+    if earlier is None or resume:
+        return
+    writeup = reports / f"{matrix.name}.md"
+    if writeup.exists():
+        raise UsageError(
+            f"matrix {matrix.name}: the writeup {writeup} describes the run there: --resume reruns its missing and "
+            "failed cells; to run every cell again, give another --reports or move the writeup away first"
+        )
+    if not force:
+        raise UsageError(
+            f"matrix {matrix.name}: an earlier run is there ({earlier}): --resume reruns its missing and failed "
+            "cells; give another --reports, or --force to run every cell again"
+        )
+
+
+def run_matrix(matrix: Matrix, reports: Path, resume: bool, one_at_a_time: bool, force: bool = False) -> int:
+    check_earlier_run(matrix, reports, resume, force)
     folder = reports / matrix.name
     summary_path = reports / f"{matrix.name}.json"
     previous = load_summary(summary_path) if resume and summary_path.is_file() else None
@@ -96,8 +120,9 @@ def run_matrix(matrix: Matrix, reports: Path, resume: bool, one_at_a_time: bool)
         if resume and not status.needs_run(cell, existing, arg, before.get(cell.name)):
             records[cell.name] = _record(cell, folder, existing, None, ran=False, outcome=None)
             continue
-        job = CellJob(cell.name, cell.python, tuple(cell.verifier_argv(arg)), str(path.resolve()), str(KIT_ROOT),
-                      cell.timeout_s, socket.gethostname())  # fmt: skip
+        # --force: the matrix owns its cells' paths and decided above (check_earlier_run) that this cell runs again
+        job = CellJob(cell.name, cell.python, (*cell.verifier_argv(arg), "--force"), str(path.resolve()),
+                      str(KIT_ROOT), cell.timeout_s, socket.gethostname())  # fmt: skip
         jobs.append((cell, job))
     # Only the cells that run need their environment: --resume adds a cell (a new stack) on a host that
     # no longer has the kept cells' environments.
@@ -220,6 +245,9 @@ def matrix(argv: list[str]) -> int:
     )
     p.add_argument("--one-at-a-time", action="store_true", help="run the cells one after another (for comparison)")
     p.add_argument(
+        "--force", action="store_true", help="run every cell again over an earlier run (default: refuse, exit 2)"
+    )
+    p.add_argument(
         "--print-profiles", action="store_true", help="print the profiles the cells use, one a line, and stop"
     )
     p.add_argument(
@@ -238,7 +266,7 @@ def matrix(argv: list[str]) -> int:
         return refresh(spec, Path(args.reports))
     signal.signal(signal.SIGTERM, _on_term)
     try:
-        return run_matrix(spec, Path(args.reports), args.resume, args.one_at_a_time)
+        return run_matrix(spec, Path(args.reports), args.resume, args.one_at_a_time, args.force)
     except KeyboardInterrupt:
         print(
             "error: matrix interrupted: its tasks were cancelled and Ray shut down; no summary written (cells that "

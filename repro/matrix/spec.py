@@ -8,9 +8,11 @@ from pathlib import Path
 
 from repro.errors import UsageError
 from repro.paths import KIT_ROOT
+from repro.plan.fixture_keys import nearest, unknown_key
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _PROFILE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_MATRIX_KEYS = ("name", "description", "defaults", "cells")
 CELL_KEYS = ("name", "environment", "connector", "fixture", "model", "seed", "flags", "cpus", "timeout")
 # The verifier flags a cell sets from its own keys (or the matrix sets): never in `flags`.
 RESERVED_FLAGS = ("--model", "--fixture", "--seed", "--kv-connector", "--python", "--report")
@@ -100,7 +102,7 @@ def _cell(raw: object, defaults: dict, index: int) -> Cell:
         _fail(where, "must be a mapping of cell keys")
     unknown = sorted(set(raw) - set(CELL_KEYS))
     if unknown:
-        _fail(where, f"unknown key {unknown[0]!r} (keys: {', '.join(CELL_KEYS)})")
+        _fail(where, unknown_key(unknown[0], CELL_KEYS, "key"))
     data = {**defaults, **raw}
     name = _text(where, "name", data.get("name"))
     if not _NAME.match(name):
@@ -137,9 +139,9 @@ def parse_matrix(data: object, path: str) -> Matrix:
     where = f"matrix {path}"
     if not isinstance(data, dict):
         _fail(where, "must be a mapping with a 'cells' list")
-    unknown = sorted(set(data) - {"name", "description", "defaults", "cells"})
+    unknown = sorted(set(data) - set(_MATRIX_KEYS))
     if unknown:
-        _fail(where, f"unknown key {unknown[0]!r} (keys: name, description, defaults, cells)")
+        _fail(where, unknown_key(unknown[0], _MATRIX_KEYS, "key"))
     stem = Path(path).stem
     name = data.get("name", stem.removeprefix("matrix-"))
     if not isinstance(name, str) or not _NAME.match(name):
@@ -150,11 +152,14 @@ def parse_matrix(data: object, path: str) -> Matrix:
     stray = sorted(set(defaults) - set(CELL_KEYS)) or (["name"] if "name" in defaults else [])
     if stray:
         bad = stray[0]
-        _fail(where, f"defaults: key {bad!r} is not a shared cell key")
+        _fail(where, f"defaults: key {bad!r} is not a shared cell key{nearest(bad, CELL_KEYS[1:])}")
     cells = data.get("cells")
     if not isinstance(cells, list) or not cells:
         _fail(where, "cells must be a non-empty list")
-    out = tuple(_cell(raw, defaults, i) for i, raw in enumerate(cells))
+    try:
+        out = tuple(_cell(raw, defaults, i) for i, raw in enumerate(cells))
+    except UsageError as exc:  # a cell's line names the file too
+        raise UsageError(f"{where}: {exc}") from None
     seen: set[str] = set()
     for cell in out:
         if cell.name in seen:

@@ -36,8 +36,14 @@ class TaskFailure:
 
 
 def report_matches(report: dict | None, cell: Cell, report_arg: str) -> bool:
-    """The report is this cell's: the verifier ran with exactly the cell's arguments."""
-    return bool(report) and report.get("provenance", {}).get("argv") == cell.verifier_argv(report_arg)
+    """The report is this cell's: the verifier ran with exactly the cell's arguments (--force aside: the matrix
+    passes it to every cell it runs, and a report written before it did has none)."""
+    argv = (report or {}).get("provenance", {}).get("argv")
+    return bool(report) and isinstance(argv, list) and _unforced(argv) == _unforced(cell.verifier_argv(report_arg))
+
+
+def _unforced(argv: list) -> list:
+    return [a for a in argv if a != "--force"]
 
 
 def cell_error(outcome: CellOutcome | TaskFailure, report: dict | None, matches: bool) -> tuple[str, str] | None:

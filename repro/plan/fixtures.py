@@ -1,6 +1,8 @@
 """Loading and validating fixtures: the probes, their tokenizer identity and expected verdicts.
 
-Fixture schema (kind "kvkit-fixture"; JSON Schema in schemas/fixture.schema.json):
+Fixture schema (kind "kvkit-fixture"; JSON Schema in schemas/fixture.schema.json). Every object refuses a key it
+does not know (repro.plan.fixture_keys), so a misspelt key, or an addition of a newer kit, is one line, never ignored;
+"an older kit ignores it" below is said of kits before that.
   schema_version 1: first version.
     Additions without a bump: expected_kv (arm -> {probe: KV verdict}, checked when the run
     audits KV; a kit older than the KV audit ignores it, as it makes no KV verdict). scenarios
@@ -28,6 +30,7 @@ from pathlib import Path
 
 from repro.errors import UsageError
 from repro.judge.verdict import KV_VERDICTS, VERDICTS
+from repro.plan import fixture_keys as keys
 from repro.plan import load, multi, offloading
 from repro.plan.adapters import AdapterTable, parse_adapters
 from repro.plan.images import parse_images
@@ -94,21 +97,7 @@ LMCACHE_OPS_MODES = ("auto", "compiled", "fallback")
 
 
 SCENARIO_EXPECTS = ("miss", "reuse")
-# A scenario's engine settings (repro.run.scenarios says what each does) and their types.
-SCENARIO_ENGINE_KEYS = {
-    "kv_cache_tokens": int,
-    "max_num_seqs": int,
-    "max_num_batched_tokens": int,
-    "preemption": bool,
-    "async_scheduling": bool,
-    # chunked prefill's cap on one request's tokens a step (vLLM's long_prefill_token_threshold): a prefill over
-    # several steps, so that a load scenario's cancellation can land in it
-    "long_prefill_token_threshold": int,
-}
-# LMCache's MP server settings a scenario may set (repro.lmcache.mp.ServerSettings' fields).
-SCENARIO_MP_SERVER_KEYS = {"l1_size_gb": (int, float), "chunk_size": int, "eviction_policy": str, "l1_use_lazy": bool}
-_SCENARIO_KEYS = ("name", "description", "engine", "lmcache", "mp_server", "steps", "load")
-_STEP_KEYS = ("submit", "together", "expect", "wait_s")
+_name = keys.shown  # a fixture's name as a one-line message shows it
 # The longest wait a step may ask for before it is submitted (seconds).
 MAX_STEP_WAIT_S = 300
 
@@ -132,9 +121,9 @@ class Scenario:
 
     name: str
     description: str
-    engine: dict  # SCENARIO_ENGINE_KEYS
+    engine: dict  # fixture_keys.SCENARIO_ENGINE_KEYS
     lmcache: dict | None  # LMCache YAML keys overridden for LMCache arms
-    mp_server: dict | None  # SCENARIO_MP_SERVER_KEYS, for LMCacheMPConnector's server
+    mp_server: dict | None  # fixture_keys.SCENARIO_MP_SERVER_KEYS, for LMCacheMPConnector's server
     steps: tuple[ScenarioStep, ...]
     load: LoadSpec | None = None  # a production-load scenario (repro.plan.load): its steps and probes generated
     generated: tuple[Probe, ...] = ()  # the prompts it made itself
@@ -167,12 +156,6 @@ class Fixture:
     adapters: AdapterTable | None = None  # the LoRA adapters its probes run under (repro.plan.adapters)
     # the expectations bound to a known upstream bug (repro.plan.upstream), in table order
     upstream: tuple[BoundExpectation, ...] = ()
-
-
-def _name(name: object) -> str:
-    """A name from the fixture as an error message shows it: as written, or quoted when it is not
-    printable (a newline in a key must not break the one-line error)."""
-    return name if isinstance(name, str) and name.isprintable() else repr(name)
 
 
 def name_problem(name: str) -> str | None:
@@ -315,6 +298,8 @@ def parse_fixture(data: object, path: str | Path, digest: str) -> Fixture:
         )
     if version < 1:
         raise _fail(path, f"schema_version {version} is older than any this kit wrote and no migration exists")
+    if (problem := keys.unknown_key_problem(data)) is not None:  # every level, before any is read (fixture_keys)
+        raise _fail(path, problem)
     name = _require(data, "name", str, "fixture", path)
     tokenizer = _require(data, "tokenizer", dict, "fixture", path)
     _require(tokenizer, "name", str, "fixture.tokenizer", path)
@@ -338,12 +323,17 @@ def parse_fixture(data: object, path: str | Path, digest: str) -> Fixture:
     for i, arm in enumerate(arms):
         unknown = sorted(set(arm.skip_scenarios) - names)
         if unknown:
-            raise _fail(path, f"arms[{i}].skip_scenarios: no scenario named {_name(unknown[0])}")
+            raise _fail(
+                path,
+                f"arms[{i}].skip_scenarios: no scenario named {_name(unknown[0])}{keys.nearest(unknown[0], names)}",
+            )
     for key, table_of in (("expected_scenarios", expected_scenarios), ("expected_scenarios_kv", expected_scenarios_kv)):
         for arm, table in table_of.items():
             unknown = sorted(set(table) - names)
             if unknown:
-                raise _fail(path, f"{key}.{_name(arm)}: no scenario named {_name(unknown[0])}")
+                raise _fail(
+                    path, f"{key}.{_name(arm)}: no scenario named {_name(unknown[0])}{keys.nearest(unknown[0], names)}"
+                )
     fixture = Fixture(
         name=name,
         path=str(path),
@@ -368,7 +358,7 @@ def parse_fixture(data: object, path: str | Path, digest: str) -> Fixture:
 def _unknown_keys(obj: dict, allowed, where: str, path) -> None:
     unknown = sorted(str(k) for k in obj if k not in allowed)
     if unknown:
-        raise _fail(path, f"{where}: unknown field {_name(unknown[0])} (known: {', '.join(allowed)})")
+        raise _fail(path, f"{where}: {keys.unknown_key(unknown[0], allowed)}")
 
 
 def _settings(obj: object, types: dict, where: str, path) -> dict:
@@ -389,7 +379,7 @@ def _settings(obj: object, types: dict, where: str, path) -> dict:
 def _parse_step(obj: object, where: str, path) -> ScenarioStep:
     if not isinstance(obj, dict):
         raise _fail(path, f"{where}: must be an object")
-    _unknown_keys(obj, _STEP_KEYS, where, path)
+    _unknown_keys(obj, keys.STEP_KEYS, where, path)
     submit = _require(obj, "submit", list, where, path)
     if not submit:
         raise _fail(path, f"{where}.submit: empty (name the probes to submit)")
@@ -415,7 +405,7 @@ def parse_scenario(obj: object, where: str, path) -> Scenario:
     check (repro.plan.scenarios.select: the acceptance suite adds probes)."""
     if not isinstance(obj, dict):
         raise _fail(path, f"{where}: must be an object")
-    _unknown_keys(obj, _SCENARIO_KEYS, where, path)
+    _unknown_keys(obj, keys.SCENARIO_KEYS, where, path)
     name = _require(obj, "name", str, where, path)
     if (problem := name_problem(name)) is not None:
         raise _fail(path, f"{where}.name: {problem}")
@@ -423,14 +413,14 @@ def parse_scenario(obj: object, where: str, path) -> Scenario:
     description = obj.get("description", "")
     if not isinstance(description, str):
         raise _fail(path, f"{where}.description: must be a string")
-    engine = _settings(obj.get("engine", {}), SCENARIO_ENGINE_KEYS, f"{where}.engine", path)
+    engine = _settings(obj.get("engine", {}), keys.SCENARIO_ENGINE_KEYS, f"{where}.engine", path)
     lmcache = obj.get("lmcache")
     if lmcache is not None and (
         not isinstance(lmcache, dict) or not all(isinstance(v, (str, int, float, bool)) for v in lmcache.values())
     ):
         raise _fail(path, f"{where}.lmcache: must be an object of LMCache YAML keys with scalar values")
     mp = obj.get("mp_server")
-    mp = None if mp is None else _settings(mp, SCENARIO_MP_SERVER_KEYS, f"{where}.mp_server", path)
+    mp = None if mp is None else _settings(mp, keys.SCENARIO_MP_SERVER_KEYS, f"{where}.mp_server", path)
     if "load" in obj:
         return _load_scenario(obj, name, description, engine, lmcache, mp, where, path)
     steps_raw = _require(obj, "steps", list, where, path)

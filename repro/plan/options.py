@@ -14,7 +14,6 @@ import math
 import os
 import re
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from repro.errors import UsageError
 from repro.plan import devices, offloading
 from repro.plan.block_size import AUTO, PREFERRED_BLOCK_SIZE, accepted_text, block_size_problem, choose_block_size
 from repro.plan.interpreter import probe_engine, probe_python
+from repro.plan.report_path import check_report_path
 from repro.plan.settings import DEFAULT_MAX_CHILD_DISK_GB
 
 DEFAULT_ENGINE_MODULE = "repro.engine"
@@ -113,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--fixture", required=True)
     p.add_argument("--report", default="reports/run.json")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace a report already at --report and its logs (default: refuse, exit 2); a writeup <stem>.md "
+        "beside it is never replaced",
+    )
     p.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
     p.add_argument("--reuses", type=int, default=None, help="reuses per probe (default: the probe's own, else 3)")
     p.add_argument("--logprobs", type=int, default=2, help="top-k logprobs recorded per generated token (>= 2)")
@@ -275,27 +281,6 @@ def resolve_block_size(args: argparse.Namespace) -> str | None:
     if problem := block_size_problem(accepted, args.block_size, who):
         raise UsageError(problem)
     return None
-
-
-def _check_report_path(path: Path, fixture: Path) -> None:
-    if path.exists() and path.is_dir():
-        raise UsageError(f"--report {path}: is a directory")
-    if path.exists() and fixture.exists() and path.resolve() == fixture.resolve():
-        raise UsageError(f"--report {path}: is the fixture itself")
-    parent = path.parent if str(path.parent) else Path(".")
-    probe = parent
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir():
-        raise UsageError(f"--report {path}: {probe} is not a directory")
-    try:  # os.access says yes to root on a read-only file system; a real file does not lie
-        fd, tmp = tempfile.mkstemp(prefix=".kvkit-writable-", dir=probe)
-        os.close(fd)
-        os.unlink(tmp)
-    except OSError as exc:
-        raise UsageError(f"--report {path}: directory {probe} is not writable ({exc.strerror or exc})") from None
-    if path.exists() and not os.access(path, os.W_OK):
-        raise UsageError(f"--report {path}: file is not writable")
 
 
 def _check_lmcache_yaml(path: str) -> None:
@@ -468,13 +453,13 @@ def validate(args: argparse.Namespace) -> Options:
         raise UsageError(f"--model {args.model}: directory has no config.json")
     if not local and (args.model.startswith((".", "/", "~")) or not _HUB_ID.match(args.model)):
         raise UsageError(f"--model {args.model}: no such local model directory")
+    check_report_path(Path(args.report), Path(args.fixture), args.force)  # before asking the engine interpreter
     if args.engine_module == DEFAULT_ENGINE_MODULE:  # a stand-in engine (tests) needs no vLLM
         lmcache = bool(args.kv_connector and "lmcache" in args.kv_connector.lower())
         lmcache = lmcache or (not args.kv_connector and _fixture_has_lmcache(args.fixture))
         problem = engine_python_problem(args.python, needs_lmcache=lmcache)
         if problem:
             raise UsageError(f"--python {args.python}: {problem}")
-    _check_report_path(Path(args.report), Path(args.fixture))
     if args.engine_layout == "one-process" and devices.uses_cuda(args.device):
         raise UsageError(
             "--engine-layout one-process is for the CPU engine: on a GPU every arm runs vLLM's own layout "

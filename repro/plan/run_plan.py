@@ -13,6 +13,7 @@ from repro.errors import UsageError
 from repro.plan import adapters, endpoint, images, multi, offloading
 from repro.plan.arms import PlannedArm, default_jobs, plan_arms, preflight_for, vocab_size
 from repro.plan.devices import uses_cuda
+from repro.plan.expectation_names import check_expectation_names
 from repro.plan.fixtures import Fixture, Probe, Scenario, load_fixture
 from repro.plan.options import Options
 from repro.plan.scenarios import check_load, select
@@ -100,6 +101,12 @@ def build_plan(opts: Options, argv: list[str]) -> RunPlan:
             f"fixture {a.fixture}: image probes cannot run served (--frontend server, repro endpoint) "
             "(the kit sends served prompts as token IDs without their image); use --frontend sync or async"
         )
+    asking = [p.name for p in probes if getattr(p, "prompt_logprobs", None) is not None]
+    if engine.stream and asking:  # the stream would hold none, and two empty records compare nothing
+        raise UsageError(
+            f"fixture {a.fixture}: probe {asking[0]!r} asks for prompt_logprobs, which a completion stream does not "
+            "carry (vLLM's stream has no prompt_logprobs); run it without --stream"
+        )
     vocab = vocab_size(engine)
     check_probes_fit(
         probes,
@@ -122,6 +129,7 @@ def build_plan(opts: Options, argv: list[str]) -> RunPlan:
     if engine.frontend == "endpoint":  # repro endpoint: the two servers it was given, nothing else
         arms = [PlannedArm(ArmSpec(arm, "baseline" if arm == endpoint.BASELINE_ARM else "native"),
                            env={endpoint.ENDPOINT_URL_ENV: url}) for arm, url in sorted(a.endpoints.items())]  # fmt: skip
+    check_expectation_names(fixture, [arm.name for arm in arms])  # a misspelt arm or probe: one line (exit 2)
     images.check_native_matched(probes, any(arm.match_arm for arm in arms))
     check_load(chosen, [arm.spec.mode for arm in arms], engine.frontend, lambda ps, where: check_probes_fit(
         ps, vocab_size=vocab, max_model_len=engine.max_model_len, max_tokens=engine.max_tokens, where=where))  # fmt: skip

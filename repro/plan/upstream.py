@@ -19,6 +19,7 @@ from repro.judge.upstream import UpstreamBound, bound_problem, issue_problem, pa
 ENTRY_KEYS = ("verdict", "upstream")
 BOUND_KEYS = ("issue", "package", "versions")
 TABLES = ("expected", "expected_kv", "expected_scenarios", "expected_scenarios_kv")
+ENTRY_NOTE = "a bound expectation is {verdict, upstream}; or give a verdict or a set"
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ def parse_entry(want: object, verdicts: tuple[str, ...]) -> tuple[object, Upstre
     missing = [k for k in ENTRY_KEYS if k not in want]
     if unknown or missing:
         said = f"unknown field {unknown[0]!r}" if unknown else f"missing field {missing[0]!r}"
-        raise ValueError(f"{said} (a bound expectation is {{verdict, upstream}}; or give a verdict or a set)")
+        raise ValueError(f"{said} ({ENTRY_NOTE})")
     verdict = want["verdict"]
     problem = expectation_problem(verdict, verdicts) or bound_problem(verdict)
     if problem:

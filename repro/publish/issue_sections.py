@@ -14,17 +14,24 @@ from pathlib import Path, PurePath
 from repro.judge.verdict import ERROR, FAIL
 from repro.judge.wording import NOT_RECORDED, machine_path_name
 from repro.paths import KIT_ROOT
+from repro.plan.options import build_parser
 from repro.publish.headline import model_label
 from repro.readmodel import Arm, Probe, Report, Request
 
 CONTEXT = 4  # token IDs shown either side of the first divergence
 # Flags whose value is a path of the machine that ran the report, and what the reproduce command puts instead;
 # None drops the flag (the kit's own default then applies).
-MACHINE_FLAGS = {"--model": "MODEL_DIR", "--report": "report.json", "--python": None, "--keep-kv": None}
-VALUELESS = frozenset(
-    {"--compare-native", "--quiet", "--no-native-matched", "--no-confirm", "--no-kv-audit", "--batch-invariant",
-     "--gpu-load", "--cpu-load"}
-)  # fmt: skip  # repro.plan.options' store_true flags
+# --force (replace a report already there) is the reporter's choice about their own files, not part of the run.
+MACHINE_FLAGS = {
+    "--model": "MODEL_DIR",
+    "--report": "report.json",
+    "--python": None,
+    "--keep-kv": None,
+    "--force": None,
+}
+# the verifier's flags that take no value, read from its own parser (a hand-kept list missed --stream and --force,
+# and the flag after one was then read as its value)
+VALUELESS = frozenset(flag for action in build_parser()._actions if action.nargs == 0 for flag in action.option_strings)
 RULE = "=" * 30
 
 

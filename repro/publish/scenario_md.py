@@ -8,6 +8,7 @@ from repro.judge.verdict import PASS
 from repro.judge.wording import NOT_RECORDED
 from repro.publish.markdown import format_tokens, margin_text, markdown_table
 from repro.readmodel import Report, Scenario, ScenarioArm, StepRequest
+from repro.readmodel.scenario_load import round_of, round_step_text
 
 SCENARIO_HEADER = ("scenario", "arm", "verdict", "KV", "preemptions", "requests not PASS")
 SCENARIO_LEGEND = (
@@ -25,18 +26,27 @@ def scenario_rows(report: Report) -> list[tuple[str, ...]]:
     rows = []
     for scenario in report.scenarios:
         for arm in scenario.arms:
-            failing = ", ".join(f"{r.place} {r.verdict}" for r in arm.failing)
+            failing = ", ".join(f"{_where(r, scenario)} {r.probe} {r.verdict}" for r in arm.failing)
             count = NOT_RECORDED if arm.preemptions is None else str(arm.preemptions)
             kv = arm.kv.cell if arm.kv is not None else "—"
             rows.append((scenario.name, arm.title, arm.verdict_text, kv, count, failing or arm.error_text or "—"))
     return rows
 
 
+def _where(request: StepRequest, scenario: Scenario) -> str:
+    """'step 2'; a load scenario's request 'round 1' (its rounds count from 1)."""
+    if scenario.load is not None:
+        return round_of(request.step)
+    return f"step {'?' if request.step is None else request.step}"
+
+
 def _steps_text(scenario: Scenario) -> str:
+    if scenario.load is not None:
+        return "; ".join(round_step_text(s.index, len(s.submit), s.data.get("cancel") or {}) for s in scenario.steps)
     return "; ".join(f"{'?' if s.index is None else s.index}: {s.text}" for s in scenario.steps) or "none recorded"
 
 
-def _request_lines(report: Report, request: StepRequest, token_limit: int | None) -> list[str]:
+def _request_lines(report: Report, scenario: Scenario, request: StepRequest, token_limit: int | None) -> list[str]:
     diff = (
         f", first diff @{request.first_diff}; {margin_text(request.margin)}" if request.first_diff is not None else ""
     )
@@ -44,7 +54,7 @@ def _request_lines(report: Report, request: StepRequest, token_limit: int | None
     trials = f" {request.trial_mark}" if request.trial_mark else ""
     lines = [
         (
-            f"- **step {'?' if request.step is None else request.step} {report.probe_title(request.probe)}** "
+            f"- **{_where(request, scenario)} {report.probe_title(request.probe)}** "
             f"({request.role or '?'}, {request.hit_cell} cached tokens, {request.expect_text}): "
             f"{request.verdict}{cls}{trials}{diff}"
         )
@@ -77,7 +87,7 @@ def format_finding(report: Report, scenario: Scenario, arm: ScenarioArm, token_l
         *([f"- {arm.copy_path_text}"] if arm.copy_path_text else []),
         *([f"- {arm.kv_text}"] if arm.kv is not None else []),
         *([f"- trials: {arm.trials_text}"] if arm.trials_text else []),
-        *(line for r in arm.failing for line in _request_lines(report, r, token_limit)),
+        *(line for r in arm.failing for line in _request_lines(report, scenario, r, token_limit)),
         *(f"- trials: {r.line}" for r in arm.later_rates),
     ]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from repro.judge.verdict import ERROR, KV_FINDINGS, PASS
-from repro.publish.headline import headline, stack_key
+from repro.publish.headline import headline, later_text, stack_key
 from repro.publish.site_versions import VersionFacts, version_facts
 from repro.readmodel import Arm, Report, ScenarioArm, as_report
 
@@ -58,7 +58,7 @@ def build_index_row(report: Report | dict, *, stem: str, href: str) -> IndexRow:
         commit=report.commit,
         vllm=report.package_version("vllm"),
         lmcache=report.package_version("lmcache"),
-        verdicts=tuple(_index_verdict(a) for a in report.arms),
+        verdicts=tuple(_index_verdict(report, a) for a in report.arms),
         acceptance=report.acceptance_label(short=True),
         kv=_index_kv(report),
         scenarios=tuple(
@@ -97,13 +97,18 @@ def _index_scenario_note(arm: ScenarioArm) -> str:
     return ", ".join(notes)
 
 
-def _index_verdict(arm: Arm) -> IndexVerdict:
+def _index_verdict(report: Report, arm: Arm) -> IndexVerdict:
+    """An arm's cell: its verdict, and beside it its condition, or what the exit rule counts against it beyond its
+    own run (a later trial's ERROR, a member never exercised: repro.publish.headline.later_text), so that no cell
+    reads a bare PASS over what the exit code counts."""
+    condition = arm.conditions.finding_class_text if arm.conditions.qualified else ""
+    later = later_text(report, arm.name, words=False) if not arm.is_baseline else ""
     return IndexVerdict(
         arm=arm.title,
         verdict=str(arm.verdict),
         divergences=arm.class_text,
         near_ties_only=arm.near_ties_only,
-        condition=arm.conditions.finding_class_text if arm.conditions.qualified else "",
+        condition=condition or later,
     )
 
 

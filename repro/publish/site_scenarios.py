@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from repro.judge.verdict import PASS
 from repro.judge.wording import machine_path_name
 from repro.readmodel import Report, Scenario, ScenarioArm, StepRequest
-from repro.readmodel.scenario_load import arm_rates_text, controls_text, spec_text
+from repro.readmodel.scenario_load import arm_rates_text, controls_text, round_of, round_step_text, spec_text
 
 
 @dataclass(frozen=True)
@@ -58,9 +58,9 @@ class ScenarioBlock:
     arms: tuple[ScenarioArmBlock, ...]
 
 
-def _scenario_row(req: StepRequest, title: Callable[[str], str]) -> ScenarioRow:
+def _scenario_row(req: StepRequest, title: Callable[[str], str], load: bool = False) -> ScenarioRow:
     return ScenarioRow(
-        step="?" if req.step is None else str(req.step),
+        step=round_of(req.step) if load else ("?" if req.step is None else str(req.step)),
         probe=title(req.probe),
         expect=req.expect_text,
         cached=req.hit_cell,
@@ -77,7 +77,7 @@ def _scenario_row(req: StepRequest, title: Callable[[str], str]) -> ScenarioRow:
     )
 
 
-def _scenario_arm(arm: ScenarioArm, title: Callable[[str], str] = str) -> ScenarioArmBlock:
+def _scenario_arm(arm: ScenarioArm, title: Callable[[str], str] = str, load: bool = False) -> ScenarioArmBlock:
     plain_pass = arm.verdict == PASS and not arm.cls
     error = (machine_path_name(arm.error_text), machine_path_name(arm.log_tail)) if arm.error else None
     return ScenarioArmBlock(
@@ -87,7 +87,7 @@ def _scenario_arm(arm: ScenarioArm, title: Callable[[str], str] = str) -> Scenar
         facts=machine_path_name(" · ".join(f for f in _arm_facts(arm) if f)),
         reasons=() if plain_pass else tuple(machine_path_name(r) for r in arm.reasons),
         error=error,
-        rows=tuple(_scenario_row(r, title) for r in arm.requests),
+        rows=tuple(_scenario_row(r, title, load) for r in arm.requests),
     )
 
 
@@ -116,7 +116,7 @@ def scenario_block(scenario: Scenario, index: int, title: Callable[[str], str] =
             + (f" · {controls_text(scenario.load)}" if scenario.load is not None else "")
         ),
         control_differs=control is not None and (bool(control.differing) or not control.ran),
-        arms=tuple(_scenario_arm(a, title) for a in scenario.arms),
+        arms=tuple(_scenario_arm(a, title, scenario.load is not None) for a in scenario.arms),
     )
 
 
@@ -126,10 +126,7 @@ def _step_text(step, load: bool) -> str:
     index = "?" if step.index is None else step.index
     if not load:
         return f"step {index}: {step.text}"
-    cancel = step.data.get("cancel") or {}
-    text = f"round {'?' if step.index is None else step.index + 1}: {len(step.submit)} prompts in flight together"
-    text += ", in a shuffled order"
-    return text + (", cancelling " + ", ".join(f"{n} ({w})" for n, w in cancel.items()) if cancel else "")
+    return round_step_text(step.index, len(step.submit), step.data.get("cancel") or {})
 
 
 def _control_facts(scenario: Scenario) -> str:

@@ -1,18 +1,79 @@
 """The text summary the verifier prints at the end of a run: one line per arm and probe, read from the
-read model (repro.readmodel)."""
+read model (repro.readmodel). Every INCONCLUSIVE (a probe, an arm, the baseline, a scenario run or request) says
+why on its line or the lines under it, and an acceptance that did not match names what it did not check."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import textwrap
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from repro.judge.verdict import CORRUPT, ERROR, PASS, SKIPPED
+from repro.judge.expectations import expectation_text
+from repro.judge.verdict import CORRUPT, ERROR, INCONCLUSIVE, KV_FINDINGS, PASS, SKIPPED
 from repro.publish.headline import later_facts, later_text, scenario_later_text
-from repro.readmodel import Arm, Probe, Report, Scenario, as_report
-from repro.readmodel.scenario_load import SUMMARY_REQUESTS, controls_text, spec_text
+from repro.readmodel import Arm, Probe, Report, Scenario, StepRequest, as_report
+from repro.readmodel.scenario_load import SUMMARY_REQUESTS, arm_rates_text, controls_text, spec_text
 from repro.record.report import CLAIM_LINE
 
 VERDICT_COLUMN = 20  # the summary's token-verdict column before the KV column, at least
+LINE_CHARS = 400  # a summary line, at most: a longer line is cut, but an INCONCLUSIVE's reasons wrap instead
+NO_REASON = "no reason recorded"  # an INCONCLUSIVE whose record gives none says so, never nothing
+LISTED = 5  # acceptance items named before "and N more"
+
+
+def why_lines(reasons: Iterable[object], indent: str, head: str = "why: ") -> list[str]:
+    """'    why: cold request reported 1408 cached tokens: not a verified miss': a verdict's reasons under its line, each
+    once and in order, wrapped at LINE_CHARS (a reason is never cut); NO_REASON when it has none."""
+    text = "; ".join(dict.fromkeys(str(r) for r in reasons)) or NO_REASON
+    return textwrap.wrap(text, LINE_CHARS, initial_indent=indent + head, subsequent_indent=indent + "  ",
+                         break_on_hyphens=False)  # fmt: skip
+
+
+def acceptance_lines(acceptance: Mapping[str, Any]) -> list[str]:
+    """What kept the acceptance from matching, by name: the checks the run did not meet (a misspelled probe shows
+    as observed None), the arms the fixture states no verdict for, and the probes its expectations do not list;
+    [] when it matched or no suite ran."""
+    if acceptance.get("matched") is not False:
+        return []
+    failed = [f"{c.get('arm')} {c.get('probe')} {c.get('check', 'tokens')}: expected "
+              f"{expectation_text(c.get('expected'))}, observed {c.get('observed')}"
+              for c in acceptance.get("checked") or [] if isinstance(c, Mapping) and not c.get("ok")]  # fmt: skip
+    arms = [str(a) for a in acceptance.get("unchecked_arms") or []]
+    probes = [f"{u.get('arm')} {u.get('probe')} ({u.get('check')}, observed {u.get('observed')})"
+              for u in acceptance.get("unchecked_probes") or [] if isinstance(u, Mapping)]  # fmt: skip
+    said = [
+        ("acceptance: not as the fixture states: ", failed),
+        ("acceptance: unchecked arms (the fixture states no verdict for them): ", arms),
+        ("acceptance: unchecked probes (the fixture's expectations for their arm do not list them): ", probes),
+    ]
+    return [line for head, items in said if items for line in why_lines([_some(items)], "", head)]
+
+
+def _some(items: list[str]) -> str:
+    return "; ".join(items[:LISTED]) + (f"; and {len(items) - LISTED} more" if len(items) > LISTED else "")
+
+
+def _arm_why(arm: Arm) -> list[str]:
+    """An INCONCLUSIVE arm's reasons that no line under it gives (its INCONCLUSIVE probes' and its members' do);
+    NO_REASON when nothing under it says why either."""
+    if arm.verdict != INCONCLUSIVE:
+        return []
+    probes = [p.name for p in arm.probes if p.verdict == INCONCLUSIVE]
+    members = [str(r) for m in arm.members for r in m.data.get("reasons") or []]
+    own = [r for r in arm.reasons if r not in members and not any(r.startswith(f"{n}: ") for n in probes)]
+    return why_lines(own, "  ") if own or not (probes or any(m.verdict != PASS for m in arm.members)) else []
+
+
+def _undecided_lines(requests: list[StepRequest]) -> list[str]:
+    """The INCONCLUSIVE requests past a load scenario's listed ones: every reason once, with how many gave it."""
+    if not requests:
+        return []
+    counts: dict[str, int] = {}
+    for r in requests:
+        for reason in r.reasons or (NO_REASON,):
+            counts[reason] = counts.get(reason, 0) + 1
+    head = f"{len(requests)} of them INCONCLUSIVE: "
+    return why_lines([f"{reason} (×{n})" for reason, n in counts.items()], "        ", head)
 
 
 def _probe_line(probe: Probe, kv: str | None, width: int = VERDICT_COLUMN) -> str:
@@ -28,11 +89,25 @@ def _arm_verdict(report: Report, arm: Arm) -> str:
     (trial 1): PASS · …', never a bare PASS over what the exit code counts."""
     later = later_text(report, arm.name, words=False)
     if not later:
-        return arm.verdict_text
+        kv = _own_kv_findings(arm) if arm.verdict == PASS else ""
+        return f"{kv} · its tokens: {arm.verdict_text}" if kv else arm.verdict_text
     found, errors, idle = later_facts(report, arm.name)
     own = "its own run (trial 1)" if found or errors else "its tokens"
     text = arm.verdict_text.split(" · not exercised: ")[0] if idle else arm.verdict_text  # said in `later`
     return f"{later} · {own}: {text}" if arm.verdict == PASS else f"{text} · {later}"
+
+
+def _own_kv_findings(arm: Arm) -> str:
+    """'KV FOREIGN on b; KV CORRUPT on a, c': the KV findings of the arm's own run, by class ('' when none), so that
+    an arm whose tokens PASSed over a KV finding never reads as a bare PASS."""
+    parts = []
+    for cls in KV_FINDINGS:
+        probes = [p.name for p in arm.probes if p.kv_verdict == cls]
+        if probes:
+            parts.append(
+                f"KV {cls} on {', '.join(probes[:3])}" + (f" and {len(probes) - 3} more" if len(probes) > 3 else "")
+            )
+    return "; ".join(parts)
 
 
 def _condition_lines(arm: Arm) -> list[str]:
@@ -62,22 +137,31 @@ def _scenario_lines(report: Report, scenario: Scenario) -> list[str]:
         ]
     for arm in scenario.arms:
         later = scenario_later_text(report, scenario.name, str(arm.data.get("arm")), arm.verdict == PASS)
-        line = arm.summary_line
+        line, rates = arm.summary_line, arm_rates_text(arm.load) if arm.load is not None else ""
+        if rates:  # a load arm: its rates a round a line under it, never cut (a round also counts its KV findings)
+            line = line.replace(f" · {rates}", "")
         if later:  # a later trial counts against it: said first, never behind a bare PASS
             line = f"{later} · its own run (trial 1): {line}" if arm.verdict == PASS else f"{line} · {later}"
         lines.append(f"  {scenario.name} · {arm.name}: {line}")
+        lines += [f"      {part}" for part in rates.split("; ") if part]
+        if arm.verdict == INCONCLUSIVE and not arm.requests:  # every reason: it decides the exit as any INCONCLUSIVE
+            lines += why_lines(arm.reasons, "      ", "")
+            continue
         if arm.verdict in (ERROR, SKIPPED) or not arm.requests:
             why = [arm.error_text] if arm.error_text else []
             lines += [f"      {r}" for r in why + [r for r in arm.reasons[:3] if r not in arm.error_text]]
             continue
-        failing = arm.failing
+        failing, more = arm.failing, []
         if scenario.load is not None and len(failing) > SUMMARY_REQUESTS:  # the report and the page list them all
-            more = len(failing) - SUMMARY_REQUESTS
-            failing = failing[:SUMMARY_REQUESTS]
-            lines += [f"      {r.line}" for r in failing] + [f"      … and {more} more requests that are not PASS"]
-        else:
-            lines += [f"      {r.line}" for r in failing]
-        lines += [f"      {r}" for r in arm.reasons if not r.startswith("step ")]  # a request's reason is on its line
+            failing, more = failing[:SUMMARY_REQUESTS], failing[SUMMARY_REQUESTS:]
+        for r in failing:  # an INCONCLUSIVE request's line carries its reasons: wrapped, never cut
+            lines += why_lines([r.line], "      ", "") if r.verdict == INCONCLUSIVE else [f"      {r.line}"]
+        if more:
+            lines.append(f"      … and {len(more)} more requests that are not PASS")
+            lines += _undecided_lines([r for r in more if r.verdict == INCONCLUSIVE])
+        lines += [
+            f"      {r}" for r in arm.reasons if not r.startswith(("step ", "round "))
+        ]  # a request's reason: its line
         lines += [f"      trials: {r.line}" for r in arm.later_rates]
     return [line[:400] for line in lines]
 
@@ -108,6 +192,7 @@ def format_summary(report: Report | Mapping[str, Any]) -> str:
         f"# {report.data['generations']} generations · acceptance.matched = {report.acceptance_label()} · "
         + report.exit_text,
     ]
+    lines += acceptance_lines(report.acceptance)  # what acceptance.matched = false did not check, by name
     if report.run_conditions.line:
         lines.append(report.run_conditions.line[:400])
     lines += [f"LoRA {line}"[:400] for line in report.adapter_lines]  # the adapters probes ran under, if any
@@ -116,17 +201,21 @@ def format_summary(report: Report | Mapping[str, Any]) -> str:
     for arm in report.arms:
         if arm.is_baseline:
             if arm.verdict != PASS:
-                lines.append(f"baseline: {arm.verdict} — " + "; ".join(arm.reasons)[:300])
+                lines += why_lines(arm.reasons, "", f"baseline: {arm.verdict} — ")
             continue
         lines.append(f"{arm.title}: {_arm_verdict(report, arm)}")
+        lines += _arm_why(arm)
         if arm.error:
             lines.append(f"  ERROR {arm.error['kind']}: {arm.error['detail']}"[:400])
         lines += _condition_lines(arm)
-        lines += [f"  {m.line}"[:400] for m in arm.members]
+        for m in arm.members:  # an INCONCLUSIVE member's line gives its first reason: the rest, wrapped, never cut
+            rest = list(m.data.get("reasons") or [])[1:] if m.verdict == INCONCLUSIVE else []
+            lines += why_lines([m.line, *rest], "  ", "") if m.verdict == INCONCLUSIVE else [f"  {m.line}"[:400]]
         if audit:
             lines.append(f"  {arm.kv_text}"[:400])
         for p in arm.probes:
             lines.append(_probe_line(p, p.kv_cell if audit else None, width))
+            lines += why_lines(p.reasons, "    ") if p.verdict == INCONCLUSIVE else []
             lines += [f"    {line}"[:400] for line in p.replay_lines()]
             lines += [f"    {line}"[:400] for line in p.prompt_logprob_lines()]  # where it asked for them
         for note in arm.findings:

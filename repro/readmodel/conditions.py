@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
-from repro.judge.trials import kv_found, kv_rate_counts
+from repro.judge.trials import STORE_PERSISTED, classify_confirmation, kv_found, kv_rate_counts, shared_runs_of
 from repro.judge.verdict import ERROR, FAIL, KV_FINDINGS
 from repro.judge.wording import NOT_RECORDED, seconds, show
 
@@ -53,9 +54,11 @@ class CopyPath:
 
 @dataclass(frozen=True)
 class TrialRate:
-    """One probe of an arm across its trials: how many found each kind of finding, and the class."""
+    """One probe of an arm across its trials: how many found each kind of finding, and the class. found: the
+    finished trials that FAILed it or had a KV finding on it (counted from the trials' runs; None: not counted)."""
 
     data: Mapping[str, Any] = field(repr=False)
+    found: int | None = None
 
     @property
     def probe(self) -> object:
@@ -81,12 +84,19 @@ class TrialRate:
         return self.of - self.errors if isinstance(self.of, int) else self.of
 
     @property
+    def hits(self) -> int:
+        """The finished trials that found it: a FAIL or a KV finding (`found`; else the larger of the two counts)."""
+        return self.found if self.found is not None else max(self.data.get("failed") or 0, kv_found(self.data))
+
+    @property
     def cell(self) -> str:
         """'FAIL 3/5', 'FAIL 0/5, KV CORRUPT 2/5', 'FAIL 0/5, KV MISPLACED 2/5', 'FAIL 1/1 (1 ERROR)' (of the trials
-        that finished; each KV finding counted apart, worst first)."""
-        n = self.finished
-        text = f"FAIL {self.data.get('failed', '?')}/{n}"
-        text += "".join(f", KV {verdict} {k}/{n}" for verdict, k in kv_rate_counts(self.data))
+        that finished; each KV finding counted apart, worst first); 'FAIL 1/3, KV FOREIGN 1/3, FAIL or KV finding 2/3'
+        where the FAILs and the KV findings came in different trials."""
+        n, failed = self.finished, self.data.get("failed", "?")
+        text = f"FAIL {failed}/{n}" + "".join(f", KV {verdict} {k}/{n}" for verdict, k in kv_rate_counts(self.data))
+        if isinstance(failed, int) and self.hits > max(failed, kv_found(self.data)):
+            text += f", FAIL or KV finding {self.hits}/{n}"
         return text + (f" ({self.errors} ERROR)" if self.errors else "")
 
     @property
@@ -95,7 +105,7 @@ class TrialRate:
         ERROR is set apart, never counted as one that did not find it); None for a probe clean in every trial."""
         if self.cls == CLEAN_RATE:
             return None
-        hits = max(self.data.get("failed") or 0, kv_found(self.data))
+        hits = self.hits
         intermittent = self.cls == INTERMITTENT
         n = self.finished
         text = f"{INTERMITTENT} {hits}/{n}" if intermittent else f"{hits}/{n} trials"
@@ -116,9 +126,12 @@ def run_probe_text(probe: Mapping[str, Any]) -> str:
     return text + (f" · KV {probe['kv']}" if probe.get("kv") in KV_FINDINGS else "")
 
 
-def _has_finding(run: Mapping[str, Any]) -> bool:
+def _has_finding(run: Mapping[str, Any], probe: object = None) -> bool:
+    """The run FAILed a probe or had a KV finding on it (on this probe, where one is named)."""
     return any(
-        isinstance(p, dict) and (p.get("verdict") == FAIL or p.get("kv") in KV_FINDINGS)
+        isinstance(p, dict)
+        and probe in (None, p.get("name"))
+        and (p.get("verdict") == FAIL or p.get("kv") in KV_FINDINGS)
         for p in run.get("probes") or []
     )
 
@@ -209,8 +222,11 @@ class ArmConditions:
 
     @property
     def rates(self) -> tuple[TrialRate, ...]:
-        trials = self._trials
-        return tuple(TrialRate(r) for r in (trials.get("rates") or []) if isinstance(r, dict)) if trials else ()
+        """Each probe's rate, with the finished trials that FAILed it or had a KV finding on it counted from the runs."""
+        trials = self._trials or {}
+        runs = [r for r in trials.get("runs") or [] if isinstance(r, dict) and r.get("verdict") != ERROR]
+        rates = [r for r in trials.get("rates") or [] if isinstance(r, dict)]
+        return tuple(TrialRate(r, sum(1 for run in runs if _has_finding(run, r.get("probe")))) for r in rates)
 
     def rate(self, probe: str) -> TrialRate | None:
         return next((r for r in self.rates if r.probe == probe), None)
@@ -265,19 +281,41 @@ class ArmConditions:
     def confirmation_class(self) -> str | None:
         """The class the re-run alone gave the arm's finding; None when it did not run (or decided no class)."""
         conf = self._confirmation
-        return conf.get("class") if conf is not None and conf.get("status") == "ran" else None
+        if conf is None or conf.get("status") != "ran":
+            return None
+        return self._reclassed[0] if self._reclassed else conf.get("class")
+
+    @cached_property
+    def _reclassed(self) -> tuple[str, str] | None:
+        """(class, reason) the judge (repro.judge.trials.classify_confirmation) gives a re-run alone that the report
+        records as unconfirmed: a report written before a KV finding counted in a confirmation calls a run alone whose
+        tokens were INCONCLUSIVE unconfirmed, whatever its KV audit found. None: the recorded class stands (any other
+        class, or unconfirmed still)."""
+        conf = self._confirmation
+        alone = conf.get("run") if conf is not None and conf.get("class") == UNCONFIRMED else None
+        if conf is None or conf.get("status") != "ran" or not isinstance(alone, dict):
+            return None
+        try:
+            cls, reason = classify_confirmation(shared_runs_of(dict(self.data)), alone)
+        except (KeyError, TypeError, AttributeError):  # runs too old or too damaged to class again
+            return None
+        recorded = str(conf.get("reason") or "")
+        cut = recorded.find(f"; {STORE_PERSISTED}")  # the store's note stays: it is not the judge's
+        return None if cls == UNCONFIRMED else (cls, reason + (recorded[cut:] if cut >= 0 else ""))
 
     @property
     def confirmation_text(self) -> str:
         """'re-run alone: PASS → contention-dependent', 're-run alone: INCONCLUSIVE → unconfirmed, not independent' (its
-        store persisted), 're-run alone: skipped (--no-confirm)'; '' without one."""
+        store persisted), 're-run alone: INCONCLUSIVE → deterministic (the report records unconfirmed: an older kit's
+        class)', 're-run alone: skipped (--no-confirm)'; '' without one."""
         conf = self._confirmation
         if conf is None:
             return ""
         if conf.get("status") != "ran":
             return f"re-run alone: {conf.get('status')}" + (f" ({conf['why']})" if conf.get("why") else "")
         verdict = (conf.get("run") or {}).get("verdict") or "no result"
-        text = f"re-run alone: {verdict} → {conf.get('class') or 'unclassed'}"
+        text = f"re-run alone: {verdict} → {self.confirmation_class or 'unclassed'}"
+        text += f" (the report records {conf.get('class')}: an older kit's class)" if self._reclassed else ""
         return text + (", not independent" if self.confirmation_independent is False else "")
 
     @property
@@ -294,7 +332,8 @@ class ArmConditions:
         conf = self._confirmation
         if conf is None or conf.get("status") != "ran":
             return ""
-        parts = [f"ran because {conf['why']}" if conf.get("why") else "", str(conf.get("reason") or "")]
+        reason = self._reclassed[1] if self._reclassed else str(conf.get("reason") or "")
+        parts = [f"ran because {conf['why']}" if conf.get("why") else "", reason]
         return "; ".join(p for p in parts if p)
 
     @property

@@ -34,7 +34,10 @@ class Placed:
 
     @property
     def place(self) -> str:
-        """'step 2 chat-511'."""
+        """'step 2 chat-511'; a production-load request (its record has `cancel`) 'round 3 load-p011-s02': its
+        record's `step` is 0-based, as every scenario's, and a reader counts rounds from 1, as its rates do."""
+        if "cancel" in self.data:
+            return f"round {'?' if self.step is None else self.step + 1} {self.probe}"
         return f"step {'?' if self.step is None else self.step} {self.probe}"
 
 

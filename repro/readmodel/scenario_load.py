@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from repro.judge.verdict import KV_FINDINGS
 from repro.readmodel.scenario_fields import int_field
 
 # at most this many requests that are not PASS are listed per (load scenario, arm) in the summary; the page and
@@ -20,16 +21,30 @@ def _n(round_: Mapping[str, Any], key: str) -> str:
     return "?" if found is None else str(found)
 
 
+def round_of(step: int | None) -> str:
+    """'round 1': a load request's round as a reader counts it. Its record keeps the key every scenario's requests
+    share, `step` (0-based); the rounds' rates and the page's rounds count from 1."""
+    return f"round {'?' if step is None else step + 1}"
+
+
+def round_step_text(index: int | None, prompts: int, cancel: Mapping[str, Any]) -> str:
+    """'round 1: 64 prompts in flight together, in a shuffled order, cancelling load-p004-s01 (prefill), …' (a
+    round's 64 names are in the report)."""
+    text = f"{round_of(index)}: {prompts} prompts in flight together, in a shuffled order"
+    return text + (", cancelling " + ", ".join(f"{n} ({w})" for n, w in cancel.items()) if cancel else "")
+
+
 def rounds_of(data: Mapping[str, Any] | None) -> tuple[Mapping[str, Any], ...]:
     found = (data or {}).get("rounds")
     return tuple(r for r in found if isinstance(r, Mapping)) if isinstance(found, list) else ()
 
 
 def arm_rates_text(load: Mapping[str, Any] | None) -> str:
-    """'round 1: 2 of 64 differ (2 FAIL), 6 of 64 reused, 6 cancelled; round 2: ...' for an arm's load rates: a
-    request differs when neither the reuse control nor the schedule control shows its divergence; a request whose
-    hit counter is None or negative (vLLM's -1) is no reuse, said apart ('2 of 64 with no hit counter'); '' without
-    rates."""
+    """'round 1: 2 of 64 differ (2 FAIL), 6 of 64 reused, KV findings 1 of 64 (1 CORRUPT, 1 with cache-off tokens),
+    6 cancelled; round 2: ...' for an arm's load rates: a request differs when neither the reuse control nor the
+    schedule control shows its divergence; a request whose hit counter is None or negative (vLLM's -1) is no reuse,
+    said apart ('2 of 64 with no hit counter'); its KV findings beside, where the arm was KV-audited (kv_text); ''
+    without rates."""
     parts = []
     for r in rounds_of(load):
         total = _n(r, "requests")
@@ -44,6 +59,7 @@ def arm_rates_text(load: Mapping[str, Any] | None) -> str:
         text += f", {_n(r, 'reused')} of {total} reused"
         if int_field(r.get("counter_missing")):  # None or vLLM's -1: no hit, said apart (absent in older reports)
             text += f", {_n(r, 'counter_missing')} of {total} with no hit counter"
+        text += kv_text(r)
         text += f", {_n(r, 'cancelled')} cancelled"
         if int_field(r.get("cancel_missed")):
             text += f" ({_n(r, 'cancel_missed')} missed)"
@@ -53,9 +69,27 @@ def arm_rates_text(load: Mapping[str, Any] | None) -> str:
     return "; ".join(parts)
 
 
+def kv_text(round_: Mapping[str, Any]) -> str:
+    """', KV findings 3 of 64 (2 CORRUPT, 1 MISPLACED, 1 with cache-off tokens), 2 KV unavailable': a round's KV
+    findings (MISPLACED, FOREIGN, CORRUPT: repro.judge.verdict.KV_FINDINGS) beside its token differences, by class,
+    and how many of them gave the cache-off answer's tokens (the tokens alone would not show those); '' where the
+    round has no KV figures (the arm not KV-audited, or a report made before rounds counted them)."""
+    if int_field(round_.get("kv_audited")) is None:
+        return ""
+    text = f", KV findings {_n(round_, 'kv_findings')} of {_n(round_, 'requests')}"
+    if int_field(round_.get("kv_findings")):
+        classes = [
+            f"{_n(round_, f'kv_{c.lower()}')} {c}" for c in KV_FINDINGS if int_field(round_.get(f"kv_{c.lower()}"))
+        ]
+        text += f" ({', '.join(classes)}, {_n(round_, 'kv_findings_tokens_match')} with cache-off tokens)"
+    return text + (
+        f", {_n(round_, 'kv_unavailable')} KV unavailable" if int_field(round_.get("kv_unavailable")) else ""
+    )
+
+
 def spec_text(load: Mapping[str, Any]) -> str:
     """'64 prompts a round (16 prefixes of 192 tokens × 4 suffixes of 32), 3 rounds in shuffled orders, seed 5;
-    a round cancels 3 in prefill and 3 at their last step, each sent again'."""
+    a round cancels 3 in prefill and 3 at their last step, each that lands sent again'."""
     g = {k: "?" if int_field(load.get(k)) is None else str(load.get(k)) for k in load}
     n = (int_field(load.get("prefixes")) or 0) * (int_field(load.get("suffixes")) or 0)
     text = (
@@ -68,7 +102,7 @@ def spec_text(load: Mapping[str, Any]) -> str:
         for key, label in (("cancel_in_prefill", "in prefill"), ("cancel_at_last_step", "at their last step"))
         if int_field(load.get(key))
     ]
-    return text + (f"; a round cancels {' and '.join(cancels)}, each sent again" if cancels else "")
+    return text + (f"; a round cancels {' and '.join(cancels)}, each that lands sent again" if cancels else "")
 
 
 def controls_text(load: Mapping[str, Any]) -> str:

@@ -65,8 +65,13 @@ def main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="python -m repro compact-report", description=main.__doc__)
     parser.add_argument("input", help=f"a kvkit report JSON, schema_version {MIGRATES_FROM}")
     parser.add_argument("output", help="where to write it compacted (may be IN itself; written atomically)")
+    parser.add_argument("--force", action="store_true", help="replace another report already at OUT")
     args = parser.parse_args(argv)
     source = Path(args.input)
+    out = Path(args.output)
+    if out.exists() and not args.force and not (source.exists() and out.resolve() == source.resolve()):
+        # IN itself is compacted in place, losslessly (checked before it is written); any other report is not ours
+        raise UsageError(f"{out}: a report is already there: give another OUT, or --force to replace it")
     before = source.stat().st_size
     data = dumps_json(compact_report(load_report(source))).encode("utf-8")
     write_bytes_atomic(args.output, data)

@@ -10,12 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from repro.judge import trials
+from repro.judge.trials import STORE_PERSISTED
 from repro.plan.arms import ArmSlot, persisting_store
 from repro.plan.devices import visible_gpus
 from repro.run.sharing import who_shared
-
-# A confirmation's reason when the run alone could read what the shared run stored (repro.plan.arms's `store`).
-STORE_PERSISTED = "the store persisted: not independent"
 
 Sharing = Callable[[str], "dict | None"]
 

@@ -57,7 +57,9 @@ def arm_entry(
         entry.update(error=outcome.failure.to_json(), verdict=verdict.verdict, reasons=list(verdict.reasons))
         return entry
     beneath = bool(spec.connector and spec.connector.gpu_prefix_cache)  # its own hits count (repro.plan.offloading)
-    probes, verdict = judge_arm(res, baseline, spec.mode, block_size, arm.skip_probes, outcome.asked, beneath)
+    probes, verdict = judge_arm(
+        res, baseline, spec.mode, block_size, arm.skip_probes, outcome.asked, beneath, outcome.max_tokens
+    )
     entry["probes"] = probes
     if multi.is_multi(spec.connector):  # hits and a verdict per member; the token verdict stays what served
         members = decide_members([m.name for m in multi.member_specs(spec.connector)], served_reuses(probes),

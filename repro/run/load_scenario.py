@@ -16,7 +16,7 @@ from dataclasses import replace
 from repro.contract.result import ArmResult
 from repro.judge.compare import first_diff
 from repro.judge.scenario_verdict import REUSE_NUMERICS, SCHEDULE_NUMERICS
-from repro.judge.verdict import FAIL, hit_count
+from repro.judge.verdict import FAIL, KV_FINDINGS, UNAVAILABLE, hit_count
 from repro.plan.arms import PlannedArm
 from repro.plan.fixtures import Scenario
 from repro.plan.load import CONTROL_SUFFIX, REFERENCE_SUFFIX
@@ -118,18 +118,24 @@ def _count_hit(round_: dict, cached_tokens: object) -> None:
     round_["counter_missing"] += hits is None
 
 
+KV_CLASS_KEYS = {c: f"kv_{c.lower()}" for c in KV_FINDINGS}  # CORRUPT -> kv_corrupt, ...
+
+
 def rates(entry: dict) -> list[dict]:
     """An arm's load rates per round from its judged requests: N requests, how many reused (a hit counter above 0),
     how many have no hit counter (None, or vLLM's -1: counter_missing, counted apart), differ from the
     cache-off answer, are explained by the reuse control (reuse-numerics) or the schedule control (schedule-numerics),
-    differ (neither explains them), are findings (FAIL), and how many cancellations landed or missed."""
+    differ (neither explains them), are findings (FAIL), and how many cancellations landed or missed. Where the arm
+    was KV-audited (its entry has a KV verdict: repro.run.scenarios.annotate_kv, which computes the rates again) its
+    KV figures beside (_count_kv); absent where it was not, never a zero."""
+    audited = isinstance(entry.get("kv"), dict)
     out: dict[int, dict] = {}
     for r in entry["requests"]:
         k = out.setdefault(
             r["step"],
             {"round": r["step"] + 1, "requests": 0, "reused": 0, "differ_from_cache_off": 0, "reuse_numerics": 0,
              "schedule_numerics": 0, "differ": 0, "fail": 0, "cancelled": 0, "cancel_missed": 0,
-             "counter_missing": 0},
+             "counter_missing": 0} | (_kv_zero() if audited else {}),
         )  # fmt: skip
         k["requests"] += 1
         _count_hit(k, r["cached_tokens"])
@@ -143,7 +149,30 @@ def rates(entry: dict) -> list[dict]:
         cancel = r.get("cancel")
         if cancel:
             k["cancel_missed" if cancel.get("missed") else "cancelled"] += 1
+        if audited:
+            _count_kv(k, r)
     return [out[k] for k in sorted(out)]
+
+
+def _kv_zero() -> dict:
+    return {"kv_audited": 0, "kv_unavailable": 0, "kv_findings": 0, "kv_findings_tokens_match": 0,
+            **dict.fromkeys(KV_CLASS_KEYS.values(), 0)}  # fmt: skip
+
+
+def _count_kv(round_: dict, request: dict) -> None:
+    """One request's KV verdict into its round: audited (it has one), unavailable, a finding (MISPLACED, FOREIGN or
+    CORRUPT, each counted by its class), and a finding whose tokens equal the cache-off answer (the tokens alone
+    would not show it)."""
+    kv = request.get("kv")
+    verdict = kv.get("verdict") if isinstance(kv, dict) else None
+    if verdict is None:  # not audited: a miss, or a reuse the audit had no cause to read
+        return
+    round_["kv_audited"] += 1
+    round_["kv_unavailable"] += verdict == UNAVAILABLE
+    if verdict in KV_FINDINGS:
+        round_["kv_findings"] += 1
+        round_[KV_CLASS_KEYS[verdict]] += 1
+        round_["kv_findings_tokens_match"] += request.get("first_diff") is None
 
 
 def kv_summary(judged: dict) -> dict | None:

@@ -57,6 +57,8 @@ class ArmOutcome:
     server_copy_path: dict | None = None  # an LMCacheMPConnector arm: its MP server's (repro.lmcache.mp)
     # what its job asked for: probe name -> requests (cold + reuses); judging holds the result to it
     asked: dict[str, int] | None = None
+    # the max_tokens every request of its job was sent with (greedy, ignore_eos): an answer of another length is none
+    max_tokens: int | None = None
 
 
 class Interrupted(Exception):
@@ -353,6 +355,7 @@ def run_arm(
         wall_s=round(wall, 3),
         returncode=returncode,
         asked=None if job.scenario is not None else {p.name: p.requests for p in job.probes},
+        max_tokens=job.max_tokens,
     )
 
 

@@ -162,8 +162,9 @@ def mp_settings(scenario: Scenario) -> dict:
 # ---- judging --------------------------------------------------------------------------------------------
 
 
-def _label(step: int, probe: str) -> str:
-    return f"step {step} {probe}"
+def _label(step: int, probe: str, load: bool = False) -> str:
+    """'step 2 chat-511'; a production-load request 'round 3 load-p011-s02' (rounds count from 1, as its rates)."""
+    return f"round {step + 1} {probe}" if load else f"step {step} {probe}"
 
 
 def _control(outcome: ArmOutcome | None, answers: dict[str, list[int]], logs_rel: str) -> dict:
@@ -298,10 +299,14 @@ def judge_run(
             v = decide_scenario_request_unbased(view)
         elif load:
             pair = pairs[i][2:] if pairs is not None and pairs[i][:2] == (sr.step, sr.probe) else None
-            v = decide_load_request(tuple(answers[sr.probe]), view, matches, bool(sr.preemptions), pair)
+            v = decide_load_request(
+                tuple(answers[sr.probe]), view, matches, bool(sr.preemptions), pair, outcome.max_tokens
+            )
         else:
-            v = decide_scenario_request(tuple(answers[sr.probe]), view, expect, matches, bool(sr.preemptions))
-        judged.append((_label(sr.step, sr.probe), v))
+            v = decide_scenario_request(
+                tuple(answers[sr.probe]), view, expect, matches, bool(sr.preemptions), outcome.max_tokens
+            )
+        judged.append((_label(sr.step, sr.probe, load), v))
         tokens = list(req.token_ids)
         replays = None
         if v.first_diff is not None and base is not None:
@@ -313,7 +318,7 @@ def judge_run(
         base_cold = base.requests[0] if base is not None else None
         v, plp = prompt_logprobs.judge_request(v, req, base_cold, expect == "reuse")  # where it asked for them
         judged[-1] = (judged[-1][0], v)
-        earlier.setdefault(sr.probe, []).append((_label(sr.step, sr.probe), tokens))
+        earlier.setdefault(sr.probe, []).append((_label(sr.step, sr.probe, load), tokens))
         entry["requests"].append(
             {
                 "step": sr.step,
@@ -477,9 +482,11 @@ def annotate_kv(entry: dict, result: ArmResult | None, raw: dict | None, problem
             v = decide_kv_probe([audit], floor["rel"])
             counts, origin = audited["counts"], audited["origin"]
         r["kv"] = {**_kv(v, block_size), "counts": counts, "origin": origin}
-        judged.append((_label(r["step"], r["probe"]), v))
+        judged.append((_label(r["step"], r["probe"], "load" in entry), v))
     v = decide_scenario_kv(judged)
     entry["kv"] = {**_kv(v, block_size), "floor": {"rel": floor["rel"], "cells": floor["cells"]}}
+    if "load" in entry:  # a load arm's rates again, now with its requests' KV verdicts (load_scenario.rates)
+        entry["load"]["rounds"] = load_scenario.rates(entry)
 
 
 def _reused_blocks(record: dict | None) -> int:
