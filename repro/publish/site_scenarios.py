@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from repro.judge.verdict import PASS
 from repro.judge.wording import machine_path_name
 from repro.readmodel import Report, Scenario, ScenarioArm, StepRequest
-from repro.readmodel.scenario_load import arm_rates_text, controls_text, round_of, round_step_text, spec_text
+from repro.readmodel.scenario_load import arm_rates_text, controls_text, round_step_text, spec_text
 
 
 @dataclass(frozen=True)
@@ -56,11 +56,12 @@ class ScenarioBlock:
     control: str
     control_differs: bool  # the schedule alone changed some request's tokens: the line is shown loud
     arms: tuple[ScenarioArmBlock, ...]
+    step_label: str = "step"  # the rows' first column: a load scenario's rounds, counted from 1 as its rates are
 
 
 def _scenario_row(req: StepRequest, title: Callable[[str], str], load: bool = False) -> ScenarioRow:
     return ScenarioRow(
-        step=round_of(req.step) if load else ("?" if req.step is None else str(req.step)),
+        step=("?" if req.step is None else str(req.step + 1)) if load else ("?" if req.step is None else str(req.step)),
         probe=title(req.probe),
         expect=req.expect_text,
         cached=req.hit_cell,
@@ -117,6 +118,7 @@ def scenario_block(scenario: Scenario, index: int, title: Callable[[str], str] =
         ),
         control_differs=control is not None and (bool(control.differing) or not control.ran),
         arms=tuple(_scenario_arm(a, title, scenario.load is not None) for a in scenario.arms),
+        step_label="round" if scenario.load is not None else "step",
     )
 
 
