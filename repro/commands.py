@@ -1,4 +1,5 @@
-"""The command registry behind `python -m repro COMMAND`, and the error handling every command shares.
+"""The command registry behind `python -m repro COMMAND` (and `kvkit COMMAND`, the console script `pip install .`
+makes), and the error handling every command shares.
 
 Each command is one row of COMMANDS: a name, its synopsis, and the `module:function` that takes
 the remaining arguments and returns an exit code. Every command parses its flags with
@@ -12,17 +13,34 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import os
 import signal
 import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from repro import __version__
 from repro.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, UsageError
+
+MODULE_PROGRAM = "python -m repro"
+CONSOLE_SCRIPT = "kvkit"  # pyproject.toml's [project.scripts]
+
+
+def program() -> str:
+    """How the kit was called, as its usage lines name it: `kvkit` through the console script, else `python -m repro`."""
+    return CONSOLE_SCRIPT if Path(sys.argv[0]).stem == CONSOLE_SCRIPT else MODULE_PROGRAM
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse that raises UsageError (one line, exit 2) instead of printing its usage and exiting."""
+    """argparse that raises UsageError (one line, exit 2) instead of printing its usage and exiting. A command's
+    `prog="python -m repro NAME"` reads `kvkit NAME` when the kit was called as kvkit."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.prog.startswith(MODULE_PROGRAM + " "):
+            self.prog = program() + self.prog[len(MODULE_PROGRAM) :]
 
     def error(self, message: str):
         raise UsageError(message)
@@ -188,11 +206,13 @@ COMMANDS = (
 BY_NAME = {c.name: c for c in COMMANDS}
 
 
-def usage() -> str:
-    lines = ["usage: python -m repro COMMAND [ARGS]", "", "commands:"]
+def usage(prog: str = MODULE_PROGRAM) -> str:
+    """Every command, its synopsis on its own line and what it does on the next."""
+    lines = [f"usage: {prog} COMMAND [ARGS]", "", "commands:"]
     for c in COMMANDS:
         lines.append(f"  {c.name} {c.synopsis}")
         lines.append(f"      {c.summary}")
+    lines += ["", f"{prog} COMMAND --help shows a command's flags; {prog} --version, the kit's version."]
     return "\n".join(lines)
 
 
@@ -204,6 +224,15 @@ def say_error(message: str) -> None:
         print(f"error: {message}", file=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
+
+
+def say(text: str) -> None:
+    """text on stdout. A reader that has gone (`kvkit --help | head`) cuts it short without a traceback: stdout
+    then points at /dev/null, so that the interpreter's last flush does not fail again."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def run_command(func: Callable[[list[str]], int], argv: list[str]) -> int:
@@ -237,11 +266,17 @@ def ignore_stop_signals() -> None:
 
 
 def main(argv: list[str]) -> int:
+    """Run the command argv names; its exit code. --help lists the commands (exit 0), no command lists them too
+    (exit 2), an unknown one is one line and exit 2."""
+    prog = program()
     if not argv or argv[0] in ("-h", "--help"):
-        print(usage())
+        say(usage(prog))
         return EXIT_OK if argv else EXIT_USAGE
+    if argv[0] == "--version":
+        say(f"{CONSOLE_SCRIPT} {__version__}")
+        return EXIT_OK
     command = BY_NAME.get(argv[0])
     if command is None:
-        print(f"error: unknown command {argv[0]!r} (python -m repro --help lists them)", file=sys.stderr)
+        say_error(f"unknown command {argv[0]!r} ({prog} --help lists them)")
         return EXIT_USAGE
     return run_command(command.load(), argv[1:])

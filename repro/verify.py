@@ -12,17 +12,19 @@ import contextlib
 import signal
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from repro.commands import ArgumentParser, run_command, say_error
 from repro.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, UsageError
+from repro.judge.verdict import hit_count
 from repro.models.lora import make_planned
-from repro.plan.endpoint import check_endpoints
+from repro.plan.endpoint import ENDPOINT_ARM, RESET_FLAG, check_endpoints
 from repro.plan.options import Options, build_parser, parse_args, validate
 from repro.plan.report_path import check_report_path
-from repro.plan.run_plan import build_plan
+from repro.plan.run_plan import RunPlan, build_plan
 from repro.publish.summary import format_summary
+from repro.readmodel import Report, as_report
 from repro.record.assemble import assemble
 from repro.record.exit_rule import exit_code
 from repro.record.publish import publish, serialize
@@ -45,9 +47,9 @@ class RunState:
     published: dict | None = None  # the report, once it and its logs are on disk
 
 
-def run(opts: Options, argv: list[str], state: RunState) -> int:
+def run(opts: Options, argv: list[str], state: RunState, plan_of=build_plan) -> int:
     """plan -> execute -> judge (a confirmation alone follows the verdicts it confirms) -> record -> summary."""
-    plan = build_plan(opts, argv)
+    plan = plan_of(opts, argv)
     make_planned(plan.inputs.adapters)  # the seeded LoRA adapters its probes run under, before any child
     out, engine, repeats = plan.output, plan.engine, plan.repeats
     state.report_path = out.report
@@ -95,10 +97,10 @@ def _interrupted(state: RunState, why: str) -> int:
     return EXIT_INTERRUPTED
 
 
-def _verify(argv: list[str], read=parse_args) -> int:
-    state = RunState()
+def _verify(argv: list[str], read=parse_args, plan_of=build_plan, state: RunState | None = None) -> int:
+    state = RunState() if state is None else state
     try:
-        return run(read(argv), argv, state)
+        return run(read(argv), argv, state, plan_of)
     except (KeyboardInterrupt, Interrupted) as exc:
         return _interrupted(state, str(exc) or "SIGINT")
     except UsageError:
@@ -137,8 +139,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _endpoint(argv: list[str]) -> int:
-    """`repro endpoint`: the fixture's probes sent to a server the kit did not start and to a baseline server, judged
-    as every run is (repro.plan.endpoint checks both first: one line, exit 2, before any child)."""
+    """`repro endpoint`: the fixture's probes and the acceptance suite's sent to a server the kit did not start and to
+    a baseline server, judged as every run is (repro.plan.endpoint checks both first: one line, exit 2, before any
+    child)."""
+    own = _endpoint_parser().parse_args(argv)
+    check_report_path(Path(own.report), Path(own.fixture), own.force)  # before asking the servers
+    servers = check_endpoints(own.url, own.baseline_url, own.model, own.reset_prefix_cache)
+    state = RunState()
+    code = _verify(endpoint_argv(own), endpoint_options(servers), plan_endpoint, state)
+    hint = state.published and cold_hit_hint(as_report(state.published), own.url, own.reset_prefix_cache)
+    if hint:  # after the summary: how to clear what an earlier run left in the judged server's prefix cache
+        print(hint, file=sys.stderr)
+    return code
+
+
+def _endpoint_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m repro endpoint", description=_endpoint.__doc__)
     p.add_argument("--url", required=True, help="the server judged (its reuse on)")
     p.add_argument("--baseline-url", required=True, help="a server of the same model with reuse off: the reference")
@@ -146,27 +161,69 @@ def _endpoint(argv: list[str]) -> int:
     p.add_argument("--fixture", required=True)
     p.add_argument("--report", required=True)
     p.add_argument("--force", action="store_true", help="replace a report already at --report and its logs")
+    suite = p.add_mutually_exclusive_group()
+    suite.add_argument("--suite", choices=["acceptance"], default=None,
+                       help="the probes sent: the fixture's and the acceptance suite's chunk-boundary chat probes "
+                       "(the default); no fixture states an endpoint's verdicts, so every one must be PASS")  # fmt: skip
+    suite.add_argument("--no-suite", action="store_true", help="send the fixture's probes only")
+    p.add_argument("--reset-prefix-cache", action="store_true",
+                   help="reset --url's prefix cache (POST /reset_prefix_cache, which vLLM serves only under "
+                   "VLLM_SERVER_DEV_MODE=1) before each probe's cold request, so that what an earlier run left there "
+                   "is no hit; never done without this flag")  # fmt: skip
     p.add_argument("--max-tokens", default="16")
     p.add_argument("--logprobs", default="5")
     p.add_argument("--reuses", default=None)
     p.add_argument("--timeout", default="1800", help="per arm, seconds")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--stream", action="store_true", help="every request streamed (server-sent events)")
-    own = p.parse_args(argv)
-    check_report_path(Path(own.report), Path(own.fixture), own.force)  # before asking the servers
-    urls = check_endpoints(own.url, own.baseline_url, own.model)
-    verifier = ["--model", own.model, "--fixture", own.fixture, "--report", own.report, "--device", "cpu",
-                "--compare-native", "--no-native-matched", "--no-kv-audit", "--max-tokens", own.max_tokens,
-                "--logprobs", own.logprobs, "--timeout", own.timeout, "--jobs", "2", "--no-confirm",
-                *(["--reuses", own.reuses] if own.reuses else []), *(["--quiet"] if own.quiet else []),
-                *(["--stream"] if own.stream else []), *(["--force"] if own.force else [])]  # fmt: skip
+    return p
+
+
+def endpoint_argv(own) -> list[str]:
+    """The verifier's arguments of a `repro endpoint` run (its own parsed arguments): the suite's probes unless
+    --no-suite."""
+    return ["--model", own.model, "--fixture", own.fixture, "--report", own.report, "--device", "cpu",
+            "--compare-native", "--no-native-matched", "--no-kv-audit", "--max-tokens", own.max_tokens,
+            "--logprobs", own.logprobs, "--timeout", own.timeout, "--jobs", "2", "--no-confirm",
+            *([] if own.no_suite else ["--suite", "acceptance"]), *(["--reuses", own.reuses] if own.reuses else []),
+            *(["--quiet"] if own.quiet else []), *(["--stream"] if own.stream else []),
+            *(["--force"] if own.force else [])]  # fmt: skip
+
+
+def endpoint_options(servers: dict[str, str]):
+    """The verifier's reading of its arguments, its arms the two servers (what each arm's child reads of its server,
+    by arm name: repro.plan.endpoint.check_endpoints)."""
 
     def read(args: list[str]) -> Options:
         ns = build_parser().parse_args(args)
-        ns.frontend, ns.endpoints = "endpoint", urls
+        ns.frontend, ns.endpoints = "endpoint", servers
         return validate(ns)
 
-    return _verify(verifier, read)
+    return read
+
+
+def plan_endpoint(opts: Options, argv: list[str]) -> RunPlan:
+    """The run's plan with the suite's probes, judged as a run without the suite: a fixture's expectations name the
+    arms it plans (a connector's, native), never a deployment's, so the acceptance check would find the endpoint
+    unlisted and every arm of the fixture unrun; every verdict must be PASS instead (the one exit rule's)."""
+    plan = build_plan(opts, argv)
+    return replace(plan, inputs=replace(plan.inputs, suite=None))
+
+
+def cold_hit_hint(report: Report, url: str, reset: bool) -> str | None:
+    """One line where a cold request of the judged server (at url) reported cached tokens (an earlier run's prompt
+    still in its prefix cache: those probes are INCONCLUSIVE), saying how to clear it; None where none did. reset:
+    --reset-prefix-cache was given."""
+    hit = [p.name for a in report.arms if a.name == ENDPOINT_ARM for p in a.probes
+           if p.requests and (hit_count(p.requests[0].cached_tokens) or 0) > 0]  # fmt: skip
+    if not hit:
+        return None
+    head = f"endpoint: {len(hit)} cold request{'s' if len(hit) > 1 else ''} ({', '.join(hit)}) hit {url}'s prefix cache"
+    if reset:  # reset before each, and still a hit: a connector's own store, or a reset that failed
+        return (f"{head} although it was reset before each (a KV connector's own store is not reset; each reset's "
+                "answer is in the report's effective_config.served.prefix_cache_resets): restart that server")  # fmt: skip
+    return (f"{head}, left there by an earlier run: restart that server, or run again with {RESET_FLAG} "
+            "(the server started with VLLM_SERVER_DEV_MODE=1)")  # fmt: skip
 
 
 def endpoint_main(argv: list[str] | None = None) -> int:

@@ -89,7 +89,7 @@ def test_it_runs_to_a_report_whose_findings_exit_1(stack_run):
     the exit reason also names native same-name as fixed upstream."""
     assert stack_run.data is not None, stack_run.proc.stderr[-3000:]
     assert stack_run.proc.returncode == 1, stack_run.proc.stderr[-3000:]
-    why = stack_run.proc.stdout.splitlines()[1]
+    why = next(line for line in stack_run.proc.stdout.splitlines() if line.startswith("# "))
     assert "exit 1: KV FOREIGN that the fixture does not state: PlantedTokenKeys fixture-B" in why, why
     fixed = f"; and fixed upstream: {ISSUE} does not reproduce on vllm "
     assert (fixed in why) is _keyed_on_path(stack_run.data), why

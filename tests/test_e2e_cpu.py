@@ -73,8 +73,11 @@ def test_selftest_exit_code_and_summary(selftest):
     proc, _ = selftest
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
-    assert " · " in lines[0]
-    assert lines[1].startswith("# ") and "generations · acceptance.matched = true" in lines[1]
+    assert lines[0].startswith("Planted-fault self-test (")  # the headline sentence, as the site leads with it
+    at = next(i for i, line in enumerate(lines) if line.startswith("# "))
+    assert " · " in lines[at - 1] and "generations · acceptance.matched = true" in lines[at]
+    planted = next(line for line in lines if line.startswith("PlantedFault (PlantedFaultConnector): FAIL"))
+    assert planted.endswith(" — the planted fault (zero_blocks) caught, as the fixture expects"), planted
     assert lines[-1] == "claim_eligible=false; no performance claim"
     assert any(l.split()[:4] == ["fixture", "1502", "0→1488×3", "FAIL"] for l in lines)
 

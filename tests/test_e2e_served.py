@@ -1,7 +1,8 @@
 """The served stack end to end on the real vLLM CPU engine: `--frontend server` (each arm a `vllm serve` process the
 kit starts, over HTTP) against the offline front end on the CPU self-test, request by request; a server killed
 mid-run; and `repro endpoint` against two `vllm serve` servers this test starts itself (in the CPU's one-process
-layout: the engine core with its worker inside).
+layout: the engine core with its worker inside): every probe of the suite, then the same servers again (a cold hit
+left by the first run, and the line saying how to clear it), then again with --reset-prefix-cache.
 
 The offline side is the session's shared self-test (tests/e2e_runs.py: --jobs 2, ATen's portable kernels), which
 the served run mirrors, two arms at a time with the same kernels. The served run takes the served default, vLLM's own
@@ -196,8 +197,20 @@ def _start_server(model: str, caching: bool, log: Path) -> tuple[subprocess.Pope
     env = dict(os.environ, **KERNEL_VARIANTS[SELFTEST_KERNELS])
     env.update(runner.kernel_cache_env(env))
     env.update(engine_layout_env("one-process"))  # the engine core with its worker inside: one interpreter less
+    if caching:  # vLLM serves POST /reset_prefix_cache only so: --reset-prefix-cache's route
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     server = subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
     return server, f"http://127.0.0.1:{port}"
+
+
+def _endpoint_run(servers: list, model: str, report: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """`repro endpoint` against the two servers (the judged one first); its process and its report's arms by name."""
+    argv = ["--url", servers[0][1], "--baseline-url", servers[1][1], "--model", model, "--fixture",
+            SELFTEST_CPU_FIXTURE, "--report", str(report), "--quiet", *extra]  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "repro", "endpoint", *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=900, check=False)  # fmt: skip
+    arms = {a["name"]: a for a in json.loads(report.read_text())["arms"]} if report.exists() else {}
+    return proc, arms
 
 
 def test_endpoint_judges_a_server_the_kit_did_not_start(tmp_path, tiny_model):
@@ -210,19 +223,22 @@ def test_endpoint_judges_a_server_the_kit_did_not_start(tmp_path, tiny_model):
             assert time.monotonic() < deadline and all(s.poll() is None for s, _ in servers)
             time.sleep(1)
         report = tmp_path / "endpoint.json"
-        argv = ["--url", servers[0][1], "--baseline-url", servers[1][1], "--model", model, "--fixture",
-                SELFTEST_CPU_FIXTURE, "--reuses", "2", "--report", str(report), "--quiet"]  # fmt: skip
-        proc = subprocess.run([sys.executable, "-m", "repro", "endpoint", *argv], cwd=ROOT, capture_output=True,
-                              text=True, timeout=900, check=False)  # fmt: skip
+        proc, arms = _endpoint_run(servers, model, report, "--reuses", "2")  # the suite: every probe
+        # the same servers again, the fixture's probe alone: its prompt is still in the judged server's prefix cache
+        again, again_arms = _endpoint_run(servers, model, tmp_path / "again.json", "--no-suite", "--reuses", "1")
+        reset, reset_arms = _endpoint_run(servers, model, tmp_path / "reset.json", "--no-suite", "--reuses", "1",
+                                          "--reset-prefix-cache")  # fmt: skip
     finally:
         for server, _ in servers:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(report.read_text())
-    arms = {a["name"]: a for a in data["arms"]}
     assert sorted(arms) == ["baseline", "endpoint"] and data["config"]["frontend"] == "endpoint"
+    assert data["config"]["suite"] is None and data["acceptance"]["matched"] is None  # judged: every verdict PASS
     assert arms["endpoint"]["verdict"] == "PASS", arms["endpoint"]["reasons"]
+    for arm in arms.values():  # every probe of the suite sent to both servers
+        assert [p["name"] for p in arm["probes"]] == ["fixture", "chat-511", "chat-512", "chat-513"]
     reuses = [r for p in arms["endpoint"]["probes"] for r in p["requests"][1:]]
     assert reuses and all(r["cached_tokens"] > 0 for r in reuses)
     colds = [p["requests"][0]["cached_tokens"] for a in arms.values() for p in a["probes"]]
@@ -233,3 +249,24 @@ def test_endpoint_judges_a_server_the_kit_did_not_start(tmp_path, tiny_model):
         assert facts["version"]["version"] == "0.28.0" and facts["models"]["data"][0]["root"] == model
         assert all(r["over"] == "none" for r in facts["prefix_cache_resets"])  # the kit reset nothing there
     assert "KV audit: off" in proc.stdout and "endpoint (a server the kit did not start): PASS" in proc.stdout
+
+    # again: the cold request hits what the first run left; INCONCLUSIVE, and one line says how to clear it
+    assert again.returncode == 1, again.stdout[-3000:] + again.stderr[-3000:]
+    (probe,) = again_arms["endpoint"]["probes"]
+    assert again_arms["endpoint"]["verdict"] == "INCONCLUSIVE" and probe["requests"][0]["cached_tokens"] > 0
+    cached = probe["requests"][0]["cached_tokens"]
+    assert probe["reasons"] == [f"cold request reported {cached} cached tokens: not a verified miss"]
+    hint = again.stderr.strip().splitlines()[-1]
+    assert hint == (f"endpoint: 1 cold request (fixture) hit {servers[0][1]}'s prefix cache, left there by an earlier "
+                    "run: restart that server, or run again with --reset-prefix-cache (the server started with "
+                    "VLLM_SERVER_DEV_MODE=1)")  # fmt: skip
+    assert all(r["over"] == "none" for r in again_arms["endpoint"]["effective_config"]["served"]["prefix_cache_resets"])
+
+    # --reset-prefix-cache: the judged server's cache reset over HTTP before the cold request, which is a miss again
+    assert reset.returncode == 0, reset.stdout[-3000:] + reset.stderr[-3000:]
+    assert reset_arms["endpoint"]["verdict"] == "PASS", reset_arms["endpoint"]["reasons"]
+    assert [p["requests"][0]["cached_tokens"] for a in reset_arms.values() for p in a["probes"]] == [0, 0]
+    resets = reset_arms["endpoint"]["effective_config"]["served"]["prefix_cache_resets"]
+    assert resets == [{"over": "http", "answer": {"success": True}}]
+    assert all(r["over"] == "none" for r in reset_arms["baseline"]["effective_config"]["served"]["prefix_cache_resets"])
+    assert "endpoint: " not in reset.stderr  # no cold hit: no line

@@ -322,7 +322,8 @@ def test_a_newer_version_is_refused_and_version_2_without_kv_fields_too(tmp_path
 def test_summary_has_a_kv_column_the_floor_and_the_findings(v2):
     text = format_summary(v2)
     lines = text.splitlines()
-    planted = lines.index("PlantedFault (PlantedFaultConnector): FAIL (decisive: 6)")
+    caught = " — the planted fault (zero_blocks) caught, as the fixture expects"  # the acceptance states its FAIL
+    planted = lines.index(f"PlantedFault (PlantedFaultConnector): FAIL (decisive: 6){caught}")
     assert lines[planted + 1].startswith("  KV audit: ok · floor rel 2.4e-07 (max abs 8e-07) over ")
     row = lines[planted + 2]
     assert row.startswith("  fixture     1502  0→1488×3     FAIL") and row.endswith(f"KV CORRUPT: {BLAME_TEXT}")
@@ -341,14 +342,17 @@ def test_summary_has_a_kv_column_the_floor_and_the_findings(v2):
 
 
 def test_summary_of_a_v1_report_is_unchanged_and_says_nothing_of_kv():
-    text = format_summary(load_report(SELFTEST))
-    assert "KV" not in text
-    assert "  fixture     1502  0→1488×3     FAIL @9 (decisive ×3, gap 0.682 nats)" in text.splitlines()
+    headline, *rest = format_summary(load_report(SELFTEST)).splitlines()
+    assert headline.endswith("; KV not audited (the report predates the audit)")  # the headline says so, once
+    assert not any("KV" in line for line in rest)
+    assert "  fixture     1502  0→1488×3     FAIL @9 (decisive ×3, gap 0.682 nats)" in rest
 
 
 def test_summary_with_the_audit_off_says_so():
-    text = format_summary(build_v2_report(audit=False))
-    assert text.splitlines()[-2] == "KV audit: off" and "KV findings" not in text and " KV " not in text
+    headline, *rest = format_summary(build_v2_report(audit=False)).splitlines()
+    assert headline.endswith("; KV audit off")
+    text = "\n".join(rest)
+    assert rest[-2] == "KV audit: off" and "KV findings" not in text and " KV " not in text
 
 
 def test_spans_and_blame_text_from_fields():

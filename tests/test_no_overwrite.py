@@ -376,7 +376,7 @@ def test_detection_refuses_an_earlier_study_report_before_any_model_or_engine(mo
 def test_compact_report_never_replaces_another_report_unless_forced(tmp_path, capsys):
     from test_compact import V2_EXAMPLE
 
-    from repro.__main__ import main as repro_main
+    from repro.commands import main as repro_main
 
     other = tmp_path / "other.json"
     other.write_text('{"kind": "someone else\'s report"}')

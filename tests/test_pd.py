@@ -328,7 +328,12 @@ def test_the_report_is_versioned_written_atomically_and_names_nixl(tmp_path):
     stale = next(r for r in back["requests"] if r["case"] == "stale-reference" and r["control"])
     assert stale["answers_as"] == "probe-a" and stale["transfer"]["external_tokens"] == 200
     assert sorted(back["baselines"]) == sorted(cases.prompts)
-    assert pd_report.summary_lines(back)[0].startswith("P→D (NixlConnector): PASS (probe requests: PASS 8;")
+    head, arm = pd_report.summary_lines(back)[:2]  # the headline sentence, then the arm's line
+    assert head == (
+        "P→D (NixlConnector, NIXL 1.2.0, vLLM 0.26.0): matched caching off token for token on 8 of 8 probe requests; "
+        "negative controls held 3 of 3; exit 0: acceptance matched"
+    )
+    assert arm.startswith("P→D (NixlConnector): PASS (probe requests: PASS 8;")
     assert [p.name for p in tmp_path.iterdir()] == ["pd.json"]  # no temp file left
 
 

@@ -47,7 +47,9 @@ def test_the_site_renders_a_pd_report_with_its_transfers_controls_and_writeup(tm
     assert bad["verdict"] == "FAIL" and "v-FAIL" in foreign and "answers as" in foreign
     index = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
     assert 'href="pd/good.html"' in index and 'href="pd/foreign.html"' in index
-    assert "controls 3 of 3 held" in index  # one trial: the consumed, the stale and the out-of-range reference
+    assert (
+        "negative controls held 3 of 3; exit 0" in index
+    )  # one trial: the consumed, the stale and the out-of-range reference
 
 
 def test_a_pd_report_is_a_row_of_the_index_table_with_its_stack_model_verdict_and_controls(tmp_path):
@@ -59,13 +61,15 @@ def test_a_pd_report_is_a_row_of_the_index_table_with_its_stack_model_verdict_an
     table = index.split('<table id="reports"', 1)[1].split("</table>", 1)[0]
     rows = table.split("<tr><td")[1:]
     good = next(r for r in rows if 'href="pd/good.html"' in r)
-    assert "P→D (NixlConnector, NIXL 1.2.0) on kvkit-tiny: PASS, controls 3 of 3 held" in good
+    # the terminal's sentence (repro.disagg.report.headline), through the one exit rule
+    assert "P→D (NixlConnector, " in good and "kvkit-tiny): matched caching off token for token" in good
+    assert "negative controls held 3 of 3; exit 0" in good
     assert "NixlConnector P→D&nbsp;" in good and "v-PASS" in good and 'vLLM <span class="mono">0.26.0' in good
     assert "NIXL 1.2.0" in good and "model kvkit-tiny" in good and "NVIDIA H200" in good
     assert "negative controls:" in good and "out-of-range-reference&nbsp;" in good and "(held 1 of 1)" in good
     assert "secret-folder" not in good
     foreign = next(r for r in rows if 'href="pd/foreign.html"' in r)
-    assert "on kvkit-tiny: FAIL" in foreign
+    assert "kvkit-tiny): answered differently" in foreign and "exit 1" in foreign
     more = index.split('id="more-reports"', 1)[1] if 'id="more-reports"' in index else ""
     assert "pd/good.html" not in more  # a row of the table, not a line under More reports
 
@@ -83,9 +87,13 @@ def test_the_committed_pd_reports_become_rows_as_they_ran(tmp_path):
     rows = {e.row.stem: e.row for e in entries if e.row is not None}
     assert set(rows) == {"pd/h200-pd-smollm2-v026", "pd/h200-pd-tiny-v026"}
     for row in rows.values():
-        assert [(v.arm, v.verdict) for v in row.verdicts] == [("NixlConnector P→D", "PASS")]
+        # the probe requests PASS; a negative control not held is what the one exit rule counts (exit 1), said
+        # beside the verdict and at the end of the headline, never a bare PASS
+        assert [(v.arm, v.verdict, v.condition) for v in row.verdicts] == [
+            ("NixlConnector P→D", "PASS", "exit 1: acceptance not matched")
+        ]
         assert (row.vllm, row.hardware, row.acceptance) == ("0.26.0", "NVIDIA H200", "—")
-        assert row.headline.endswith(": PASS, controls 3 of 6 held")
+        assert row.headline.endswith("negative controls held 3 of 6; exit 1: acceptance not matched")
         assert row.controls == (
             ("consumed-reference", "FAIL", "held 3 of 3"),
             ("stale-reference", "FAIL", "held 0 of 3"),

@@ -194,6 +194,10 @@ BAD_INPUTS = {
     "a newline in a name": (_set("prompts.0.name", "a\nb"), "name"),
     "a dtype it does not know": (_set("engine.dtype", "float8; rm"), "dtype"),
     "a module path that is not one": (_set("connector.kv_connector_module_path", "os; import x"), "module_path"),
+    "a dotted module path (not a file beside it)": (
+        _set("connector.kv_connector_module_path", "repro.engine.connectors.planted_fault"),
+        "module_path",
+    ),
     "an extra config key": (_set("connector.kv_connector_extra_config", {"a b": 1}), "key"),
     "a nested extra config value": (_set("connector.kv_connector_extra_config", {"a": {"b": 1}}), "extra config"),
     "a role it never runs": (_set("connector.kv_role", "kv_producer"), "kv_role"),

@@ -206,7 +206,15 @@ def test_the_summary_without_scenarios_is_the_summary_before_them():
     assert scenario_error in head  # a scenario child's failure is in the report's errors, shown as any error
     # the headline's exit code differs (the scenario's ERROR exits 3); everything else is the summary before them
     head = head.replace("exit 3: 1 ERROR: PlantedFault (scenario preemption): crash", EXIT_OK_TEXT)
-    assert format_summary(without_scenarios(report)) == head.replace(scenario_error, "") + "\n" + tail.splitlines()[-1]
+    before = format_summary(without_scenarios(report))
+    assert "scenario" not in before.splitlines()[0] and "scenario a-b-a: " in head  # the headline names the runs
+    assert _below_headline(before) == _below_headline(head.replace(scenario_error, "") + "\n" + tail.splitlines()[-1])
+
+
+def _below_headline(text: str) -> str:
+    """The summary from its hardware line on (the line above the exit line), without the headline sentence."""
+    lines = text.splitlines()
+    return "\n".join(lines[next(i for i, x in enumerate(lines) if x.startswith("# ")) - 1 :])
 
 
 def test_a_control_that_did_not_run_gets_its_own_summary_line():

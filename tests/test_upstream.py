@@ -262,7 +262,8 @@ def test_the_report_schema_names_every_state():
 def test_the_summary_headline_and_issue_say_fixed_upstream():
     report = _report("PASS", "0.32.0")
     summary = format_summary(report)
-    assert f"exit 1: fixed upstream: {ISSUE} does not reproduce on vllm 0.32.0" in summary.splitlines()[1]
+    exit_line = next(x for x in summary.splitlines() if x.startswith("# "))
+    assert f"exit 1: fixed upstream: {ISSUE} does not reproduce on vllm 0.32.0" in exit_line
     assert (
         f"\nUpstream bounds\n  fixed upstream: {ISSUE} does not reproduce on vllm 0.32.0 (native a-b-a PASS" in summary
     )

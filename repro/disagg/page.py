@@ -14,12 +14,14 @@ from pathlib import Path, PurePosixPath
 
 from markupsafe import Markup
 
-from repro.disagg.report import KIND, kv_text
-from repro.errors import UsageError
+from repro.disagg.report import KIND, exit_view, kv_text
+from repro.disagg.report import headline as pd_headline
+from repro.errors import EXIT_OK, UsageError
 from repro.publish.environment import GENERATOR, make_environment
 from repro.publish.headline import version_key
 from repro.publish.site_index import IndexRow, IndexVerdict
 from repro.publish.writeup import render_writeup
+from repro.record.exit_rule import exit_reason
 
 TEMPLATE = "pd.html.j2"
 
@@ -117,6 +119,8 @@ def index_row(report: dict, *, stem: str, href: str) -> IndexRow:
     pkgs = prov.get("packages") or {}
     model = PurePosixPath(str((report.get("settings") or {}).get("model", "?"))).name
     vllm, nixl = str(pkgs.get("vllm", "—")), str(pkgs.get("nixl", "—"))
+    code, why = exit_reason(exit_view(report))
+    why = why.split(": ")[0]  # the head of the reason ('acceptance not matched'); the page gives the rest
     return IndexRow(
         href=href,
         stem=stem,
@@ -125,9 +129,11 @@ def index_row(report: dict, *, stem: str, href: str) -> IndexRow:
         commit=m.commit[:7],
         vllm=vllm,
         lmcache="none",
-        verdicts=(IndexVerdict(ARM, m.verdict),),
+        # the arm's verdict, and beside it what the one exit rule counts against the run (a control not held, a KV
+        # finding), so that the cell never reads a bare PASS over a non-zero exit
+        verdicts=(IndexVerdict(ARM, m.verdict, condition="" if code == EXIT_OK else f"exit {code}: {why}"),),
         acceptance="—",  # no fixture expectations: the negative controls are listed under the verdict
-        headline=f"P→D (NixlConnector, NIXL {nixl}) on {model}: {m.verdict}, controls {m.controls}",
+        headline=pd_headline(report),  # the terminal's sentence, through the same exit rule
         stack=(version_key(vllm), version_key(""), m.started),
         controls=control_tally(report),
         stack_note=f"NIXL {nixl} · torch {pkgs.get('torch', '—')} · model {model}",

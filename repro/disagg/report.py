@@ -11,13 +11,14 @@ reason, each received slot's source and the shape sentence); a control's may car
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import PurePosixPath
 
 from repro import __version__
 from repro.disagg.cases import Cases
 from repro.disagg.pair import Run, controls, probe_requests
 from repro.errors import EXIT_OK
 from repro.judge.pd_verdict import decide_pd_arm
-from repro.judge.verdict import ERROR, KV_FINDINGS, PASS
+from repro.judge.verdict import ERROR, FAIL, INCONCLUSIVE, KV_FINDINGS, PASS
 from repro.plan.interpreter import ask_json
 from repro.record.atomic import write_json_atomic
 from repro.record.exit_rule import exit_reason
@@ -156,15 +157,59 @@ def write_report(path: str, report: dict) -> None:
     write_json_atomic(path, report)
 
 
+# How the headline names the probe requests of a verdict other than PASS (a PASS: "matched caching off")
+_WORDS = {FAIL: "answered differently", INCONCLUSIVE: INCONCLUSIVE, ERROR: f"ended in {ERROR}"}
+
+
+def headline(report: dict) -> str:
+    """'P→D (NixlConnector, NIXL 1.2.0, vLLM 0.26.0, NVIDIA H200, kvkit-tiny-qwen3-seed6): matched caching off token
+    for token on 21 of 21 probe requests; negative controls held 3 of 6; exit 1: acceptance not matched': the run in
+    one sentence, as the verifier's summary leads with one. Its counts are the probe requests the one exit rule reads
+    (exit_view) and its end is that rule's code and the head of its reason, so that no PASS stands without the exit."""
+    view = exit_view(report)
+    code, why = exit_reason(view)
+    probes = view["arms"][0]["probes"]
+    n = len(probes)
+    said = [f"{_WORDS[v]} on {k}" for v in (FAIL, INCONCLUSIVE, ERROR) if (k := sum(p["verdict"] == v for p in probes))]
+    if said:
+        tokens = ", ".join(said) + f" of {n} probe requests"
+    else:
+        tokens = f"matched caching off token for token on {n} of {n} probe requests" if n else "no probe request judged"
+    if report["verdict"] == ERROR and ERROR not in [p["verdict"] for p in probes]:
+        tokens = f"ended in {ERROR}; {tokens}"  # the pair itself failed (repro.disagg.commands)
+    kv = [(p.get("kv") or {}).get("verdict") for p in probes]
+    found = [f"loaded {cls.lower()} KV on {kv.count(cls)} of {n}" for cls in KV_FINDINGS if cls in kv]
+    c = report["controls"]
+    parts = [f"{_stack(report)}: {tokens}", *found, f"negative controls held {c['held']} of {c['run']}"]
+    return "; ".join([*parts, f"exit {code}: {why.split(': ')[0]}"])
+
+
+def _stack(report: dict) -> str:
+    """'P→D (NixlConnector, NIXL 1.2.0, vLLM 0.26.0, NVIDIA H200, kvkit-tiny-qwen3-seed6)': the model by its folder's
+    name, never a machine path; what the report does not record is left out."""
+    prov = report.get("provenance") or {}
+    pkgs = prov.get("packages") or {}
+    nixl, vllm = prov.get("nixl"), pkgs.get("vllm")
+    model = PurePosixPath(str((report.get("settings") or {}).get("model") or "")).name
+    parts = [f"NIXL {nixl}" if _known(nixl) else "", f"vLLM {vllm}" if _known(vllm) else ""]
+    parts += [", ".join((prov.get("hardware") or {}).get("gpus") or []), model]
+    return f"P→D ({', '.join(['NixlConnector', *(p for p in parts if p)])})"
+
+
+def _known(version: object) -> bool:
+    return bool(version) and not str(version).startswith("unavailable")
+
+
 def summary_lines(report: dict) -> list[str]:
-    """The run in a few lines: the arm's verdict, its counts, each control, each request that is not PASS or whose KV
-    audit found another prompt's, misplaced or corrupt KV. Where the one exit rule counts something against an arm
-    whose tokens PASSed (a KV finding, a control not held), the first line says the exit, never a bare PASS."""
+    """The run in a few lines: its headline, the arm's verdict, its counts, each control, each request that is not
+    PASS or whose KV audit found another prompt's, misplaced or corrupt KV. Where the one exit rule counts something
+    against an arm whose tokens PASSed (a KV finding, a control not held), the arm's line says the exit, never a bare
+    PASS."""
     counts = ", ".join(f"{v} {n}" for v, n in report["counts"].items()) or "none"
     c = report["controls"]
     code, why = exit_reason(exit_view(report))
     head = report["verdict"] if code == EXIT_OK or report["verdict"] != PASS else f"tokens {PASS}, exit {code}: {why}"
-    lines = [f"{ARM}: {head} (probe requests: {counts}; controls held {c['held']}/{c['run']})"]
+    lines = [headline(report), f"{ARM}: {head} (probe requests: {counts}; controls held {c['held']}/{c['run']})"]
     for r in report["requests"]:
         kv_found = (r.get("kv_audit") or {}).get("verdict") in KV_FINDINGS
         if r["control"] is not None:

@@ -308,16 +308,19 @@ class ServerFrontend:
 
 
 ENDPOINT_URL_ENV = "KVKIT_ENDPOINT_URL"  # the server an endpoint arm talks to (repro.plan.endpoint sets it per arm)
+RESET_MARK = "reset-prefix-cache"  # after the URL there: --reset-prefix-cache (repro.plan.endpoint.RESET_MARK)
 
 
 class EndpointFrontend(ServerFrontend):
     """A server the kit did not start (`repro endpoint`): the same requests, no process of the kit's, and nothing
-    sent but the probes' requests and what the server says of itself: its prefix cache is never reset (the
-    report says so), there is no KV audit, and its engine settings are what /v1/models says, nothing more."""
+    sent but the probes' requests and what the server says of itself: its prefix cache is reset only where
+    --reset-prefix-cache put RESET_MARK after its URL (each reset's answer, or that none was made, is in the report),
+    there is no KV audit, and its engine settings are what /v1/models says, nothing more."""
 
-    def __init__(self, engine_kwargs: dict, url: str):
+    def __init__(self, engine_kwargs: dict, server: str):
+        url, *marks = server.split()
         self.kwargs, self.base, self.argv_engine, self.proc = dict(engine_kwargs), url.rstrip("/"), [], None
-        self.stream = os.environ.get(STREAM_ENV) == "1"
+        self.stream, self.may_reset = os.environ.get(STREAM_ENV) == "1", RESET_MARK in marks
         self.resets = []
         self._tokenizer = self._config = None
         self._pool = ThreadPoolExecutor(max_workers=64)
@@ -328,6 +331,8 @@ class EndpointFrontend(ServerFrontend):
         return None
 
     def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+        if self.may_reset:  # over HTTP, as a served arm's; its local prefix cache only, never a connector's store
+            return super().reset_prefix_cache(reset_running_requests, False)
         self.resets.append({"over": "none", "why": "a server the kit did not start: its cache is left as it is"})
         return False
 

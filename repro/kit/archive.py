@@ -32,13 +32,17 @@ from repro.record.atomic import write_bytes_atomic
 # since the served front end and image probes beside it took it to 1,342,814 bytes at ea89a35 (7 KB under 1.35 MB).
 # 1.5 MB since the current stacks (what the installed vLLM offers, the release watch, the KV audit's
 # transfer results, the vLLM 0.34 GPU scripts; their code, tests and docs) took it to 1,438,270 bytes at 7a8f03c.
-MAX_KIT_BYTES = 1_500_000
+# 1.75 MB since one judge for every kind of run (the answer check, strict fixtures, no report replaced without
+# --force, the property tests over every kind; their code, tests and docs) took it to 1,530,701 bytes at 8af4096: a
+# choice about size, as each before; the largest parts are the kit's own tests/ (about 551 KB gzipped) and repro/.
+MAX_KIT_BYTES = 1_750_000
 SIZE_PARTS_SHOWN = 6  # the largest parts named in the size line and in the too-big error
 # What a maintainer needs to run the kit; everything else in the repository stays out.
 KIT_PATHS = (
     "Makefile",
     "tasks.py",
     "pyproject.toml",
+    "setup.py",  # `pip install .` in the unpacked kit: the wheel's templates, schemas and fixtures
     "repro/",
     "fixtures/",
     "schemas/",

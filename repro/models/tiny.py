@@ -243,15 +243,22 @@ def write_model(dest: Path, files: dict[str, bytes]) -> str:
     return digest
 
 
+def digest_line(folder: str | Path, digest: str) -> str:
+    """'model kvkit-tiny-qwen3: sha256 of its files 1102c4…' (digest_files, in full): what a model command prints,
+    never a bare digest that a reader of `make repro`'s setup cannot place."""
+    return f"model {Path(folder).name}: sha256 of its files {digest}"
+
+
 def model_main(argv: list[str], command: str, description: str, make, default_seed: int) -> int:
-    """`python -m repro COMMAND DIR [--seed N]`: make(DIR, seed=N) writes a seeded model; its SHA-256 is printed."""
+    """`python -m repro COMMAND DIR [--seed N]`: make(DIR, seed=N) writes a seeded model; its SHA-256 is printed,
+    labelled (digest_line)."""
     from repro.commands import ArgumentParser
 
     parser = ArgumentParser(prog=f"python -m repro {command}", description=description)
     parser.add_argument("dir", help="where to write the model")
     parser.add_argument("--seed", type=int, default=default_seed, help=f"weight seed (default {default_seed})")
     args = parser.parse_args(argv)
-    print(make(args.dir, seed=args.seed))
+    print(digest_line(args.dir, make(args.dir, seed=args.seed)))
     return 0
 
 

@@ -11,7 +11,15 @@ tokenizer is checked by token IDs, exactly: a fixed set of texts (TOKENIZER_TEXT
 in a server; no special tokens added on either side); one text that differs refuses the server. Where that cannot
 be done (no /tokenize, no local copy of --model's tokenizer) the check says why and the run goes on: each served
 child checks again with vLLM's own load of the tokenizer and records the outcome in its report
-(repro.engine.served). Standard library HTTP.
+(repro.engine.served). Then each server is sent one tiny completion (max_tokens 1, a prompt shorter than a KV
+block, so nothing it leaves is reused) and its answer's `usage.prompt_tokens_details.cached_tokens` read: the hit
+counter every verdict needs, which vLLM's server sends only when started with --enable-prompt-tokens-details; a
+server whose answer lacks it is refused, naming the flag. The judged server's prefix cache is never reset unless
+--reset-prefix-cache asks for it (it is someone's deployment): then its `POST /reset_prefix_cache` (vLLM's route,
+served only with VLLM_SERVER_DEV_MODE=1 in the server's environment, vLLM 0.28 to 0.32) is tried once here, and a
+server without it is refused; the endpoint arm's child resets it before each probe's cold request and records each
+answer (repro.engine.served.EndpointFrontend). The baseline's is never reset: its caching is off, and a baseline
+that reports cached tokens is the finding (INCONCLUSIVE), which a reset would hide. Standard library HTTP.
 """
 
 from __future__ import annotations
@@ -24,8 +32,17 @@ from pathlib import Path
 
 from repro.contract.served import TOKENIZER_TEXTS
 from repro.errors import UsageError
+from repro.judge.verdict import SERVED_HITS_FLAG
 
 PROBE_TIMEOUT_S = 10.0
+USAGE_TIMEOUT_S = 120.0  # one token's completion: a CPU server under load takes seconds
+# A prompt of a few tokens on any tokenizer: fewer than a KV block holds, so the judged server caches none of it
+USAGE_PROMPT = "Hi"
+RESET_ROUTE = "/reset_prefix_cache"
+RESET_FLAG = "--reset-prefix-cache"
+# The endpoint arm's child reads its server from ENDPOINT_URL_ENV: the URL, then RESET_MARK after a space where
+# --reset-prefix-cache asked for resets (a URL holds no space: check_url). repro.engine.served.RESET_MARK, pinned equal.
+RESET_MARK = "reset-prefix-cache"
 # the child's front end reads its server's URL here (repro.engine.served.ENDPOINT_URL_ENV, pinned equal by a test)
 ENDPOINT_URL_ENV = "KVKIT_ENDPOINT_URL"
 BASELINE_ARM = "baseline"
@@ -35,7 +52,7 @@ ENDPOINT_ARM = "endpoint"
 def check_url(flag: str, url: str) -> str:
     """The URL without a trailing slash, or one line: it must be http(s)://host[:port] (no credentials)."""
     parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in url):
         raise UsageError(f"{flag} {url}: not an http(s) URL of a server (e.g. http://127.0.0.1:8000)")
     if parts.username or parts.password or parts.query or parts.fragment:
         raise UsageError(f"{flag} {url}: give the server's address alone (no credentials, query or fragment)")
@@ -123,21 +140,30 @@ def _local_tokenizer(model: str):
 
 def server_tokens(url: str, served_id: str, text: str, timeout: float = PROBE_TIMEOUT_S) -> list[int] | str:
     """The token IDs the server gives text (POST /tokenize, no special tokens added), or why it gave none."""
-    body = json.dumps({"model": served_id, "prompt": text, "add_special_tokens": False}).encode("utf-8")
-    req = urllib.request.Request(url + "/tokenize", data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})  # fmt: skip
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            tokens = json.loads(resp.read()).get("tokens")
-    except urllib.error.HTTPError as exc:
-        return f"POST /tokenize answered HTTP {exc.code}"
-    except (urllib.error.URLError, OSError) as exc:
-        return f"POST /tokenize: no answer ({getattr(exc, 'reason', exc)})"
-    except (ValueError, AttributeError):
-        return "POST /tokenize answered no JSON object"
+    answer = _post(url, "/tokenize", {"model": served_id, "prompt": text, "add_special_tokens": False}, timeout)
+    tokens = answer if isinstance(answer, str) else answer.get("tokens")
+    if isinstance(tokens, str):
+        return tokens
     if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
         return "POST /tokenize answered no list of token IDs"
     return tokens
+
+
+def _post(url: str, path: str, body: dict | None, timeout: float) -> dict | str:
+    """The JSON object a POST answered, or why there is none (a string: the HTTP status, no answer, not JSON)."""
+    data = json.dumps(body if body is not None else {}).encode("utf-8")
+    req = urllib.request.Request(url + path, data=data, method="POST", headers={"Content-Type": "application/json"})
+    route = path.split("?", 1)[0]
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            answer = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return f"POST {route} answered HTTP {exc.code}"
+    except (urllib.error.URLError, OSError) as exc:
+        return f"POST {route}: no answer ({getattr(exc, 'reason', exc)})"
+    except ValueError:
+        return f"POST {route} answered no JSON"
+    return answer if isinstance(answer, dict) else f"POST {route} answered no JSON object"
 
 
 def check_tokenizer(flag: str, url: str, served_id: str, model: str) -> dict:
@@ -160,12 +186,50 @@ def check_tokenizer(flag: str, url: str, served_id: str, model: str) -> dict:
     return {"checked": True, "texts": len(TOKENIZER_TEXTS)}
 
 
-def check_endpoints(url: str, baseline_url: str, model: str) -> dict[str, str]:
-    """Both servers checked; each arm's URL by arm name."""
+def check_usage(flag: str, url: str, served_id: str, timeout: float = USAGE_TIMEOUT_S) -> int:
+    """The cached tokens a tiny completion's answer reports (usage.prompt_tokens_details.cached_tokens), or one line:
+    no answer, or an answer without the hit counter (the server needs --enable-prompt-tokens-details)."""
+    body = {"model": served_id, "prompt": USAGE_PROMPT, "max_tokens": 1, "temperature": 0.0}
+    answer = _post(url, "/v1/completions", body, timeout)
+    if isinstance(answer, str):
+        raise UsageError(f"{flag} {url}: cannot complete a prompt ({answer})")
+    usage = answer.get("usage")
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if isinstance(cached, bool) or not isinstance(cached, int):
+        raise UsageError(
+            f"{flag} {url}: its answers carry no usage.prompt_tokens_details.cached_tokens, the hit counter every "
+            f"verdict reads: restart it with {SERVED_HITS_FLAG}"
+        )
+    return cached
+
+
+def check_reset(flag: str, url: str, timeout: float = PROBE_TIMEOUT_S) -> dict:
+    """--reset-prefix-cache: the server's answer to one POST /reset_prefix_cache (its local prefix cache only), or
+    one line: it offers no such route (vLLM serves it only under VLLM_SERVER_DEV_MODE=1)."""
+    answer = _post(url, RESET_ROUTE + "?reset_running_requests=false&reset_external=false", None, timeout)
+    if isinstance(answer, str):
+        raise UsageError(
+            f"{flag} {url}: {RESET_FLAG} cannot reset its prefix cache ({answer}; vLLM's server offers "
+            f"{RESET_ROUTE} only when started with VLLM_SERVER_DEV_MODE=1): start it so, or restart it instead"
+        )
+    return answer
+
+
+def check_endpoints(url: str, baseline_url: str, model: str, reset: bool = False) -> dict[str, str]:
+    """Both servers checked, the model and tokenizer of each first, then each one's hit counter, then (reset:
+    --reset-prefix-cache) the judged server's reset; what each arm's child reads of its server (ENDPOINT_URL_ENV)
+    by arm name: its URL, and the judged server's followed by RESET_MARK where reset asks for resets."""
     urls = {ENDPOINT_ARM: check_url("--url", url), BASELINE_ARM: check_url("--baseline-url", baseline_url)}
     if urls[ENDPOINT_ARM] == urls[BASELINE_ARM]:
         raise UsageError("--url and --baseline-url are the same server: the baseline must be another (reuse off)")
-    for arm, flag in ((ENDPOINT_ARM, "--url"), (BASELINE_ARM, "--baseline-url")):
-        entry = check_model(flag, urls[arm], served_models(flag, urls[arm]), model)
-        check_tokenizer(flag, urls[arm], str(entry.get("id")), model)
-    return urls
+    flags = {ENDPOINT_ARM: "--url", BASELINE_ARM: "--baseline-url"}
+    served = {}
+    for arm, flag in flags.items():
+        served[arm] = str(check_model(flag, urls[arm], served_models(flag, urls[arm]), model).get("id"))
+        check_tokenizer(flag, urls[arm], served[arm], model)
+    for arm, flag in flags.items():
+        check_usage(flag, urls[arm], served[arm])
+    if reset:
+        check_reset("--url", urls[ENDPOINT_ARM])
+    return {**urls, ENDPOINT_ARM: urls[ENDPOINT_ARM] + (f" {RESET_MARK}" if reset else "")}

@@ -403,7 +403,7 @@ def main(argv: list[str]) -> int:
     body = format_issue_md(report, lmcache_yaml=find_lmcache_yaml(report))
     repro = None
     if script is not None:
-        from repro.publish.repro_min import make_repro_min, sidecar_path
+        from repro.publish.repro_min import make_repro_min
 
         try:
             repro = make_repro_min(report.data, args.arm, Path(args.report).name)
@@ -412,13 +412,17 @@ def main(argv: list[str]) -> int:
                 raise
             print(f"no repro_min.py: {exc}", file=sys.stderr)
     writes = [(out, body)] if out else []
-    if repro is not None:
-        writes += [(sidecar_path(script), repro.inputs_json), (script, repro.script)]
+    if repro is not None:  # its inputs, the connector module they name where the arm needs one, the script
+        writes += repro.files(script)
+    if out is not None and out.resolve() in [path.resolve() for path, _ in writes[1:]]:
+        raise UsageError(
+            f"--out {out}: that is where repro_min.py or a file beside it goes; name the issue text otherwise"
+        )
     _refuse_replacing([path for path, _ in reversed(writes)], args.force)  # the script named first where it is there
     if not out:
         sys.stdout.write(body)
     for path, text in writes:  # the script last: a script is never there without its inputs
         write_bytes_atomic(path, text.encode("utf-8"))
-        what = f"{text.count(chr(10))} lines" if path == script else f"{len(text)} characters"
+        what = f"{text.count(chr(10))} lines" if path.suffix == ".py" else f"{len(text)} characters"
         print(f"wrote {path} ({what})", file=sys.stderr)
     return EXIT_OK

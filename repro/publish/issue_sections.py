@@ -15,7 +15,8 @@ from repro.judge.verdict import ERROR, FAIL
 from repro.judge.wording import NOT_RECORDED, machine_path_name
 from repro.paths import KIT_ROOT
 from repro.plan.options import build_parser
-from repro.publish.headline import model_label
+from repro.publish.headline import PLANTED_CONNECTOR, model_label
+from repro.publish.shipped_connector import SHIPPED_MODULE
 from repro.readmodel import Arm, Probe, Report, Request
 
 CONTEXT = 4  # token IDs shown either side of the first divergence
@@ -135,13 +136,15 @@ def format_how_to_reproduce(report: Report) -> str:
     cmd = "python -m repro.verify_kv_reuse " + shlex.join(reproduce_argv(report.argv))
     model = report.provenance.get("model") if isinstance(report.provenance.get("model"), Mapping) else {}
     sha = str(model.get("sha256") or NOT_RECORDED)
+    planted = any(a.connector_name == PLANTED_CONNECTOR for a in report.reuse_arms)
+    shipped = f", and `{SHIPPED_MODULE}.py` beside them where it runs the kit's planted connector" if planted else ""
     return (
         f"From the kvkit archive's root (kit commit `{report.commit}`), with the stack below:\n\n"
         f"```sh\n{cmd}\n```\n\n"
         f"`MODEL_DIR`: {model_label(report)} (sha256 of its files `{sha[:16]}…`; {_model_maker(model)}). Without "
-        "the kit, `python repro_min.py MODEL_DIR` (attached, with the `repro_min.json` it reads beside it) runs "
-        "the reuse arm and caching off in separate processes with vLLM (and LMCache) alone, and compares the token "
-        "IDs exactly."
+        f"the kit, `python repro_min.py MODEL_DIR` (attached, with the `repro_min.json` it reads beside it{shipped}) "
+        "runs the reuse arm and caching off in separate processes with vLLM (and LMCache) alone, and compares the "
+        "token IDs exactly."
     )
 
 

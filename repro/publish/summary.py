@@ -1,6 +1,8 @@
-"""The text summary the verifier prints at the end of a run: one line per arm and probe, read from the
-read model (repro.readmodel). Every INCONCLUSIVE (a probe, an arm, the baseline, a scenario run or request) says
-why on its line or the lines under it, and an acceptance that did not match names what it did not check."""
+"""The text summary the verifier prints at the end of a run: the headline sentence the site and the kit lead with
+(repro.publish.headline), then one line per arm and probe, read from the read model (repro.readmodel). Every
+INCONCLUSIVE (a probe, an arm, the baseline, a scenario run or request) says why on its line or the lines under it,
+an acceptance that did not match names what it did not check, and a planted fault caught as the fixture expects
+says so in words on its arm's line."""
 
 from __future__ import annotations
 
@@ -8,10 +10,10 @@ import textwrap
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from repro.judge.expectations import expectation_text
-from repro.judge.verdict import CORRUPT, ERROR, INCONCLUSIVE, KV_FINDINGS, PASS, SKIPPED
-from repro.publish.headline import later_facts, later_text, scenario_later_text
-from repro.readmodel import Arm, Probe, Report, Scenario, StepRequest, as_report
+from repro.judge.expectations import expectation_states, expectation_text
+from repro.judge.verdict import CORRUPT, ERROR, FAIL, INCONCLUSIVE, KV_FINDINGS, PASS, SKIPPED
+from repro.publish.headline import NO_FAULT, _planted_fault, headline, later_facts, later_text, scenario_later_text
+from repro.readmodel import Arm, Probe, Report, Scenario, ScenarioArm, StepRequest, as_report
 from repro.readmodel.scenario_load import SUMMARY_REQUESTS, arm_rates_text, controls_text, spec_text
 from repro.record.report import CLAIM_LINE
 
@@ -19,6 +21,7 @@ VERDICT_COLUMN = 20  # the summary's token-verdict column before the KV column, 
 LINE_CHARS = 400  # a summary line, at most: a longer line is cut, but an INCONCLUSIVE's reasons wrap instead
 NO_REASON = "no reason recorded"  # an INCONCLUSIVE whose record gives none says so, never nothing
 LISTED = 5  # acceptance items named before "and N more"
+AS_EXPECTED = "as the fixture expects"  # said of a planted fault's finding only where the acceptance record says it
 
 
 def why_lines(reasons: Iterable[object], indent: str, head: str = "why: ") -> list[str]:
@@ -97,6 +100,43 @@ def _arm_verdict(report: Report, arm: Arm) -> str:
     return f"{later} · {own}: {text}" if arm.verdict == PASS else f"{text} · {later}"
 
 
+def _planted_catch_text(report: Report, arm: Arm) -> str:
+    """' — the planted fault (zero_blocks) caught, as the fixture expects': what a planted-fault arm's line adds where
+    its finding is the planted fault caught as intended. Read from the acceptance record, never from the arm's name:
+    the acceptance matched, every check of the arm is met, each finding of its own run (a FAIL, a KV finding) is one
+    a check states for that probe, and no later run or member counts against it; '' otherwise, so that an
+    unexpected finding never reads as expected."""
+    acc = report.acceptance
+    if acc.get("matched") is not True or any(later_facts(report, arm.name)):
+        return ""
+    found = [(p.name, "tokens", FAIL) for p in arm.probes if p.verdict == FAIL]
+    found += [(p.name, "kv", p.kv_verdict) for p in arm.probes if p.kv_finding]
+    checks = [c for c in acc.get("checked") or [] if isinstance(c, Mapping) and c.get("arm") == arm.name]
+    return _caught_text(_planted_fault(arm), arm.verdict, found, checks, "probe")
+
+
+def _scenario_catch_text(report: Report, scenario: Scenario, arm: ScenarioArm) -> str:
+    """_planted_catch_text for a planted-fault arm's run of a scenario, read from the scenarios' acceptance."""
+    acc = report.scenario_acceptance
+    if acc.get("matched") is not True or scenario_later_text(report, scenario.name, arm.name):
+        return ""
+    plain = next((a for a in report.arms if a.name == arm.name), None)
+    found = [(scenario.name, "tokens", FAIL)] if arm.verdict == FAIL else []
+    found += [(scenario.name, "kv", arm.kv_verdict)] if arm.kv_verdict in KV_FINDINGS else []
+    checks = [c for c in acc.get("checked") or []
+              if isinstance(c, Mapping) and (c.get("arm"), c.get("scenario")) == (arm.name, scenario.name)]  # fmt: skip
+    return _caught_text(_planted_fault(plain) if plain else None, arm.verdict, found, checks, "scenario")
+
+
+def _caught_text(fault: str | None, verdict: str, found: list[tuple], checks: list[Mapping], key: str) -> str:
+    """The words for a planted fault whose every finding, (probe or scenario, check, observed), a met check states."""
+    if fault in (None, NO_FAULT) or verdict not in (FAIL, PASS) or not found or not all(c.get("ok") for c in checks):
+        return ""
+    stated = {(c.get(key), c.get("check", "tokens"), c.get("observed")) for c in checks
+              if expectation_states(c.get("expected"), str(c.get("observed")))}  # fmt: skip
+    return f" — the planted fault ({fault}) caught, {AS_EXPECTED}" if set(found) <= stated else ""
+
+
 def _own_kv_findings(arm: Arm) -> str:
     """'KV FOREIGN on b; KV CORRUPT on a, c': the KV findings of the arm's own run, by class ('' when none), so that
     an arm whose tokens PASSed over a KV finding never reads as a bare PASS."""
@@ -142,7 +182,7 @@ def _scenario_lines(report: Report, scenario: Scenario) -> list[str]:
             line = line.replace(f" · {rates}", "")
         if later:  # a later trial counts against it: said first, never behind a bare PASS
             line = f"{later} · its own run (trial 1): {line}" if arm.verdict == PASS else f"{line} · {later}"
-        lines.append(f"  {scenario.name} · {arm.name}: {line}")
+        lines.append(f"  {scenario.name} · {arm.name}: {line}{_scenario_catch_text(report, scenario, arm)}")
         lines += [f"      {part}" for part in rates.split("; ") if part]
         if arm.verdict == INCONCLUSIVE and not arm.requests:  # every reason: it decides the exit as any INCONCLUSIVE
             lines += why_lines(arm.reasons, "      ", "")
@@ -184,11 +224,20 @@ def upstream_block(report: Report) -> list[str]:
     return ["Upstream bounds"] + [f"  {u.text}"[:600] for u in report.upstream] + [""]
 
 
+def headline_lines(report: Report) -> list[str]:
+    """The headline sentence the site, the issue and the kit lead with (repro.publish.headline), wrapped at LINE_CHARS
+    as a reason is: never cut, its later lines indented."""
+    return textwrap.wrap(headline(report), LINE_CHARS, subsequent_indent="  ", break_on_hyphens=False)
+
+
 def format_summary(report: Report | Mapping[str, Any]) -> str:
+    """The summary, led by the report's headline sentence, then its hardware, commit and date, then the generations,
+    acceptance.matched and the exit code with why."""
     report = as_report(report)
     audit = report.kv_audit_state
     lines = [
-        report.headline,
+        *headline_lines(report),
+        report.headline,  # the read model's 'NVIDIA L4 · 1a2b3c4d5e6f · 2026-11-29', not the sentence
         f"# {report.data['generations']} generations · acceptance.matched = {report.acceptance_label()} · "
         + report.exit_text,
     ]
@@ -203,7 +252,7 @@ def format_summary(report: Report | Mapping[str, Any]) -> str:
             if arm.verdict != PASS:
                 lines += why_lines(arm.reasons, "", f"baseline: {arm.verdict} — ")
             continue
-        lines.append(f"{arm.title}: {_arm_verdict(report, arm)}")
+        lines.append(f"{arm.title}: {_arm_verdict(report, arm)}{_planted_catch_text(report, arm)}")
         lines += _arm_why(arm)
         if arm.error:
             lines.append(f"  ERROR {arm.error['kind']}: {arm.error['detail']}"[:400])
