@@ -34,7 +34,7 @@ site: $(INV) ## Render site/ from reports/*.json (open site/index.html; works of
 	@$(INV) site $(if $(REPORTS),--reports "$(REPORTS)",)
 
 .PHONY: screenshots
-screenshots: $(INV) ## Screenshot the site's index and the SmolLM2 H200 report at 1280 and 390 px into docs/screenshots (needs chromium)
+screenshots: $(INV) ## Screenshot the site's index, the H200 KV-audit report and the CPU self-test at 1280 and 390 px into docs/screenshots (needs chromium)
 	@$(INV) screenshots
 
 bench: $(INV) ## Time the CPU acceptance (wall, engine starts, ratio), the KV audit's cost and production load's wall time and audit bytes a request (figures, not a test)

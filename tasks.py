@@ -313,7 +313,7 @@ def site(c, reports="reports", out="site"):
 
 @task
 def screenshots(c):
-    """Screenshot the site's index and one H200 report page at 1280 and 390 px wide into docs/screenshots."""
+    """Screenshot the site's index, the H200 KV-audit report and the CPU self-test at 1280 and 390 px wide."""
     result = run_py(c, venv_python(PUBLISH_ENV, PUBLISH_REQUIREMENTS), "-m repro screenshots", warn=True)
     if result.exited != 0:
         raise Exit(code=result.exited)

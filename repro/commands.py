@@ -68,8 +68,9 @@ COMMANDS = (
     ),
     Command(
         "make-model",
-        "DIR",
-        "write the tiny Qwen3-architecture CPU model into DIR, print its SHA-256",
+        "DIR [--kind tiny|sliding|hybrid] [--seed N]",
+        "write a seeded tiny CPU model into DIR (Qwen3; --kind sliding: sliding-window layers; hybrid: Mamba-2 and "
+        "attention), print its SHA-256",
         "repro.models.tiny:main",
     ),
     Command(

@@ -273,6 +273,55 @@ def test_index_at_phone_width_shows_the_verdicts(browser, site):
     assert got["scrollWidth"] <= got["clientWidth"] + 1
 
 
+PICTURE_JS = """(() => {
+  const table = document.getElementById('picture'), box = table.parentElement;
+  const cell = state => table.querySelector(`td[data-state="${state}"]`);
+  const bg = el => el ? getComputedStyle(el).backgroundColor : null;
+  const findings = document.getElementById('findings-list');
+  return {
+    top: table.getBoundingClientRect().top, rows: table.querySelectorAll('tbody tr').length,
+    width: table.getBoundingClientRect().width, box: box.clientWidth, boxScroll: box.scrollWidth,
+    finding: bg(cell('finding')), pass: bg(cell('pass')), caught: bg(cell('caught')),
+    findingsTop: findings ? findings.getBoundingClientRect().top : null,
+    labels: [...table.querySelectorAll('.cl')].map(el => [el.innerText, el.getClientRects().length]),
+    innerHeight: innerHeight, scrollWidth: document.documentElement.scrollWidth,
+    clientWidth: document.documentElement.clientWidth,
+  };
+})()"""
+
+
+@pytest.fixture(scope="module")
+def picture_site(tmp_path_factory) -> Path:
+    """The root index of two committed reports: the H200 KV audit's finding and the CPU self-test."""
+    sources = [
+        ROOT / "reports" / "h200-kvaudit-lmcache-0.5.4.json",
+        ROOT / "reports" / "versions" / "cpu-vllm-0.32.0-selftest.json",
+    ]
+    committed_or_skip(*sources)
+    src = tmp_path_factory.mktemp("picture-reports")
+    for path in sources:
+        (src / path.name).write_bytes(path.read_bytes())
+    out = tmp_path_factory.mktemp("picture-site")
+    render_site(src, out, versions=True)
+    return out
+
+
+@pytest.mark.parametrize("width, mobile", [(1280, False), (390, True)])
+def test_index_opens_with_its_picture_in_chromium(browser, picture_site, width, mobile):
+    """The picture is on the first screen, a finding's colour is not a pass's, and the page never scrolls sideways
+    (at 390 px the picture scrolls in its own box); at 1280 px it fits, with the findings under it."""
+    url = (picture_site / "index.html").as_uri()
+    assert browser.load(url, width, 844 if mobile else 900, mobile=mobile) == [url]
+    got = browser.evaluate(PICTURE_JS)
+    browser.screenshot(ARTIFACTS / f"site-index-picture-{width}.png", full_page=False)
+    assert got["rows"] == 2 and got["top"] < got["innerHeight"] / 2
+    assert len({got["finding"], got["pass"], got["caught"]}) == 3
+    assert got["scrollWidth"] <= got["clientWidth"] + 1
+    if not mobile:
+        assert got["width"] <= got["box"] + 1 and got["findingsTop"] < got["innerHeight"]
+        assert all(lines == 1 for _, lines in got["labels"]), got["labels"]  # no label broken over lines
+
+
 def test_hostile_model_text_stays_text_in_chromium(browser, tmp_path):
     report = json.loads((DATA / f"{STEM}.json").read_text(encoding="utf-8"))
     payload = '<script>alert(1)</script>"><img src=x onerror=alert(1)>'
@@ -326,6 +375,9 @@ KV_JS = """(() => {
     caption: fig ? fig.querySelector('.kv-caption').innerText : null,
     svgWidth: box ? box.width : 0, svgHeight: box ? box.height : 0,
     figWidth: fig ? fig.getBoundingClientRect().width : 0,
+    svgOwnWidth: svg ? Number(svg.getAttribute('width')) : 0,
+    boxWidth: svg ? svg.parentElement.clientWidth : 0, boxScroll: svg ? svg.parentElement.scrollWidth : 0,
+    boxOverflow: svg ? getComputedStyle(svg.parentElement).overflowX : null,
     outlined: svg ? svg.querySelectorAll('rect.kv-c').length : 0,
     stroke: svg ? getComputedStyle(svg.querySelector('rect.kv-c')).stroke : null,
     bands: svg ? [...svg.querySelectorAll('rect.planted')].map(r => r.querySelector('title').textContent) : [],
@@ -374,8 +426,12 @@ def test_kv_heatmap_in_chromium(browser, kv_site, width, mobile):
     # 16 heatmaps in the probes' details, and the first finding's again under the headline, seen without scrolling
     assert got["figures"] == 17 and got["scripts"] == 0 and got["imgs"] == 0
     assert got["lead"] is not None and got["lead"] < got["innerHeight"]
-    assert 0 < got["svgWidth"] <= got["figWidth"] and got["svgHeight"] > 0  # the heatmap scales into its box
-    assert got["scrollWidth"] <= got["clientWidth"] + 1  # no sideways scrolling, at a phone's width either
+    assert got["svgHeight"] > 0 and got["boxOverflow"] == "auto"
+    if got["svgOwnWidth"] <= got["boxWidth"] or not mobile:
+        assert 0 < got["svgWidth"] <= got["figWidth"]  # the heatmap scales into its box
+    else:  # on a phone it keeps its own size (cells of at least 5 px) and scrolls sideways in its box
+        assert abs(got["svgWidth"] - got["svgOwnWidth"]) <= 1 and got["boxScroll"] > got["boxWidth"]
+    assert got["scrollWidth"] <= got["clientWidth"] + 1  # no sideways scrolling of the page, at a phone's width either
 
 
 NEAR_TIE_JS = """(() => {

@@ -9,7 +9,7 @@ from conftest import ROOT
 
 from repro.commands import run_command
 from repro.contract.result import ArmResult
-from repro.detection import plan
+from repro.detection import catalogue, plan
 from repro.detection.commands import detection, detection_site
 from repro.detection.matrix import (
     Cell,
@@ -37,7 +37,13 @@ needs_committed = pytest.mark.skipif(
 )
 BASE = list(range(100, 132))  # a 32-token baseline generation
 WINDOW_KEYS = [str(w) for w in plan.WINDOWS]
-CELLS = [(k, p) for k in plan.FAULT_PARAMS for p in plan.positions_of(k)]  # every (fault, position) the study runs
+CELLS = [(k, p) for k in plan.FAULT_PARAMS for p in plan.positions_of(k)]  # every detection (fault, position) it runs
+
+
+def _detection_rows(report: dict) -> list[dict]:
+    """The matrix's detection rows: not the catalogue's rows of failures reported as success (tested in
+    tests/test_detection_catalogue.py), which a matrix made before them does not have."""
+    return [f for f in report["faults"] if "expectation" not in f]
 
 
 def _diverge_at(i: int | None) -> tuple[int, ...]:
@@ -65,9 +71,14 @@ def test_detected_at_window_iff_first_diff_below_it(first_diff, expected):
 
 
 def test_unexercised_reuse_is_inconclusive_never_a_miss_or_detection():
+    """A reuse whose counter is missing proves nothing; one that reports 0 cached tokens and matches the baseline
+    exercised nothing. One that reports 0 and differs while its cold request matched is the verifier's no-hit FAIL
+    (repro.judge.verdict.NO_HIT_DIFFERS), inside the window that shows the difference."""
     cold = Request(tuple(BASE), 0)
-    assert set(window_verdicts(BASE, cold, [Request(_diverge_at(3), 0)]).values()) == {INCONCLUSIVE}
     assert set(window_verdicts(BASE, cold, [Request(_diverge_at(3), None)]).values()) == {INCONCLUSIVE}
+    assert set(window_verdicts(BASE, cold, [Request(tuple(BASE), 0)]).values()) == {INCONCLUSIVE}
+    assert window_verdicts(BASE, cold, [Request(_diverge_at(3), 0)]) == {8: FAIL, 16: FAIL, 32: FAIL}
+    assert window_verdicts(BASE, cold, [Request(_diverge_at(20), 0)]) == {8: INCONCLUSIVE, 16: INCONCLUSIVE, 32: FAIL}
 
 
 def test_cold_divergence_inside_the_window_makes_it_inconclusive():
@@ -474,9 +485,9 @@ def test_the_page_shows_the_replays_column_and_what_the_audit_found():
 @needs_committed
 def test_committed_matrix_detects_every_fault_with_no_false_positive():
     report = load_matrix(COMMITTED)
-    kinds = {f["fault"] for f in report["faults"]}
+    kinds = {f["fault"] for f in _detection_rows(report)}
     assert kinds == set(plan.FAULT_PARAMS) and len(kinds) >= 6
-    assert {(f["fault"], f["position"]) for f in report["faults"]} == set(CELLS)
+    assert {(f["fault"], f["position"]) for f in _detection_rows(report)} == set(CELLS)
     for kind in kinds:
         cells = [c for f in report["faults"] if f["fault"] == kind for c in f["windows"].values()]
         assert any(c["detected"] > 0 for c in cells), kind  # the arm verdict is FAIL somewhere
@@ -501,7 +512,7 @@ def test_committed_matrix_kv_audit_blamed_exactly_the_planted_blocks_and_nothing
     kv = summarize(report["faults"], report["controls"], report["prefix_check"]["ok"])["kv_audit"]
     assert kv["present"] and kv["ok"] and kv["mismatches"] == []
     assert kv["blamed_exactly"] == kv["fault_probes"] == len(CELLS) * len(plan.PROMPTS)
-    for f in report["faults"]:
+    for f in _detection_rows(report):
         for p in f["probes"]:
             assert p["kv"]["outcome"] == "exact" and p["kv"]["planted_blocks"] == [p["faulted_blocks"]], f["fault"]
     # the point of the audit: some probes' tokens never changed, and their audit still blamed the planted block
@@ -515,7 +526,7 @@ def test_committed_matrix_kv_audit_blamed_exactly_the_planted_blocks_and_nothing
 @needs_committed
 def test_committed_matrix_faults_really_changed_the_kv():
     report = load_matrix(COMMITTED)
-    for f in report["faults"]:
+    for f in _detection_rows(report):
         for p in f["probes"]:
             audit = p["kv_audit"]
             assert audit["faulted_blocks"] == p["faulted_blocks"] and p["faulted_blocks"], (f["fault"], p["name"])
@@ -532,6 +543,8 @@ def test_committed_matrix_was_run_with_todays_plan():
     assert config["prompts"] == [list(p) for p in plan.PROMPTS] and config["decoy"] == list(plan.DECOY)
     assert config["positions"] == plan.POSITIONS and config["control_reuses"] == plan.CONTROL_REUSES
     assert config["fault_positions"] == plan.FAULT_POSITIONS
+    # the catalogue's rows, with the expectations they were run against (a matrix made before them has none)
+    assert config.get("fault_rows") in (None, [r.to_json() for r in catalogue.ROWS])
     assert config["control_model_seeds"] == sorted(plan.CONTROL_MODEL_SEEDS)
 
 

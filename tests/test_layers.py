@@ -46,23 +46,25 @@ base       repro repro.errors repro.paths repro.record.atomic repro.contract rep
            repro.plan.settings repro.plan.interpreter repro.run.exits repro.lmcache.mp_ports repro.plan.block_size
            repro.plan.report_path
 core       repro.judge.verdict repro.judge.wording repro.judge.trials repro.plan.fixtures repro.plan.suite repro.judge.evaluate repro.record.report
-           repro.models repro.models.tiny repro.record.provenance repro.matrix.spec repro.matrix.cell
+           repro.models repro.models.tiny repro.models.sliding repro.models.hybrid repro.record.provenance repro.matrix.spec
+           repro.matrix.cell
            repro.judge.kv_verdict repro.judge.kv_shape repro.judge.scenario_verdict repro.judge.batch_invariance repro.judge.expectations
            repro.record.acceptance repro.record.exit_rule repro.judge.kv_grid repro.record.compact
            repro.plan.scenarios repro.record.publish repro.judge.members repro.plan.adapters repro.judge.adapters
            repro.plan.load repro.plan.prompt_logprobs repro.judge.prompt_logprobs repro.plan.endpoint repro.plan.images
            repro.judge.pd_verdict repro.judge.pd_kvaudit repro.disagg repro.disagg.cases repro.judge.upstream repro.plan.upstream
-           repro.plan.fixture_keys
+           repro.plan.fixture_keys repro.plan.salts repro.judge.salts
 engine     repro.engine
 options    repro.plan.options
 machinery  repro.plan.arms repro.run.scheduler repro.run.runner repro.run.warm repro.run.workdir repro.lmcache.ops repro.lmcache.mp
            repro.lmcache.signals repro.run.neighbour repro.run.gpu_load repro.run.cpu_load repro.judge.kvaudit repro.run.scenarios
-           repro.detection.plan
+           repro.detection.plan repro.detection.catalogue
            repro.plan.run_plan repro.run.clock repro.run.launch repro.run.arm_runs repro.run.kvaudit repro.run.workspace
            repro.run.scenario_runs repro.run.entries repro.run.confirm repro.record.assemble repro.run.load_scenario
+           repro.run.scenario_kv
            repro.disagg.pair repro.disagg.servers repro.disagg.report repro.disagg.audit
            repro.plan.expectation_names
-read       repro.readmodel repro.matrix.status repro.detection.blame repro.detection.matrix
+read       repro.readmodel repro.matrix.status repro.detection.blame repro.detection.matrix repro.detection.expected
            repro.detection.scenario_cells
 publish    repro.publish repro.matrix.page repro.detection.page repro.detection.scenario_page repro.disagg.page
 commands   repro.verify repro.verify_kv_reuse repro.__main__ repro.measure.bench repro.measure.margins repro.matrix

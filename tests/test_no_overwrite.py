@@ -201,12 +201,16 @@ def test_make_repro_replaces_its_own_latest_report_on_purpose(monkeypatch):
     assert argv[argv.index("--report") + 1] == "reports/latest-cpu.json" and argv[-1] == "--force"
     # the issue text's reproduce command reads it as a flag without a value wherever it stands, and drops it: the
     # reporter's choice about their own files is no part of the run
-    from repro.publish.issue_sections import reproduce_argv
+    from repro.readmodel.rerun import reproduce_argv
 
     moved = [*argv[3:-1][:2], "--force", *argv[3:-1][2:]]  # given mid-line, before a flag that takes a value
     for given in (argv[3:], moved):
         out = reproduce_argv(given)
-        assert "--python" not in out and "--force" not in out and out[out.index("--report") + 1] == "report.json"
+        assert (
+            "--python" not in out
+            and "--force" not in out
+            and out[out.index("--report") + 1] == "reports/latest-cpu.json"
+        )
 
 
 # ---- repro pd ---------------------------------------------------------------------------------------------------

@@ -66,7 +66,9 @@ def test_a_pd_report_is_a_row_of_the_index_table_with_its_stack_model_verdict_an
     assert "negative controls held 3 of 3; exit 0" in good
     assert "NixlConnector P→D&nbsp;" in good and "v-PASS" in good and 'vLLM <span class="mono">0.26.0' in good
     assert "NIXL 1.2.0" in good and "model kvkit-tiny" in good and "NVIDIA H200" in good
-    assert "negative controls:" in good and "out-of-range-reference&nbsp;" in good and "(held 1 of 1)" in good
+    # a control that held reads as a pass (its FAIL verdicts the ones a control must give), beside its verdicts
+    assert "negative controls (" in good and "(verdicts " in good
+    assert 'out-of-range-reference <span class="verdict v-PASS control" data-held="all">held 1 of 1</span>' in good
     assert "secret-folder" not in good
     foreign = next(r for r in rows if 'href="pd/foreign.html"' in r)
     assert "kvkit-tiny): answered differently" in foreign and "exit 1" in foreign
@@ -98,4 +100,9 @@ def test_the_committed_pd_reports_become_rows_as_they_ran(tmp_path):
             ("consumed-reference", "FAIL", "held 3 of 3"),
             ("stale-reference", "FAIL", "held 0 of 3"),
         )
+        # the index shows the first as a pass (every trial held), the second not
+        assert [(case, every) for case, _, every, _ in row.control_cells] == [
+            ("consumed-reference", True),
+            ("stale-reference", False),
+        ]
     assert "model kvkit-tiny-qwen3-seed6" in rows["pd/h200-pd-tiny-v026"].stack_note

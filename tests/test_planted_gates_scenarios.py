@@ -44,6 +44,7 @@ class Engine:
         conn._external, conn._loaded, conn._stored_prompts, conn._resume_prompts = {}, {}, [], {}
         conn._landed, conn._salts = {}, {}
         conn._init_gates(extra, KVConnectorRole.SCHEDULER)
+        conn._init_failures({}, None)  # no failure reported as success: its settings' defaults
         self.stored: set[str] = set()
         conn._have = self.stored.__contains__
         self.conn, self.ops, self.params = conn, {}, {}

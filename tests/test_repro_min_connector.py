@@ -1,7 +1,7 @@
 """repro_min.py without the kit on the path (F4 of the newcomer note of 2026-12-05: the planted arm's script failed
 with `No module named 'repro'` inside vLLM's connector factory, and exited 1, FAIL's code). The planted connector
-travels beside the script as one module, planted_fault_connector.py, made from the kit's own planted_gates.py and
-planted_fault.py with no import of the kit; repro_min.json names it by that plain name; issue-md writes it beside the
+travels beside the script as one module, planted_fault_connector.py, made from the kit's own planted_gates.py,
+planted_failures.py and planted_fault.py with no import of the kit; repro_min.json names it by that plain name; issue-md writes it beside the
 script and never over a file already there without --force; an arm whose connector the kit cannot ship gets no
 script; and a script that cannot run (no vLLM, the connector missing or not importable, a crash) exits 3, never 1.
 Engine-free: the script runs as far as its own checks, or against a stand-in vLLM that fails. Its run on the real
@@ -29,6 +29,7 @@ SAMPLE = ROOT / "tests" / "data" / "kit-sample-report.json"  # its PlantedFault 
 CONNECTORS = ROOT / "repro" / "engine" / "connectors"
 FUTURE = "from __future__ import annotations\n"
 GATES_IMPORT = "from repro.engine.connectors.planted_gates import LoadGates, in_flight_figures\n"
+FAILURES = "repro.engine.connectors.planted_failures"
 SHIPPED_FILE = f"{SHIPPED_MODULE}.py"
 
 
@@ -50,18 +51,24 @@ def _top_level(tree: ast.Module) -> dict[str, str]:
     return out
 
 
-def test_the_module_is_the_kits_two_files_without_an_import_of_the_kit():
+def _helper_import(fault: str) -> str:
+    """planted_fault.py's import of planted_failures, as it stands in the file (one statement over several lines)."""
+    node = next(n for n in ast.parse(fault).body if isinstance(n, ast.ImportFrom) and n.module == FAILURES)
+    return "".join(fault.splitlines(keepends=True)[node.lineno - 1 : node.end_lineno])
+
+
+def test_the_module_is_the_kits_three_files_without_an_import_of_the_kit():
     gates = (CONNECTORS / "planted_gates.py").read_text(encoding="utf-8")
+    failures = (CONNECTORS / "planted_failures.py").read_text(encoding="utf-8")
     fault = (CONNECTORS / "planted_fault.py").read_text(encoding="utf-8")
     source = planted_connector_source()
     assert source == planted_connector_source()  # the same bytes each time: the kit's files, nothing of a report
-    # every line of both files is there, in order, but the gates' import and the second `from __future__`
+    # every line of the files is there, in order, but the helpers' imports and the later `from __future__` lines
     doc_end = fault.index('"""', 3) + 4
-    assert gates.count(FUTURE) == fault.count(FUTURE) == fault.count(GATES_IMPORT) == 1
-    assert source.index(fault[:doc_end]) < source.index(FUTURE) < source.index(gates.replace(FUTURE, ""))
-    assert source.index(gates.replace(FUTURE, "")) < source.index(
-        fault[doc_end:].replace(FUTURE, "").replace(GATES_IMPORT, "")
-    )
+    assert gates.count(FUTURE) == failures.count(FUTURE) == fault.count(FUTURE) == fault.count(GATES_IMPORT) == 1
+    body = fault[doc_end:].replace(FUTURE, "").replace(GATES_IMPORT, "").replace(_helper_import(fault), "")
+    order = [fault[:doc_end], FUTURE, gates.replace(FUTURE, ""), failures.replace(FUTURE, ""), body]
+    assert [source.index(part) for part in order] == sorted(source.index(part) for part in order)
     tree = ast.parse(source)
     compile(source, SHIPPED_FILE, "exec")  # one `from __future__`, first after the docstring
     assert ast.get_docstring(tree) == ast.get_docstring(ast.parse(fault))
@@ -70,13 +77,16 @@ def test_the_module_is_the_kits_two_files_without_an_import_of_the_kit():
     named |= {n.module for n in imports if isinstance(n, ast.ImportFrom)}
     assert not any(n.split(".")[0] == "repro" for n in named) and not any(getattr(n, "level", 0) for n in imports)
     assert {n.split(".")[0] for n in named} <= set(sys.stdlib_module_names) | {"vllm", "torch"}
-    # the two modules share no top-level name but by the same import, so either one's code reads what it did
-    g, f = _top_level(ast.parse(gates)), _top_level(ast.parse(fault))
-    for name in set(g) & set(f) - {"annotations", "LoadGates", "in_flight_figures"}:
-        assert g[name].startswith(("import", "from")) and f[name].startswith(("import", "from")), name
-        assert name in {a.asname or a.name for a in ast.parse(g[name]).body[0].names}
-        assert name in {a.asname or a.name for a in ast.parse(f[name]).body[0].names}
-    assert _top_level(tree).keys() == g.keys() | f.keys()
+    # the modules share no top-level name but by the same import, so each one's code reads what it did
+    g, r, f = (_top_level(ast.parse(text)) for text in (gates, failures, fault))
+    helpers = {"LoadGates", "in_flight_figures", "ReportedSuccess", "block_range", "stored_layer_count"}
+    helpers |= {"FAILURE_FAULTS", "UNWRITTEN_FAULTS"}
+    for a, b in ((g, f), (r, f), (g, r)):
+        for name in set(a) & set(b) - {"annotations"} - helpers:
+            assert a[name].startswith(("import", "from")) and b[name].startswith(("import", "from")), name
+            assert name in {x.asname or x.name for x in ast.parse(a[name]).body[0].names}
+            assert name in {x.asname or x.name for x in ast.parse(b[name]).body[0].names}
+    assert _top_level(tree).keys() == g.keys() | r.keys() | f.keys()
 
 
 @pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")

@@ -196,11 +196,15 @@ def test_a_divergence_the_control_shows_too_is_schedule_numerics_never_a_fail():
     assert "cache-off run failed" in failed_control.reasons[0]
 
 
-def test_a_miss_that_differs_is_inconclusive_unless_its_call_preempted():
+def test_a_miss_that_differs_is_a_no_hit_finding_unless_its_counter_is_missing_or_its_call_preempted():
+    """A miss whose counter says 0 and whose answer differs, where the control matched, is a FAIL with the finding
+    no-hit-differs (tests/test_no_hit_differs.py has the rest); one with no counter stays INCONCLUSIVE."""
     quiet = decide_scenario_request(BASE, _req((1, 9, 9, 9), 0), None, True)
-    assert quiet.verdict == INCONCLUSIVE and "no reuse to blame" in quiet.reasons[0]
+    assert quiet.verdict == FAIL and quiet.finding == "no-hit-differs" and "with no reported hit" in quiet.reasons[0]
+    unread = decide_scenario_request(BASE, _req((1, 9, 9, 9), None), None, True)
+    assert unread.verdict == INCONCLUSIVE and unread.finding is None and "no reuse to blame" in unread.reasons[-1]
     preempted = decide_scenario_request(BASE, _req((1, 9, 9, 9), 0), None, True, preempted=True)
-    assert preempted.verdict == FAIL and "preempted" in preempted.reasons[0]
+    assert preempted.verdict == FAIL and "preempted" in preempted.reasons[0] and preempted.finding is None
 
 
 def test_the_arm_takes_the_worst_and_needs_its_preemption():

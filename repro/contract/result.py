@@ -8,7 +8,8 @@ Arm result schema (kind "kvkit-arm-result"):
     job (Job.scenario, EngineConfig.max_num_seqs and max_num_batched_tokens) and its result
     (ArmResult.scenario: the steps' requests and the engine's preemption counter); the LoRA adapter a probe ran
     under (ProbeResult.adapter; EngineConfig.lora and ProbeJob.prompt["adapter"] on the job's side); a request's
-    prompt logprobs (RequestResult.prompt_logprobs, where ProbeJob.prompt["prompt_logprobs"] asked for them).
+    prompt logprobs (RequestResult.prompt_logprobs, where ProbeJob.prompt["prompt_logprobs"] asked for them); the
+    tenant salt a probe's requests were sent with (ProbeResult.cache_salt, ProbeJob.prompt["cache_salt"]).
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ class ProbeResult:
     # the LoRA adapter its requests ran under, as the child sent it (repro.engine.adapters); None: the base model
     adapter: dict | None = None
     image: dict | None = None  # the image its prompt was sent with (repro.plan.images); None: none
+    cache_salt: str | None = None  # the tenant salt its requests were sent with (repro.plan.salts); None: none
 
     def to_json(self) -> dict:
         return (
@@ -108,6 +110,7 @@ class ProbeResult:
             }
             | ({"adapter": dict(self.adapter)} if self.adapter is not None else {})
             | ({"image": dict(self.image)} if self.image is not None else {})
+            | ({"cache_salt": self.cache_salt} if self.cache_salt is not None else {})
         )
 
     @classmethod
@@ -120,6 +123,7 @@ class ProbeResult:
             requests=tuple(RequestResult.from_json(r, f"{where}.requests[{i}]") for i, r in enumerate(reqs)),
             adapter=read_field(data, "adapter", dict, where, optional=True),
             image=read_field(data, "image", dict, where, optional=True),
+            cache_salt=read_field(data, "cache_salt", str, where, optional=True),
         )
 
 

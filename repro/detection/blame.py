@@ -21,6 +21,8 @@ from repro.readmodel import Request
 # (none blamed included); other: neither; unavailable: the audit saw nothing to judge.
 OUTCOMES = ("exact", "over", "under", "other", "unavailable")
 NO_AUDIT = "the arm recorded no KV audit"
+# a reuse vLLM finished with an error comes back without kv_transfer_params (vLLM 0.28's Scheduler.update_from_output)
+NO_PLANTED = "a reuse came back without the connector's report (kv_transfer_params): its planted blocks are unknown"
 
 
 def drop_unreferenced(job: dict, baseline_probes: set[str]) -> dict:
@@ -97,10 +99,12 @@ def blame_outcome(blamed: set[int], planted: set[int]) -> str:
 
 def probe_blame(kv: dict, planted: list[list[int] | None], tokens_changed: bool) -> dict:
     """One fault probe's audit column: blamed exactly iff, for every reuse request, the blocks with a finding
-    cell (corrupt, foreign, misplaced) are the blocks the planted connector faulted for that request."""
+    cell (corrupt, foreign, misplaced) are the blocks the planted connector faulted for that request. A reuse whose
+    planted blocks are unknown (None: no report came back) cannot be blamed exactly: unavailable."""
     blamed = kv["blamed_blocks"]
     planted_sets = [set(p or ()) for p in planted]
-    if kv["verdict"] == UNAVAILABLE or any(b is None for b in blamed) or len(blamed) != len(planted):
+    unknown = any(p is None for p in planted)
+    if kv["verdict"] == UNAVAILABLE or unknown or any(b is None for b in blamed) or len(blamed) != len(planted):
         outcome = "unavailable"
     else:
         per = [blame_outcome(set(b), p) for b, p in zip(blamed, planted_sets)]
@@ -111,8 +115,9 @@ def probe_blame(kv: dict, planted: list[list[int] | None], tokens_changed: bool)
         "blame": kv["blame"],
         "blamed_blocks": blamed,
         **({"blamed_classes": kv["blamed_classes"]} if "blamed_classes" in kv else {}),
-        "planted_blocks": [sorted(p) for p in planted_sets],
+        "planted_blocks": [None if p is None else sorted(s) for p, s in zip(planted, planted_sets)],
         "outcome": outcome,
+        **({"planted_unknown": NO_PLANTED} if unknown else {}),
         "tokens_changed": tokens_changed,
         "served_from": kv.get("served_from"),
     }
@@ -151,7 +156,10 @@ def fault_cell(probes: list[dict]) -> dict:
         "over": [p["name"] for p in by["over"]],
         "under": [p["name"] for p in by["under"]],
         "other": [p["name"] for p in by["other"]],
-        "unavailable": [{"probe": p["name"], "reason": "; ".join(p["kv"]["reasons"])} for p in by["unavailable"]],
+        "unavailable": [
+            {"probe": p["name"], "reason": p["kv"].get("planted_unknown") or "; ".join(p["kv"]["reasons"])}
+            for p in by["unavailable"]
+        ],
         "tokens_unchanged": [p["name"] for p in probes if not p["kv"]["tokens_changed"]],
         "tokens_unchanged_blamed_exactly": [p["name"] for p in by["exact"] if not p["kv"]["tokens_changed"]],
     }

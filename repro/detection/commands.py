@@ -17,10 +17,10 @@ from repro.plan.report_path import refuse_replacing
 
 def _fault_kinds(text: str) -> tuple[str, ...]:
     faults = tuple(f for f in text.split(",") if f)
-    unknown = [f for f in faults if f not in plan.FAULT_PARAMS]
+    unknown = [f for f in faults if f not in plan.study_faults()]
     if unknown:
         raise argparse.ArgumentTypeError(
-            f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(plan.FAULT_PARAMS)}"
+            f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(plan.study_faults())}"
         )
     return faults
 
@@ -95,6 +95,12 @@ def _publish(report: dict, report_path: str, site_path: str) -> int:
         print("replays: not counted (a matrix made before replays were counted)")
     for cell in s["not_fully_detected_cells"]:
         print(f"  not fully detected: {cell}")
+    if "expectations" in s:  # the catalogue's rows (repro.detection.catalogue)
+        e = s["expectations"]
+        print(f"failures reported as success: expectations held in {e['held']}/{e['rows']} rows")
+        for row, check in e["by_row"].items():
+            for miss in check["misses"]:
+                print(f"  {row} did not hold: {miss}")
     print(f"report: {report_path}\npage: {site_path}", file=sys.stderr)
     if s["ok"]:
         return EXIT_OK
@@ -116,7 +122,13 @@ def detection(argv: list[str]) -> int:
         help=f"control model seeds of the tiny models, comma separated (default {plan.CONTROL_MODEL_SEEDS}; "
         "not with --model)",
     )
-    p.add_argument("--faults", type=_fault_kinds, default=tuple(plan.FAULT_PARAMS), help="fault kinds, comma separated")
+    p.add_argument(
+        "--faults",
+        type=_fault_kinds,
+        default=plan.study_faults(),
+        help="fault kinds, comma separated (default: every one, the catalogue's rows of failures reported as success "
+        "included; late_load brings the asynchronous path's control beside the other controls)",
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per arm")
     p.add_argument(
         "--scenarios",

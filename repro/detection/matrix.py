@@ -6,21 +6,24 @@ from dataclasses import asdict, dataclass
 
 from repro.contract.result import ArmResult, ProbeResult
 from repro.detection.blame import planted_fault, summarize_blame
+from repro.detection.expected import summarize_expectations
 from repro.detection.plan import DECOY, WINDOWS
 from repro.judge import evaluate
 from repro.judge.replays import BASELINE
-from repro.judge.verdict import FAIL, INCONCLUSIVE, PASS, Request, decide_probe, hit_count
+from repro.judge.verdict import FAIL, INCONCLUSIVE, PASS, ProbeVerdict, Request, decide_probe, hit_count
+
+
+def decide_at(baseline: list[int], cold: Request, reuses: list[Request], w: int) -> ProbeVerdict:
+    """The verifier's probe verdict had it generated only w tokens."""
+    cut = [Request(tuple(r.token_ids[:w]), r.cached_tokens) for r in reuses]
+    return decide_probe(tuple(baseline[:w]), Request(tuple(cold.token_ids[:w]), cold.cached_tokens), cut)
 
 
 def window_verdicts(
     baseline: list[int], cold: Request, reuses: list[Request], windows: tuple[int, ...] = WINDOWS
 ) -> dict[int, str]:
     """The verifier's probe verdict had it generated only w tokens, for each window w."""
-    out = {}
-    for w in windows:
-        cut = [Request(tuple(r.token_ids[:w]), r.cached_tokens) for r in reuses]
-        out[w] = decide_probe(tuple(baseline[:w]), Request(tuple(cold.token_ids[:w]), cold.cached_tokens), cut).verdict
-    return out
+    return {w: decide_at(baseline, cold, reuses, w).verdict for w in windows}
 
 
 @dataclass(frozen=True)
@@ -67,8 +70,12 @@ def summarize(faults: list[dict], controls: list[dict], prefix_ok: bool) -> dict
     every probe of some cell diverged. A false positive at any window fails the study, and so does
     an audit (schema 2) that did not blame exactly the planted blocks of every fault probe, or
     blamed a block of a control (repro.detection.blame.summarize_blame). Replays (summarize_replays)
-    say what the divergent reuses' tokens were; they pass or fail nothing.
+    say what the divergent reuses' tokens were; they pass or fail nothing. A catalogue row (one with an
+    `expectation`, repro.detection.catalogue) is judged by its own expectation instead (repro.detection.expected): none
+    of the figures above counts it, and the study is ok only when every such row held.
     """
+    catalogued = [f for f in faults if "expectation" in f]
+    faults = [f for f in faults if "expectation" not in f]
     detected: dict[str, bool] = {}
     reliable: dict[str, bool] = {}
     missed = []
@@ -83,14 +90,14 @@ def summarize(faults: list[dict], controls: list[dict], prefix_ok: bool) -> dict
         ]
     fp = false_positives_by_window(controls)
     exercised = sum(c["reuses_exercised"] for c in controls)
-    errors = [f"{f['fault']}/{f['position']}" for f in faults if f["error"]] + [
+    errors = [f"{f['fault']}/{f['position']}" for f in faults + catalogued if f["error"]] + [
         c["arm"] for c in controls if c["error"]
     ]
     every = bool(detected) and all(detected.values())
     kv = summarize_blame(faults, controls)
     replays = summarize_replays(faults, controls)
     ok = every and all(n == 0 for n in fp.values()) and exercised > 0 and prefix_ok and not errors and kv["ok"]
-    return {
+    out = {
         "fault_kinds_detected": detected,
         "every_fault_detected": every,
         "fault_kinds_reliably_detected": reliable,
@@ -105,6 +112,10 @@ def summarize(faults: list[dict], controls: list[dict], prefix_ok: bool) -> dict
         "replays": replays,
         "ok": ok,
     }
+    if catalogued:  # additive: a matrix without the catalogue's rows is summarized as it always was
+        out["expectations"] = summarize_expectations(catalogued)
+        out["ok"] = ok and out["expectations"]["ok"]
+    return out
 
 
 def judge_probe(base_probe: dict, probe: dict, answers: dict[str, list[int]] | None = None) -> dict:
@@ -120,6 +131,7 @@ def judge_probe(base_probe: dict, probe: dict, answers: dict[str, list[int]] | N
     cold, *reuses = judged["requests"]
     view = [Request(tuple(r["token_ids"]), r.get("cached_tokens")) for r in judged["requests"]]
     verdicts = window_verdicts(base_probe["requests"][0]["token_ids"], view[0], view[1:])
+    last = decide_at(base_probe["requests"][0]["token_ids"], view[0], view[1:], max(WINDOWS))
     diffs = [r["first_diff"] for r in reuses]
     first = min((d for d in diffs if d is not None), default=None)
     margin = next((r["margin"] for r in reuses if r["first_diff"] == first and first is not None), None)
@@ -134,6 +146,8 @@ def judge_probe(base_probe: dict, probe: dict, answers: dict[str, list[int]] | N
         "first_diff": first,
         "margin": margin,
         "verdicts": {str(w): v for w, v in verdicts.items()},
+        "reasons": list(last.reasons),  # the token verdict's reasons at the largest window
+        "finding": getattr(last, "finding", None),  # the finding its FAIL carries there (repro.judge.verdict.FINDINGS)
     }
 
 
@@ -220,7 +234,10 @@ def fault_entry(
         return entry
     base = {p["name"]: p for p in baseline["probes"]}
     answers = answers_of(baseline)
-    loads = iter(audit)  # one audit line per request that loaded tokens, in request order
+    loading = [r for p in result["probes"] for r in p["requests"] if planted_fault(r).get("loaded_tokens")]
+    # one audit line per request that loaded tokens, in request order; a request vLLM failed comes back without its
+    # kv_transfer_params, and then no line is paired with a request it may not belong to
+    loads = iter(audit if len(audit) == len(loading) else [])
     for probe in result["probes"]:
         loaded = [next(loads, None) for r in probe["requests"] if planted_fault(r).get("loaded_tokens")]
         if probe["name"] == DECOY[0]:

@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from repro.detection.expected import check_row
 from repro.detection.matrix import replay_tally, summarize
 from repro.detection.plan import KIND, READABLE_VERSIONS, SCHEMA_VERSION
 from repro.errors import UsageError
@@ -39,6 +40,20 @@ class FaultRow:
     min_margin: str
     replays: CellView  # reuses replaying another prompt's answer, of those that diverged (absent: not counted)
     replay_notes: tuple[str, ...]  # each such reuse and what it replays
+
+
+@dataclass(frozen=True)
+class ExpectedRow:
+    """A catalogue row (repro.detection.catalogue): its fault row, what it expected (written before the run), what
+    each probe showed, and whether that held."""
+
+    row: FaultRow
+    what: str
+    expected: str
+    why: str
+    measured: tuple[str, ...]  # per probe: its token verdict at the largest window, its KV verdict and blame
+    held: CellView
+    misses: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -102,6 +117,8 @@ class DetectionPage:
     # some probe's KV is FOREIGN or MISPLACED, or some blamed cell is: the page then says a block is blamed for
     # any finding cell (a matrix made before those classes never has one, and its page reads as it always did)
     kv_finer: bool = False
+    expected_rows: tuple[ExpectedRow, ...] = ()  # the catalogue's rows, apart from the detection rows
+    expectations_held: int = 0
 
 
 def load_matrix(path: Path) -> dict:
@@ -229,6 +246,37 @@ def _fault_row(f: dict, windows: tuple[str, ...]) -> FaultRow:
     )
 
 
+def _expected_text(exp: dict) -> str:
+    parts = [" or ".join(exp["verdict"])]
+    if exp.get("finding"):
+        parts[0] += f" with the finding {exp['finding']}"
+    parts.append("KV " + (" or ".join(exp["kv"]) if exp["kv"] is not None else "not stated"))
+    parts.append("blame " + (exp["blame"] or "not stated"))
+    return "; ".join(parts)
+
+
+def _expected_row(f: dict, windows: tuple[str, ...], rows: dict) -> ExpectedRow:
+    """One catalogue row's view: its fault row, the expectation it carried and how each probe measured."""
+    exp, check = f["expectation"], check_row(f)
+    last = windows[-1]
+    measured = tuple(
+        f"{p['name']}: {p['verdicts'][last]}, KV {(p.get('kv') or {}).get('verdict', 'not audited')}, "
+        f"blame {(p.get('kv') or {}).get('outcome', 'not audited')}, cached tokens "
+        + ",".join(str(c) for c in p["reuse_cached_tokens"])
+        for p in f["probes"]
+    )
+    pool = f" (a {f['kv_cache_tokens']}-token KV pool)" if f.get("kv_cache_tokens") else ""
+    return ExpectedRow(
+        row=_fault_row(f, windows),
+        what=(rows.get((f["fault"], f["position"])) or {}).get("what", "") + pool,
+        expected=_expected_text(exp),
+        why=exp["why"],
+        measured=measured,
+        held=CellView("detected", "held") if check["held"] else CellView("missed", "did not hold"),
+        misses=tuple(check["misses"]),
+    )
+
+
 def _control_row(c: dict, windows: tuple[str, ...]) -> ControlRow:
     kv = c.get("kv_blame")
     if kv is None:
@@ -284,6 +332,7 @@ def page_model(report: dict) -> DetectionPage:
     prefix = report["prefix_check"]
     s = summarize(report["faults"], report["controls"], bool(prefix.get("ok")))
     kv = s["kv_audit"]
+    rows = {(r["fault"], r["position"]): r for r in report["config"].get("fault_rows") or []}
     return DetectionPage(
         tool_version=report["tool_version"],
         commit=report["provenance"]["kit"].get("commit", "unavailable")[:12],
@@ -291,7 +340,7 @@ def page_model(report: dict) -> DetectionPage:
         started=report["provenance"]["started_utc"],
         method=report["method"],
         windows=windows,
-        rows=tuple(_fault_row(f, windows) for f in report["faults"]),
+        rows=tuple(_fault_row(f, windows) for f in report["faults"] if "expectation" not in f),
         controls=tuple(_control_row(c, windows) for c in report["controls"]),
         control_span=4 + 2 * len(windows),
         kinds=tuple(
@@ -321,6 +370,8 @@ def page_model(report: dict) -> DetectionPage:
         divergent_reuses=s["replays"].get("divergent_reuses", 0),
         control_replaying=s["replays"].get("control_replaying", 0),
         kv_finer=_finer(report),
+        expected_rows=tuple(_expected_row(f, windows, rows) for f in report["faults"] if "expectation" in f),
+        expectations_held=s.get("expectations", {}).get("held", 0),
     )
 
 

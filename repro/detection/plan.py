@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from repro.contract.job import ArmSpec, ConnectorSpec, EngineConfig, Job, ProbeJob, build_job
+from repro.detection import catalogue
 from repro.models.tiny import MODEL_SEED
 from repro.plan.arms import PLANTED_FAULT_MODULE
 from repro.plan.prompts import DETECTION_FILLERS, chat_spec
@@ -30,6 +32,11 @@ KIND = "kvkit-detection-matrix"
 #    (corrupt, foreign, misplaced; a file written before them blamed corrupt cells, the only finding then);
 #    probes[].kv.blamed_classes (per reuse, the finding cells' classes), controls[].kv_blame.verdicts counts
 #    every KV verdict, and each false blame names its verdict.
+#    The rows of failures reported as success (repro.detection.catalogue): faults[].expectation (what the row
+#    expects, written before its run; a row without it expects what every other row does), faults[].kv_cache_tokens
+#    (a row's own pool), faults[].probes[].reasons and .finding (the token verdict's at the largest window),
+#    config.fault_rows, the control PlantedFault-none-async (run with late_load), and the summary's expectations. A
+#    matrix made before them has none of these, and its summary and page read as they always did.
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 DEFAULT_REPORT = "reports/detection/detection-matrix.json"
@@ -109,8 +116,17 @@ def trained_method(source: dict) -> str:
 
 
 def positions_of(fault: str) -> dict[str, int | None]:
-    """The positions a fault runs at, each with its first_block: head and tail, or the fault's own."""
+    """The positions a fault runs at, each with its first_block: head and tail, or the fault's own (a catalogue
+    row's first_block, if any, is among its params)."""
+    rows = catalogue.rows_of(fault)
+    if rows:
+        return {r.position: None for r in rows}
     return FAULT_POSITIONS.get(fault, POSITIONS)
+
+
+def study_faults() -> tuple[str, ...]:
+    """Every fault kind the study runs by default: the detection rows, then the catalogue's."""
+    return (*FAULT_PARAMS, *catalogue.FAULTS)
 
 
 def prompt_spec(name: str, length: int) -> dict:
@@ -124,8 +140,9 @@ def probe_plan(requests: int) -> list[tuple[str, int, int]]:
     return [(n, length, requests) for n, length in PROMPTS]
 
 
-def engine_config(model: str) -> EngineConfig:
-    return EngineConfig(
+def engine_config(model: str, kv_cache_tokens: int | None = None) -> EngineConfig:
+    """The study's engine; kv_cache_tokens: a row's own pool (default: gpu_memory_utilization's)."""
+    config = EngineConfig(
         model=model,
         revision=None,
         dtype="float32",
@@ -135,6 +152,7 @@ def engine_config(model: str) -> EngineConfig:
         block_size=BLOCK_SIZE,
         device="cpu",
     )
+    return config if kv_cache_tokens is None else replace(config, kv_cache_tokens=kv_cache_tokens)
 
 
 def arm_job(
@@ -145,13 +163,14 @@ def arm_job(
     probes: list[tuple[str, int, int]],
     max_tokens: int = MAX_TOKENS,
     scratch: Path | None = None,
+    kv_cache_tokens: int | None = None,
 ) -> Job:
     """The engine job of one arm (repro.run.runner.run_arm's input); every job of the study is built here,
     through the verifier's own repro.contract.job.build_job. With `scratch`, the arm's KV audit records
     under it (kv_audit_dir)."""
     return build_job(
         ArmSpec(name, mode, connector),
-        engine_config(model),
+        engine_config(model, kv_cache_tokens),
         [ProbeJob(n, {"chat": prompt_spec(n, length)}, k) for n, length, k in probes],
         max_tokens=max_tokens,
         logprobs=LOGPROBS,
@@ -184,8 +203,9 @@ def baseline_job(scratch: Path, seed: int | str, model: str) -> Job:
     return arm_job(f"baseline-{model_tag(seed)}", "baseline", None, model, probes, scratch=scratch)
 
 
-def control_jobs(scratch: Path, seed: int | str, model: str) -> list[tuple[str, Job]]:
-    """(control name, job): ExampleConnector, native prefix caching and the planted connector with fault none."""
+def control_jobs(scratch: Path, seed: int | str, model: str, faults: tuple[str, ...] = ()) -> list[tuple[str, Job]]:
+    """(control name, job): ExampleConnector, native prefix caching and the planted connector with fault none; with
+    late_load among `faults`, the planted connector's asynchronous path with fault none too."""
     arms = [
         (
             "ExampleConnector",
@@ -195,6 +215,9 @@ def control_jobs(scratch: Path, seed: int | str, model: str) -> list[tuple[str, 
         ("native", "native", None),
         ("PlantedFault-none", "connector", planted_connector(scratch, f"none-{seed}", "none", {})),
     ]
+    if "late_load" in faults:
+        name, params = catalogue.ASYNC_CONTROL
+        arms.append((name, "connector", planted_connector(scratch, f"none-async-{seed}", "none", params)))
     return [
         (name, arm_job(f"{name}-{model_tag(seed)}", mode, conn, model, probe_plan(1 + CONTROL_REUSES), scratch=scratch))
         for name, mode, conn in arms
@@ -203,11 +226,16 @@ def control_jobs(scratch: Path, seed: int | str, model: str) -> list[tuple[str, 
 
 def fault_job(scratch: Path, fault: str, position: str, model: str, max_tokens: int = MAX_TOKENS) -> Job:
     """The decoy first (stored, never reused), then every prompt cold and once reused. The prefix
-    check's short re-run (max_tokens below MAX_TOKENS) is not audited: only its tokens are read."""
-    first = positions_of(fault)[position]
-    params = dict(FAULT_PARAMS[fault], **({} if first is None else {"first_block": first}))
+    check's short re-run (max_tokens below MAX_TOKENS) is not audited: only its tokens are read. A catalogue row
+    brings its own settings and, where it has one, its own pool."""
+    row = catalogue.row(fault, position)
+    if row is not None:
+        params, pool = dict(row.params), row.kv_cache_tokens
+    else:
+        first = positions_of(fault)[position]
+        params, pool = dict(FAULT_PARAMS[fault], **({} if first is None else {"first_block": first})), None
     full = max_tokens == MAX_TOKENS
     name = f"{fault}-{position}" + ("" if full else f"-{max_tokens}tok")
     probes = [(DECOY[0], DECOY[1], 1)] + probe_plan(2)
     conn = planted_connector(scratch, name, fault, params)
-    return arm_job(name, "connector", conn, model, probes, max_tokens, scratch if full else None)
+    return arm_job(name, "connector", conn, model, probes, max_tokens, scratch if full else None, pool)

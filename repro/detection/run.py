@@ -14,7 +14,7 @@ from pathlib import Path
 from repro import __version__
 from repro.contract.job import Job
 from repro.contract.result import ArmResult
-from repro.detection import plan
+from repro.detection import catalogue, plan
 from repro.detection.blame import control_blame, drop_unreferenced, fault_blame
 from repro.detection.matrix import compare_error, control_entry, fault_entry, prefix_check, summarize
 from repro.errors import UsageError
@@ -98,9 +98,12 @@ def prepare_trained(models_dir: Path, name: str) -> tuple[dict[str, tuple[str, s
     return {name: (record["name"], record["sha256"])}, record
 
 
-def run_controls(runner: Runner, models: dict, seeds: tuple[int, ...]) -> tuple[dict, list[dict]]:
-    """Per model (its seed, or a packaged model's name): the baseline, then the no-fault control arms.
-    Returns every model's baseline result too (the fault arms compare with their model's)."""
+def run_controls(
+    runner: Runner, models: dict, seeds: tuple[int, ...], faults: tuple[str, ...] = ()
+) -> tuple[dict, list[dict]]:
+    """Per model (its seed, or a packaged model's name): the baseline, then the no-fault control arms (those the
+    faults call for among them, plan.control_jobs). Returns every model's baseline result too (the fault arms
+    compare with their model's)."""
     baselines, entries = {}, []
     for seed in sorted(models):
         model = models[seed][0]
@@ -108,7 +111,7 @@ def run_controls(runner: Runner, models: dict, seeds: tuple[int, ...]) -> tuple[
         baselines[seed] = None if failure else base
         if seed not in seeds:
             continue
-        for name, job in plan.control_jobs(runner.work, seed, model):
+        for name, job in plan.control_jobs(runner.work, seed, model, faults):
             result, failure = runner.run(job)
             error = compare_error(baselines[seed], result, failure)
             entry = control_entry(name, seed if isinstance(seed, int) else None, result, error, baselines[seed])
@@ -140,6 +143,11 @@ def run_faults(
             params = {k: v for k, v in job.arm.connector.extra_config.items() if k not in ("store_dir", "audit_path")}
             error = compare_error(baseline, result, failure)
             entries.append(fault_entry(fault, position, params, result, error, baseline, read_audit(job)))
+            row = catalogue.row(fault, position)
+            if row is not None:  # what the row expects, as the catalogue wrote it before the run
+                entries[-1]["expectation"] = row.to_json()["expectation"]
+                if row.kv_cache_tokens is not None:
+                    entries[-1]["kv_cache_tokens"] = row.kv_cache_tokens
             runner.audited.setdefault(key, []).append(Audited(job.arm.name, job.arm.mode, entries[-1], result, True))
     check = {"window": plan.PREFIX_CHECK_WINDOW, "ok": False, "requests_compared": 0, "detail": "not run"}
     if plan.PREFIX_CHECK_FAULT in results:
@@ -262,6 +270,9 @@ def build_report(
         "diagnostics": {"wall_s": round(wall_s, 1)},
         "provenance": provenance(argv, env, started),
     }
+    rows = [r.to_json() for r in catalogue.ROWS if r.fault in {f["fault"] for f in faults}]
+    if rows:  # additive: a study without the catalogue's rows is written as it always was
+        report["config"]["fault_rows"] = rows
     if trained is not None:  # additive: the tiny-model study's report stays as it was
         report["method"] = plan.trained_method(trained["source"])
         report["config"].update(model=next(iter(models)), fault_model_seed=None, control_model_seeds=[])
@@ -293,7 +304,7 @@ def run_detection(
     work = Path(tempfile.mkdtemp(prefix=".detection.work-", dir=report_path.parent))
     try:
         runner = Runner(work=work, env=env, timeout_s=timeout_s)
-        baselines, controls = run_controls(runner, models, seeds)
+        baselines, controls = run_controls(runner, models, seeds, faults)
         faults_out, check = run_faults(runner, models[key][0], baselines[key], faults, key)
         kv = {str(s): audit_seed(runner, s, baselines[s], arms) for s, arms in sorted(runner.audited.items())}
     finally:

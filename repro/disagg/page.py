@@ -20,6 +20,7 @@ from repro.errors import EXIT_OK, UsageError
 from repro.publish.environment import GENERATOR, make_environment
 from repro.publish.headline import version_key
 from repro.publish.site_index import IndexRow, IndexVerdict
+from repro.publish.site_overview import pd_overview
 from repro.publish.writeup import render_writeup
 from repro.record.exit_rule import exit_reason
 
@@ -37,6 +38,7 @@ class RequestRow:
     local: str
     transfers: str
     why: str
+    control: str = ""  # a negative control's request: "held" (its answer differs, as it must) or "did not hold"
 
 
 @dataclass(frozen=True)
@@ -74,12 +76,14 @@ def page_model(report: dict) -> PdPage:
     for r in report.get("requests", []):
         t = r.get("transfer") or {}
         why = "; ".join(r.get("reasons") or []) + kv_text(r)
+        held = ""
         if r.get("control") is not None:
             held = "held" if r["control"].get("held") else "did not hold"
             why = f"control {held}: {r['control'].get('reason', '')}" + (f" ({why})" if why else "")
         rows.append(RequestRow(r.get("trial", 0), r.get("case", ""), r.get("prompt", ""), _n(r.get("reference")),
                                r.get("verdict", ""), _n(t.get("external_tokens")), _n(t.get("local_tokens")),
-                               f"{_n(t.get('transfers'))} / {_n(t.get('failed_transfers'))} failed", why))  # fmt: skip
+                               f"{_n(t.get('transfers'))} / {_n(t.get('failed_transfers'))} failed", why,
+                               held))  # fmt: skip
     c = report.get("controls") or {}
     return PdPage(
         title=f"P→D (NixlConnector) · {model}",
@@ -121,22 +125,25 @@ def index_row(report: dict, *, stem: str, href: str) -> IndexRow:
     vllm, nixl = str(pkgs.get("vllm", "—")), str(pkgs.get("nixl", "—"))
     code, why = exit_reason(exit_view(report))
     why = why.split(": ")[0]  # the head of the reason ('acceptance not matched'); the page gives the rest
+    condition = "" if code == EXIT_OK else f"exit {code}: {why}"
+    hardware = ", ".join((prov.get("hardware") or {}).get("gpus") or []) or "—"
     return IndexRow(
         href=href,
         stem=stem,
-        hardware=", ".join((prov.get("hardware") or {}).get("gpus") or []) or "—",
+        hardware=hardware,
         date=m.started[:10],
         commit=m.commit[:7],
         vllm=vllm,
         lmcache="none",
         # the arm's verdict, and beside it what the one exit rule counts against the run (a control not held, a KV
         # finding), so that the cell never reads a bare PASS over a non-zero exit
-        verdicts=(IndexVerdict(ARM, m.verdict, condition="" if code == EXIT_OK else f"exit {code}: {why}"),),
+        verdicts=(IndexVerdict(ARM, m.verdict, condition=condition),),
         acceptance="—",  # no fixture expectations: the negative controls are listed under the verdict
         headline=pd_headline(report),  # the terminal's sentence, through the same exit rule
         stack=(version_key(vllm), version_key(""), m.started),
         controls=control_tally(report),
         stack_note=f"NIXL {nixl} · torch {pkgs.get('torch', '—')} · model {model}",
+        overview=pd_overview(vllm=vllm, hardware=hardware, model=model, verdict=m.verdict, condition=condition),
     )
 
 

@@ -1,6 +1,6 @@
 """What the installed vLLM offers, asked of vLLM itself, never read off its version string: the block sizes its
 attention backend takes, where its served front end's argument parser lives, the module that holds its
-batch-invariant mode, and whether its engine imports at all.
+batch-invariant mode, whether it takes a tenant salt (cache_salt), and whether its engine imports at all.
 
 The parent asks once before any arm starts (`python -m repro.engine.capabilities --device cpu`, through
 repro.plan.interpreter.probe_engine: a --python environment whose engine does not import is then one line, exit 2,
@@ -100,6 +100,59 @@ def cpu_block_size() -> int:
     return (choose_block_size(accepted) if "unavailable" not in accepted else None) or PREFERRED_BLOCK_SIZE
 
 
+# Where the OpenAI server's completion request model lives: vLLM 0.28 keeps it in a package of its own; earlier ones
+# in one protocol module.
+COMPLETION_PROTOCOL_MODULES = ("vllm.entrypoints.openai.completion.protocol", "vllm.entrypoints.openai.protocol")
+SALT_PROBE = "kvkit-salt-probe"
+
+
+class _StandInRequest:
+    """What vLLM's block hashing reads of a request, for a salted prompt of one block under no LoRA, image or
+    embeddings; any other attribute a later vLLM reads is None (an answer, not a guess: its hash then says)."""
+
+    def __init__(self, salt: str):
+        self.cache_salt, self.lora_request, self.prompt_embeds, self.mm_features = salt, None, None, []
+        self._prompt_embeds_per_block_hashes: dict = {}
+
+    def __getattr__(self, name: str):
+        return None
+
+
+def _holds(keys: object, value: str) -> bool:
+    """Whether a block's extra keys hold value, at any depth of their tuples and lists."""
+    if isinstance(keys, (tuple, list)):
+        return any(_holds(k, value) for k in keys)
+    return keys == value
+
+
+def cache_salt_support(frontend: str = "offline") -> str:
+    """'available' where this vLLM takes a tenant salt and partitions its prefix cache by it (repro.plan.salts), else
+    'unavailable: <why>'. Asked of vLLM itself: its prompt type names cache_salt, its block hashing puts the salt in
+    the first block's key (generate_block_hash_extra_keys on a stand-in request), and for a served arm
+    (frontend "server") its completion request takes the field. Never raises."""
+    try:
+        from vllm import TokensPrompt
+        from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys
+    except Exception as exc:  # noqa: BLE001 - what a vLLM lacks is a fact of the report
+        return f"unavailable: {_first_line(exc)}"
+    if "cache_salt" not in getattr(TokensPrompt, "__annotations__", {}):
+        return "unavailable: vLLM's TokensPrompt has no cache_salt"
+    try:
+        keys, _ = generate_block_hash_extra_keys(_StandInRequest(SALT_PROBE), 0, 16, 0)
+    except Exception as exc:  # noqa: BLE001
+        return f"unavailable: generate_block_hash_extra_keys on a salted request: {_first_line(exc)}"
+    if not _holds(keys, SALT_PROBE):  # the salt itself (vLLM 0.28) or in a tagged pair ("cache_salt", salt) (0.32)
+        return f"unavailable: vLLM's block hashing leaves the salt out of the first block's key ({keys!r})"
+    if frontend == "server":
+        try:
+            model = first_module(COMPLETION_PROTOCOL_MODULES, "CompletionRequest").CompletionRequest
+        except ImportError as exc:
+            return f"unavailable: {_first_line(exc)}"
+        if "cache_salt" not in getattr(model, "model_fields", {}):
+            return "unavailable: the OpenAI server's CompletionRequest has no cache_salt"
+    return "available"
+
+
 def _answer(what, *args) -> str:
     try:
         found = what(*args)
@@ -126,6 +179,7 @@ def engine_capabilities(device: str) -> dict:
         "block_sizes": accepted_block_sizes(device),
         "served_arg_parser": _answer(served_arg_parser),
         "batch_invariant_module": _answer(batch_invariant_module),
+        "cache_salt": {"offline": cache_salt_support(), "served": cache_salt_support("server")},
     }
 
 

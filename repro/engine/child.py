@@ -138,6 +138,7 @@ def run_job(job: Job, keep: list) -> ArmResult:
     from vllm import SamplingParams
 
     frontend = frontend_from_env(os.environ)  # before any engine: a bad value fails the arm at once
+    salts = salt_support(frontend) if any("cache_salt" in p.prompt for p in job.probes) else None
     versions = collect_versions()
     waited = wait_for_preflight(job)
     report_stage(job, "building the engine", preflight_ok=True)
@@ -182,7 +183,7 @@ def run_job(job: Job, keep: list) -> ArmResult:
         requests, lora = [], loras.generate_kwargs([probe.prompt])
         for i in range(probe.requests):
             if i > 0 and probe.match_tokens is not None:
-                primed = _prime(llm, ids[: probe.match_tokens[i - 1]], audit, lora)
+                primed = _prime(llm, ids[: probe.match_tokens[i - 1]], audit, lora, probe.prompt.get("cache_salt"))
                 if primed is not None:
                     audit.primes.append({"probe": probe.name, "reuse": i, "record": primed})
             if i > 0 and beneath and job.arm.connector.gpu_cache_reset == "before-reuse":
@@ -200,7 +201,7 @@ def run_job(job: Job, keep: list) -> ArmResult:
                 replace(_request(out, "cold" if i == 0 else "reuse", record, ext, member), prompt_logprobs=plp)
             )
         probes.append(ProbeResult(probe.name, tuple(ids), messages, tuple(requests), adapter=loras.sent(probe.prompt),
-                                  image=probe.prompt.get("image")))  # fmt: skip
+                                  image=probe.prompt.get("image"), cache_salt=probe.prompt.get("cache_salt")))  # fmt: skip
     if job.arm.connector is not None and "lmcache" in job.arm.connector.name.lower():
         # after the run: the engine's worker imported LMCache's compiled ops first (or failed to)
         try:
@@ -217,6 +218,7 @@ def run_job(job: Job, keep: list) -> ArmResult:
             **process_facts(probes, audit, scenario),
             **({"gpu_cache_resets": gpu_resets} if gpu_resets else {}),
             **({"served": llm.served_facts()} if served and "served" not in config else {}),
+            **({"cache_salt": salts} if salts else {}),  # probed where a probe names a tenant salt
         },
         # from process start to a ready engine: interpreter, imports and engine construction
         engine_start_s=round(ready - _T_PROCESS - waited, 3),
@@ -226,6 +228,20 @@ def run_job(job: Job, keep: list) -> ArmResult:
         kv_audit=audit.summary(),
         scenario=scenario,
     )
+
+
+def salt_support(frontend: str) -> str:
+    """Whether this vLLM sends a probe's tenant salt and keys its prefix cache on it
+    (repro.engine.capabilities.cache_salt_support, asked of vLLM, never of its version); RuntimeError where it
+    does not, so that the arm is an ERROR naming why rather than a run of unsalted requests judged as salted."""
+    if frontend == "endpoint":
+        return "not asked: a server the kit did not start decides what it does with cache_salt"
+    from repro.engine.capabilities import cache_salt_support
+
+    answer = cache_salt_support("server" if frontend == "server" else "offline")
+    if answer != "available":
+        raise RuntimeError(f"a probe names a cache_salt and this vLLM cannot send it: {answer}")
+    return answer
 
 
 def run_scenario(llm, job: Job, tokenizer, sp, audit: AuditRecords) -> tuple[list[ProbeResult], ScenarioResult]:
@@ -245,7 +261,7 @@ def run_scenario(llm, job: Job, tokenizer, sp, audit: AuditRecords) -> tuple[lis
             ids, messages = build_chat_prompt(tokenizer, probe.prompt["chat"])
         prompts[probe.name] = ids
         probes.append(ProbeResult(name=probe.name, prompt_token_ids=tuple(ids), messages=messages, requests=(),
-                                  image=probe.prompt.get("image")))  # fmt: skip
+                                  image=probe.prompt.get("image"), cache_salt=probe.prompt.get("cache_salt")))  # fmt: skip
     requests = []
     steps = job.scenario.steps
     for k, step in enumerate(steps):
@@ -279,19 +295,20 @@ def run_scenario(llm, job: Job, tokenizer, sp, audit: AuditRecords) -> tuple[lis
     return probes, ScenarioResult(job.scenario.name, tuple(requests), count, source)
 
 
-def _prime(llm, prefix: list[int], audit, lora: dict) -> dict | None:
+def _prime(llm, prefix: list[int], audit, lora: dict, salt: str | None = None) -> dict | None:
     """Leave exactly `prefix` in native prefix caching: reset the cache, then prefill the prefix
     alone (one token generated, not recorded), under the probe's LoRA adapter (lora: generate's
-    lora_request, or nothing) since native keys its blocks on it. Its full blocks are what the next
-    request reuses; returns the priming prefill's audit record (a prefill of another shape than the
+    lora_request, or nothing) and its tenant salt, since native keys its blocks on both. Its full blocks are what
+    the next request reuses; returns the priming prefill's audit record (a prefill of another shape than the
     baseline's: its KV belongs to the arm's measured floor)."""
     from vllm import SamplingParams, TokensPrompt
 
     llm.reset_prefix_cache()
     if not prefix:
         return None
-    llm.generate([TokensPrompt(prompt_token_ids=prefix)], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False,
-                 **lora)  # fmt: skip
+    salted = {"cache_salt": salt} if salt is not None else {}
+    llm.generate([TokensPrompt(prompt_token_ids=prefix, **salted)], SamplingParams(temperature=0.0, max_tokens=1),
+                 use_tqdm=False, **lora)  # fmt: skip
     return audit.take(prefix)
 
 

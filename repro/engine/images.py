@@ -5,7 +5,7 @@ Every arm, the baseline included, sends an image probe's token IDs with vLLM's m
 from its seed), multi_modal_uuids (a digest of its pixels: the identifier vLLM keys its blocks on and hands a
 connector as the request's mm_features) and, where the probe gives processor settings, mm_processor_kwargs. vLLM
 expands the prompt's one image placeholder into the image's tokens; the request's prompt_token_ids are then longer
-than the probe's.
+than the probe's. A probe's tenant salt (its spec's "cache_salt", repro.plan.salts) goes in the same prompt.
 """
 
 from __future__ import annotations
@@ -33,12 +33,14 @@ def mm_kwargs(job: Job) -> dict:
 
 
 def prompt(ids: list[int], spec: dict):
-    """vLLM's TokensPrompt for a probe's token IDs, with its image where it names one."""
+    """vLLM's TokensPrompt for a probe's token IDs, with its image and its tenant salt (cache_salt, repro.plan.salts)
+    where it names them."""
     from vllm import TokensPrompt
 
     image = spec.get("image")
+    salt = {"cache_salt": spec["cache_salt"]} if spec.get("cache_salt") is not None else {}
     if image is None:
-        return TokensPrompt(prompt_token_ids=ids)
+        return TokensPrompt(prompt_token_ids=ids, **salt)
     from PIL import Image
 
     extra = {"mm_processor_kwargs": dict(image["processor"])} if image.get("processor") else {}
@@ -47,4 +49,5 @@ def prompt(ids: list[int], spec: dict):
         multi_modal_data={"image": Image.fromarray(pixels(image))},
         multi_modal_uuids={"image": [image_uuid(image)]},
         **extra,
+        **salt,
     )

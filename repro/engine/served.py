@@ -8,7 +8,7 @@ server starts: vLLM's own parser reads the command line back into AsyncEngineArg
 back as given (else the arm fails, naming it). The child waits for `/health`, then sends each request to
 `/v1/completions`: the prompt as token IDs, greedy, `ignore_eos`, `max_tokens`, `logprobs` with the IDs
 (`return_tokens_as_token_ids`) and the generated token IDs (`return_token_ids`), so the comparison is on token
-IDs, never text. An answer without them (plain, or a stream in which no chunk carried any), or not of the
+IDs, never text; a probe's tenant salt goes in the body as `cache_salt`. An answer without them (plain, or a stream in which no chunk carried any), or not of the
 max_tokens asked (repro.judge.answer), is ServerFailed: never an empty or partial answer. The hit counter is
 `usage.prompt_tokens_details.cached_tokens` (the server runs with `--enable-prompt-tokens-details`): absent, the
 request's `num_cached_tokens` is None, which the judge reads as missing (INCONCLUSIVE, naming the flag), never 0. Several prompts of one call (a scenario's together step) are sent at once, each
@@ -290,7 +290,7 @@ class ServerFrontend:
                 "LoRA adapters are not sent to a served arm (the kit does not load them into vllm serve)"
             )
         each = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
-        bodies = [completion_body(p["prompt_token_ids"], sp) for p, sp in zip(prompts, each)]
+        bodies = [completion_body(p["prompt_token_ids"], sp, p.get("cache_salt")) for p, sp in zip(prompts, each)]
         if len(bodies) == 1:
             answers = [self._complete(bodies[0])]
         else:
@@ -374,8 +374,9 @@ def check_tokenizer(front: ServerFrontend) -> dict:
     return {"checked": True, "texts": len(TOKENIZER_TEXTS), "over": "POST /tokenize"}
 
 
-def completion_body(ids: list[int], sp) -> dict:
-    """One /v1/completions request for these token IDs with the arm's sampling parameters (vllm.SamplingParams)."""
+def completion_body(ids: list[int], sp, salt: str | None = None) -> dict:
+    """One /v1/completions request for these token IDs with the arm's sampling parameters (vllm.SamplingParams) and
+    the probe's tenant salt (vLLM's cache_salt, repro.plan.salts) where it names one."""
     body = {
         "prompt": [int(t) for t in ids],
         "max_tokens": sp.max_tokens,
@@ -385,13 +386,8 @@ def completion_body(ids: list[int], sp) -> dict:
         "return_tokens_as_token_ids": True,
         "skip_special_tokens": True,
     }
-    if sp.logprobs is not None:
-        body["logprobs"] = sp.logprobs
-    if sp.seed is not None:
-        body["seed"] = sp.seed
-    if sp.prompt_logprobs is not None:
-        body["prompt_logprobs"] = sp.prompt_logprobs
-    return body
+    optional = {"logprobs": sp.logprobs, "seed": sp.seed, "prompt_logprobs": sp.prompt_logprobs, "cache_salt": salt}
+    return body | {key: value for key, value in optional.items() if value is not None}
 
 
 def joined_stream(raw: bytes) -> dict:

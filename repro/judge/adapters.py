@@ -44,9 +44,14 @@ def weights(probe) -> tuple:
 
 
 def identity(probe) -> tuple:
-    """What keys a probe's KV besides its tokens, by the fixture's words: its adapter's label and its image."""
+    """What keys a probe's KV besides its tokens, by the fixture's words: its adapter's label, its image and its
+    tenant salt (cache_salt, repro.judge.salts)."""
     image = getattr(probe, "image", None)
-    return label(probe), tuple(sorted(repr(kv) for kv in image.items())) if image else None
+    return (
+        label(probe),
+        tuple(sorted(repr(kv) for kv in image.items())) if image else None,
+        getattr(probe, "cache_salt", None),
+    )
 
 
 def siblings(probes: Iterable) -> dict[str, dict[str, str]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from repro.contract.result import ArmResult, ProbeResult, RequestResult
-from repro.judge import adapters, prompt_logprobs
+from repro.judge import adapters, prompt_logprobs, salts
 from repro.judge.compare import margin_at
 from repro.judge.replays import find_replays, request_label
 from repro.judge.verdict import (
@@ -27,6 +27,7 @@ from repro.judge.verdict import (
 # Keys that must match between arms before any comparison is made.
 COMPARABLE_CONFIG_KEYS = ("model", "revision", "dtype", "block_size", "max_model_len", "seed", "enforce_eager")
 COMPARABLE_VERSION_KEYS = ("vllm", "torch", "lmcache")
+ENDPOINT = "endpoint"  # the effective config's frontend of a server the kit did not start (repro.engine.served)
 
 
 def shared_first_blocks(submitted: dict[str, list[int]], block_size: int) -> list[tuple[str, str]]:
@@ -169,6 +170,8 @@ def judge_probe(
     pv = prompt_logprobs.judge_probe(pv, probe.requests, base_cold, reqs, reuse_arm)
     if probe.adapter is not None:  # the LoRA adapter it ran under (repro.plan.adapters); absent otherwise, as before
         entry["adapter"] = probe.adapter["label"]
+    if probe.cache_salt is not None:  # the tenant salt it was sent with (repro.plan.salts); absent otherwise
+        entry["cache_salt"] = probe.cache_salt
     return entry, pv
 
 
@@ -224,6 +227,10 @@ def judge_arm(
             verdicts[name] = judged[-1][1]
         elif got[name] < n:
             verdicts[name] = decide_missing_probe(verdicts[name], n, got[name])
+    if mode != "baseline":  # a hit of KV only another tenant salt sent (repro.judge.salts); not on a server not ours
+        verdicts = salts.judge_probes(
+            result.probes, verdicts, (result.effective_config or {}).get("frontend") != ENDPOINT
+        )
     for key in {adapters.identity(p) for p in result.probes}:  # another adapter's or image's KV is no probe's to reuse
         these = {p.name: list(p.prompt_token_ids) for p in result.probes if adapters.identity(p) == key}
         for first, second in shared_first_blocks(these, block_size):
@@ -231,5 +238,6 @@ def judge_arm(
     entries = []
     for entry, _ in judged:
         pv = verdicts[entry["name"]]
-        entries.append({**entry, "verdict": pv.verdict, "reasons": list(pv.reasons)})
+        entries.append({**entry, "verdict": pv.verdict, "reasons": list(pv.reasons)}
+                       | ({"finding": pv.finding} if pv.finding else {}))  # fmt: skip
     return entries, decide_arm([(e["name"], verdicts[e["name"]]) for e in entries])

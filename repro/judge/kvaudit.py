@@ -51,6 +51,7 @@ def compare_job(baseline: ArmResult, audited: dict[str, ArmResult]) -> dict:
     """The job for repro.engine.kvcompare: the baseline's reference seq per probe and, per arm,
     every request with a usable record (cold: its computed blocks; reuses: their reused blocks)."""
     ref_dir = (baseline.kv_audit or {}).get("dir")
+    answers = {p.name: tuple(p.requests[0].token_ids) for p in baseline.probes if p.requests}
     ref_probes = {}
     for p in baseline.probes:
         rec = p.requests[0].kv_audit_record if p.requests else None
@@ -65,7 +66,11 @@ def compare_job(baseline: ArmResult, audited: dict[str, ArmResult]) -> dict:
                 if _record_ok(rec) is not None:
                     continue
                 kind = "reused" if rec.get("reused_blocks", 0) > 0 else "computed"
-                if kind == "computed" and (i > 0 or rec.get("computed_blocks", 0) == 0):
+                if (
+                    kind == "computed"
+                    and (i > 0 or rec.get("computed_blocks", 0) == 0)
+                    and not unowned(r, answers, p, i)
+                ):
                     continue  # a reuse that reused nothing has nothing to audit; a cold one is the floor
                 reqs.append(
                     {"probe": p.name, "index": i, "seq": rec["seq"], "kind": kind, "layers": len(rec["layers"])}
@@ -85,6 +90,25 @@ def compare_job(baseline: ArmResult, audited: dict[str, ArmResult]) -> dict:
                 )
         arms.append({"name": name, "dir": (res.kv_audit or {}).get("dir"), "requests": reqs})
     return {"reference": {"dir": ref_dir, "probes": ref_probes}, "arms": arms}
+
+
+# What a no-hit reuse's audit is: the blocks it computed itself, read against the baseline's (its tokens differ).
+COMPUTED_NOTE = "its counter says 0 and its answer differs: the blocks it computed itself, against the baseline's"
+
+
+def unowned(request, answers: dict, probe, index: int) -> bool:
+    """A reuse (index > 0) whose counter says 0 and whose tokens differ from the baseline's (repro.judge.verdict's
+    NO_HIT_DIFFERS): its computed blocks are compared with the baseline's, to see whether they hold its own prefill's
+    KV (never part of the arm's floor)."""
+    rec = request.kv_audit_record or {}
+    base = answers.get(probe.name)
+    return (
+        index > 0
+        and request.cached_tokens == 0
+        and base is not None
+        and tuple(request.token_ids) != base
+        and (rec.get("computed_blocks", 0) > 0)
+    )
 
 
 def _round(x: float | None) -> float | None:
@@ -358,6 +382,8 @@ def annotate(
                     audits.append(KVRequestAudit(False, why))
                     continue
                 r["kv_audit"], audit = reuse_entry(got, rec, floor, p["name"])
+                if got.get("kind") == "computed":  # a no-hit reuse's own blocks (unowned), not a load
+                    r["kv_audit"].update(origin=None, reason=COMPUTED_NOTE)
                 audits.append(audit)
             v = decide_kv_unavailable(arm_problem) if arm_problem else decide_kv_probe(audits, floor["rel"])
             p["kv"] = _kv(v, block_size)

@@ -12,11 +12,14 @@ from repro.judge.verdict import (
     ERROR,
     FAIL,
     INCONCLUSIVE,
+    NO_HIT_DIFFERS,
     PASS,
+    TENANT_ISOLATION,
     ArmVerdict,
     Request,
     counter_missing,
     hit_count,
+    no_hit_reason,
     worst,
 )
 
@@ -40,6 +43,7 @@ class ScenarioRequestVerdict:
     role: str
     first_diff: int | None
     cls: str | None = None  # SCHEDULE_NUMERICS, or None
+    finding: str | None = None  # repro.judge.verdict.FINDINGS beside a FAIL, or None
 
 
 def decide_scenario_request(
@@ -62,7 +66,9 @@ def decide_scenario_request(
     - a divergence without a working control is INCONCLUSIVE (it cannot be told from the schedule's);
     - a divergence with a hit, or in a call where the engine preempted (a resumed request reuses its
       KV), is a FAIL;
-    - a divergence of a miss with no preemption is INCONCLUSIVE (no reuse to blame)."""
+    - a divergence of a request whose counter says 0 (no preemption), where the control matched, is a FAIL with the
+      finding NO_HIT_DIFFERS: the same steps cache-off gave the baseline's answer, so not the schedule's numerics;
+    - a divergence of one with no counter at all is INCONCLUSIVE (no reuse to blame)."""
     cached = req.hits
     role = REUSE if cached else MISS
     diff = first_diff(list(baseline), list(req.token_ids))
@@ -70,7 +76,7 @@ def decide_scenario_request(
     if cut:
         return ScenarioRequestVerdict(ERROR, cut, role, diff)
     found: list[tuple[str, str]] = []  # (verdict, reason)
-    cls = None
+    cls = finding = None
     if cached is None:
         found.append((INCONCLUSIVE, counter_missing(req.cached_tokens, cached=True)))
     if expect == MISS and cached:
@@ -96,11 +102,14 @@ def decide_scenario_request(
             found.append((FAIL, f"{cached} cached tokens, differs from baseline @{diff}"))
         elif preempted:
             found.append((FAIL, f"differs from baseline @{diff} in a call where the engine preempted requests"))
+        elif cached == 0:
+            finding = NO_HIT_DIFFERS
+            why = ", though the scenario's cache-off run gave the baseline's tokens here: not the schedule's numerics"
+            found.append((FAIL, no_hit_reason(diff) + why))
         else:
-            counter = "zero cached tokens" if cached == 0 else "no hit counter"
-            found.append((INCONCLUSIVE, f"a miss ({counter}) differs from baseline @{diff}: no reuse to blame"))
+            found.append((INCONCLUSIVE, f"a miss (no hit counter) differs from baseline @{diff}: no reuse to blame"))
     verdict = worst([v for v, _ in found]) if found else PASS
-    return ScenarioRequestVerdict(verdict, tuple(r for _, r in found), role, diff, cls)
+    return ScenarioRequestVerdict(verdict, tuple(r for _, r in found), role, diff, cls, finding)
 
 
 def _unanswered(tokens, baseline, asked: int | None) -> tuple[str, ...]:
@@ -143,6 +152,15 @@ def decide_scenario_indistinct(v: ScenarioRequestVerdict, reason: str) -> Scenar
     """A request whose probe's baseline equals another adapter's on its prompt (repro.judge.adapters): a PASS
     proves nothing of key identity and is INCONCLUSIVE; any other verdict stays, the reason added."""
     return replace(v, verdict=INCONCLUSIVE if v.verdict == PASS else v.verdict, reasons=(*v.reasons, reason))
+
+
+def decide_scenario_tenant_isolation(v: ScenarioRequestVerdict, reason: str | None) -> ScenarioRequestVerdict:
+    """A scenario request that reported a hit of KV only another tenant salt had sent (repro.judge.salts gives the
+    reason): FAIL with the finding TENANT_ISOLATION, whatever its tokens show; an ERROR stays one. None: unchanged."""
+    if reason is None:
+        return v
+    return replace(v, verdict=ERROR if v.verdict == ERROR else FAIL, reasons=(reason, *v.reasons),
+                   finding=TENANT_ISOLATION)  # fmt: skip
 
 
 def decide_scenario_request_unbased(req: Request) -> ScenarioRequestVerdict:

@@ -2,9 +2,17 @@
 
 PASS: every reuse reports a hit and matches the baseline exactly.
 FAIL: a reuse that reports a hit differs from the baseline.
-INCONCLUSIVE: the evidence cannot blame or clear reuse (missing or zero counters, a cold
-request that was not a verified miss, a cold miss that already differs from the baseline, or no
+INCONCLUSIVE: the evidence cannot blame or clear reuse (missing counters, a zero counter with the baseline's
+answer, a cold request that was not a verified miss, a cold miss that already differs from the baseline, or no
 reuse at all).
+
+Two FAILs carry a finding of their own (ProbeVerdict.finding, FINDINGS), which no fixture's FAIL excuses from exit 1
+(repro.record.exit_rule) and every view names:
+tenant-isolation: a request of one tenant salt (cache_salt) reported a hit of KV that only another salt had sent
+  (repro.judge.salts): one tenant's KV served to another.
+no-hit-differs: a reuse reported no hit (0 cached tokens) and answered otherwise than the baseline, while its
+  same-length control gave the baseline's answer (the arm's own cold request, the same prompt prefilled whole; a
+  scenario's cache-off run of the same steps): not numerics, and no reuse the engine owned up to.
 ERROR: the engine crashed, timed out or raised, the arms cannot be compared, LMCache ran in
 degraded mode, --batch-invariant asked for vLLM's batch-invariant kernels and the arm's workers
 did not confirm them active, or a request's answer is not the one asked for (no token IDs, or not
@@ -59,6 +67,10 @@ KV_FINDINGS = (CORRUPT, FOREIGN, MISPLACED)
 # The class of a divergence, from the baseline's top-1/top-2 gap at its index (classify_divergence).
 DECISIVE, NEAR_TIE, UNCLASSED = "decisive", "near-tie", "unclassed"
 DIVERGENCE_CLASSES = (DECISIVE, NEAR_TIE, UNCLASSED)
+# The findings a FAIL may carry that no fixture's FAIL excuses (the module's docstring), worst first, and their words.
+TENANT_ISOLATION, NO_HIT_DIFFERS = "tenant-isolation", "no-hit-differs"
+FINDINGS = (TENANT_ISOLATION, NO_HIT_DIFFERS)
+FINDING_WORDS = {TENANT_ISOLATION: "tenant-isolation failure", NO_HIT_DIFFERS: "differs with no reported hit"}
 # The arm-level failure kind for LMCache's degraded mode (the child failure kinds are in repro.contract.failure).
 LMCACHE_DEGRADED = "lmcache-degraded"
 # An arm takes the worst verdict of its probes; a finding (FAIL) outranks missing evidence.
@@ -114,6 +126,7 @@ class ProbeVerdict:
     cold_first_diff: int | None
     reuse_first_diffs: tuple[int | None, ...] = field(default_factory=tuple)
     reuse_first_diffs_vs_cold: tuple[int | None, ...] = field(default_factory=tuple)
+    finding: str | None = None  # TENANT_ISOLATION or NO_HIT_DIFFERS beside a FAIL (FINDINGS); None: neither
 
 
 @dataclass(frozen=True)
@@ -151,11 +164,23 @@ def decide_skipped(reason: str) -> ProbeVerdict:
 
 def decide_shared_first_block(pv: ProbeVerdict, other_probe: str) -> ProbeVerdict:
     """A probe whose first block equals an earlier probe's could have been fed by it: not isolated,
-    so neither a PASS nor a FAIL can be trusted (an ERROR stays an ERROR)."""
+    so neither a PASS nor a FAIL can be trusted (an ERROR stays an ERROR). A FAIL with a finding (FINDINGS) stays: a
+    reuse across tenant salts, or an answer changed with no hit reported, is no reuse of the other probe's to allow."""
     if pv.verdict in (ERROR, SKIPPED):
         return pv
     reason = f"shares its first block with probe {other_probe}: probes are not isolated"
-    return replace(pv, verdict=INCONCLUSIVE, reasons=(*pv.reasons, reason))
+    verdict = FAIL if pv.finding is not None else INCONCLUSIVE
+    return replace(pv, verdict=verdict, reasons=(*pv.reasons, reason))
+
+
+def decide_tenant_isolation(pv: ProbeVerdict, reasons: list[str] | tuple[str, ...]) -> ProbeVerdict:
+    """A probe one of whose requests reported a hit of KV that only another tenant salt had sent (repro.judge.salts,
+    which gives the reasons): FAIL with the finding TENANT_ISOLATION, whatever its tokens show (a salt changes no
+    answer, so only the hit tells). An ERROR stays an ERROR, the reasons added; no reasons: unchanged."""
+    if not reasons or pv.verdict == SKIPPED:
+        return pv
+    verdict = ERROR if pv.verdict == ERROR else FAIL
+    return replace(pv, verdict=verdict, reasons=(*reasons, *pv.reasons), finding=TENANT_ISOLATION)
 
 
 def decide_indistinct_adapters(pv: ProbeVerdict, reason: str) -> ProbeVerdict:
@@ -261,21 +286,30 @@ def decide_probe(
     if reasons:
         return ProbeVerdict(INCONCLUSIVE, tuple(reasons), cold_diff, diffs, diffs_cold)
 
-    failed, unproven = [], []
+    failed, unproven, unowned = [], [], []
     for i, (req, diff) in enumerate(zip(reuses, diffs), start=1):
         if req.hits is None:
             unproven.append(f"reuse {i}: {counter_missing(req.cached_tokens, cached=True)}")
+        elif req.hits == 0 and diff is not None:  # the cold request, a verified miss, matched: the same-length control
+            unowned.append(f"reuse {i}: {no_hit_reason(diff)}, though the cold request (the same prompt prefilled "
+                           "whole in this engine, a verified miss) gave the baseline's tokens: not numerics")  # fmt: skip
         elif req.hits == 0:
             unproven.append(f"reuse {i}: zero cached tokens, reuse not exercised")
         elif req.counts_external:
             _judge_beneath(i, req, diff, failed, unproven)
         elif diff is not None:
             failed.append(f"reuse {i}: {req.cached_tokens} cached tokens, differs from baseline @{diff}")
-    if failed:
-        return ProbeVerdict(FAIL, tuple(failed + unproven), cold_diff, diffs, diffs_cold)
+    if failed or unowned:
+        finding = NO_HIT_DIFFERS if unowned else None
+        return ProbeVerdict(FAIL, tuple(unowned + failed + unproven), cold_diff, diffs, diffs_cold, finding)
     if unproven:
         return ProbeVerdict(INCONCLUSIVE, tuple(unproven), cold_diff, diffs, diffs_cold)
     return ProbeVerdict(PASS, (), cold_diff, diffs, diffs_cold)
+
+
+def no_hit_reason(diff: int) -> str:
+    """The words of a NO_HIT_DIFFERS request: 'differs from baseline @3 with no reported hit (0 cached tokens)'."""
+    return f"differs from baseline @{diff} with no reported hit (0 cached tokens)"
 
 
 def _judge_beneath(i: int, req: Request, diff: int | None, failed: list, unproven: list) -> None:

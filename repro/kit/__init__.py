@@ -1,7 +1,8 @@
 """The kit, a reproducible archive to attach to upstream issues: its name and its archive's name."""
 
 # The package: git.py (HEAD's files), evidence.py (reports and logs, what is left out), readme.py (the maintainer's
-# README.md), archive.py (entries and deterministic bytes), check.py (kit-check), commands.py (the CLI).
+# README.md), rerun.py (its first command: the lead finding run again), archive.py (entries and deterministic bytes),
+# check.py (kit-check), commands.py (the CLI).
 # This module stays on the standard library: kit-check imports it on a bare interpreter.
 
 from __future__ import annotations

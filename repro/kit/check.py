@@ -1,4 +1,5 @@
-"""kit-check: unpack a kit safely, verify SHA256SUMS, run its self-test and tests there, check the report."""
+"""kit-check: unpack a kit safely, verify SHA256SUMS, run its self-test and tests there, check the report, and run
+the README's first command where it reruns a CPU finding (its verdicts and exit code must be the packed report's)."""
 
 # Standard library only: `inv kit-check` runs this on a bare interpreter, before any environment exists.
 
@@ -7,11 +8,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from repro.errors import EXIT_OK, EXIT_RUNTIME, UsageError
@@ -23,6 +27,7 @@ NESTED_ENV = "KVKIT_KIT_CHECK"
 # The kit's own CPU self-test and tests, as a maintainer would run them.
 CHECK_COMMANDS = (("make", "repro", "PROFILE=cpu"), ("make", "test"))
 CHECK_REPORT = "reports/latest-cpu.json"
+VERIFY_MODULE = "repro.verify_kv_reuse"  # the README's first command's verifier line runs this module
 # A kit is under 1.5 MB compressed (repro.kit.archive.MAX_KIT_BYTES); these bound what a hostile archive may write when unpacked.
 MAX_MEMBER_BYTES = 64 * 2**20
 MAX_UNPACKED_BYTES = 256 * 2**20
@@ -121,6 +126,54 @@ def check_provenance(tree: Path) -> list[str]:
     return problems
 
 
+@dataclass(frozen=True)
+class FirstCommand:
+    """The README's first command where this machine can run it: a CPU finding run again from the kit."""
+
+    script: str  # the fenced block's lines, run by `sh -e` in the tree
+    report: str  # where it writes its report, relative to the tree
+    packed: str  # the packed report it runs again (evidence/raw/<the same name>), relative to the tree
+
+
+def readme_first_block(readme: str) -> str | None:
+    """The body of the README's first fenced sh block: the command its reader runs first."""
+    found = re.search(r"^```sh\n(.*?)^```$", readme, re.MULTILINE | re.DOTALL)
+    return found.group(1) if found else None
+
+
+def first_command(tree: Path) -> FirstCommand | None:
+    """The README's first command when it reruns a packed CPU finding (its verifier line says --device cpu and
+    writes a report whose name the evidence holds); None for a GPU finding or a README without one."""
+    readme = tree / "README.md"
+    block = readme_first_block(readme.read_text(encoding="utf-8")) if readme.is_file() else None
+    verify = [shlex.split(line) for line in (block or "").splitlines() if VERIFY_MODULE in line.split()]
+    if not verify:
+        return None
+    words = verify[-1]
+    value = {w: words[i + 1] for i, w in enumerate(words[:-1]) if w.startswith("--")}
+    packed = f"{EVIDENCE}/{RAW_DIR}/{Path(value.get('--report', '')).name}"
+    if value.get("--device") != "cpu" or "--report" not in value or not (tree / packed).is_file():
+        return None
+    return FirstCommand(block, value["--report"], packed)
+
+
+def rerun_problems(tree: Path, first: FirstCommand, rc: int) -> list[str]:
+    """How the first command's run differs from the packed one: its exit code, or an arm's verdict."""
+    from repro.record.exit_rule import exit_reason  # pure; imported only where a rerun is checked
+
+    packed = json.loads((tree / first.packed).read_text(encoding="utf-8"))
+    want_rc = exit_reason(packed)[0]
+    problems = [] if rc == want_rc else [f"the README's first command exited {rc}, the packed run {want_rc}"]
+    path = tree / first.report
+    if not path.is_file():
+        return [*problems, f"the README's first command wrote no {first.report}"]
+    got = {a["name"]: a["verdict"] for a in json.loads(path.read_text(encoding="utf-8"))["arms"]}
+    want = {a["name"]: a["verdict"] for a in packed["arms"]}
+    if got != want:
+        problems.append(f"the README's first command's verdicts {got} are not the packed report's {want}")
+    return problems
+
+
 def check_commands(tree: Path) -> tuple[tuple[str, ...], ...]:
     """CHECK_COMMANDS, then PAGES_COMMAND when the kit carries reports: its README says the pages render
     from them on demand (in the CPU environment the self-test has set up)."""
@@ -143,6 +196,11 @@ def check_tree(tree: Path, commands, check_report: bool) -> str | None:
         if rc != 0:
             return f"`{' '.join(cmd)}` exited {rc}"
     problems = check_provenance(tree) if check_report else []
+    first = first_command(tree) if commands is None else None
+    if first is not None and not problems:  # after the self-test, whose environment it runs in
+        print(f"[kvkit] kit-check: the README's first command, which reruns {first.packed}", flush=True)
+        rc = subprocess.run(["sh", "-e", "-c", first.script], cwd=tree, env=env, check=False).returncode
+        problems = rerun_problems(tree, first, rc)
     return "; ".join(problems) or None
 
 

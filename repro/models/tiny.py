@@ -262,6 +262,36 @@ def model_main(argv: list[str], command: str, description: str, make, default_se
     return 0
 
 
+# The model kinds `make-model --kind` writes: the function that writes each (module:function, imported when asked,
+# since those modules build on this one) and what it is. Every kind takes the same seeds and the same tokenizer.
+MODEL_KINDS = {
+    "tiny": ("repro.models.tiny:make_tiny_model", "the tiny Qwen3-architecture model, full attention"),
+    "sliding": ("repro.models.sliding:make_sliding_model", "Llama architecture, three sliding-window layers, one full"),
+    "hybrid": ("repro.models.hybrid:make_hybrid_model", "Nemotron-H architecture: Mamba-2, MLP, attention, MLP"),
+}
+
+
+def kind_maker(kind: str):
+    """The function that writes a model of this kind (MODEL_KINDS)."""
+    import importlib
+
+    module, _, name = MODEL_KINDS[kind][0].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def main(argv: list[str]) -> int:
-    """`python -m repro make-model DIR`: write the model and print its SHA-256."""
-    return model_main(argv, "make-model", main.__doc__, make_tiny_model, MODEL_SEED)
+    """`python -m repro make-model DIR [--kind KIND] [--seed N]`: write the model and print its SHA-256."""
+    from repro.commands import ArgumentParser
+
+    parser = ArgumentParser(prog="python -m repro make-model", description=main.__doc__)
+    parser.add_argument("dir", help="where to write the model")
+    parser.add_argument(
+        "--kind",
+        choices=tuple(MODEL_KINDS),
+        default="tiny",
+        help="; ".join(f"{k}: {what}" for k, (_, what) in MODEL_KINDS.items()) + " (default tiny)",
+    )
+    parser.add_argument("--seed", type=int, default=MODEL_SEED, help=f"weight seed (default {MODEL_SEED})")
+    args = parser.parse_args(argv)
+    print(digest_line(args.dir, kind_maker(args.kind)(args.dir, seed=args.seed)))
+    return 0

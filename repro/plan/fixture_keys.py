@@ -15,7 +15,7 @@ import difflib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from repro.plan import adapters, images, load, multi, prompt_logprobs, upstream
+from repro.plan import adapters, images, load, multi, prompt_logprobs, salts, upstream
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ TOP_KEYS = (
 # name: whose tokenizer the token IDs are; the rest informational (the model it came from, and how it was made)
 TOKENIZER_KEYS = ("name", "revision", "model_sha256", "source")
 # note and messages informational: what a token-ID prompt is and the chat messages its IDs were made from
-PROBE_KEYS = ("name", "prompt", "reuses", "adapter", prompt_logprobs.KEY, "note", "messages")
+PROBE_KEYS = ("name", "prompt", "reuses", "adapter", prompt_logprobs.KEY, salts.KEY, "note", "messages")
 PROMPT_KEYS = ("token_ids", "chat", images.KEY)
 CHAT_KEYS = ("messages", "length", "filler")
 MESSAGE_KEYS = ("role", "content")

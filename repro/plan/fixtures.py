@@ -17,6 +17,8 @@ does not know (repro.plan.fixture_keys), so a misspelt key, or an addition of a 
   schema_version 2: adapters, lora and a probe's adapter (LoRA adapters, repro.plan.adapters). A kit older
     than them refuses the file: ignoring them it would run those probes under the base model. Version 1 loads as is.
   schema_version 3, 4: a probe's prompt_logprobs (repro.plan.prompt_logprobs); a prompt's image (plan.images); alike.
+  schema_version 5: a probe's cache_salt (repro.plan.salts): a kit older than it refuses the file, as it would send
+    those probes unsalted.
     Addition without a bump (any version): an entry bound to an upstream bug (repro.plan.upstream); an older kit
     refuses it in one line (neither a verdict nor a list), so nothing is read differently.
 """
@@ -36,10 +38,11 @@ from repro.plan.adapters import AdapterTable, parse_adapters
 from repro.plan.images import parse_images
 from repro.plan.load import LoadSpec, parse_load
 from repro.plan.prompt_logprobs import parse_prompt_logprobs
+from repro.plan.salts import parse_salts
 from repro.plan.upstream import BoundExpectation, parse_table
 
 FIXTURE_KIND = "kvkit-fixture"
-FIXTURE_SCHEMA_VERSION = 4
+FIXTURE_SCHEMA_VERSION = 5
 _MAX_REUSES = 64
 _MAX_TOKEN_ID = 2**31  # the vocabulary check proper needs the model (check_probes_fit)
 # The names the kit gives its own arms and files: a fixture or command-line arm of one of these names
@@ -62,6 +65,7 @@ class Probe:
     lora: dict | None = None  # that adapter's request, as the run resolved it (repro.plan.adapters.resolve)
     prompt_logprobs: int | None = None  # k of SamplingParams(prompt_logprobs=k) (repro.plan.prompt_logprobs)
     image: dict | None = None  # the image its prompt names (repro.plan.images), None: none
+    cache_salt: str | None = None  # the tenant salt every request of it is sent with (repro.plan.salts), None: none
 
     @property
     def length(self) -> int:
@@ -71,6 +75,7 @@ class Probe:
         spec = {"token_ids": list(self.token_ids)} if self.token_ids is not None else {"chat": self.chat}
         spec |= {"prompt_logprobs": self.prompt_logprobs} if self.prompt_logprobs is not None else {}
         spec |= {"image": dict(self.image)} if self.image is not None else {}
+        spec |= {"cache_salt": self.cache_salt} if self.cache_salt is not None else {}
         return spec | ({"adapter": dict(self.lora)} if self.lora is not None else {})
 
 
@@ -305,7 +310,8 @@ def parse_fixture(data: object, path: str | Path, digest: str) -> Fixture:
     _require(tokenizer, "name", str, "fixture.tokenizer", path)
     probes_raw = _require(data, "probes", list, "fixture", path)
     probes = tuple(parse_probe(p, f"probes[{i}]", path) for i, p in enumerate(probes_raw))
-    probes, adapters = parse_adapters(data, parse_prompt_logprobs(data, parse_images(data, probes, path), path), path)
+    probes = parse_salts(data, parse_prompt_logprobs(data, parse_images(data, probes, path), path), path)
+    probes, adapters = parse_adapters(data, probes, path)
     arms_raw = data.get("arms", [])
     if not isinstance(arms_raw, list):
         raise _fail(path, "arms: must be a list")

@@ -15,6 +15,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from repro.judge.verdict import KV_FINDINGS
+from repro.readmodel.files import json_files, kind_of
 
 MATRIX_KIND = "kvkit-matrix"  # repro.matrix.status.MATRIX_KIND
 CELLS_DIR = "site"  # repro.matrix.commands.SITE_DIR: a matrix's cell pages, beside its summary
@@ -31,14 +32,6 @@ class Entry:
     row: object = None  # a report's index row (repro.publish.site_index.IndexRow), linked from the site's root
 
 
-def _kind(path: Path) -> str | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data.get("kind") if isinstance(data, dict) else None
-
-
 def render_catalog(
     reports_dir: Path, out_dir: Path, write: Callable[[Path, bytes], None], render_folder: Callable
 ) -> list[Entry]:
@@ -47,8 +40,8 @@ def render_catalog(
     (repro.publish.site.render_site) and returns the entries of its report pages. Sorted by path."""
     entries: list[Entry] = []
     for folder in sorted(p for p in reports_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        jsons = sorted(p for p in folder.glob("*.json") if not p.name.startswith("."))
-        kinds = {p: _kind(p) for p in jsons}
+        jsons = json_files(folder)  # NAME.json and NAME.json.xz (a report committed compressed)
+        kinds = {p: kind_of(p) for p in jsons}
         matrices = [p for p in jsons if kinds[p] == MATRIX_KIND]
         for path in matrices:
             entries.append(_matrix(path, out_dir / folder.name, write, render_folder))

@@ -18,13 +18,17 @@ from repro.judge.verdict import (
     ERROR,
     EXACT,
     FAIL,
+    FINDING_WORDS,
+    FINDINGS,
     FOREIGN,
     INCONCLUSIVE,
     KV_FINDINGS,
     MISPLACED,
+    NO_HIT_DIFFERS,
     NUMERIC,
     PASS,
     SKIPPED,
+    TENANT_ISOLATION,
     UNAVAILABLE,
 )
 from repro.readmodel import Arm, Report, ScenarioArm, as_report
@@ -40,6 +44,12 @@ PLANTED_CONNECTOR = "PlantedFaultConnector"  # repro.engine.connectors.planted_f
 NO_FAULT = "none"  # its `fault` setting that plants nothing (the self-test's control)
 # What acceptance.matched is, wherever it is shown: the kit checking itself, not the stack's verdict.
 ACCEPTANCE_MEANS = "the kit's self-check against the fixture's expectations"
+# How the headline names a finding no fixture's FAIL excuses (repro.judge.verdict.FINDINGS): a salt changes no
+# answer, so a tenant-isolation failure is said by what was served, never as "answered differently".
+FINDING_HEADLINE = {
+    TENANT_ISOLATION: f"served another tenant's KV across cache salts ({FINDING_WORDS[TENANT_ISOLATION]})",
+    NO_HIT_DIFFERS: f"reported no cache hit yet answered differently ({FINDING_WORDS[NO_HIT_DIFFERS]})",
+}
 # How the headline names what a reuse loaded, by KV class (repro.judge.verdict), worst first.
 KV_WORDS = {CORRUPT: "corrupt", FOREIGN: "foreign", MISPLACED: "misplaced"}
 _VERSION_PART = re.compile(r"(\d+)|([a-z]+)")
@@ -111,17 +121,26 @@ def _token_clause(arm: Arm, lead: bool) -> str:
         kind = (arm.error or {}).get("kind")
         return f"ended in {ERROR}" + (f" ({kind})" if kind else "") + ", no verdict"
     if arm.verdict == FAIL:
-        k = sum(p.verdict == FAIL for p in probes)
+        k = sum(p.verdict == FAIL and not p.finding for p in probes)
         hit = " after a reported cache hit" if lead else ""
         ties = " (near-ties only)" if arm.near_ties_only else ""
         qualified = arm.conditions.finding_class_text.split(":")[0] if arm.conditions.qualified else ""
-        return f"answered differently{hit} on {k} of {n} probes{ties}" + (f" ({qualified})" if qualified else "")
+        said = [f"{FINDING_HEADLINE[f]} on {m} of {n} probes" for f in FINDINGS if (m := _found(probes, f))]
+        if k or not said:
+            said.append(
+                f"answered differently{hit} on {k} of {n} probes{ties}" + (f" ({qualified})" if qualified else "")
+            )
+        return " and ".join(said)
     if arm.verdict == INCONCLUSIVE:
         k = sum(p.verdict == INCONCLUSIVE for p in probes)
         return f"was {INCONCLUSIVE} on {k} of {n} probes (no verified hit or cold miss to judge by)"
     if arm.verdict == PASS and n:
         return f"matched caching off token for token on {n} of {n} probes" if lead else PASS
     return str(arm.verdict)
+
+
+def _found(probes: list, finding: str) -> int:
+    return sum(p.finding == finding for p in probes)
 
 
 def _kv_clause(arm: Arm) -> str:
@@ -256,7 +275,9 @@ def _scenario_clause(report: Report) -> str:
 def _scenario_verdict(arm: ScenarioArm, later: str = "") -> str:
     """'FAIL with corrupt KV', 'ERROR (trials: 2 of 2 ERROR)', 'PASS', 'FAIL in trial 2 (trials: …)': a scenario
     run's verdict and what qualifies it; a PASS that a later trial's finding or ERROR counts against is no PASS."""
-    text = arm.verdict_text
+    text = (
+        arm.verdict_text
+    )  # with its findings no fixture's FAIL excuses, by request ('· tenant-isolation failure on …')
     if arm.kv_verdict in KV_FINDINGS:
         text += f" with {KV_WORDS[arm.kv_verdict]} KV"
     if later:

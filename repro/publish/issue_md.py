@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 import sys
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from repro.readmodel import (
     as_report,
     read_report,
 )
+from repro.readmodel.rerun import patch_text
 from repro.record.atomic import write_bytes_atomic
 from repro.record.report import CLAIM_LINE
 
@@ -267,7 +267,8 @@ def format_stack(report: Report | dict) -> str:
             f"- Python {prov.get('python', '?')} on {prov.get('platform', '?')}",
             f"- hardware: **{report.hardware_label}** ({hw_txt or 'not recorded'})",
             f"- kvkit {report.tool_version}, commit {kit.get('commit', '?')}"
-            + (" (dirty)" if kit.get("dirty") else ""),
+            + (" (dirty)" if kit.get("dirty") else "")
+            + (f"; {patch}" if (patch := patch_text(prov)) else ""),
         ]
     )
 
@@ -275,15 +276,6 @@ def format_stack(report: Report | dict) -> str:
 def format_adapters(report: Report) -> str:
     """The LoRA adapters the probes ran under, a line each (how each was sent, its weights, its probes)."""
     return "\n".join(f"- {line}" for line in report.adapter_lines)
-
-
-def format_reproduce(report: Report | dict) -> str:
-    report = as_report(report)
-    return (
-        "```sh\npython -m repro.verify_kv_reuse " + shlex.join(report.argv) + "\n```\n\n"
-        "With the attached kvkit archive, `make repro` sets up the pinned environment and runs the reference "
-        "command for this machine (`PROFILE=cpu` for the CPU self-test); `README.md` in it says more."
-    )
 
 
 def format_conditions_warning(report: Report) -> list[str]:

@@ -1,38 +1,24 @@
 """The issue Markdown's first sections, in the order maintainers read them: expected vs actual at the first divergence,
-how to reproduce (one command, no machine path, each flag once), and the environment in the shape of vLLM's
-`collect_env.py` with the connector's configuration and the LMCache YAML inline. Pure, but for find_lmcache_yaml
-(the one file it reads, at the command's edge)."""
+how to reproduce (the model's make command and the verifier's: no machine path, each flag once), and the environment
+in the shape of vLLM's `collect_env.py` with the connector's configuration and the LMCache YAML inline. Pure, but for
+find_lmcache_yaml (the one file it reads, at the command's edge)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import shlex
 from collections.abc import Mapping
 from pathlib import Path, PurePath
 
 from repro.judge.verdict import ERROR, FAIL
 from repro.judge.wording import NOT_RECORDED, machine_path_name
 from repro.paths import KIT_ROOT
-from repro.plan.options import build_parser
 from repro.publish.headline import PLANTED_CONNECTOR, model_label
 from repro.publish.shipped_connector import SHIPPED_MODULE
 from repro.readmodel import Arm, Probe, Report, Request
+from repro.readmodel.rerun import MODEL_DIR, ModelNeed, model_need, patch_text, rerun_lines
 
 CONTEXT = 4  # token IDs shown either side of the first divergence
-# Flags whose value is a path of the machine that ran the report, and what the reproduce command puts instead;
-# None drops the flag (the kit's own default then applies).
-# --force (replace a report already there) is the reporter's choice about their own files, not part of the run.
-MACHINE_FLAGS = {
-    "--model": "MODEL_DIR",
-    "--report": "report.json",
-    "--python": None,
-    "--keep-kv": None,
-    "--force": None,
-}
-# the verifier's flags that take no value, read from its own parser (a hand-kept list missed --stream and --force,
-# and the flag after one was then read as its value)
-VALUELESS = frozenset(flag for action in build_parser()._actions if action.nargs == 0 for flag in action.option_strings)
 RULE = "=" * 30
 
 
@@ -101,59 +87,36 @@ def _at(ids: list[int] | None, i: int) -> str:
     return str(ids[i]) if ids is not None and 0 <= i < len(ids) else "none (the answer ended)"
 
 
-def reproduce_argv(argv: list[str]) -> list[str]:
-    """The verifier's arguments with each flag once (the last value wins, as argparse reads them), a path of the
-    machine that ran them replaced by a placeholder (MACHINE_FLAGS) or its name, nothing else changed."""
-    pairs: dict[str, str | None] = {}
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg.startswith("--") and "=" in arg:
-            flag, value = arg.split("=", 1)
-        elif arg.startswith("--") and arg not in VALUELESS and i + 1 < len(argv):
-            flag, value = arg, argv[i + 1]
-            i += 1
-        else:
-            flag, value = arg, None
-        pairs.pop(flag, None)  # a repeated flag moves to where its last value was given
-        pairs[flag] = value
-        i += 1
-    out: list[str] = []
-    for flag, value in pairs.items():
-        if flag in MACHINE_FLAGS:
-            if MACHINE_FLAGS[flag] is None:
-                continue
-            value = MACHINE_FLAGS[flag]
-        elif value is not None and PurePath(value).is_absolute():
-            value = machine_path_name(value)
-        out += [flag] if value is None else [flag, value]
-    return out
-
-
 def format_how_to_reproduce(report: Report) -> str:
-    """One command from the kit's root, each flag once, no machine path; what MODEL_DIR is; the script without
-    the kit."""
-    cmd = "python -m repro.verify_kv_reuse " + shlex.join(reproduce_argv(report.argv))
+    """The commands from the kit's root (repro.readmodel.rerun: the model's make command where the kit makes it,
+    then the verifier's, each flag once, no machine path); the kit commit and, for a dirty tree, its patch's
+    digest; what the model is; the script without the kit."""
+    need = model_need(report.provenance)
+    cmd = "\n".join(rerun_lines(report.argv, report.provenance))
     model = report.provenance.get("model") if isinstance(report.provenance.get("model"), Mapping) else {}
     sha = str(model.get("sha256") or NOT_RECORDED)
     planted = any(a.connector_name == PLANTED_CONNECTOR for a in report.reuse_arms)
     shipped = f", and `{SHIPPED_MODULE}.py` beside them where it runs the kit's planted connector" if planted else ""
+    patch = patch_text(report.provenance)
     return (
-        f"From the kvkit archive's root (kit commit `{report.commit}`), with the stack below:\n\n"
-        f"```sh\n{cmd}\n```\n\n"
-        f"`MODEL_DIR`: {model_label(report)} (sha256 of its files `{sha[:16]}…`; {_model_maker(model)}). Without "
-        f"the kit, `python repro_min.py MODEL_DIR` (attached, with the `repro_min.json` it reads beside it{shipped}) "
-        "runs the reuse arm and caching off in separate processes with vLLM (and LMCache) alone, and compares the "
-        "token IDs exactly."
+        f"From the kvkit archive's root (kit commit `{report.commit}`{f'; {patch}' if patch else ''}), with the "
+        f"stack below:\n\n```sh\n{cmd}\n```\n\n"
+        f"`{need.argument}`: {model_label(report)} (sha256 of its files `{sha[:16]}…`; {_model_maker(need)}). "
+        f"Without the kit, `python repro_min.py {need.argument}` (attached, with the `repro_min.json` it reads beside "
+        f"it{shipped}) runs the reuse arm and caching off in separate processes with vLLM (and LMCache) alone, and "
+        "compares the token IDs exactly."
     )
 
 
-def _model_maker(model: Mapping) -> str:
-    """How the kit makes the report's model: a packaged model's converter, else the generated tiny model."""
-    source = model.get("source") if isinstance(model.get("source"), Mapping) else {}
-    if source.get("name"):
-        return f"`python -m repro convert-model {source['name']}` writes it"
-    return "the kit's generated tiny model, `python -m repro make-model DIR` (the GPU fixtures name their seed)"
+def _model_maker(need: ModelNeed) -> str:
+    """How the kit makes the report's model, in words."""
+    if need.seed is not None:
+        return f"the kit's generated tiny model, weight seed {need.seed}: the first command above writes it"
+    if need.made_by_kit:
+        return f"`{need.make_text()}` converts it from its pinned package"
+    if need.argument == MODEL_DIR:
+        return "a folder the kit does not make: give yours"
+    return "a hub model at the revision the command names"
 
 
 def _line(key: str, value: object) -> str:

@@ -6,17 +6,18 @@ settings the arms ran, the arm's connector (and its LMCache YAML), max_tokens. T
 before anything runs (known keys, types, ranges; one line and exit 2 otherwise), and the kit writes only inputs that
 pass the script's own check. It needs vLLM (and LMCache where the arm used it) and the standard library; the kit's
 planted connector, the one connector an arm may run that is neither vLLM's nor LMCache's, travels beside it as one
-module (`planted_fault_connector.py`: the kit's own planted_gates.py and planted_fault.py, combined from its files,
-never from a report), which the inputs name and the script puts on its engine processes' path; it runs caching off and
-the reuse arm each in a process of its own (it starts itself twice), compares every generated token ID exactly and
-prints the hit counts and the first difference. Exit 1 when a reuse that reported a hit differs from caching off, 2 when
+module (`planted_fault_connector.py`: the kit's own planted_gates.py, planted_failures.py and planted_fault.py,
+combined from its files, never from a report), which the inputs name and the script puts on its engine processes'
+path; it runs caching off and the reuse arm each in a process of its own (it starts itself twice), compares every
+generated token ID exactly and prints the hit counts and the first difference. Exit 1 when a reuse that reported a
+hit differs from caching off, 2 when
 the evidence cannot say (a cold request that differs, or a reuse without a hit), 0 when every reuse matched, 3 when
 there is no verdict (a package or the connector's file missing, a run that failed, a crash). It names no path of the
 machine that made the report: the model is its first argument; a connector's scratch folder (`@tmpdir` in a fixture) is
 a fresh temporary folder.
 
 What it cannot reproduce is refused in one line rather than written to reproduce something else: probes under LoRA
-adapters or with an image (it sends neither), native-matched's primed prefix, an LMCache MP server, and an LMCache YAML
+adapters, with an image or a tenant salt (it sends none), native-matched's primed prefix, an LMCache MP server, and an LMCache YAML
 that is not the kit's own file as the report recorded it (a relative path inside the kit with the recorded SHA-256;
 any other file of the machine would be copied into a script its user attaches upstream), and any other connector
 vLLM would import by module path (the kit cannot ship it).
@@ -344,6 +345,11 @@ def _refuse_what_it_cannot_send(report: Mapping, arm: Mapping, probes: list) -> 
         raise UsageError(
             f"arm {name}: probe {_shown(with_image[0])} sends an image: this reproducer cannot send the image "
             "probe's image; run the kit"
+        )
+    salted = [p["name"] for p in probes if p.get("cache_salt") is not None]
+    if salted:  # its prompts carry no cache_salt: the tenants would be one, and a crossing would not show
+        raise UsageError(
+            f"arm {name}: probe {_shown(salted[0])} is sent with a cache_salt, which repro_min.py does not send"
         )
     if arm["name"] == "native-matched" or (arm.get("mode") not in ("native", "native-matched") and
                                            arm["connector"]["name"] == "LMCacheMPConnector"):  # fmt: skip

@@ -1,8 +1,10 @@
-"""Screenshots of the rendered site: the index and one report page at a desktop and a phone width, taken by a
-headless Chromium into docs/screenshots/ (`python -m repro screenshots`, `make screenshots`).
+"""Screenshots of the rendered site: the index and two report pages (the H200 LMCache 0.5.4 KV audit's finding and
+the CPU self-test) at a desktop and a phone width, taken by a headless Chromium into docs/screenshots/
+(`python -m repro screenshots`, `make screenshots`), one viewport each: what a maintainer sees before scrolling.
 
-What they show is what a maintainer sees first: at 1280 px the headline and the first KV heatmap without
-scrolling; at 390 px the index's verdicts on screen without sideways scrolling.
+What they show: at 1280 px the index's picture of every stack and reuse path, and a report's headline with its
+first KV heatmap; at 390 px the same without sideways scrolling of the page (the picture and a heatmap scroll in
+their own boxes).
 """
 
 from __future__ import annotations
@@ -18,7 +20,12 @@ from repro.publish.site import render_site
 
 # (width, height) of each viewport: a laptop screen and a common phone (CSS pixels)
 VIEWPORTS = {"1280": (1280, 900), "390": (390, 844)}
-DEFAULT_PAGES = {"index": "index.html", "report": "conditions/h200-conditions-smollm2-five-v028.html"}
+# name -> page, relative to the site: <name>-<width>.png each
+DEFAULT_PAGES = {
+    "index": "index.html",
+    "report-kvaudit": "h200-kvaudit-lmcache-0.5.4.html",
+    "report-selftest": "versions/cpu-vllm-0.32.0-selftest.html",
+}
 TIMEOUT_S = 120
 
 
@@ -60,17 +67,26 @@ def take_screenshots(site: Path, out: Path, pages: dict[str, str], chromium: str
 
 
 def main(argv: list[str]) -> int:
-    """`python -m repro screenshots [--reports DIR] [--out DIR] [--report PAGE]`: render the site into a temporary
-    folder and screenshot its index and one report page at 1280 and 390 px wide."""
+    """`python -m repro screenshots [--reports DIR] [--out DIR] [--report PAGE ...]`: render the site into a temporary
+    folder and screenshot its index and report pages (by default the H200 KV audit's finding and the CPU self-test)
+    at 1280 and 390 px wide."""
     parser = ArgumentParser(prog="python -m repro screenshots", description=main.__doc__)
     parser.add_argument("--reports", default="reports", help="directory of kvkit reports (default: reports)")
     parser.add_argument("--out", default="docs/screenshots", help="where the PNGs go (default: docs/screenshots)")
-    parser.add_argument("--report", default=DEFAULT_PAGES["report"], help="the report page, relative to the site")
+    parser.add_argument(
+        "--report",
+        action="append",
+        help="a report page relative to the site, once per page (default: "
+        + ", ".join(v for k, v in DEFAULT_PAGES.items() if k != "index")
+        + "); its PNGs are named report-<page's name>",
+    )
     args = parser.parse_args(argv)
     chromium = find_chromium()
     with tempfile.TemporaryDirectory(prefix="kvkit-site-") as site:
         render_site(Path(args.reports), Path(site), versions=True)  # as `python -m repro site` renders it
-        pages = dict(DEFAULT_PAGES, report=args.report)
+        pages = DEFAULT_PAGES
+        if args.report:
+            pages = {"index": "index.html", **{f"report-{Path(r).stem}": r for r in args.report}}
         for png in take_screenshots(Path(site), Path(args.out), pages, chromium):
             print(f"{png} ({png.stat().st_size} bytes)")
     return EXIT_OK

@@ -1,6 +1,7 @@
 """The kit's planted connector as one module that travels beside repro_min.py: vLLM imports a connector by module
 path in its engine processes, and without the kit on the path `repro.engine.connectors.planted_fault` is not there
-(nor the planted_gates it imports). The module is made from the kit's own two files, never from a report."""
+(nor the planted_gates and planted_failures it imports). The module is made from the kit's own files, never from a
+report."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from repro.errors import UsageError
 from repro.paths import KIT_ROOT
 from repro.plan.arms import PLANTED_FAULT_MODULE
 
-PLANTED_GATES_MODULE = "repro.engine.connectors.planted_gates"  # the one kit module planted_fault imports
-SHIPPED_MODULE = "planted_fault_connector"  # the two as one module: its name in repro_min.json, its file beside it
+PLANTED_GATES_MODULE = "repro.engine.connectors.planted_gates"
+PLANTED_FAILURES_MODULE = "repro.engine.connectors.planted_failures"
+PLANTED_HELPERS = (PLANTED_GATES_MODULE, PLANTED_FAILURES_MODULE)  # the kit modules planted_fault imports, in order
+SHIPPED_MODULE = "planted_fault_connector"  # the three as one module: its name in repro_min.json, its file beside it
 # The module paths a report names the planted connector by: today's, and where the kit kept it before repro/engine/
 PLANTED_MODULES = (PLANTED_FAULT_MODULE, "repro.connectors.planted_fault")
 
@@ -45,23 +48,25 @@ def _kit_imports(tree: ast.Module) -> list[str]:
     return names
 
 
+def _read(module: str) -> str:
+    return (KIT_ROOT / (module.replace(".", "/") + ".py")).read_text(encoding="utf-8")
+
+
 def planted_connector_source() -> str:
     """The kit's planted connector as one module of vLLM, torch and the standard library, from the kit's own files
-    (never a report's): planted_fault.py's docstring, then planted_gates.py, then planted_fault.py, without the import
-    of the one by the other and their `from __future__` lines but one. Its connector behaves as the kit's: the two
-    modules share no top-level name but the same imports (tests/test_repro_min_connector.py)."""
-    gates, fault = ((KIT_ROOT / (m.replace(".", "/") + ".py")).read_text(encoding="utf-8")
-                    for m in (PLANTED_GATES_MODULE, PLANTED_FAULT_MODULE))  # fmt: skip
-    gates, _ = _split_lines(gates, lambda n, node: _is_import_of(node, "__future__"))
-    fault, doc = _split_lines(fault, _is_docstring)  # it leads the one module
-    fault, _ = _split_lines(fault, lambda n, node: _is_import_of(node, "__future__", PLANTED_GATES_MODULE))
+    (never a report's): planted_fault.py's docstring, then planted_gates.py and planted_failures.py, then
+    planted_fault.py, without the imports of the helpers by it and their `from __future__` lines but one. Its connector
+    behaves as the kit's: the modules share no top-level name but the same imports
+    (tests/test_repro_min_connector.py)."""
+    helpers = [_split_lines(_read(m), lambda n, node: _is_import_of(node, "__future__"))[0] for m in PLANTED_HELPERS]
+    fault, doc = _split_lines(_read(PLANTED_FAULT_MODULE), _is_docstring)  # it leads the one module
+    fault, _ = _split_lines(fault, lambda n, node: _is_import_of(node, "__future__", *PLANTED_HELPERS))
     head = (
         f"# Written by kvkit {__version__} beside repro_min.py: its {PLANTED_FAULT_MODULE} and the\n"
-        f"# {PLANTED_GATES_MODULE} it imports, as one module that needs vLLM and torch only.\n"
+        f"# {' and '.join(PLANTED_HELPERS)} it imports, as one module that needs vLLM and torch only.\n"
     )
-    source = f"{head}{doc}\nfrom __future__ import annotations\n\n# ---- {PLANTED_GATES_MODULE}\n{gates}\n" + (
-        f"# ---- {PLANTED_FAULT_MODULE}\n{fault}"
-    )
+    parts = "".join(f"# ---- {m}\n{text}\n" for m, text in zip(PLANTED_HELPERS, helpers))
+    source = f"{head}{doc}\nfrom __future__ import annotations\n\n{parts}# ---- {PLANTED_FAULT_MODULE}\n{fault}"
     if left := _kit_imports(ast.parse(source)):  # the kit's files changed: a module of theirs would not travel
         raise RuntimeError(f"{SHIPPED_MODULE}: the planted connector still imports {left[0]} of the kit")
     return source

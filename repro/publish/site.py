@@ -1,4 +1,5 @@
-"""The static report site: `reports/*.json` (and writeups `reports/<stem>.md`) rendered into `site/`.
+"""The static report site: `reports/*.json` and `reports/*.json.xz` (and writeups `reports/<stem>.md`) rendered
+into `site/`, the index opening with a picture of every stack and reuse path (repro.publish.site_overview).
 
 A pure function of the reports: sorted inputs, dates from the reports, byte-identical output for
 unchanged inputs; report pages are written first and `index.html` last. Pages are self-contained
@@ -7,7 +8,6 @@ unchanged inputs; report pages are written first and `index.html` last. Pages ar
 
 from __future__ import annotations
 
-import json
 from pathlib import Path, PurePosixPath
 from urllib.parse import quote
 
@@ -21,11 +21,13 @@ from repro.paths import RAW_DIR
 from repro.publish.catalog import Entry, render_catalog
 from repro.publish.environment import GENERATOR, make_environment
 from repro.publish.headline import ACCEPTANCE_MEANS
-from repro.publish.site_index import build_index_row, sort_rows
+from repro.publish.site_index import EXPLORATORY, build_index_row, sort_rows
 from repro.publish.site_model import build_report_page
+from repro.publish.site_overview import build_picture
 from repro.publish.site_versions import NOT_RUN, build_version_grid
 from repro.publish.writeup import render_writeup
 from repro.readmodel import Report, read_report
+from repro.readmodel.files import json_files, kind_of, stem_of
 from repro.record.atomic import write_bytes_atomic
 from repro.record.report import REPORT_KIND
 
@@ -46,11 +48,18 @@ def render_report_page(
     log_hrefs: dict[str, str | None] | None = None,
     raw_href: str | None = None,
     env: jinja2.Environment | None = None,
+    raw_name: str = "",
 ) -> str:
-    """One report's page as HTML text (links relative to the site root)."""
+    """One report's page as HTML text (links relative to the site root); raw_name: the raw report's file name
+    (NAME.json unless given, NAME.json.xz for a compressed one)."""
     env = env or make_environment()
+    raw_name = raw_name or f"{stem}.json"
     page = build_report_page(
-        report, stem=stem, raw_href=raw_href or f"{RAW_DIR}/{quote(stem)}.json", log_hrefs=log_hrefs or {}
+        report,
+        stem=stem,
+        raw_href=raw_href or f"{RAW_DIR}/{quote(raw_name)}",
+        log_hrefs=log_hrefs or {},
+        raw_name=raw_name,
     )
     return env.get_template("report.html.j2").render(page=page, writeup=writeup, generator=GENERATOR)
 
@@ -64,6 +73,7 @@ def render_index(
     env = env or make_environment()
     # every report, in this folder and one level down, in one table, newest stack first, each led by its headline
     rows = sort_rows([*rows, *(e.row for e in entries or () if e.section == "reports" and e.row is not None)])
+    picture = build_picture(rows) if grid else None  # the root's index opens with it (a folder's index goes without)
     kv_column = any(row.kv is not None for row in rows)  # a KV column once any report has the KV audit
     conditions = any(v.condition for row in rows for v in row.verdicts)
     sections = tuple(
@@ -72,6 +82,8 @@ def render_index(
     )
     return env.get_template("index.html.j2").render(
         acceptance_means=ACCEPTANCE_MEANS,
+        exploratory=EXPLORATORY,
+        picture=picture,
         passed=PASS,
         rows=rows,
         kv_column=kv_column,
@@ -92,15 +104,6 @@ def index_entry(row) -> Entry:
     scenarios = ", ".join(f"{label} {v}" + (f" ({note})" if note else "") for label, v, note in row.scenarios)
     summary = f"{row.hardware} · {row.date} · {verdicts}" + (f"; scenarios: {scenarios}" if scenarios else "")
     return Entry("reports", row.href, row.stem, summary, row)
-
-
-def _kind_of(path: Path) -> str | None:
-    """The file's kind; None when it is not a JSON object (the strict loader then says what is wrong)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data.get("kind") if isinstance(data, dict) else None
 
 
 def _write(path: Path, data: bytes, written: list[Path]) -> None:
@@ -142,7 +145,7 @@ def _prune(out_dir: Path, keep: set[Path]) -> None:
 
 
 def render_site(reports_dir: Path, out_dir: Path, catalog: bool = True, versions: bool = False) -> list[Path]:
-    """Render every `reports_dir/*.json` report into `out_dir` and, with catalog, every matrix, detection
+    """Render every `reports_dir/*.json` and `*.json.xz` report into `out_dir` and, with catalog, every matrix, detection
     study and folder of reports one level down (repro.publish.catalog); returns the files written,
     index.html last. With versions (and catalog) the index has the verdicts by vLLM version as well: the site's
     root as `python -m repro site` renders it; a folder's own index and a matrix's cell pages go without, so
@@ -150,18 +153,18 @@ def render_site(reports_dir: Path, out_dir: Path, catalog: bool = True, versions
     reports_dir, out_dir = Path(reports_dir), Path(out_dir)
     if not reports_dir.is_dir():
         raise UsageError(f"reports directory {reports_dir} does not exist")
-    sources = sorted(p for p in reports_dir.glob("*.json") if not p.name.startswith(".") and p.is_file())
+    sources = json_files(reports_dir)
     env = make_environment()
     written: list[Path] = []
     rows = []
     for src in sources:
         report, raw = read_report(src), src.read_bytes()
-        stem = src.stem
+        stem = stem_of(src)
         _write(out_dir / RAW_DIR / src.name, raw, written)
         hrefs = _copy_logs(report, reports_dir, out_dir, written)
-        md = src.with_suffix(".md")
+        md = reports_dir / f"{stem}.md"
         writeup = render_writeup(md.read_text(encoding="utf-8")) if md.is_file() else None
-        html = render_report_page(report, stem=stem, writeup=writeup, log_hrefs=hrefs, env=env)
+        html = render_report_page(report, stem=stem, writeup=writeup, log_hrefs=hrefs, env=env, raw_name=src.name)
         _write(out_dir / f"{stem}.html", html.encode("utf-8"), written)
         rows.append(build_index_row(report, stem=stem, href=quote(f"{stem}.html")))
     entries = []
@@ -169,8 +172,8 @@ def render_site(reports_dir: Path, out_dir: Path, catalog: bool = True, versions
 
         def render_folder(src: Path, dest: Path) -> list[Entry]:
             written.extend(render_site(src, dest, catalog=False))
-            return [index_entry(build_index_row(read_report(p), stem=p.stem, href=quote(f"{p.stem}.html")))
-                    for p in sorted(src.glob("*.json")) if _kind_of(p) == REPORT_KIND]  # fmt: skip
+            return [index_entry(build_index_row(read_report(p), stem=stem_of(p), href=quote(f"{stem_of(p)}.html")))
+                    for p in json_files(src) if kind_of(p) == REPORT_KIND]  # fmt: skip
 
         entries = render_catalog(reports_dir, out_dir, lambda path, data: _write(path, data, written), render_folder)
     grid = versions and catalog  # it spans every folder: on the root's index only

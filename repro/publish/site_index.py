@@ -6,12 +6,18 @@ and what the verdicts-by-vLLM-version grid reads of it (repro.publish.site_versi
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from repro.judge.verdict import ERROR, KV_FINDINGS, PASS
 from repro.publish.headline import headline, later_text, stack_key
+from repro.publish.site_overview import Overview, overview
 from repro.publish.site_versions import VersionFacts, version_facts
 from repro.readmodel import Arm, Report, ScenarioArm, as_report
+
+_HELD = re.compile(r"\d+")
+_VERSION = re.compile(r"^\d+(\.\d+)*")
+EXPLORATORY = "exploratory run"  # the self-check column of a run whose fixture states no expected verdict
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,31 @@ class IndexRow:
     controls: tuple[tuple[str, str, str], ...] = ()
     stack_note: str = ""  # what the stack column adds for a report that is not the verifier's ("NIXL 1.2.0 · …")
     versions: VersionFacts | None = None  # what the verdicts-by-vLLM-version grid reads (repro.publish.site_versions)
+    overview: Overview | None = None  # what the index's opening picture reads (repro.publish.site_overview)
+
+    @property
+    def commit_parts(self) -> tuple[str, ...]:
+        """'8b5497c98684', '+dirty': the kit commit and its mark, each kept whole on the page (a line may break
+        between them, never inside a hash)."""
+        head, mark, tail = self.commit.partition("+")
+        return (head, mark + tail) if mark else (head,)
+
+    @property
+    def kv_parts(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """Each reuse arm's KV tally as its parts ('CORRUPT×4', 'EXACT×1'), each kept whole on the page."""
+        return tuple((name, tuple(tally.split(" · "))) for name, tally in self.kv or ())
+
+    @property
+    def control_cells(self) -> tuple[tuple[str, str, bool, str], ...]:
+        """A P→D report's negative controls as the index shows them: (case, 'held 3 of 3', whether every trial held,
+        its verdicts over the trials). A control holds when its answers differ as a control's must: a held
+        control reads as a pass, its FAIL verdicts the expected ones."""
+        cells = []
+        for case, verdicts, held in self.controls:
+            numbers = [int(n) for n in _HELD.findall(held)]
+            every = len(numbers) == 2 and numbers[0] == numbers[1] and numbers[1] > 0
+            cells.append((case, held, every, verdicts))
+        return tuple(cells)
 
 
 def build_index_row(report: Report | dict, *, stem: str, href: str) -> IndexRow:
@@ -57,9 +88,9 @@ def build_index_row(report: Report | dict, *, stem: str, href: str) -> IndexRow:
         date=report.day,
         commit=report.commit,
         vllm=report.package_version("vllm"),
-        lmcache=report.package_version("lmcache"),
+        lmcache=_lmcache(report.package_version("lmcache")),
         verdicts=tuple(_index_verdict(report, a) for a in report.arms),
-        acceptance=report.acceptance_label(short=True),
+        acceptance=report.acceptance_label(short=True) if states_expectations(report) else EXPLORATORY,
         kv=_index_kv(report),
         scenarios=tuple(
             (f"{s.name} · {a.title}", str(a.verdict), _index_scenario_note(a))
@@ -71,7 +102,23 @@ def build_index_row(report: Report | dict, *, stem: str, href: str) -> IndexRow:
         headline=headline(report),
         stack=stack_key(report),
         versions=version_facts(report),
+        overview=overview(report),
     )
+
+
+def states_expectations(report: Report) -> bool:
+    """The fixture states an expected verdict for some arm, probe or scenario the run checked: only then is
+    acceptance.matched a self-check worth showing; any other run is exploratory."""
+    plain = report.acceptance.get("checked") or []
+    scenarios = report.scenario_acceptance.get("checked") or []
+    return report.acceptance.get("matched") is not None and bool(plain or scenarios)
+
+
+def _lmcache(version: str) -> str:
+    """'0.5.4'; 'not installed' for 'unavailable: not installed' (the probe's words are on the report's page)."""
+    if _VERSION.match(version) or version == "—":
+        return version
+    return version.removeprefix("unavailable: ")
 
 
 def sort_rows(rows: list[IndexRow]) -> list[IndexRow]:

@@ -14,6 +14,7 @@ from repro.judge.wording import flatten, machine_path_name, show
 from repro.publish.headline import acceptance_text, headline
 from repro.publish.heatmap import Heatmap, Legend, build_legend
 from repro.publish.site_conditions import Conditions, page_conditions
+from repro.publish.site_index import EXPLORATORY, states_expectations
 from repro.publish.site_kv import KVDetail, kv_detail, kv_note
 from repro.publish.site_scenarios import ScenarioBlock, scenario_block, scenarios_note
 from repro.readmodel import (
@@ -158,6 +159,11 @@ class ReportPage:
     # a MultiConnector arm's members: (arm title, each member's line: what it served, its hits, its verdict)
     members: tuple[tuple[str, tuple[str, ...]], ...] = ()
     adapters: tuple[str, ...] = ()  # the LoRA adapters probes ran under, a line each; () without them
+    raw_name: str = ""  # the raw report's file name ('NAME.json', 'NAME.json.xz')
+    # the table's legend, from this page's own cells: ('0→1488×3', its words), ('@9', its words); "" where none has one
+    cached_example: tuple[str, str] = ("", "")
+    diff_example: tuple[str, str] = ("", "")
+    device: str = "device"  # what the engine ran on, as the Conditions section names it: 'GPU', 'CPU'
 
 
 def visible_text(text: object) -> str:
@@ -320,8 +326,48 @@ def _provenance(report: Report) -> tuple[tuple[str, str], ...]:
     return tuple((k, machine_path_name(v)) for k, v in pairs)
 
 
+def _cached_example(report: Report) -> tuple[str, str]:
+    """The table's first cached cell with reuses ('0→1488×3') and what it says, in this page's own figures."""
+    for arm in report.reuse_arms:
+        for probe in arm.probes:
+            reuses = probe.reuses
+            if not probe.requests or not reuses:
+                continue
+            cell = probe.cached_cell
+            cold = probe.requests[0].cached_tokens
+            counts = ["?" if r.cached_tokens is None else str(r.cached_tokens) for r in reuses]
+            said = f"the cold request reported {'?' if cold is None else cold} cached tokens, "
+            if len(set(counts)) == 1:
+                said += f"each of the {len(reuses)} reuses {counts[0]}" if len(reuses) > 1 else f"the reuse {counts[0]}"
+            else:
+                said += "the reuses " + ", ".join(counts) + " in turn"
+            return cell, said + " (?: not reported)"
+    return "", ""
+
+
+def _diff_example(report: Report) -> tuple[str, str]:
+    """The table's first first-diff cell ('@9', '@4,15') and what it says, in this page's own figures."""
+    for arm in report.reuse_arms:
+        for probe in arm.probes:
+            if probe.diff_cell:
+                many = "," in probe.diff_cell
+                where = "the indices where a reuse first differs" if many else "the first index where a reuse differs"
+                return probe.diff_cell, f"{where} from the baseline's answer"
+    return "", ""
+
+
+def _acceptance(report: Report) -> str:
+    """acceptance.matched where the fixture states expected verdicts; elsewhere the run is exploratory, said so."""
+    if states_expectations(report):
+        return acceptance_text(report)
+    return (
+        f"{EXPLORATORY}: the fixture states no expected verdict for this run, so there is no self-check "
+        "(acceptance.matched) to show; the verdicts are the stack's"
+    )
+
+
 def build_report_page(
-    report: Report | dict, *, stem: str, raw_href: str, log_hrefs: dict[str, str | None]
+    report: Report | dict, *, stem: str, raw_href: str, log_hrefs: dict[str, str | None], raw_name: str = ""
 ) -> ReportPage:
     """The report page's view model; log_hrefs maps an arm's name to its copied log (None: not available)."""
     report = as_report(report)
@@ -346,7 +392,7 @@ def build_report_page(
         claim=show(report.claim_eligible),
         headline=sentence,
         subline=f"{report.headline} · {report.generations} generations · {report.exit_text}",
-        acceptance=acceptance_text(report),
+        acceptance=_acceptance(report),
         baseline=_baseline_line(report),
         blocks=tuple(blocks),
         details=tuple(details),
@@ -372,6 +418,10 @@ def build_report_page(
         lead_map=_lead_map(details),
         members=tuple((a.title, tuple(m.line for m in a.members)) for a in report.arms if a.members),
         adapters=report.adapter_lines,
+        raw_name=raw_name or f"{stem}.json",
+        cached_example=_cached_example(report),
+        diff_example=_diff_example(report),
+        device=report.device_kind if report.device_kind in ("GPU", "CPU") else "device",
     )
 
 

@@ -22,7 +22,7 @@ from repro.judge.verdict import (
 )
 from repro.judge.wording import number
 from repro.readmodel.conditions import ArmConditions, ConditionMark
-from repro.readmodel.probes import Probe
+from repro.readmodel.probes import Probe, finding_text
 
 # The order a tally lists KV verdicts in: findings first (CORRUPT, FOREIGN, MISPLACED), then the rest.
 KV_TALLY_ORDER = (*KV_FINDINGS, UNAVAILABLE, NUMERIC, EXACT)
@@ -218,6 +218,11 @@ class Arm:
         return ", ".join(f"{cls}: {n}" for cls, n in counts if n)
 
     @property
+    def finding_text(self) -> str:
+        """'tenant-isolation failure on short-b': its probes' findings that no fixture's FAIL excuses; '' for none."""
+        return finding_text([(p.finding, p.name) for p in self.probes if p.finding])
+
+    @property
     def near_ties_only(self) -> bool:
         """A FAIL whose every divergence is a near-tie (its own badge)."""
         return bool(self.class_text) and self.divergences.near_ties_only
@@ -228,6 +233,8 @@ class Arm:
         other verdicts as they are; a report without trials or a confirmation keeps the bare verdict."""
         note = self.class_text
         text = f"{self.verdict} ({note})" if note else str(self.verdict)
+        if self.finding_text:  # a finding no fixture's FAIL excuses, by name (repro.judge.verdict.FINDINGS)
+            text += f" · {self.finding_text}"
         qualifier = self.conditions.finding_class_text
         text = f"{text} · {qualifier}" if qualifier else text
         idle = [

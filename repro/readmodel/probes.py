@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from repro.judge.verdict import FAIL, KV_FINDINGS, UNAVAILABLE
+from repro.judge.verdict import FAIL, FINDING_WORDS, FINDINGS, KV_FINDINGS, UNAVAILABLE
 from repro.judge.wording import blocks_text, shorten, span_text
 from repro.readmodel.requests import Divergence, Request
 
@@ -19,6 +19,25 @@ KV_FINER_LEGEND = (
     "(a block-mapping fault), FOREIGN when they are another prompt's KV, and CORRUPT when they equal nothing "
     "known (garbage, zeros): all three are findings"
 )
+
+
+def finding_of(data: Mapping[str, Any]) -> str | None:
+    """A record's finding that no fixture's FAIL excuses (repro.judge.verdict.FINDINGS); None: none, or a report
+    before them."""
+    found = data.get("finding")
+    return str(found) if found in FINDINGS else None
+
+
+def finding_text(found: list[tuple[str, str]]) -> str:
+    """'tenant-isolation failure on short-b · differs with no reported hit on p, q' from (finding, where) pairs,
+    worst first; '' when there are none."""
+    parts = []
+    for finding in FINDINGS:
+        where = list(dict.fromkeys(w for f, w in found if f == finding))
+        if where:
+            named = ", ".join(where[:3]) + (f" and {len(where) - 3} more" if len(where) > 3 else "")
+            parts.append(f"{FINDING_WORDS[finding]} on {named}")
+    return " · ".join(parts)
 
 
 def kv_blame_text(blame: object, block_size: int | None = None) -> str:
@@ -127,6 +146,11 @@ class Probe(KVCells):
     @property
     def verdict(self) -> str:
         return self.data["verdict"]
+
+    @property
+    def finding(self) -> str | None:
+        """Its finding that no fixture's FAIL excuses: 'tenant-isolation', 'no-hit-differs'; None: none."""
+        return finding_of(self.data)
 
     @property
     def prompt_tokens(self) -> int | None:

@@ -4,7 +4,6 @@ conditions and the facts every view heads with (hardware, kit commit, date, acce
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -17,6 +16,7 @@ from repro.judge.wording import is_commit_hash
 from repro.readmodel.arms import Arm
 from repro.readmodel.conditions import RunConditions
 from repro.readmodel.probes import Probe, probe_title
+from repro.readmodel.rerun import patch_text, rerun_lines
 from repro.readmodel.scenarios import Scenario, ScenarioArm
 from repro.readmodel.upstream import UpstreamCheck, read_upstream
 from repro.record.acceptance import excused_kv_findings
@@ -183,10 +183,14 @@ class Report:
 
     @property
     def reproduce_command(self) -> str:
-        """The exact command that made the report, preceded by the checkout of its commit when known."""
-        cmd = "python -m repro.verify_kv_reuse " + shlex.join(self.argv)
+        """The commands that run the report again (repro.readmodel.rerun: the model's make command where the kit
+        makes it, then the verifier's, no path of the machine that made it), preceded by the checkout of its
+        commit when known and, for a dirty tree, a comment with its patch's digest."""
         commit = str((self.provenance.get("kit") or {}).get("commit", ""))
-        return (f"git checkout {commit}\n" if is_commit_hash(commit) else "") + cmd.rstrip()
+        patch = patch_text(self.provenance)
+        head = [f"git checkout {commit}"] if is_commit_hash(commit) else []
+        head += [f"# {patch}"] if patch else []
+        return "\n".join([*head, *rerun_lines(self.argv, self.provenance)])
 
     @cached_property
     def baseline(self) -> Arm | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from repro.judge.verdict import FINDINGS
 from repro.judge.wording import NOT_RECORDED, seconds
 
 # What a step's expect means, as a reader needs it (the producer's words are "miss", "reuse" or null).
@@ -58,6 +59,12 @@ class Judged:
     def cls(self) -> str:
         """The class of the divergences when the schedule explains them ('schedule-numerics'); '' when none."""
         return str(self.data.get("class") or "")
+
+    @property
+    def finding(self) -> str | None:
+        """A request's finding that no fixture's FAIL excuses ('tenant-isolation', 'no-hit-differs'); None: none."""
+        found = self.data.get("finding")
+        return str(found) if found in FINDINGS else None
 
 
 class RunFacts:

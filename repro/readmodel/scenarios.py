@@ -14,7 +14,7 @@ from typing import Any
 from repro.judge.verdict import FAIL, KV_FINDINGS
 from repro.readmodel.arms import floor_rel_text
 from repro.readmodel.conditions import ArmConditions
-from repro.readmodel.probes import ProbeKV
+from repro.readmodel.probes import ProbeKV, finding_text
 from repro.readmodel.scenario_fields import EXPECT_TEXT, Judged, RunFacts, int_field
 from repro.readmodel.scenario_load import arm_rates_text, controls_text, spec_text
 from repro.readmodel.scenario_requests import ControlRequest, ScenarioControl, StepRequest
@@ -123,8 +123,15 @@ class ScenarioArm(Judged, RunFacts):
 
     @property
     def verdict_text(self) -> str:
-        """'FAIL', 'PASS (schedule-numerics)'."""
-        return f"{self.verdict} ({self.cls})" if self.cls else self.verdict
+        """'FAIL', 'PASS (schedule-numerics)', 'FAIL · tenant-isolation failure on step 1 short-b'."""
+        text = f"{self.verdict} ({self.cls})" if self.cls else self.verdict
+        return f"{text} · {self.finding_text}" if self.finding_text else text
+
+    @property
+    def finding_text(self) -> str:
+        """Its requests' findings that no fixture's FAIL excuses, by step and probe; '' for none."""
+        return finding_text([(r.finding, f"step {r.data.get('step')} {r.data.get('probe')}") for r in self.requests
+                             if r.finding])  # fmt: skip
 
     @property
     def mode(self) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME
 from repro.judge.expectations import expectation_text
-from repro.judge.verdict import ERROR, FAIL, INCONCLUSIVE, KV_FINDINGS, PASS, SKIPPED
+from repro.judge.verdict import ERROR, FAIL, FINDING_WORDS, FINDINGS, INCONCLUSIVE, KV_FINDINGS, PASS, SKIPPED
 from repro.record.acceptance import (
     excused_scenario_kv,
     kv_verdict,
@@ -108,6 +108,38 @@ def idle_members(report: dict) -> list[tuple[str, str]]:
         for m in arm.get("members") or []
         if isinstance(m, dict) and not m.get("reuses_served") and m.get("verdict") != PASS
     ]
+
+
+def unexcused_findings(report: dict) -> list[tuple[str, str, str]]:
+    """(arm, where, finding) of every request the judge gave a finding that no fixture's FAIL excuses
+    (repro.judge.verdict.FINDINGS: a tenant-isolation failure, an answer changed with no hit reported), worst finding
+    first, then in report order: a plain arm's probe (where: the probe) and a scenario's request (where: 'scenario
+    NAME step K PROBE'). A fixture that states FAIL there makes its acceptance match; the exit is 1 all the same."""
+    found = [
+        (str(arm["name"]), str(p.get("name")), str(p["finding"]))
+        for arm in report["arms"]
+        if arm.get("mode") != "baseline"
+        for p in arm.get("probes") or []
+        if p.get("finding") in FINDINGS
+    ]
+    found += [
+        (str(arm.get("arm")), f"scenario {sc.get('name')} step {r.get('step')} {r.get('probe')}", str(r["finding"]))
+        for sc, arm in scenario_arms(report)
+        for r in arm.get("requests") or []
+        if isinstance(r, dict) and r.get("finding") in FINDINGS
+    ]
+    return sorted(found, key=lambda f: FINDINGS.index(f[2]))
+
+
+def findings_reason(found: list[tuple[str, str, str]]) -> str:
+    """'tenant-isolation failure: ExampleConnector short-b; differs with no reported hit: Conn p' (each finding once,
+    its places after it)."""
+    parts = []
+    for finding in FINDINGS:
+        where = [f"{arm} {at}" for arm, at, f in found if f == finding]
+        if where:
+            parts.append(f"{FINDING_WORDS[finding]}: {_some(where)}")
+    return "; ".join(parts)
 
 
 def trial_findings(report: dict) -> list[tuple[str, str]]:
@@ -218,6 +250,8 @@ def scenario_exit(report: dict) -> int | None:
         return EXIT_RUNTIME
     if scenario_trial_findings(report) or upstream_changes(report, scenarios_only=True):
         return EXIT_MISMATCH
+    if any(at.startswith("scenario ") for _, at, _ in unexcused_findings(report)):
+        return EXIT_MISMATCH
     found = _scenario_reason(report)
     return found[0] if found else None
 
@@ -255,7 +289,9 @@ def exit_reason(report: dict) -> tuple[int, str]:
     """The exit code and why, one rule for plain arms and scenarios alike (docs/verdicts.md#exit-codes):
     3 for any ERROR anywhere (an arm, a trial, the re-run alone, a scenario's control or run; run_errors);
     1 for any FAIL or KV finding that a later run made and trial 1 did not already show of the same kind
-    (later_findings), for a KV finding (CORRUPT, FOREIGN, MISPLACED) the fixture did not state (plain arms or
+    (later_findings), for a request the judge gave a finding no fixture's FAIL excuses (a tenant-isolation failure, an
+    answer changed with no hit reported: unexcused_findings), for a KV finding (CORRUPT, FOREIGN, MISPLACED) the
+    fixture did not state (plain arms or
     scenarios), for an upstream bound that is a change to look at (fixed upstream, a wrong bound, one that cannot be
     decided: repro.judge.upstream; with or without the suite), for a MultiConnector member never exercised
     (INCONCLUSIVE, which no fixture states: idle_members), for an acceptance not matched, and without the
@@ -277,6 +313,9 @@ def _first_reason(report: dict) -> tuple[int, str]:
     if later:
         found = [f"{arm} {run}: {what} {kind}" for arm, run, what, kind in later]
         return EXIT_MISMATCH, "a later run found what the arm's own run did not show: " + _some(found)
+    found = unexcused_findings(report)
+    if found:  # stated by a fixture or not: a matched acceptance is the kit's self-check, not the stack's verdict
+        return EXIT_MISMATCH, findings_reason(found)
     kv = [(f"{a['name']} {p['name']}", str(kv_verdict(p))) for a, p in unexpected_kv_findings(report)]
     if kv:
         return EXIT_MISMATCH, _kv_reason(kv)

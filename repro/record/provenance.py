@@ -44,6 +44,17 @@ ENV_ALLOW_NAMES = (
     *KERNEL_ENV_NAMES,
 )
 REDACTED = "<redacted>"
+# A dirty tree's patch (tree_patch): `git diff` against HEAD with every setting that shapes its bytes given, so the
+# same changes give the same SHA-256 on any machine and under any git configuration (no external diff or textconv,
+# no colour, no rename detection, full blob ids for binary files, Myers with three lines of context, a/ and b/
+# prefixes); run it in the report's checkout and pipe it to sha256sum to compare.
+PATCH_ARGS = (
+    "-c", "core.quotepath=on", "-c", "diff.suppressBlankEmpty=false",
+    "diff", "--binary", "--full-index", "--no-ext-diff", "--no-textconv", "--no-color", "--no-renames",
+    "--diff-algorithm=myers", "--indent-heuristic", "-U3", "--src-prefix=a/", "--dst-prefix=b/", "HEAD",
+)  # fmt: skip
+PATCH_COMMAND = "git " + " ".join(PATCH_ARGS)
+MAX_PATCH_NAMES = 100  # file names a patch lists; a tree with more says how many it left out
 # The kernel variants `make repro KERNELS=<name>` sets for the engines, by name (docs/usage.md#kernel-variants,
 # reports/kernels/ says what each changed on the machines measured). "default": nothing set, the machine's best.
 KERNEL_VARIANTS: dict[str, dict[str, str]] = {
@@ -111,17 +122,62 @@ def source_sha256(root: Path = KIT_ROOT) -> str:
     return digest.hexdigest()
 
 
-def kit_commit() -> dict:
-    code = source_sha256()
-    commit = _run(["git", "rev-parse", "HEAD"], KIT_ROOT)
+def _git_out(args: list[str], root: Path) -> bytes | str:
+    """git's stdout as bytes (binary-safe), or "unavailable: <reason>"."""
+    command = next(a for a in args if not a.startswith("-") and "=" not in a)  # past `-c name=value`
+    try:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, timeout=60, check=True).stdout
+    except FileNotFoundError:
+        return "unavailable: git not found"
+    except subprocess.CalledProcessError as exc:
+        return f"unavailable: git {command} exited {exc.returncode}"
+    except subprocess.TimeoutExpired:
+        return "unavailable: git timed out"
+    except OSError as exc:
+        return f"unavailable: {exc.strerror or exc}"
+
+
+def _names(out: bytes) -> list[str]:
+    return sorted(n.decode("utf-8", errors="replace") for n in out.split(b"\0") if n)
+
+
+def tree_patch(root: Path = KIT_ROOT) -> dict | str:
+    """What a dirty tree held beyond its commit, so a report made from it can be made again: the SHA-256 of
+    PATCH_COMMAND's output (the tracked changes against HEAD, binary-safe, whatever the user's diff settings), the
+    changed tracked files and the untracked ones (names only, never their contents; at most MAX_PATCH_NAMES of the
+    two, `omitted` counting the rest); "unavailable: <reason>" when git cannot say."""
+    diff = _git_out(list(PATCH_ARGS), root)
+    changed = _git_out(["diff", "--name-only", "-z", "--no-renames", "HEAD"], root)
+    untracked = _git_out(["ls-files", "--others", "--exclude-standard", "-z"], root)
+    for out in (diff, changed, untracked):
+        if isinstance(out, str):
+            return out
+    files, others = _names(changed), _names(untracked)
+    kept = files[:MAX_PATCH_NAMES]
+    extra = others[: MAX_PATCH_NAMES - len(kept)]
+    return {
+        "sha256": hashlib.sha256(diff).hexdigest(),
+        "command": PATCH_COMMAND,
+        "files": kept,
+        "untracked": extra,
+        "omitted": len(files) + len(others) - len(kept) - len(extra),
+    }
+
+
+def kit_commit(root: Path = KIT_ROOT) -> dict:
+    """The kit's commit, whether its tracked files differ from it (dirty) and, where they do, the patch
+    (tree_patch); a packed kit's COMMIT file when there is no git."""
+    code = source_sha256(root)
+    commit = _run(["git", "rev-parse", "HEAD"], root)
     if commit.startswith("unavailable"):
-        stamp = KIT_ROOT / "COMMIT"  # a packed kit carries the commit it was built from
+        stamp = root / "COMMIT"  # a packed kit carries the commit it was built from
         if stamp.is_file():
             return {"commit": stamp.read_text().strip(), "dirty": False, "source": "COMMIT file", "source_sha256": code}
         return {"commit": commit, "dirty": None, "source": "none", "source_sha256": code}
-    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], KIT_ROOT)
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], root)
     dirty = None if status.startswith("unavailable") else bool(status)
-    return {"commit": commit, "dirty": dirty, "source": "git", "source_sha256": code}
+    kit = {"commit": commit, "dirty": dirty, "source": "git", "source_sha256": code}
+    return kit | ({"patch": tree_patch(root)} if dirty else {})
 
 
 def package_version(name: str) -> str:

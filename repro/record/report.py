@@ -44,6 +44,9 @@ Report schema (kind "kvkit-report"; JSON Schema in schemas/report.schema.json):
     level: the fixture's expectations bound to a known upstream bug, each judged on the engine's recorded version,
     repro.record.acceptance.check_upstream); an older reader ignores it and so does not exit 1 on a bound that is
     fixed upstream, wrong or undecided (its acceptance still fails where the finding did not show).
+    provenance.kit.patch (only where kit.dirty is true): the SHA-256 of the tree's diff against its commit and the
+    changed and untracked files by name (repro.record.provenance.tree_patch); an older report made from a dirty tree
+    has none and reads as it did.
 The schema is authoritative: validate_report checks every report before it is written (and the
 cross-field shape of the KV audit, which JSON Schema cannot say).
 A newer file is refused ("upgrade the kit"). A version 1 file loads as it is: version 2 only added
@@ -57,6 +60,7 @@ strict: a version 3 file with dense grids, or a version 2 file with runs, is ref
 from __future__ import annotations
 
 import json
+import lzma
 from pathlib import Path
 
 from repro.errors import UsageError
@@ -81,9 +85,13 @@ def load_report(path: str | Path) -> dict:
     """Strict loading: the kind and version must be ones this kit writes."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
+        # a report committed xz-compressed (NAME.json.xz, over the 1 MiB a committed file keeps to) reads the same
+        data = json.loads((lzma.decompress(raw) if path.name.endswith(".xz") else raw).decode("utf-8"))
     except OSError as exc:
         raise UsageError(f"report {path}: cannot read ({exc.strerror or exc})") from None
+    except lzma.LZMAError as exc:
+        raise UsageError(f"report {path}: not valid xz ({exc})") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise UsageError(f"report {path}: not valid JSON ({str(exc).splitlines()[0][:200]})") from None
     if not isinstance(data, dict) or data.get("kind") != REPORT_KIND:

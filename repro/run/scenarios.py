@@ -7,8 +7,8 @@ Each (scenario, arm) is one engine child with the scenario's engine settings (a 
 baseline arm included: its cache-off run of the same steps is the schedule control. Every request is
 compared with its probe's cache-off baseline (the plain baseline arm's cold request of that probe), token
 by token, no tolerance; a divergence the control shows too is the schedule's numerics, not reuse. The
-verdicts are repro.judge.scenario_verdict's (decide_scenario_request, decide_scenario_arm) and
-repro.judge.kv_verdict's (decide_scenario_kv).
+verdicts are repro.judge.scenario_verdict's (decide_scenario_request, decide_scenario_arm; a hit across tenant
+salts, repro.judge.salts) and repro.judge.kv_verdict's (decide_scenario_kv, through repro.run.scenario_kv).
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ from pathlib import Path
 from repro.contract.failure import Failure
 from repro.contract.job import Job, ProbeJob, ScenarioJob, StepJob, build_job
 from repro.contract.result import ArmResult
-from repro.judge import adapters, kvaudit, prompt_logprobs
+from repro.judge import adapters, prompt_logprobs, salts
 from repro.judge.compare import first_diff
-from repro.judge.evaluate import comparability_problems, margin_of
-from repro.judge.kv_verdict import KVVerdict, decide_kv_probe, decide_kv_unavailable, decide_scenario_kv
+from repro.judge.evaluate import ENDPOINT, comparability_problems, margin_of
 from repro.judge.replays import find_replays
 from repro.judge.scenario_verdict import (
     SCHEDULE_NUMERICS,
@@ -31,6 +30,7 @@ from repro.judge.scenario_verdict import (
     decide_scenario_arm,
     decide_scenario_request,
     decide_scenario_request_unbased,
+    decide_scenario_tenant_isolation,
 )
 from repro.judge.verdict import (
     ERROR,
@@ -46,11 +46,16 @@ from repro.plan.arms import PlannedArm, fresh_state, is_lmcache_connector
 from repro.plan.fixtures import Probe, Scenario
 from repro.plan.load import CONTROL_SUFFIX, REFERENCE_SUFFIX, control_kv_tokens
 from repro.plan.settings import EngineSettings
-from repro.run import load_scenario
+from repro.run import load_scenario, scenario_kv
 from repro.run.runner import ArmOutcome
+from repro.run.scenario_kv import request_label as _label
 
 # A scenario run's name (its log, result and KV directory): `<arm>~scenario.<name>`; `~` is no name character.
 SEPARATOR = "~scenario."
+
+
+# The KV audit of scenario requests (repro.run.scenario_kv), where the callers of this module find it.
+annotate_kv, compare_job = scenario_kv.annotate_kv, scenario_kv.compare_job
 
 
 def run_name(arm: str, scenario: str) -> str:
@@ -160,11 +165,6 @@ def mp_settings(scenario: Scenario) -> dict:
 
 
 # ---- judging --------------------------------------------------------------------------------------------
-
-
-def _label(step: int, probe: str, load: bool = False) -> str:
-    """'step 2 chat-511'; a production-load request 'round 3 load-p011-s02' (rounds count from 1, as its rates)."""
-    return f"round {step + 1} {probe}" if load else f"step {step} {probe}"
 
 
 def _control(outcome: ArmOutcome | None, answers: dict[str, list[int]], logs_rel: str) -> dict:
@@ -282,6 +282,7 @@ def judge_run(
     beneath = bool(arm.spec.connector and arm.spec.connector.gpu_prefix_cache)  # repro.plan.offloading
     load = scenario.load is not None
     pairs = load_scenario.aligned(reuse_pairs, result) if load else None
+    tenants = salts.Tenants(result.probes, (result.effective_config or {}).get("frontend") != ENDPOINT)
     for i, sr in enumerate(result.scenario.requests):
         req, step = sr.request, scenario.steps[sr.step]
         expect, note = step.expect, None
@@ -306,6 +307,9 @@ def judge_run(
             v = decide_scenario_request(
                 tuple(answers[sr.probe]), view, expect, matches, bool(sr.preemptions), outcome.max_tokens
             )
+        v = decide_scenario_tenant_isolation(
+            v, tenants.cross(_label(sr.step, sr.probe, load), sr.probe, req.cached_tokens)
+        )
         judged.append((_label(sr.step, sr.probe, load), v))
         tokens = list(req.token_ids)
         replays = None
@@ -341,6 +345,8 @@ def judge_run(
                 "control_matches": matches,
             }
         )
+        if v.finding:  # a finding no fixture's FAIL excuses (repro.judge.verdict.FINDINGS); absent otherwise
+            entry["requests"][-1]["finding"] = v.finding
         if beneath:  # the connector's own count (repro.plan.offloading); absent for every other arm, as before
             entry["requests"][-1]["external_tokens"] = req.external_tokens
         if plp is not None:  # its prompt logprobs' summary (repro.judge.prompt_logprobs); absent otherwise
@@ -420,80 +426,3 @@ def section(
         "control": control,
         "arms": arms,
     } | ({"load": {**scenario.load.to_json(), **load_control}} if scenario.load is not None else {})
-
-
-# ---- the KV audit of scenario requests --------------------------------------------------------------------
-
-
-def compare_job(baseline: ArmResult, results: dict[str, ArmResult]) -> dict:
-    """repro.engine.kvcompare's job for scenario runs: the plain baseline's reference KV, and per run every
-    request with a usable record (index: its position in the scenario): reused blocks of a hit, computed
-    blocks of a miss (the run's floor)."""
-    job = kvaudit.compare_job(baseline, {})
-    for name, res in results.items():
-        reqs = []
-        for i, sr in enumerate(res.scenario.requests if res.scenario else ()):
-            rec = sr.request.kv_audit_record
-            if kvaudit._record_ok(rec) is not None:
-                continue
-            kind = "reused" if rec.get("reused_blocks", 0) > 0 else "computed"
-            if kind == "computed" and rec.get("computed_blocks", 0) == 0:
-                continue
-            reqs.append({"probe": sr.probe, "index": i, "seq": rec["seq"], "kind": kind, "layers": len(rec["layers"])})
-        job["arms"].append({"name": name, "dir": (res.kv_audit or {}).get("dir"), "requests": reqs})
-    return job
-
-
-def annotate_kv(entry: dict, result: ArmResult | None, raw: dict | None, problem: str | None, block_size: int) -> None:
-    """Fill one (scenario, arm) entry's KV fields: per request that reused (its hit counter above 0, or its audit
-    record says it reused blocks) its KV verdict against the plain baseline's KV (cells classed against the run's
-    own floor: its misses' KV against the baseline's), and the arm's."""
-    if result is None or result.scenario is None or result.kv_audit is None:
-        return
-    runs = (raw or {}).get("arms", {}).get(result.arm)
-    errors = result.kv_audit.get("errors") or []
-    if errors:
-        last = errors[0].get("error", "").strip().splitlines()
-        problem = f"the audit failed in {errors[0].get('where', '?')}: {last[-1][:200] if last else '?'}"
-    elif runs is None:
-        problem = problem or "the comparison has no figures for this run"
-    per_index = {k: v for per_probe in (runs or {}).values() for k, v in per_probe.items()}
-    floor = kvaudit.arm_floor(
-        {k: {"0": v} for k, v in per_index.items() if v and not v.get("error") and v.get("kind") == "computed"}
-    )
-    judged: list[tuple[str, KVVerdict]] = []
-    for i, (r, sr) in enumerate(zip(entry["requests"], result.scenario.requests)):
-        rec = sr.request.kv_audit_record
-        # every request the hit counter calls a reuse, and every one whose audit record says it reused blocks
-        # (a counter that is missing, or 0 where a connector loaded blocks, must not keep them from being classed)
-        if r["role"] != "reuse" and not _reused_blocks(rec):
-            continue
-        got = per_index.get(str(i))
-        why = problem or kvaudit._record_ok(rec) or (got or {}).get("error")
-        if why is None and not _reused_blocks(rec):
-            why = "no full block was reused: nothing to audit"
-        if why is None and (got is None or got.get("kind") != "reused"):
-            why = "the comparison has no figures for this request"
-        if why is not None:
-            v = decide_kv_unavailable(why)
-            counts, origin = None, None
-        else:
-            audited, audit = kvaudit.reuse_entry(got, rec, floor, r["probe"])
-            v = decide_kv_probe([audit], floor["rel"])
-            counts, origin = audited["counts"], audited["origin"]
-        r["kv"] = {**_kv(v, block_size), "counts": counts, "origin": origin}
-        judged.append((_label(r["step"], r["probe"], "load" in entry), v))
-    v = decide_scenario_kv(judged)
-    entry["kv"] = {**_kv(v, block_size), "floor": {"rel": floor["rel"], "cells": floor["cells"]}}
-    if "load" in entry:  # a load arm's rates again, now with its requests' KV verdicts (load_scenario.rates)
-        entry["load"]["rounds"] = load_scenario.rates(entry)
-
-
-def _reused_blocks(record: dict | None) -> int:
-    """The blocks an audit record says its request reused (0: none, or no record)."""
-    n = (record or {}).get("reused_blocks") if isinstance(record, dict) else None
-    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
-
-
-def _kv(v: KVVerdict, block_size: int) -> dict:
-    return {"verdict": v.verdict, "reasons": list(v.reasons), "blame": kvaudit.blame(v, block_size)}

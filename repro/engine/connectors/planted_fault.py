@@ -55,6 +55,11 @@ The faults, each a bug class seen in KV offloading code:
                  `overwritten_by` (and that block), in their kv_transfer_params. One request at a time never
                  shows it; with when "in_flight" and in_flight_min 16 only a step with 16 requests in flight does.
 
+  dropped_load, failed_store, late_load, load_error, unreported_load
+                 failures reported as success (a load or store that failed while the connector counts it served):
+                 repro.engine.connectors.planted_failures says what each does, with its settings (async_load,
+                 stored_layers, load_failure_policy)
+
 Gates (repro.engine.connectors.planted_gates): optional conditions under which a load's fault applies
 at all ("when": always, contended, in_flight or after_eviction; "once_in": one engine of an arm's
 trials); each load's gate figures go in its audit line and in `kv_transfer_params["planted_fault"]["gate"]`.
@@ -86,6 +91,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
+from repro.engine.connectors.planted_failures import (
+    FAILURE_FAULTS,
+    UNWRITTEN_FAULTS,
+    ReportedSuccess,
+    block_range,
+    stored_layer_count,
+)
 from repro.engine.connectors.planted_gates import LoadGates, in_flight_figures
 
 FAULTS = (
@@ -101,20 +113,22 @@ FAULTS = (
     "reverse_blocks",
     "shift_beyond",
     "land_elsewhere",
+    *FAILURE_FAULTS,
 )
+# Loads whose touched blocks are never written (what the blocks held stays); load_error also reports them to vLLM.
+NOT_WRITTEN = ("drop_tail", "load_error", *UNWRITTEN_FAULTS)
 TAIL_FAULTS = ("overwrite_tail", "drop_tail")
 
 
 def faulted_indices(fault: str, first_block: int | None, num_blocks: int, n_loaded: int) -> list[int]:
     """Indices among the n_loaded blocks of one load that the fault touches."""
-    if fault in ("none", "land_elsewhere") or n_loaded <= 0 or num_blocks <= 0:
-        return []  # land_elsewhere: the loader's own blocks load faithfully (another request's do not)
-    if fault == "other_prompt":
+    # land_elsewhere: the loader's own blocks load faithfully (another request's do not); failed_store: the blocks
+    # whose store broke (the scheduler knows them); unreported_load: no load at all
+    if fault in ("none", "land_elsewhere", "failed_store", "unreported_load") or n_loaded <= 0 or num_blocks <= 0:
+        return []
+    if fault in ("other_prompt", *UNWRITTEN_FAULTS):
         return list(range(n_loaded))
-    if first_block is None:
-        first_block = -num_blocks if fault in TAIL_FAULTS else 0
-    start = first_block + n_loaded if first_block < 0 else first_block
-    return list(range(max(start, 0), min(start + num_blocks, n_loaded)))
+    return block_range(first_block, num_blocks, n_loaded, fault in TAIL_FAULTS)
 
 
 def _layer_order(name: str) -> tuple:
@@ -135,6 +149,8 @@ class _Op:
     resumed: bool = False  # a load on resuming after preemption
     prompt_keys: list[str] = field(default_factory=list)  # shift_beyond: every block key of the prompt
     lands_in: int | None = None  # land_elsewhere: another request's block this load also writes its first block into
+    async_load: bool = False  # an asynchronous load: reported received in the get_finished of the step that starts it
+    late: bool = False  # late_load: its bytes are written after the request's first forward (a "write_after" op)
 
 
 @dataclass
@@ -142,7 +158,7 @@ class PlantedFaultMetadata(KVConnectorMetadata):
     ops: list[_Op] = field(default_factory=list)
 
 
-class PlantedFaultConnector(LoadGates, KVConnectorBase_V1):
+class PlantedFaultConnector(ReportedSuccess, LoadGates, KVConnectorBase_V1):
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
@@ -158,6 +174,7 @@ class PlantedFaultConnector(LoadGates, KVConnectorBase_V1):
         self.scale = float(extra.get("scale", 1.0))
         self.audit_path = extra.get("audit_path")
         self._init_gates(extra, role)
+        self._init_failures(extra, vllm_config)
         self.block_size = vllm_config.cache_config.block_size
         os.makedirs(self.store_dir, exist_ok=True)
         self._external: dict[str, int] = {}
@@ -199,12 +216,13 @@ class PlantedFaultConnector(LoadGates, KVConnectorBase_V1):
             hit += 1
         if self.fault == "shift_beyond":  # a hit on the first num_blocks only, so that stored blocks lie beyond it
             hit = min(hit, self.num_blocks)
-        return max(hit * self.block_size - num_computed_tokens, 0), False
+        return self._report_match(request, max(hit * self.block_size - num_computed_tokens, 0), num_computed_tokens)
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         if num_external_tokens > 0:
             self._external[request.request_id] = num_external_tokens
             self._resume_prompts[request.request_id] = list(request.prompt_token_ids or [])
+        self._note_async_alloc(request, blocks, num_external_tokens)
 
     def _stale_source(self, block: int, key: str) -> str | None:
         """Block `block` of the most recently stored prompt whose block there differs from ours."""
@@ -217,6 +235,9 @@ class PlantedFaultConnector(LoadGates, KVConnectorBase_V1):
         """Fill op.faulted and op.sources; a sourced fault without a source does not apply, nor does
         one a gate holds back. step: see _gate_load."""
         op.gate = self._gate_load(op, step)
+        if self.fault == "failed_store":  # the blocks whose store broke: no gate of a load undoes a store
+            op.faulted = [j for j, key in enumerate(op.keys) if key in self._broken]
+            return
         if op.gate is not None and not op.gate["apply"]:
             return
         n = len(op.keys)
@@ -261,12 +282,17 @@ class PlantedFaultConnector(LoadGates, KVConnectorBase_V1):
                 done = min(len(tokens), req.num_computed_tokens + scheduler_output.num_scheduled_tokens[req.req_id])
                 n = done // self.block_size
                 keys = self._keys(tokens, n, self._salts.get(req.req_id, ""))
-                todo = [(k, b) for k, b in zip(keys, block_ids[:n]) if not self._have(k)]
+                todo = [(i, k, b) for i, (k, b) in enumerate(zip(keys, block_ids[:n])) if not self._have(k)]
                 if todo:
-                    meta.ops.append(_Op(req.req_id, "store", [k for k, _ in todo], [b for _, b in todo]))
+                    store = _Op(req.req_id, "store", [k for _, k, _ in todo], [b for _, _, b in todo])
+                    store.faulted = self._store_faulted([i for i, _, _ in todo], store.keys, n)
+                    meta.ops.append(store)
                     self._stored_prompts.append(keys)
                     if self.local_tier is not None:
-                        self.local_tier.put([k for k, _ in todo])
+                        self.local_tier.put(store.keys)
+                after = self._after_prefill(req.req_id, tokens, block_ids, done)
+                if after is not None:
+                    meta.ops.append(after)
         # A request resumed after preemption (vLLM's V1 model runner sends it among the cached requests,
         # with all its block IDs anew) asked the connector again and was promised its prompt's stored
         # blocks: load them, or attention reads whatever its fresh blocks hold.
@@ -277,6 +303,7 @@ class PlantedFaultConnector(LoadGates, KVConnectorBase_V1):
                 block_ids = list(cached.new_block_ids[i][0])
                 computed = cached.num_computed_tokens[i]
                 meta.ops.append(self._load_op(req_id, tokens, block_ids, computed, external, step, resumed=True))
+        meta.ops += self._async_loads(step)  # requests waiting for an asynchronous load are not scheduled
         if self.fault == "land_elsewhere":
             self._land_elsewhere(meta.ops)
         return meta
@@ -291,6 +318,9 @@ class PlantedFaultConnector(LoadGates, KVConnectorBase_V1):
         loader.lands_in = victim.block_ids[0]
         self._landed[loader.req_id] = {"landed_in": victim.req_id}
         self._landed[victim.req_id] = {"overwritten_by": loader.req_id, "overwritten_block": victim.first_loaded_block}
+
+    def _new_op(self, req_id: str, kind: str, keys: list[str], block_ids: list[int]) -> _Op:
+        return _Op(req_id, kind, keys, block_ids)
 
     def _load_op(self, req_id, tokens, block_ids, computed: int, external: int, step, resumed: bool = False) -> _Op:
         """Plan one load of `external` tokens after `computed - external` local ones, and remember it for
@@ -314,6 +344,7 @@ class PlantedFaultConnector(LoadGates, KVConnectorBase_V1):
         loaded, faulted, gate, _ = loads[0]
         report = {"loaded_tokens": loaded, "fault": self.fault, "faulted_blocks": faulted}
         report.update(self._landed.pop(request.request_id, {}))
+        report.update(self._failure_report(request.request_id))
         if gate is not None:
             report["gate"] = gate
         if len(loads) > 1 or loads[0][3]:  # loaded again on resuming after preemption: every load, in order
@@ -354,17 +385,22 @@ class PlantedFaultConnector(LoadGates, KVConnectorBase_V1):
                 continue
             faulted, diffs = set(op.faulted), []
             for j, (key, block_id) in enumerate(zip(op.keys, op.block_ids)):
-                true = torch.load(self._path(key))  # [num_layers, *block_shape]
-                if j in faulted and self.fault == "drop_tail":
-                    src = None  # counted as loaded, never written
+                true = torch.load(self._path(key))  # [num_layers, *block_shape]; fewer layers after a failed store
+                if j in faulted and self.fault in NOT_WRITTEN:
+                    src = None  # counted as loaded, never written (late_load: not yet)
                 elif j in faulted:
                     src = self._corrupt(torch.load(self._path(op.sources[j])) if j in op.sources else true, j)
                 else:
                     src = true
                 for li, kv in enumerate(layers):
-                    if src is not None:
+                    if src is not None and li < src.shape[0]:
                         kv[block_id].copy_(src[li].to(kv.device))
-                diffs.append(max(float((kv[block_id].cpu() - true[li]).abs().max()) for li, kv in enumerate(layers)))
+                diff = (float((kv[block_id].cpu() - true[li]).abs().max()) for li, kv in enumerate(layers[: len(true)]))
+                diffs.append(max(diff, default=0.0))
+            if self.fault == "load_error":  # vLLM's kv_load_failure_policy takes it from here
+                self._load_errors.update(op.block_ids[j] for j in op.faulted)
+            if op.async_load:  # reported received in this step, its bytes written or not (late_load)
+                self._received.add(op.req_id)
             if op.lands_in is not None:  # land_elsewhere: this load's first block lands in another request's block
                 first = torch.load(self._path(op.keys[0]))
                 for li, kv in enumerate(layers):
@@ -389,6 +425,10 @@ class PlantedFaultConnector(LoadGates, KVConnectorBase_V1):
             line["resumed"] = True
         if op.lands_in is not None:
             line["lands_in_block_id"] = op.lands_in
+        if op.async_load:
+            line["async_load"] = True
+        if op.late:
+            line["late"] = True
         with open(self.audit_path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(line, sort_keys=True) + "\n")
 
@@ -399,11 +439,22 @@ class PlantedFaultConnector(LoadGates, KVConnectorBase_V1):
         return
 
     def wait_for_save(self) -> None:
-        for op in self._get_connector_metadata().ops:
+        ops = self._get_connector_metadata().ops
+        keep = stored_layer_count(self.stored_layers, len(self._kv))
+        for op in ops:
             if op.kind != "store":
                 continue
-            for key, block_id in zip(op.keys, op.block_ids):
-                blob = torch.stack([kv[block_id].detach().cpu().clone() for kv in self._kv.values()])
+            for j, (key, block_id) in enumerate(zip(op.keys, op.block_ids)):
+                layers = list(self._kv.values())[: keep if j in op.faulted else None]  # failed_store: a partial save
+                shape = next(iter(self._kv.values()))[block_id].shape
+                blob = (
+                    torch.stack([kv[block_id].detach().cpu().clone() for kv in layers])
+                    if layers
+                    else torch.empty(0, *shape)
+                )
                 tmp = self._path(key) + f".{os.getpid()}.tmp"
                 torch.save(blob, tmp)
-                os.replace(tmp, self._path(key))  # visible to lookups only once whole
+                os.replace(tmp, self._path(key))  # visible to lookups only once written (failed_store: partial)
+        for op in ops:  # after the stores, which read what this step computed
+            if op.kind == "write_after":
+                self._write_after(op, list(self._kv.values()))

@@ -1,0 +1,211 @@
+"""The detection study's rows of failures reported as success (repro/detection/catalogue.py, expected.py): their jobs,
+controls and expectations, how a row is held to its expectation, and how the summary and page keep them apart from
+the detection rows. No engine: the entries are built from fake generations."""
+
+from __future__ import annotations
+
+import pytest
+
+from repro.detection import catalogue, plan
+from repro.detection.blame import probe_blame
+from repro.detection.expected import check_row, summarize_expectations
+from repro.detection.matrix import fault_entry, summarize
+from repro.detection.page import page_model, render_page
+from repro.judge.verdict import CORRUPT, ERROR, FAIL, KV_VERDICTS, NO_HIT_DIFFERS, PASS, UNAVAILABLE, VERDICTS
+
+BASE = list(range(100, 132))
+WINDOW_KEYS = [str(w) for w in plan.WINDOWS]
+
+
+def test_every_row_is_a_planted_fault_with_a_stated_expectation():
+    from repro.engine.connectors.planted_failures import FAILURE_FAULTS  # no vLLM at import: the names only
+
+    assert set(catalogue.FAULTS) == set(FAILURE_FAULTS)
+    assert len({(r.fault, r.position) for r in catalogue.ROWS}) == len(catalogue.ROWS)
+    for r in catalogue.ROWS:
+        exp = r.expectation
+        assert exp is not None and exp.why and set(exp.verdict) <= set(VERDICTS), r
+        assert exp.kv is None or set(exp.kv) <= set(KV_VERDICTS), r
+        assert exp.blame in ("exact", "unavailable", None), r
+    assert set(catalogue.FAULTS).isdisjoint(plan.FAULT_PARAMS)  # the detection rows' plan is untouched
+    assert plan.study_faults() == (*plan.FAULT_PARAMS, *catalogue.FAULTS)
+
+
+def test_each_row_runs_with_its_own_settings_and_pool(tmp_path):
+    fresh = plan.fault_job(tmp_path, "dropped_load", "fresh", "/m")
+    recycled = plan.fault_job(tmp_path, "dropped_load", "recycled", "/m")
+    assert fresh.engine.kv_cache_tokens is None and fresh.engine.gpu_memory_utilization == 0.1
+    assert recycled.engine.kv_cache_tokens == catalogue.RECYCLED_POOL_TOKENS == recycled.engine.max_model_len
+    assert recycled.arm.name == "dropped_load-recycled" and recycled.kv_audit_dir == str(
+        tmp_path / "kv" / recycled.arm.name
+    )
+    fail = plan.fault_job(tmp_path, "load_error", "policy-fail", "/m").arm.connector.extra_config
+    recompute = plan.fault_job(tmp_path, "load_error", "policy-recompute", "/m").arm.connector.extra_config
+    assert (fail["load_failure_policy"], recompute["load_failure_policy"]) == ("fail", "recompute")
+    assert fail["first_block"] == -4 and fail["num_blocks"] == 4
+    store = plan.fault_job(tmp_path, "failed_store", "tail", "/m").arm.connector.extra_config
+    assert store["fault"] == "failed_store" and store["first_block"] == -16 and "stored_layers" not in store
+    assert plan.positions_of("load_error") == {"policy-fail": None, "policy-recompute": None}
+    assert [p.name for p in fresh.probes] == ["decoy", *(n for n, _ in plan.PROMPTS)]
+
+
+def test_late_load_brings_the_asynchronous_control(tmp_path):
+    plain = [name for name, _ in plan.control_jobs(tmp_path, 1, "/m")]
+    assert plain == ["ExampleConnector", "native", "PlantedFault-none"]
+    with_late = dict(plan.control_jobs(tmp_path, 1, "/m", ("late_load",)))
+    extra = with_late["PlantedFault-none-async"].arm.connector.extra_config
+    assert extra["fault"] == "none" and extra["async_load"] is True
+
+
+def _request(tokens: list[int], cached: int | None, report: dict | None, role: str = "reuse") -> dict:
+    """One request as an engine result holds it (repro.contract.result.RequestResult's JSON form)."""
+    return {
+        "role": role,
+        "token_ids": tokens,
+        "cached_tokens": cached,
+        "logprobs": [[[t, -0.1], [0, -4.0]] for t in tokens],
+        "kv_transfer_params": None if report is None else {"planted_fault": report},
+    }
+
+
+def _entry(
+    fault: str, position: str, reuse: list[int], cached: int, report: dict | None, kv: dict, audit: list | None = None
+) -> dict:
+    """A catalogue row over one probe (alpha), its cold request matching the baseline, its reuse as given."""
+    base = {"probes": [{"name": "alpha", "prompt_token_ids": [1] * 40, "requests": [_request(BASE, 0, None, "cold")]}]}
+    probe = {
+        "name": "alpha",
+        "prompt_token_ids": [1] * 40,
+        "requests": [_request(BASE, 0, {"loaded_tokens": 0}, "cold"), _request(reuse, cached, report)],
+    }
+    entry = fault_entry(fault, position, {}, {"probes": [probe]}, None, base, audit or [])
+    entry["expectation"] = catalogue.row(fault, position).to_json()["expectation"]
+    planted = [(report or {}).get("faulted_blocks") if report is not None else None]
+    entry["probes"][0]["kv"] = probe_blame(kv, planted, FAIL in entry["probes"][0]["verdicts"].values())
+    return entry
+
+
+def _kv(verdict: str, blamed: list[int] | None) -> dict:
+    return {"verdict": verdict, "reasons": [], "blame": None, "blamed_blocks": [blamed]}
+
+
+DIFFERS = BASE[:3] + [7] * 29
+
+
+def test_a_row_holds_when_every_probe_shows_the_verdict_kv_and_blame_it_expects():
+    report = {"loaded_tokens": 384, "faulted_blocks": list(range(24))}
+    held = _entry("dropped_load", "fresh", DIFFERS, 384, report, _kv(CORRUPT, list(range(24))))
+    assert check_row(held) == {"held": True, "misses": []}
+    under = _entry("dropped_load", "fresh", DIFFERS, 384, report, _kv(CORRUPT, [0, 1]))
+    assert check_row(under)["misses"] == ["alpha: blame under, expected exact"]
+    unchanged = _entry("dropped_load", "fresh", BASE, 384, report, _kv(CORRUPT, list(range(24))))
+    assert check_row(unchanged)["misses"] == ["alpha: PASS at 32 tokens, expected FAIL"]
+
+
+def test_the_recompute_row_expects_the_baselines_answer_and_the_fail_row_the_requests_error():
+    report = {"loaded_tokens": 384, "faulted_blocks": [20, 21, 22, 23], "load_failure_policy": "recompute"}
+    recompute = _entry("load_error", "policy-recompute", BASE, 384, report, _kv(CORRUPT, [20, 21, 22, 23]))
+    assert recompute["probes"][0]["verdicts"]["32"] == PASS and check_row(recompute)["held"]
+    # vLLM finishes the request with an error: no tokens, and no kv_transfer_params, so no planted blocks
+    fail = _entry("load_error", "policy-fail", [], 384, None, _kv(CORRUPT, [20, 21, 22, 23]))
+    assert fail["probes"][0]["verdicts"]["32"] == ERROR
+    assert fail["probes"][0]["kv"]["outcome"] == "unavailable" and fail["probes"][0]["kv"]["planted_blocks"] == [None]
+    assert check_row(fail) == {"held": True, "misses": []}
+    passed = _entry("load_error", "policy-fail", BASE, 384, None, _kv(CORRUPT, [20]))
+    assert check_row(passed)["misses"] == ["alpha: PASS at 32 tokens, expected ERROR"]  # never PASS
+
+
+def test_the_unreported_row_expects_the_no_hit_finding_not_inconclusive():
+    report = {"loaded_tokens": 0, "faulted_blocks": list(range(24)), "unreported_tokens": 384}
+    row = _entry("unreported_load", "prefix", DIFFERS, 0, report, _kv(UNAVAILABLE, None))
+    probe = row["probes"][0]
+    assert probe["verdicts"]["32"] == FAIL and probe["finding"] == NO_HIT_DIFFERS
+    assert any("no reported hit" in r for r in probe["reasons"])
+    assert check_row(row) == {"held": True, "misses": []}
+    same = _entry("unreported_load", "prefix", BASE, 0, report, _kv(UNAVAILABLE, None))
+    assert check_row(same)["misses"] == ["alpha: INCONCLUSIVE at 32 tokens, expected FAIL"]
+
+
+def test_catalogue_rows_leave_the_detection_figures_alone_and_decide_ok_through_their_expectations():
+    report = {"loaded_tokens": 384, "faulted_blocks": [20, 21, 22, 23], "load_failure_policy": "recompute"}
+    held = _entry("load_error", "policy-recompute", BASE, 384, report, _kv(CORRUPT, [20, 21, 22, 23]))
+    missed = _entry("load_error", "policy-recompute", DIFFERS, 384, report, _kv(CORRUPT, [20, 21, 22, 23]))
+    detection_row = {
+        "fault": "zero_blocks",
+        "position": "head",
+        "error": None,
+        "windows": {w: {"status": "detected", "detected": 1, "probes": 1} for w in WINDOW_KEYS},
+    }
+    control = {"arm": "native", "error": None, "reuses_exercised": 2, "false_positives": {w: 0 for w in WINDOW_KEYS}}
+    s = summarize([detection_row, held], [control], True)
+    assert s["fault_kinds_detected"] == {"zero_blocks": True} and s["ok"]
+    assert s["expectations"] == summarize_expectations([held]) and s["expectations"]["held"] == 1
+    bad = summarize([detection_row, missed], [control], True)
+    assert not bad["ok"] and bad["every_fault_detected"]  # the detection rows still are
+    assert bad["expectations"]["by_row"]["load_error/policy-recompute"]["misses"] == [
+        "alpha: FAIL at 32 tokens, expected PASS"
+    ]
+    assert "expectations" not in summarize([detection_row], [control], True)  # an older matrix reads as it did
+
+
+def test_a_fault_row_pairs_no_load_audit_when_a_failed_request_dropped_its_report():
+    """The connector wrote a line for the failed reuse's load, which came back without its report: the line is paired
+    with no request (it could be paired with the wrong one); where the counts agree, each load gets its line."""
+    line = {"faulted_blocks": [20, 21, 22, 23], "faulted_max_abs_diff": [[20, 1.0]], "clean_max_abs_diff": 0.0}
+    entry = _entry("load_error", "policy-fail", [], 384, None, _kv(CORRUPT, [1]), [line])
+    assert entry["probes"][0]["kv_audit"] is None
+    report = {"loaded_tokens": 384, "faulted_blocks": [20, 21, 22, 23], "load_failure_policy": "recompute"}
+    paired = _entry("load_error", "policy-recompute", BASE, 384, report, _kv(CORRUPT, [20]), [line])
+    assert paired["probes"][0]["kv_audit"] == line
+
+
+def _page_report(entries: list[dict]) -> dict:
+    control = {
+        "arm": "native",
+        "model_seed": 1234,
+        "error": None,
+        "probes": [],
+        "reuses_compared": 2,
+        "reuses_exercised": 2,
+        "false_positives": {w: 0 for w in WINDOW_KEYS},
+        "inconclusive": {w: 0 for w in WINDOW_KEYS},
+    }
+    return {
+        "kind": plan.KIND,
+        "schema_version": plan.SCHEMA_VERSION,
+        "tool_version": "0.1.0",
+        "method": "m",
+        "config": {"windows": list(plan.WINDOWS), "fault_rows": [r.to_json() for r in catalogue.ROWS]},
+        "faults": entries,
+        "controls": [control],
+        "prefix_check": {"window": 8, "ok": True, "requests_compared": 3},
+        "provenance": {"started_utc": "2026-12-05T00:00:00Z", "kit": {"commit": "abcdef0123456789"}},
+    }
+
+
+@pytest.mark.parametrize("reuse, held", [(BASE, "held"), (DIFFERS, "did not hold")])
+def test_the_page_shows_each_row_with_its_expectation_and_what_it_measured(reuse, held):
+    report = {"loaded_tokens": 384, "faulted_blocks": [20, 21, 22, 23], "load_failure_policy": "recompute"}
+    entry = _entry("load_error", "policy-recompute", reuse, 384, report, _kv(CORRUPT, [20, 21, 22, 23]))
+    entry["kv_blame"] = {
+        "cell": "detected",
+        "probes": 1,
+        "blamed_exactly": 1,
+        "unavailable": [],
+        "tokens_unchanged_blamed_exactly": [],
+        "reason": None,
+    }
+    m = page_model(_page_report([entry]))
+    assert m.rows == () and len(m.expected_rows) == 1  # not among the detection rows
+    row = m.expected_rows[0]
+    assert row.expected == "PASS; KV CORRUPT; blame exact" and row.held.text == held
+    assert row.what.startswith("the same, with kv_load_failure_policy recompute")
+    assert row.measured == (f"alpha: {PASS if reuse == BASE else FAIL}, KV CORRUPT, blame exact, cached tokens 384",)
+    html = render_page(_page_report([entry]))
+    assert 'id="reported-success"' in html and "Expectations held:" in html
+
+
+def test_a_matrix_without_catalogue_rows_renders_no_such_section():
+    report = _page_report([])
+    report["config"].pop("fault_rows")
+    assert 'id="reported-success"' not in render_page(report)
