@@ -15,11 +15,15 @@ from repro.models.tiny import MODEL_KINDS, MODEL_SEED, digest_dir, digest_files,
 from repro.plan.fixtures import load_fixture
 from repro.plan.suite import BOUNDARY_LENGTHS
 
-SLIDING_FIXTURE = ROOT / "fixtures" / "selftest-cpu-sliding.json"
-GPU_FIXTURES = {
-    "hybrid": ROOT / "fixtures" / "selftest-gpu-hybrid.json",
-    "specdecode": ROOT / "fixtures" / "selftest-gpu-specdecode.json",
-}
+FIXTURES = ROOT / "fixtures"
+SLIDING_FIXTURE = FIXTURES / "selftest-cpu-sliding.json"
+FAMILY_FIXTURES = [
+    SLIDING_FIXTURE,
+    FIXTURES / "selftest-cpu-hybrid.json",
+    FIXTURES / "selftest-cpu-specdecode.json",
+    FIXTURES / "selftest-gpu-hybrid.json",
+    FIXTURES / "selftest-gpu-specdecode.json",
+]
 
 
 def _tensors(files: dict[str, bytes]) -> dict[str, dict]:
@@ -159,7 +163,31 @@ def test_make_model_refuses_an_unknown_kind_in_one_line(tmp_path, capsys):
 # --- the fixtures load strictly -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", [SLIDING_FIXTURE, *GPU_FIXTURES.values()], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", FAMILY_FIXTURES, ids=lambda p: p.name)
 def test_the_model_family_fixtures_load_strictly(path):
     fixture = load_fixture(str(path))
     assert fixture.expected, "a fixture that states no verdict"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    assert "make-model" in data["tokenizer"]["source"]  # the model it was written for, and how it is made
+    assert "python -m repro verify" in data["description"] or path == SLIDING_FIXTURE  # how it is run
+
+
+@pytest.mark.parametrize(
+    "name", ["selftest-cpu-hybrid.json", "selftest-gpu-hybrid.json", "selftest-gpu-specdecode.json"]
+)
+def test_the_hybrid_fixtures_name_the_hybrid_model_and_only_arms_that_can_run_it(name):
+    """A Mamba model needs vLLM's hybrid KV cache manager: no arm of a connector that does not declare it (the
+    in-tree ExampleConnector, the kit's planted connector); the GPU's are vLLM's own offloading connectors."""
+    data = json.loads((FIXTURES / name).read_text(encoding="utf-8"))
+    assert data["tokenizer"]["model_sha256"] == digest_files(hybrid.model_files(MODEL_SEED))
+    assert all("connector" not in arm and arm["kv_offloading_size"] > 0 for arm in data["arms"])
+    assert "--no-kv-audit" in data["description"]
+    assert set(data["expected"]["native"].values()) == {"PASS"}
+
+
+def test_the_speculative_self_test_is_the_cpu_self_test_with_speculative_decoding():
+    mine = json.loads((FIXTURES / "selftest-cpu-specdecode.json").read_text(encoding="utf-8"))
+    selftest = json.loads((FIXTURES / "selftest-cpu.json").read_text(encoding="utf-8"))
+    for key in ("arms", "expected", "expected_kv", "probes", "tokenizer"):
+        assert mine[key] == selftest[key], key
+    assert "--speculative-config" in mine["description"]

