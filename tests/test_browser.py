@@ -98,7 +98,9 @@ class Browser:
         while b"\0" not in self._buf:
             ready, _, _ = select.select([self._from_child], [], [], max(0.0, deadline - time.monotonic()))
             if not ready:
-                raise TimeoutError("chromium did not answer in time")
+                self._log.flush()
+                tail = (Path(self._log.name).read_bytes()[-2000:]).decode(errors="replace")
+                raise TimeoutError(f"chromium did not answer in time; its stderr ends:\n{tail}")
             chunk = os.read(self._from_child, 1 << 20)
             if not chunk:
                 self._log.flush()
@@ -135,7 +137,9 @@ class Browser:
             self.events.append(ev)
 
     def open_page(self) -> None:
-        target = self.call("Target.createTarget", {"url": "about:blank"}, session=False)["targetId"]
+        # The first answer waits for Chromium's start: on a fresh 2-core machine beside the other xdist worker that
+        # took more than 30 s once in CI.
+        target = self.call("Target.createTarget", {"url": "about:blank"}, session=False, timeout=180)["targetId"]
         self.session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True}, session=False)[
             "sessionId"
         ]
