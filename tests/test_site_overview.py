@@ -216,6 +216,23 @@ def test_an_unknown_connector_goes_under_other_and_every_state_is_read_not_decid
     assert cells[SELF_TEST].state == "finding"
 
 
+def test_self_tests_caught_in_several_reports_link_to_their_cell_whatever_else_it_shows():
+    """Two reports of one stack whose planted fault was caught, one with ExampleConnector INCONCLUSIVE in the same
+    cell: the cell reads INCONCLUSIVE, and the self-test line links to its list of reports (it once raised
+    StopIteration looking for a cell in the caught state)."""
+    data = json.loads(SELFTEST.read_text(encoding="utf-8"))
+    other = copy.deepcopy(data)
+    _arm(other, "ExampleConnector")["verdict"] = "INCONCLUSIVE"
+    picture = build_picture(
+        [build_index_row(data, stem="a", href="a.html"), build_index_row(other, stem="b", href="b.html")]
+    )
+    columns = ["".join(parts) for parts, _ in picture.columns]
+    cell = dict(zip(columns, picture.rows[0].cells, strict=True))[SELF_TEST]
+    assert cell.state == "inconclusive" and cell.reports == 2 and cell.href.startswith("#cell-")
+    assert [line.href for line in picture.self_tests] == [cell.href]
+    assert cell.href.removeprefix("#") in {listed.anchor for listed in picture.lists}
+
+
 def test_a_compressed_report_has_its_page_raw_copy_and_writeup(site):
     page = site / "adapters" / "h200-adapters-lmcache-tiny-v028.html"
     assert page.is_file()

@@ -130,8 +130,9 @@ def judge_probe(base_probe: dict, probe: dict, answers: dict[str, list[int]] | N
     )
     cold, *reuses = judged["requests"]
     view = [Request(tuple(r["token_ids"]), r.get("cached_tokens")) for r in judged["requests"]]
-    verdicts = window_verdicts(base_probe["requests"][0]["token_ids"], view[0], view[1:])
-    last = decide_at(base_probe["requests"][0]["token_ids"], view[0], view[1:], max(WINDOWS))
+    baseline = base_probe["requests"][0]["token_ids"]
+    decided = {w: decide_at(baseline, view[0], view[1:], w) for w in WINDOWS}  # window_verdicts, with the reasons
+    last = decided[max(WINDOWS)]
     diffs = [r["first_diff"] for r in reuses]
     first = min((d for d in diffs if d is not None), default=None)
     margin = next((r["margin"] for r in reuses if r["first_diff"] == first and first is not None), None)
@@ -145,9 +146,9 @@ def judge_probe(base_probe: dict, probe: dict, answers: dict[str, list[int]] | N
         "reuse_replays": [r["replays"] for r in reuses],
         "first_diff": first,
         "margin": margin,
-        "verdicts": {str(w): v for w, v in verdicts.items()},
+        "verdicts": {str(w): d.verdict for w, d in decided.items()},
         "reasons": list(last.reasons),  # the token verdict's reasons at the largest window
-        "finding": getattr(last, "finding", None),  # the finding its FAIL carries there (repro.judge.verdict.FINDINGS)
+        "finding": last.finding,  # the finding its FAIL carries there (repro.judge.verdict.FINDINGS)
     }
 
 

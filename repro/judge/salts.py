@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from repro.judge.compare import first_diff
 from repro.judge.verdict import ProbeVerdict, decide_tenant_isolation, hit_count
 
 
@@ -30,12 +31,9 @@ def salt_text(salt: str | None) -> str:
 
 
 def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    """How many leading tokens a and b share (repro.judge.compare.first_diff; all of a when they are the same)."""
+    found = first_diff(list(a), list(b))
+    return len(a) if found is None else found
 
 
 @dataclass(frozen=True)

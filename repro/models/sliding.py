@@ -19,11 +19,9 @@ from repro.models.tiny import CONFIG as TINY_CONFIG
 from repro.models.tiny import (
     LM_HEAD_SCALE,
     MODEL_SEED,
-    build_tokenizer_config,
-    build_tokenizer_json,
+    byte_model_files,
     decoder_layer,
-    json_file_bytes,
-    serialize_f32,
+    seeded_safetensors,
     write_model,
 )
 
@@ -64,25 +62,11 @@ def _tensor_shapes() -> list[tuple[str, tuple[int, ...], float]]:
 
 
 def build_safetensors(seed: int = MODEL_SEED) -> bytes:
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    blobs = []
-    for name, shape, std in _tensor_shapes():
-        arr = np.ones(shape, dtype="<f4") if std == 0.0 else (rng.standard_normal(shape) * std).astype("<f4")
-        blobs.append((name, shape, arr.tobytes()))
-    return serialize_f32(blobs, f"repro.models.sliding seed={seed}")
+    return seeded_safetensors(_tensor_shapes(), seed, f"repro.models.sliding seed={seed}")
 
 
 def model_files(seed: int = MODEL_SEED) -> dict[str, bytes]:
-    return {
-        "config.json": json_file_bytes(config()),
-        "generation_config.json": json_file_bytes({"bos_token_id": 256, "eos_token_id": 258, "do_sample": False}),
-        "model.safetensors": build_safetensors(seed),
-        "special_tokens_map.json": json_file_bytes({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}),
-        "tokenizer.json": json_file_bytes(build_tokenizer_json()),
-        "tokenizer_config.json": json_file_bytes(build_tokenizer_config()),
-    }
+    return byte_model_files(config(), build_safetensors(seed))
 
 
 def make_sliding_model(dest: Path, seed: int = MODEL_SEED) -> str:

@@ -168,17 +168,23 @@ def _tensor_shapes() -> list[tuple[str, tuple[int, ...], float]]:
 
 def build_safetensors(seed: int = MODEL_SEED) -> bytes:
     """Serialize the weights by hand: a sorted JSON header and little-endian float32 data."""
+    return seeded_safetensors(_tensor_shapes(), seed, f"repro.tinymodel seed={seed}")
+
+
+def seeded_safetensors(shapes: list[tuple[str, tuple[int, ...], float]], seed: int, generator: str) -> bytes:
+    """The weights of (name, shape, init std) drawn in that order from one seeded normal (std 0.0: ones, as an
+    RMSNorm's weight starts), serialized by serialize_f32."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     blobs: list[tuple[str, tuple[int, ...], bytes]] = []
-    for name, shape, std in _tensor_shapes():
+    for name, shape, std in shapes:
         if std == 0.0:  # norm weights: ones, as an RMSNorm starts
             arr = np.ones(shape, dtype="<f4")
         else:
             arr = (rng.standard_normal(shape) * std).astype("<f4")
         blobs.append((name, shape, arr.tobytes()))
-    return serialize_f32(blobs, f"repro.tinymodel seed={seed}")
+    return serialize_f32(blobs, generator)
 
 
 def serialize_f32(blobs: list[tuple[str, tuple[int, ...], bytes]], generator: str) -> bytes:
@@ -200,11 +206,16 @@ def json_file_bytes(obj: dict) -> bytes:
 
 
 def model_files(seed: int = MODEL_SEED) -> dict[str, bytes]:
-    cfg = dict(CONFIG)
+    return byte_model_files(CONFIG, build_safetensors(seed))
+
+
+def byte_model_files(config: dict, safetensors: bytes) -> dict[str, bytes]:
+    """A generated model's folder, by file name: its config and weights beside the byte-level tokenizer, chat
+    template and generation settings every text model the kit generates shares (tiny, sliding, hybrid)."""
     return {
-        "config.json": json_file_bytes(cfg),
+        "config.json": json_file_bytes(config),
         "generation_config.json": json_file_bytes({"bos_token_id": 256, "eos_token_id": 258, "do_sample": False}),
-        "model.safetensors": build_safetensors(seed),
+        "model.safetensors": safetensors,
         "special_tokens_map.json": json_file_bytes({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}),
         "tokenizer.json": json_file_bytes(build_tokenizer_json()),
         "tokenizer_config.json": json_file_bytes(build_tokenizer_config()),

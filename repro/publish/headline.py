@@ -44,6 +44,7 @@ PLANTED_CONNECTOR = "PlantedFaultConnector"  # repro.engine.connectors.planted_f
 NO_FAULT = "none"  # its `fault` setting that plants nothing (the self-test's control)
 # What acceptance.matched is, wherever it is shown: the kit checking itself, not the stack's verdict.
 ACCEPTANCE_MEANS = "the kit's self-check against the fixture's expectations"
+EXPLORATORY = "exploratory run"  # a run whose fixture states no expected verdict, where acceptance would stand
 # How the headline names a finding no fixture's FAIL excuses (repro.judge.verdict.FINDINGS): a salt changes no
 # answer, so a tenant-isolation failure is said by what was served, never as "answered differently".
 FINDING_HEADLINE = {
@@ -82,18 +83,19 @@ def model_label(report: Report) -> str:
     return str(name) or "model not recorded"
 
 
-def _is_lmcache(arm: Arm) -> bool:
+def uses_lmcache(arm: Arm) -> bool:
+    """The arm's connector names LMCache (LMCacheConnectorV1, LMCacheMPConnector, …)."""
     return "lmcache" in str(arm.connector_name or "").lower()
 
 
 def stack_text(report: Report) -> str:
     """'LMCache 0.5.4, vLLM 0.28.0, NVIDIA H200, SmolLM2-135M-Instruct': LMCache only where an arm used it."""
-    parts = [f"LMCache {report.package_version('lmcache')}"] if any(_is_lmcache(a) for a in report.arms) else []
+    parts = [f"LMCache {report.package_version('lmcache')}"] if any(uses_lmcache(a) for a in report.arms) else []
     parts += [f"vLLM {report.package_version('vllm')}", report.hardware_label, model_label(report)]
     return ", ".join(parts)
 
 
-def _planted_fault(arm: Arm) -> str | None:
+def planted_fault_of(arm: Arm) -> str | None:
     """The fault a planted-fault arm plants ('zero_blocks', 'none'); None for any other arm."""
     if arm.connector_name != PLANTED_CONNECTOR:
         return None
@@ -103,7 +105,7 @@ def _planted_fault(arm: Arm) -> str | None:
 
 def _name(arm: Arm) -> str:
     """The arm as the headline names it: the connector, or the planted fault it is."""
-    fault = _planted_fault(arm)
+    fault = planted_fault_of(arm)
     if fault is None:
         return arm.name if arm.mode != "native" else "shape-matched native" if arm.matched_to else arm.title
     return f"{arm.name} (planted fault: {fault})" if fault != NO_FAULT else f"{arm.name} (planted connector, no fault)"
@@ -160,7 +162,8 @@ def _kv_clause(arm: Arm) -> str:
     return f"KV unreadable ({UNAVAILABLE}) on {k} of {n}" if k else ""
 
 
-def _run_label(run: str) -> str:
+def run_label(run: str) -> str:
+    """A later run as the words name it: 'trial 2', 'the re-run alone'."""
     return "the re-run alone" if run == "alone" else run
 
 
@@ -168,8 +171,8 @@ def _runs_text(runs: list[str]) -> str:
     """'trial 2', 'trials 3, 4 and 5', 'trial 2 and the re-run alone'."""
     runs = list(dict.fromkeys(runs))
     numbers = [r.removeprefix("trial ") for r in runs if r.startswith("trial ")]
-    said = [f"trial{'s' if len(numbers) > 1 else ''} {_and(numbers)}"] if numbers else []
-    return _and(said + [_run_label(r) for r in runs if not r.startswith("trial ")])
+    said = [f"trial{'s' if len(numbers) > 1 else ''} {and_text(numbers)}"] if numbers else []
+    return and_text(said + [run_label(r) for r in runs if not r.startswith("trial ")])
 
 
 def later_facts(report: Report, arm: str) -> tuple[list[tuple[str, str, str]], list[tuple[str, str]], list[str]]:
@@ -205,9 +208,9 @@ def later_text(report: Report, arm: str, words: bool = True) -> str:
     # an ERROR arm says ERROR already; kind: 'timeout', or 'ERROR (its first reason)' for one without an error object
     for run, kind in errors if own != ERROR else []:
         why = kind.removeprefix(ERROR) if kind.startswith(ERROR) else f" ({kind})"
-        parts.append(f"{'ended in ' if words else ''}{ERROR} in {_run_label(run)}{why}")
+        parts.append(f"{'ended in ' if words else ''}{ERROR} in {run_label(run)}{why}")
     if idle:
-        parts.append(f"{_and(idle)} not exercised ({INCONCLUSIVE})")
+        parts.append(f"{and_text(idle)} not exercised ({INCONCLUSIVE})")
     return ", ".join(parts)
 
 
@@ -266,7 +269,7 @@ def _scenario_clause(report: Report) -> str:
                 passes += 1
             else:
                 said.setdefault((scenario.name, text), []).append(arm.title)
-    parts = [f"scenario {name}: {_and(arms)} {text}" for (name, text), arms in said.items()]
+    parts = [f"scenario {name}: {and_text(arms)} {text}" for (name, text), arms in said.items()]
     if passes:
         parts.append(f"{passes} scenario run{'s' if passes > 1 else ''} {PASS}" + (" otherwise" if parts else ""))
     return "; ".join(parts)
@@ -275,9 +278,8 @@ def _scenario_clause(report: Report) -> str:
 def _scenario_verdict(arm: ScenarioArm, later: str = "") -> str:
     """'FAIL with corrupt KV', 'ERROR (trials: 2 of 2 ERROR)', 'PASS', 'FAIL in trial 2 (trials: …)': a scenario
     run's verdict and what qualifies it; a PASS that a later trial's finding or ERROR counts against is no PASS."""
-    text = (
-        arm.verdict_text
-    )  # with its findings no fixture's FAIL excuses, by request ('· tenant-isolation failure on …')
+    # with its findings no fixture's FAIL excuses, by request ('· tenant-isolation failure on …')
+    text = arm.verdict_text
     if arm.kv_verdict in KV_FINDINGS:
         text += f" with {KV_WORDS[arm.kv_verdict]} KV"
     if later:
@@ -287,7 +289,8 @@ def _scenario_verdict(arm: ScenarioArm, later: str = "") -> str:
     return text
 
 
-def _and(items: list[str]) -> str:
+def and_text(items: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
@@ -305,7 +308,7 @@ def headline(report: Report | dict) -> str:
     on vllm 0.32.0'). A planted-fault self-test says so first."""
     report = as_report(report)
     reuse = [a for a in report.reuse_arms if a.mode != "baseline"]
-    planted = any(_planted_fault(a) is not None for a in reuse)
+    planted = any(planted_fault_of(a) is not None for a in reuse)
     stack = stack_text(report)
     if not reuse:
         base = report.baseline

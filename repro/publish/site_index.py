@@ -10,14 +10,13 @@ import re
 from dataclasses import dataclass
 
 from repro.judge.verdict import ERROR, KV_FINDINGS, PASS
-from repro.publish.headline import headline, later_text, stack_key
+from repro.publish.headline import EXPLORATORY, headline, later_text, stack_key
 from repro.publish.site_overview import Overview, overview
 from repro.publish.site_versions import VersionFacts, version_facts
 from repro.readmodel import Arm, Report, ScenarioArm, as_report
 
 _HELD = re.compile(r"\d+")
 _VERSION = re.compile(r"^\d+(\.\d+)*")
-EXPLORATORY = "exploratory run"  # the self-check column of a run whose fixture states no expected verdict
 
 
 @dataclass(frozen=True)
@@ -90,7 +89,7 @@ def build_index_row(report: Report | dict, *, stem: str, href: str) -> IndexRow:
         vllm=report.package_version("vllm"),
         lmcache=_lmcache(report.package_version("lmcache")),
         verdicts=tuple(_index_verdict(report, a) for a in report.arms),
-        acceptance=report.acceptance_label(short=True) if states_expectations(report) else EXPLORATORY,
+        acceptance=report.acceptance_label(short=True) if report.states_expectations else EXPLORATORY,
         kv=_index_kv(report),
         scenarios=tuple(
             (f"{s.name} · {a.title}", str(a.verdict), _index_scenario_note(a))
@@ -104,14 +103,6 @@ def build_index_row(report: Report | dict, *, stem: str, href: str) -> IndexRow:
         versions=version_facts(report),
         overview=overview(report),
     )
-
-
-def states_expectations(report: Report) -> bool:
-    """The fixture states an expected verdict for some arm, probe or scenario the run checked: only then is
-    acceptance.matched a self-check worth showing; any other run is exploratory."""
-    plain = report.acceptance.get("checked") or []
-    scenarios = report.scenario_acceptance.get("checked") or []
-    return report.acceptance.get("matched") is not None and bool(plain or scenarios)
 
 
 def _lmcache(version: str) -> str:

@@ -11,10 +11,9 @@ from dataclasses import dataclass, replace
 
 from repro.judge.verdict import KV_FINDINGS
 from repro.judge.wording import flatten, machine_path_name, show
-from repro.publish.headline import acceptance_text, headline
+from repro.publish.headline import EXPLORATORY, acceptance_text, headline
 from repro.publish.heatmap import Heatmap, Legend, build_legend
 from repro.publish.site_conditions import Conditions, page_conditions
-from repro.publish.site_index import EXPLORATORY, states_expectations
 from repro.publish.site_kv import KVDetail, kv_detail, kv_note
 from repro.publish.site_scenarios import ScenarioBlock, scenario_block, scenarios_note
 from repro.readmodel import (
@@ -358,7 +357,7 @@ def _diff_example(report: Report) -> tuple[str, str]:
 
 def _acceptance(report: Report) -> str:
     """acceptance.matched where the fixture states expected verdicts; elsewhere the run is exploratory, said so."""
-    if states_expectations(report):
+    if report.states_expectations:
         return acceptance_text(report)
     return (
         f"{EXPLORATORY}: the fixture states no expected verdict for this run, so there is no self-check "

@@ -18,8 +18,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from repro.judge.verdict import ERROR, FAIL, INCONCLUSIVE, KV_FINDINGS, PASS, SKIPPED
-from repro.publish.headline import later_facts, model_label, version_key
-from repro.publish.summary import _planted_catch_text
+from repro.publish.headline import and_text, later_facts, model_label, run_label, uses_lmcache, version_key
+from repro.publish.summary import planted_fault_caught
 from repro.readmodel import Arm, Report
 from repro.record.exit_rule import scenario_later_errors, scenario_later_findings
 
@@ -138,10 +138,6 @@ class PathFact:
         return f"KV {self.kv}" if self.kv and self.label == self.verdict else ""
 
 
-def _and(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
-
-
 @dataclass(frozen=True)
 class Overview:
     """What the picture reads of one report (carried on repro.publish.site_index.IndexRow)."""
@@ -231,10 +227,6 @@ def _scenario_facts(report: Report, arm: Arm) -> tuple[int, int, bool]:
     return found, len(runs), crashed
 
 
-def _run_label(run: str) -> str:
-    return "the re-run alone" if run == "alone" else run
-
-
 def path_fact(report: Report, arm: Arm) -> PathFact:
     compared = [p for p in arm.probes if p.verdict != SKIPPED]
     kv = [p.kv_verdict for p in arm.probes if p.kv_verdict is not None]
@@ -242,7 +234,7 @@ def path_fact(report: Report, arm: Arm) -> PathFact:
     found, errors, idle = later_facts(report, arm.name)
     scenario_found, scenario_runs, crashed = _scenario_facts(report, arm)
     if arm.verdict == FAIL or kv_found or found or scenario_found:
-        caught = not (found or scenario_found) and bool(_planted_catch_text(report, arm))
+        caught = not scenario_found and planted_fault_caught(report, arm) is not None  # None after a later finding
         state = CAUGHT if caught else FINDING
     elif arm.verdict == ERROR or errors or crashed:
         state = STATE_ERROR
@@ -260,8 +252,8 @@ def path_fact(report: Report, arm: Arm) -> PathFact:
         compared=len(compared),
         kv_found=kv_found,
         kv_audited=len(kv),
-        later=tuple(dict.fromkeys(_run_label(run) for run, _, _ in found)),
-        later_errors=tuple(dict.fromkeys([*(_run_label(run) for run, _ in errors), *(["a scenario run"] * crashed)])),
+        later=tuple(dict.fromkeys(run_label(run) for run, _, _ in found)),
+        later_errors=tuple(dict.fromkeys([*(run_label(run) for run, _ in errors), *(["a scenario run"] * crashed)])),
         scenario_found=scenario_found,
         scenario_runs=scenario_runs,
         idle=tuple(idle),
@@ -269,7 +261,7 @@ def path_fact(report: Report, arm: Arm) -> PathFact:
 
 
 def stack_of(report: Report) -> Stack:
-    lmcache = any("lmcache" in str(a.connector_name or "").lower() for a in report.arms)
+    lmcache = any(uses_lmcache(a) for a in report.arms)
     return Stack(
         vllm=report.vllm_version or report.package_version("vllm"),
         lmcache=f"LMCache {report.package_version('lmcache')}" if lmcache else "",
@@ -351,13 +343,13 @@ def _what(arm: str, column: str, facts: list[PathFact]) -> str:
             parts.append(f"KV {cls} on {n} of {audited}")
     later = list(dict.fromkeys(r for f in facts for r in f.later))
     if later:
-        parts.append(f"a finding in {_and(later[:3])}" + (f" and {len(later) - 3} more" if len(later) > 3 else ""))
+        parts.append(f"a finding in {and_text(later[:3])}" + (f" and {len(later) - 3} more" if len(later) > 3 else ""))
     scenario_found, scenario_runs = sum(f.scenario_found for f in facts), sum(f.scenario_runs for f in facts)
     if scenario_found:
         parts.append(f"a finding {_often(scenario_found, scenario_runs, 'scenario run')}")
     idle = list(dict.fromkeys(m for f in facts for m in f.idle))
     if idle:
-        parts.append(f"{_and(idle)} not exercised")
+        parts.append(f"{and_text(idle)} not exercised")
     if not parts:
         return f"{name} {facts[0].label}"
     return f"{name}{'' if failed else ':'} {', '.join(parts)}"
@@ -391,14 +383,15 @@ def _finding_lines(runs: list[_Run], column: str, stack: Stack, cell: Cell) -> l
     return lines
 
 
-def _self_test_line(runs: dict[str, list[_Run]], stack: Stack, cells: list[Cell]) -> Line | None:
-    """The stack's self-tests whose planted fault was caught as the fixture expects, in one line."""
+def _self_test_line(runs: dict[str, list[_Run]], stack: Stack, cells: dict[str, Cell]) -> Line | None:
+    """The stack's self-tests whose planted fault was caught as the fixture expects, in one line; several reports
+    link to the list of their column's cell (cells: by column), whatever state a worse arm beside them gives it."""
     caught = [r for by in runs.values() for r in by if r.fact.state == CAUGHT]
     if not caught:
         return None
     faults = ", ".join(dict.fromkeys(r.fact.arm for r in caught))
     reports = sorted({r.href for r in caught})
-    href = reports[0] if len(reports) == 1 else next(c.href for c in cells if c.state == CAUGHT)
+    href = reports[0] if len(reports) == 1 else cells[caught[0].fact.column].href  # a planted arm's: SELF_TEST
     return Line(f"the planted fault caught: {faults}", stack.text, _often(len(reports), len(reports)), href)
 
 
@@ -424,7 +417,7 @@ def build_picture(rows: list) -> Picture | None:
             if cell.reports > 1:
                 lists.append(_cell_reports(anchor, f"{column} · {stack.text}", mine))
             findings += _finding_lines(mine, column, stack, cell)
-        if line := _self_test_line(runs[stack], stack, cells):
+        if line := _self_test_line(runs[stack], stack, dict(zip(columns, cells))):
             self_tests.append(line)
         picture_rows.append(PictureRow(stack, tuple(cells)))
     shown = {c.state for r in picture_rows for c in r.cells if c.state}

@@ -12,7 +12,14 @@ from typing import Any
 
 from repro.judge.expectations import expectation_states, expectation_text
 from repro.judge.verdict import CORRUPT, ERROR, FAIL, INCONCLUSIVE, KV_FINDINGS, PASS, SKIPPED
-from repro.publish.headline import NO_FAULT, _planted_fault, headline, later_facts, later_text, scenario_later_text
+from repro.publish.headline import (
+    NO_FAULT,
+    headline,
+    later_facts,
+    later_text,
+    planted_fault_of,
+    scenario_later_text,
+)
 from repro.readmodel import Arm, Probe, Report, Scenario, ScenarioArm, StepRequest, as_report
 from repro.readmodel.scenario_load import SUMMARY_REQUESTS, arm_rates_text, controls_text, spec_text
 from repro.record.report import CLAIM_LINE
@@ -100,41 +107,47 @@ def _arm_verdict(report: Report, arm: Arm) -> str:
     return f"{later} · {own}: {text}" if arm.verdict == PASS else f"{text} · {later}"
 
 
-def _planted_catch_text(report: Report, arm: Arm) -> str:
-    """' — the planted fault (zero_blocks) caught, as the fixture expects': what a planted-fault arm's line adds where
-    its finding is the planted fault caught as intended. Read from the acceptance record, never from the arm's name:
-    the acceptance matched, every check of the arm is met, each finding of its own run (a FAIL, a KV finding) is one
-    a check states for that probe, and no later run or member counts against it; '' otherwise, so that an
-    unexpected finding never reads as expected."""
+def planted_fault_caught(report: Report, arm: Arm) -> str | None:
+    """The fault ('zero_blocks') a planted-fault arm's own run caught as intended, read from the acceptance record,
+    never from the arm's name: the acceptance matched, every check of the arm is met, each finding of its own run (a
+    FAIL, a KV finding) is one a check states for that probe, and no later run or member counts against it; None
+    otherwise, so that an unexpected finding never reads as expected. The summary's arm line says it in words
+    (_caught_text), the index's picture colours its cell by it (repro.publish.site_overview)."""
     acc = report.acceptance
     if acc.get("matched") is not True or any(later_facts(report, arm.name)):
-        return ""
+        return None
     found = [(p.name, "tokens", FAIL) for p in arm.probes if p.verdict == FAIL]
     found += [(p.name, "kv", p.kv_verdict) for p in arm.probes if p.kv_finding]
     checks = [c for c in acc.get("checked") or [] if isinstance(c, Mapping) and c.get("arm") == arm.name]
-    return _caught_text(_planted_fault(arm), arm.verdict, found, checks, "probe")
+    return _caught_fault(planted_fault_of(arm), arm.verdict, found, checks, "probe")
 
 
-def _scenario_catch_text(report: Report, scenario: Scenario, arm: ScenarioArm) -> str:
-    """_planted_catch_text for a planted-fault arm's run of a scenario, read from the scenarios' acceptance."""
+def _scenario_fault_caught(report: Report, scenario: Scenario, arm: ScenarioArm) -> str | None:
+    """planted_fault_caught for a planted-fault arm's run of a scenario, read from the scenarios' acceptance."""
     acc = report.scenario_acceptance
     if acc.get("matched") is not True or scenario_later_text(report, scenario.name, arm.name):
-        return ""
+        return None
     plain = next((a for a in report.arms if a.name == arm.name), None)
     found = [(scenario.name, "tokens", FAIL)] if arm.verdict == FAIL else []
     found += [(scenario.name, "kv", arm.kv_verdict)] if arm.kv_verdict in KV_FINDINGS else []
     checks = [c for c in acc.get("checked") or []
               if isinstance(c, Mapping) and (c.get("arm"), c.get("scenario")) == (arm.name, scenario.name)]  # fmt: skip
-    return _caught_text(_planted_fault(plain) if plain else None, arm.verdict, found, checks, "scenario")
+    return _caught_fault(planted_fault_of(plain) if plain else None, arm.verdict, found, checks, "scenario")
 
 
-def _caught_text(fault: str | None, verdict: str, found: list[tuple], checks: list[Mapping], key: str) -> str:
-    """The words for a planted fault whose every finding, (probe or scenario, check, observed), a met check states."""
+def _caught_fault(fault: str | None, verdict: str, found: list[tuple], checks: list[Mapping], key: str) -> str | None:
+    """fault, where every finding, (probe or scenario, check, observed), is one a met check states; else None."""
     if fault in (None, NO_FAULT) or verdict not in (FAIL, PASS) or not found or not all(c.get("ok") for c in checks):
-        return ""
+        return None
     stated = {(c.get(key), c.get("check", "tokens"), c.get("observed")) for c in checks
               if expectation_states(c.get("expected"), str(c.get("observed")))}  # fmt: skip
-    return f" — the planted fault ({fault}) caught, {AS_EXPECTED}" if set(found) <= stated else ""
+    return fault if set(found) <= stated else None
+
+
+def _caught_text(fault: str | None) -> str:
+    """' — the planted fault (zero_blocks) caught, as the fixture expects': what an arm's line adds for a planted
+    fault caught as intended; '' for none."""
+    return f" — the planted fault ({fault}) caught, {AS_EXPECTED}" if fault else ""
 
 
 def _own_kv_findings(arm: Arm) -> str:
@@ -182,7 +195,8 @@ def _scenario_lines(report: Report, scenario: Scenario) -> list[str]:
             line = line.replace(f" · {rates}", "")
         if later:  # a later trial counts against it: said first, never behind a bare PASS
             line = f"{later} · its own run (trial 1): {line}" if arm.verdict == PASS else f"{line} · {later}"
-        lines.append(f"  {scenario.name} · {arm.name}: {line}{_scenario_catch_text(report, scenario, arm)}")
+        caught = _caught_text(_scenario_fault_caught(report, scenario, arm))
+        lines.append(f"  {scenario.name} · {arm.name}: {line}{caught}")
         lines += [f"      {part}" for part in rates.split("; ") if part]
         if arm.verdict == INCONCLUSIVE and not arm.requests:  # every reason: it decides the exit as any INCONCLUSIVE
             lines += why_lines(arm.reasons, "      ", "")
@@ -252,7 +266,7 @@ def format_summary(report: Report | Mapping[str, Any]) -> str:
             if arm.verdict != PASS:
                 lines += why_lines(arm.reasons, "", f"baseline: {arm.verdict} — ")
             continue
-        lines.append(f"{arm.title}: {_arm_verdict(report, arm)}{_planted_catch_text(report, arm)}")
+        lines.append(f"{arm.title}: {_arm_verdict(report, arm)}{_caught_text(planted_fault_caught(report, arm))}")
         lines += _arm_why(arm)
         if arm.error:
             lines.append(f"  ERROR {arm.error['kind']}: {arm.error['detail']}"[:400])

@@ -170,6 +170,14 @@ class Report:
             return "n/a" if short else NO_SUITE
         return str(matched).lower()
 
+    @property
+    def states_expectations(self) -> bool:
+        """The fixture states an expected verdict for some arm, probe or scenario the run checked: only then is
+        acceptance.matched a self-check worth showing; any other run is exploratory."""
+        plain = self.acceptance.get("checked") or []
+        scenarios = self.scenario_acceptance.get("checked") or []
+        return self.acceptance.get("matched") is not None and bool(plain or scenarios)
+
     def package_version(self, name: str) -> str:
         """A package's version as the engine child recorded it (what ran, also under --python), else the parent's;
         '—' when neither did."""

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from repro.judge.verdict import FINDINGS
 from repro.judge.wording import NOT_RECORDED, seconds
+from repro.readmodel.probes import finding_of
 
 # What a step's expect means, as a reader needs it (the producer's words are "miss", "reuse" or null).
 EXPECT_TEXT = {"miss": "must miss", "reuse": "must reuse", None: "hit or miss"}
@@ -63,8 +63,7 @@ class Judged:
     @property
     def finding(self) -> str | None:
         """A request's finding that no fixture's FAIL excuses ('tenant-isolation', 'no-hit-differs'); None: none."""
-        found = self.data.get("finding")
-        return str(found) if found in FINDINGS else None
+        return finding_of(self.data)
 
 
 class RunFacts:

@@ -16,7 +16,7 @@ from repro.readmodel.arms import floor_rel_text
 from repro.readmodel.conditions import ArmConditions
 from repro.readmodel.probes import ProbeKV, finding_text
 from repro.readmodel.scenario_fields import EXPECT_TEXT, Judged, RunFacts, int_field
-from repro.readmodel.scenario_load import arm_rates_text, controls_text, spec_text
+from repro.readmodel.scenario_load import arm_rates_text
 from repro.readmodel.scenario_requests import ControlRequest, ScenarioControl, StepRequest
 from repro.readmodel.scenario_trials import RequestRate, ScenarioTrials
 
@@ -255,11 +255,6 @@ class Scenario:
         """A production-load scenario's generated plan and its two other runs (repro.plan.load); None for any other."""
         found = self.data.get("load")
         return found if isinstance(found, Mapping) else None
-
-    @property
-    def load_text(self) -> str:
-        """What a load scenario generated and how its reference and reuse control ran; '' for any other."""
-        return f"{spec_text(self.load)} · {controls_text(self.load)}" if self.load is not None else ""
 
     def arm(self, name: str) -> ScenarioArm | None:
         return next((a for a in self.arms if a.name == name), None)

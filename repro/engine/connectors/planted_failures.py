@@ -205,6 +205,13 @@ class ReportedSuccess:
         errors, self._load_errors = self._load_errors, set()
         return errors
 
+    @staticmethod
+    def _write_block(layers: list, block_id: int, blob: Any) -> None:
+        """Copy a stored block ([num_layers, *block_shape]) into block block_id of each layer's KV, in model order;
+        a blob with fewer layers (a failed store's) writes only those, and the rest keep what the block held."""
+        for li, kv in enumerate(layers[: blob.shape[0]]):
+            kv[block_id].copy_(blob[li].to(kv.device))
+
     def _write_after(self, op, layers: list) -> None:
         """After the forward: a late load's own bytes, or an unreported load's other prompt's blocks."""
         import torch
@@ -212,7 +219,4 @@ class ReportedSuccess:
         for j, (key, block_id) in enumerate(zip(op.keys, op.block_ids)):
             if j not in op.faulted:
                 continue
-            blob = torch.load(self._path(op.sources[j]))
-            for li, kv in enumerate(layers):
-                if li < blob.shape[0]:
-                    kv[block_id].copy_(blob[li].to(kv.device))
+            self._write_block(layers, block_id, torch.load(self._path(op.sources[j])))

@@ -320,6 +320,7 @@ class PlantedFaultConnector(ReportedSuccess, LoadGates, KVConnectorBase_V1):
         self._landed[victim.req_id] = {"overwritten_by": loader.req_id, "overwritten_block": victim.first_loaded_block}
 
     def _new_op(self, req_id: str, kind: str, keys: list[str], block_ids: list[int]) -> _Op:
+        """An _Op for the ReportedSuccess mixin's "write_after" ops: planted_failures cannot import this module."""
         return _Op(req_id, kind, keys, block_ids)
 
     def _load_op(self, req_id, tokens, block_ids, computed: int, external: int, step, resumed: bool = False) -> _Op:
@@ -392,9 +393,8 @@ class PlantedFaultConnector(ReportedSuccess, LoadGates, KVConnectorBase_V1):
                     src = self._corrupt(torch.load(self._path(op.sources[j])) if j in op.sources else true, j)
                 else:
                     src = true
-                for li, kv in enumerate(layers):
-                    if src is not None and li < src.shape[0]:
-                        kv[block_id].copy_(src[li].to(kv.device))
+                if src is not None:
+                    self._write_block(layers, block_id, src)
                 diff = (float((kv[block_id].cpu() - true[li]).abs().max()) for li, kv in enumerate(layers[: len(true)]))
                 diffs.append(max(diff, default=0.0))
             if self.fault == "load_error":  # vLLM's kv_load_failure_policy takes it from here
