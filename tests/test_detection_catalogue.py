@@ -11,7 +11,18 @@ from repro.detection.blame import probe_blame
 from repro.detection.expected import check_row, summarize_expectations
 from repro.detection.matrix import fault_entry, summarize
 from repro.detection.page import page_model, render_page
-from repro.judge.verdict import CORRUPT, ERROR, FAIL, KV_VERDICTS, NO_HIT_DIFFERS, PASS, UNAVAILABLE, VERDICTS
+from repro.judge.verdict import (
+    CORRUPT,
+    ERROR,
+    EXACT,
+    FAIL,
+    KV_VERDICTS,
+    MISPLACED,
+    NO_HIT_DIFFERS,
+    PASS,
+    UNAVAILABLE,
+    VERDICTS,
+)
 
 BASE = list(range(100, 132))
 WINDOW_KEYS = [str(w) for w in plan.WINDOWS]
@@ -26,7 +37,7 @@ def test_every_row_is_a_planted_fault_with_a_stated_expectation():
         exp = r.expectation
         assert exp is not None and exp.why and set(exp.verdict) <= set(VERDICTS), r
         assert exp.kv is None or set(exp.kv) <= set(KV_VERDICTS), r
-        assert exp.blame in ("exact", "unavailable", None), r
+        assert exp.blame in ("exact", "reported", "unavailable", None), r
     assert set(catalogue.FAULTS).isdisjoint(plan.FAULT_PARAMS)  # the detection rows' plan is untouched
     assert plan.study_faults() == (*plan.FAULT_PARAMS, *catalogue.FAULTS)
 
@@ -89,6 +100,11 @@ def _kv(verdict: str, blamed: list[int] | None) -> dict:
     return {"verdict": verdict, "reasons": [], "blame": None, "blamed_blocks": [blamed]}
 
 
+def _reported(blocks: list[int]) -> dict:
+    """The audit of a reuse whose connector reported `blocks` to vLLM as not loaded: read, none blamed."""
+    return {"verdict": EXACT, "reasons": [], "blame": None, "blamed_blocks": [[]], "reported_blocks": [blocks]}
+
+
 DIFFERS = BASE[:3] + [7] * 29
 
 
@@ -104,8 +120,15 @@ def test_a_row_holds_when_every_probe_shows_the_verdict_kv_and_blame_it_expects(
 
 def test_the_recompute_row_expects_the_baselines_answer_and_the_fail_row_the_requests_error():
     report = {"loaded_tokens": 384, "faulted_blocks": [20, 21, 22, 23], "load_failure_policy": "recompute"}
-    recompute = _entry("load_error", "policy-recompute", BASE, 384, report, _kv(CORRUPT, [20, 21, 22, 23]))
+    recompute = _entry("load_error", "policy-recompute", BASE, 384, report, _reported([20, 21, 22, 23]))
     assert recompute["probes"][0]["verdicts"]["32"] == PASS and check_row(recompute)["held"]
+    assert recompute["probes"][0]["kv"]["outcome"] == "reported"
+    # the kit before it read the report: the reported blocks blamed (a false finding) no longer holds
+    blamed = _entry("load_error", "policy-recompute", BASE, 384, report, _kv(MISPLACED, [20, 21, 22, 23]))
+    assert check_row(blamed)["misses"] == [
+        "alpha: KV MISPLACED, expected EXACT",
+        "alpha: blame exact, expected reported",
+    ]
     # vLLM finishes the request with an error: no tokens, and no kv_transfer_params, so no planted blocks
     fail = _entry("load_error", "policy-fail", [], 384, None, _kv(CORRUPT, [20, 21, 22, 23]))
     assert fail["probes"][0]["verdicts"]["32"] == ERROR
@@ -128,8 +151,8 @@ def test_the_unreported_row_expects_the_no_hit_finding_not_inconclusive():
 
 def test_catalogue_rows_leave_the_detection_figures_alone_and_decide_ok_through_their_expectations():
     report = {"loaded_tokens": 384, "faulted_blocks": [20, 21, 22, 23], "load_failure_policy": "recompute"}
-    held = _entry("load_error", "policy-recompute", BASE, 384, report, _kv(CORRUPT, [20, 21, 22, 23]))
-    missed = _entry("load_error", "policy-recompute", DIFFERS, 384, report, _kv(CORRUPT, [20, 21, 22, 23]))
+    held = _entry("load_error", "policy-recompute", BASE, 384, report, _reported([20, 21, 22, 23]))
+    missed = _entry("load_error", "policy-recompute", DIFFERS, 384, report, _reported([20, 21, 22, 23]))
     detection_row = {
         "fault": "zero_blocks",
         "position": "head",
@@ -186,7 +209,7 @@ def _page_report(entries: list[dict]) -> dict:
 @pytest.mark.parametrize("reuse, held", [(BASE, "held"), (DIFFERS, "did not hold")])
 def test_the_page_shows_each_row_with_its_expectation_and_what_it_measured(reuse, held):
     report = {"loaded_tokens": 384, "faulted_blocks": [20, 21, 22, 23], "load_failure_policy": "recompute"}
-    entry = _entry("load_error", "policy-recompute", reuse, 384, report, _kv(CORRUPT, [20, 21, 22, 23]))
+    entry = _entry("load_error", "policy-recompute", reuse, 384, report, _reported([20, 21, 22, 23]))
     entry["kv_blame"] = {
         "cell": "detected",
         "probes": 1,
@@ -198,11 +221,13 @@ def test_the_page_shows_each_row_with_its_expectation_and_what_it_measured(reuse
     m = page_model(_page_report([entry]))
     assert m.rows == () and len(m.expected_rows) == 1  # not among the detection rows
     row = m.expected_rows[0]
-    assert row.expected == "PASS; KV CORRUPT; blame exact" and row.held.text == held
+    assert row.expected == "PASS; KV EXACT; blame reported" and row.held.text == held
     assert row.what.startswith("the same, with kv_load_failure_policy recompute")
-    assert row.measured == (f"alpha: {PASS if reuse == BASE else FAIL}, KV CORRUPT, blame exact, cached tokens 384",)
+    assert row.measured == (f"alpha: {PASS if reuse == BASE else FAIL}, KV EXACT, blame reported, cached tokens 384",)
+    assert row.restated.startswith("Before its first run this row expected KV CORRUPT")
     html = render_page(_page_report([entry]))
     assert 'id="reported-success"' in html and "Expectations held:" in html
+    assert "Restated after its first run:" in html
 
 
 def test_a_matrix_without_catalogue_rows_renders_no_such_section():

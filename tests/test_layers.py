@@ -53,7 +53,7 @@ core       repro.judge.verdict repro.judge.wording repro.judge.trials repro.plan
            repro.plan.scenarios repro.record.publish repro.judge.members repro.plan.adapters repro.judge.adapters
            repro.plan.load repro.plan.prompt_logprobs repro.judge.prompt_logprobs repro.plan.endpoint repro.plan.images
            repro.judge.pd_verdict repro.judge.pd_kvaudit repro.disagg repro.disagg.cases repro.judge.upstream repro.plan.upstream
-           repro.plan.fixture_keys repro.plan.salts repro.judge.salts
+           repro.plan.fixture_keys repro.plan.salts repro.judge.salts repro.plan.speculative
 engine     repro.engine
 options    repro.plan.options
 machinery  repro.plan.arms repro.run.scheduler repro.run.runner repro.run.warm repro.run.workdir repro.lmcache.ops repro.lmcache.mp

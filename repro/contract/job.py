@@ -121,6 +121,9 @@ class EngineConfig:
     long_prefill_token_threshold: int | None = None
     # probes under LoRA adapters (repro.plan.adapters): {"max_lora_rank", "max_loras"}; None: LoRA off
     lora: dict | None = None
+    # --speculative-config: vLLM's speculative_config in every arm, the baseline's too (repro.plan.speculative); a
+    # "model" of SPECULATIVE_SELF drafts with the verified model itself
+    speculative_config: dict | None = None
 
     def to_json(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -146,12 +149,24 @@ class EngineConfig:
             async_scheduling=read_field(data, "async_scheduling", bool, where, optional=True),
             long_prefill_token_threshold=read_field(data, "long_prefill_token_threshold", int, where, optional=True),
             lora=read_field(data, "lora", dict, where, optional=True),
+            speculative_config=read_field(data, "speculative_config", dict, where, optional=True),
         )
+
+    def speculative_kwargs(self) -> dict | None:
+        """vLLM's speculative_config as the engine takes it: SPECULATIVE_SELF resolved to this engine's model."""
+        if self.speculative_config is None:
+            return None
+        out = dict(self.speculative_config)
+        if out.get("model") == SPECULATIVE_SELF:
+            out["model"] = self.model
+        return out
 
 
 OPTIONAL_ENGINE_KEYS = (
     "kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens", "async_scheduling", "long_prefill_token_threshold",
-    "lora")  # fmt: skip
+    "lora", "speculative_config")  # fmt: skip
+# A speculative_config's "model" naming the verified model (its folder differs per machine; a report keeps this)
+SPECULATIVE_SELF = "@model"
 
 
 @dataclass(frozen=True)

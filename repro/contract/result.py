@@ -25,6 +25,12 @@ EXIT_OK = 0
 EXIT_RAISED = 3
 
 
+# The KV audit's file of the reused blocks a request's connector reported to vLLM as not loaded:
+# load-errors.<seq>.json in the audit directory (repro.engine.kvaudit_hooks writes it, repro.engine.audit_records
+# attaches it to the request's kv_audit_record as "load_errors"); not <seq>.json, the request's own record.
+LOAD_ERRORS_PREFIX = "load-errors."
+
+
 @dataclass(frozen=True)
 class RequestResult:
     """One generation as the engine reported it."""

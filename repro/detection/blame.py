@@ -18,8 +18,9 @@ from repro.judge.verdict import FAIL, KV_FINDINGS, KV_VERDICTS, UNAVAILABLE
 from repro.readmodel import Request
 
 # exact: the blamed blocks are the planted blocks; over: a strict superset; under: a strict subset
-# (none blamed included); other: neither; unavailable: the audit saw nothing to judge.
-OUTCOMES = ("exact", "over", "under", "other", "unavailable")
+# (none blamed included); other: neither; unavailable: the audit saw nothing to judge; reported: none blamed, and
+# the blocks the connector reported to vLLM as not loaded are the planted blocks (a failure vLLM was told of).
+OUTCOMES = ("exact", "over", "under", "other", "unavailable", "reported")
 NO_AUDIT = "the arm recorded no KV audit"
 # a reuse vLLM finished with an error comes back without kv_transfer_params (vLLM 0.28's Scheduler.update_from_output)
 NO_PLANTED = "a reuse came back without the connector's report (kv_transfer_params): its planted blocks are unknown"
@@ -37,15 +38,24 @@ def blamed_blocks(request_audit: dict | None) -> list[int] | None:
     was audited)."""
     if not request_audit or request_audit.get("planes") is None:
         return None
+    reported = set(reported_blocks(request_audit) or ())
     return sorted(
         {
             b
             for plane in request_audit["planes"].values()
             for row in plane["class"]
             for b, c in enumerate(row)
-            if c in FINDING_OF
+            if c in FINDING_OF and b not in reported
         }
     )
+
+
+def reported_blocks(request_audit: dict | None) -> list[int] | None:
+    """The blocks of one reuse the connector reported to vLLM as not loaded (get_block_ids_with_load_errors), which
+    the audit reads but never blames (None: nothing was audited)."""
+    if not request_audit or request_audit.get("planes") is None:
+        return None
+    return sorted((request_audit.get("load_errors") or {}).get("blocks") or ())
 
 
 def blamed_classes(request_audit: dict | None) -> list[str] | None:
@@ -79,6 +89,7 @@ def audit_probes(
             **kv,
             "blamed_blocks": [blamed_blocks(r["kv_audit"]) for r in reuses],
             "blamed_classes": [blamed_classes(r["kv_audit"]) for r in reuses],
+            "reported_blocks": [reported_blocks(r["kv_audit"]) for r in reuses],
             # the study's prompts load at most 28 blocks: layers 0 and 1 (112 cells) always fit in the matches
             # the report keeps (repro.judge.kvaudit.MATCHES_KEPT), so no prompt's KV goes unnamed for want of room
             "served_from": [list(Request.from_json(r).audit_source_probes) for r in reuses],
@@ -101,11 +112,13 @@ def probe_blame(kv: dict, planted: list[list[int] | None], tokens_changed: bool)
     """One fault probe's audit column: blamed exactly iff, for every reuse request, the blocks with a finding
     cell (corrupt, foreign, misplaced) are the blocks the planted connector faulted for that request. A reuse whose
     planted blocks are unknown (None: no report came back) cannot be blamed exactly: unavailable."""
-    blamed = kv["blamed_blocks"]
+    blamed, reported = kv["blamed_blocks"], kv.get("reported_blocks") or ()
     planted_sets = [set(p or ()) for p in planted]
     unknown = any(p is None for p in planted)
     if kv["verdict"] == UNAVAILABLE or unknown or any(b is None for b in blamed) or len(blamed) != len(planted):
         outcome = "unavailable"
+    elif not any(blamed) and any(reported) and [set(r or ()) for r in reported] == planted_sets:
+        outcome = "reported"
     else:
         per = [blame_outcome(set(b), p) for b, p in zip(blamed, planted_sets)]
         outcome = next((o for o in per if o != "exact"), "exact")
@@ -116,6 +129,7 @@ def probe_blame(kv: dict, planted: list[list[int] | None], tokens_changed: bool)
         "blamed_blocks": blamed,
         **({"blamed_classes": kv["blamed_classes"]} if "blamed_classes" in kv else {}),
         "planted_blocks": [None if p is None else sorted(s) for p, s in zip(planted, planted_sets)],
+        **({"reported_blocks": kv["reported_blocks"]} if any(kv.get("reported_blocks") or ()) else {}),
         "outcome": outcome,
         **({"planted_unknown": NO_PLANTED} if unknown else {}),
         "tokens_changed": tokens_changed,

@@ -54,6 +54,7 @@ class ExpectedRow:
     measured: tuple[str, ...]  # per probe: its token verdict at the largest window, its KV verdict and blame
     held: CellView
     misses: tuple[str, ...]
+    restated: str = ""  # an expectation changed after the row first ran: what it said and why (catalogue.Expectation)
 
 
 @dataclass(frozen=True)
@@ -274,6 +275,7 @@ def _expected_row(f: dict, windows: tuple[str, ...], rows: dict) -> ExpectedRow:
         measured=measured,
         held=CellView("detected", "held") if check["held"] else CellView("missed", "did not hold"),
         misses=tuple(check["misses"]),
+        restated=exp.get("restated") or "",
     )
 
 

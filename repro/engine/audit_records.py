@@ -8,6 +8,7 @@ import json
 import os
 
 from repro.contract.job import Job
+from repro.contract.result import LOAD_ERRORS_PREFIX
 
 
 def audit_env(job: Job) -> None:
@@ -78,7 +79,17 @@ class AuditRecords:
         for name in new:
             with open(os.path.join(self.directory, name), encoding="utf-8") as fh:
                 records.append(json.load(fh))
-        return records
+        return [self._with_load_errors(r) for r in records]
+
+    def _with_load_errors(self, record: dict) -> dict:
+        """A record with the reused blocks its connector reported to vLLM as not loaded ("load_errors": prompt block
+        indices; repro.engine.kvaudit_hooks writes them after the forward that read them, before the request ends)."""
+        seq = record.get("seq")
+        path = os.path.join(self.directory, f"{LOAD_ERRORS_PREFIX}{seq:06d}.json") if isinstance(seq, int) else None
+        if path is None or not os.path.exists(path):
+            return record
+        with open(path, encoding="utf-8") as fh:
+            return {**record, "load_errors": sorted(int(b) for b in json.load(fh)["blocks"])}
 
     def _take(self, ids: list[int]) -> dict:
         from repro.engine.kv_blocks import prompt_sha256

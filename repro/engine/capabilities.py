@@ -1,6 +1,7 @@
 """What the installed vLLM offers, asked of vLLM itself, never read off its version string: the block sizes its
 attention backend takes, where its served front end's argument parser lives, the module that holds its
-batch-invariant mode, whether it takes a tenant salt (cache_salt), and whether its engine imports at all.
+batch-invariant mode, whether it takes a tenant salt (cache_salt), the speculative decoding methods its
+speculative_config names, and whether its engine imports at all.
 
 The parent asks once before any arm starts (`python -m repro.engine.capabilities --device cpu`, through
 repro.plan.interpreter.probe_engine: a --python environment whose engine does not import is then one line, exit 2,
@@ -11,9 +12,11 @@ give is "unavailable: <why>".
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import sys
+import typing
 from types import ModuleType
 
 # Where `vllm serve`'s argument parser (make_arg_parser) lives: vLLM 0.26-0.31, then vLLM 0.32's launchers package.
@@ -153,6 +156,31 @@ def cache_salt_support(frontend: str = "offline") -> str:
     return "available"
 
 
+def _literal_values(annotation) -> list[str]:
+    """Every string a (nested, optionally None-joined) Literal annotation allows."""
+    if isinstance(annotation, str):
+        return [annotation]
+    return [v for arg in typing.get_args(annotation) if arg is not type(None) for v in _literal_values(arg)]
+
+
+def speculative_support() -> dict:
+    """{"methods": [...]}: the speculative decoding methods this vLLM's engine takes (SpeculativeConfig.method's
+    Literal); {"unavailable": why} where its EngineArgs has no speculative_config or the methods cannot be read."""
+    try:
+        from vllm.config import SpeculativeConfig
+        from vllm.engine.arg_utils import EngineArgs
+    except Exception as exc:  # noqa: BLE001 - what a vLLM lacks is a fact of the report
+        return {"unavailable": _first_line(exc)}
+    if "speculative_config" not in {f.name for f in dataclasses.fields(EngineArgs)}:
+        return {"unavailable": "vLLM's EngineArgs has no speculative_config"}
+    try:
+        method = typing.get_type_hints(SpeculativeConfig)["method"]
+    except Exception as exc:  # noqa: BLE001
+        return {"unavailable": f"SpeculativeConfig.method cannot be read ({_first_line(exc)})"}
+    methods = sorted(set(_literal_values(method)))
+    return {"methods": methods} if methods else {"unavailable": f"SpeculativeConfig.method is {method!r}"}
+
+
 def _answer(what, *args) -> str:
     try:
         found = what(*args)
@@ -180,6 +208,7 @@ def engine_capabilities(device: str) -> dict:
         "served_arg_parser": _answer(served_arg_parser),
         "batch_invariant_module": _answer(batch_invariant_module),
         "cache_salt": {"offline": cache_salt_support(), "served": cache_salt_support("server")},
+        "speculative_config": speculative_support(),
     }
 
 

@@ -35,7 +35,14 @@ from repro.engine.engine_args import engine_kwargs
 from repro.engine.facts import collect_versions, effective_config, lmcache_build, process_facts
 from repro.engine.frontend import build_frontend, frontend_from_env
 from repro.engine.images import prompt as mm_prompt
-from repro.engine.outputs import _request, connector_tokens, external_hits, preemption_count, read_counters_from
+from repro.engine.outputs import (
+    _request,
+    connector_tokens,
+    external_hits,
+    preemption_count,
+    read_counters_from,
+    speculative_counters,
+)
 from repro.engine.prompt_logprobs import record as plp_record
 from repro.engine.prompt_logprobs import sampling_for
 from repro.record.atomic import dumps_json, write_bytes_atomic
@@ -219,6 +226,8 @@ def run_job(job: Job, keep: list) -> ArmResult:
             **({"gpu_cache_resets": gpu_resets} if gpu_resets else {}),
             **({"served": llm.served_facts()} if served and "served" not in config else {}),
             **({"cache_salt": salts} if salts else {}),  # probed where a probe names a tenant salt
+            # what speculative decoding did (--speculative-config): drafted and accepted tokens
+            **({"speculative_decoding": speculative_counters()} if job.engine.speculative_config else {}),
         },
         # from process start to a ready engine: interpreter, imports and engine construction
         engine_start_s=round(ready - _T_PROCESS - waited, 3),

@@ -57,6 +57,8 @@ def engine_kwargs(job: Job) -> dict:
     kwargs.update(mm_kwargs(job))  # probes with images (repro.engine.images); nothing otherwise
     if e.async_scheduling is not None:  # a scenario's engine; else vLLM's default (on for CUDA, off on the CPU)
         kwargs["async_scheduling"] = e.async_scheduling
+    if e.speculative_config is not None:  # --speculative-config, every arm alike (repro.plan.speculative)
+        kwargs["speculative_config"] = e.speculative_kwargs()
     if e.kv_cache_tokens:
         kwargs["kv_cache_memory_bytes"] = e.kv_cache_tokens * kv_bytes_per_token(e.model, e.revision, e.dtype)
     ktc = None

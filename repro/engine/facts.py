@@ -132,6 +132,18 @@ def effective_config(llm) -> dict:
         "model_runner": model_runner(cfg),
         # the connector the KV audit wrapped (kv_connector then names the audit's class)
         "kv_audit_target": os.environ.get("KVKIT_KV_AUDIT_TARGET"),
+        "speculative_config": speculative_facts(getattr(cfg, "speculative_config", None)),
+    }
+
+
+def speculative_facts(spec) -> dict | None:
+    """The engine's speculative decoding as it took it (None: off): method, tokens drafted a step, draft model."""
+    if spec is None:
+        return None
+    return {
+        "method": str(getattr(spec, "method", None)),
+        "num_speculative_tokens": getattr(spec, "num_speculative_tokens", None),
+        "model": getattr(spec, "model", None),
     }
 
 

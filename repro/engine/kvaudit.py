@@ -139,6 +139,13 @@ def make_wrapped(target) -> type:
         def get_finished(self, finished_req_ids):
             return self._audit_get_finished(target.get_finished, finished_req_ids)
 
+        if hasattr(target, "get_block_ids_with_load_errors"):  # the blocks it reports not loaded (vLLM 0.26 on)
+
+            def get_block_ids_with_load_errors(self):
+                out = target.get_block_ids_with_load_errors(self)
+                self._audit_load_errors(out)
+                return out
+
         if transfer_results:  # only where vLLM has it: the wrapped class offers what the target offers
 
             def get_transfer_results(self, finished_req_ids):

@@ -60,6 +60,7 @@ from typing import Any
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
+from repro.contract.result import LOAD_ERRORS_PREFIX
 from repro.engine.kv_blocks import detect_layout, layer_order, prompt_sha256, split_planes
 from repro.engine.worker_facts import worker_facts
 
@@ -166,6 +167,8 @@ class AuditHooks:
         self._audit_reqs: list[AuditRequest] = []
         self._audit_written: set[int] = set()
         self._audit_blind: set[int] = set()  # seqs described as unavailable: never read
+        # worker: each block ID a read request reused -> (its seq, the block's index in its prompt), the latest reader
+        self._audit_owner: dict[int, tuple[int, int]] = {}
         self._audit_dead = self._audit_dir is None
 
     def _audit_fail(self, where: str) -> None:
@@ -346,11 +349,39 @@ class AuditHooks:
             if not self._audit_dead:
                 try:
                     self._audit_reqs = [r for r in metadata.requests if self._audit_describe(r)]
+                    for r in self._audit_reqs:
+                        for i in r.reused_blocks(self._audit_bs):
+                            self._audit_owner[r.block_ids[i]] = (r.seq, i)
                 except Exception:  # noqa: BLE001
                     self._audit_reqs = []
                     self._audit_fail("bind_connector_metadata")
             return metadata.inner
         return metadata
+
+    def _audit_load_errors(self, block_ids) -> None:
+        """The blocks the connector reported to vLLM as not loaded (get_block_ids_with_load_errors, asked after the
+        forward; an asynchronous load's may come in a later one): each as its reader's prompt index, in
+        load-errors.<seq>.json (repro.engine.audit_records attaches them to the request's record). vLLM's
+        kv_load_failure_policy decides what follows (fail: the request ends in an error; recompute: vLLM discards the
+        step that read them and computes from the first of them), so the judge reads them as reported, never as a
+        silent finding (repro.judge.kvaudit)."""
+        if self._audit_dead or not block_ids:
+            return
+        try:
+            by_seq: dict[int, set[int]] = {}
+            for b in block_ids:
+                if (owner := self._audit_owner.get(int(b))) is not None:
+                    by_seq.setdefault(owner[0], set()).add(owner[1])
+            for seq, idx in by_seq.items():
+                path = os.path.join(self._audit_dir, f"{LOAD_ERRORS_PREFIX}{seq:06d}.json")
+                if os.path.exists(path):
+                    with open(path, encoding="utf-8") as fh:
+                        idx |= set(json.load(fh)["blocks"])
+                with open(path + ".tmp", "w", encoding="utf-8") as fh:
+                    json.dump({"seq": seq, "blocks": sorted(idx), "hook": "get_block_ids_with_load_errors"}, fh)
+                os.replace(path + ".tmp", path)
+        except Exception:  # noqa: BLE001
+            self._audit_fail("get_block_ids_with_load_errors")
 
     def _audit_describe(self, r: AuditRequest) -> bool:
         """Write the request's record once; whether its blocks are to be read."""

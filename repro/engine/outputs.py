@@ -85,6 +85,23 @@ def preemption_count() -> tuple[int | None, str]:
     return _counter(PREEMPTIONS_METRIC)
 
 
+SPECULATIVE_METRICS = {
+    "drafts": "vllm:spec_decode_num_drafts",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+}
+
+
+def speculative_counters() -> dict:
+    """What speculative decoding did in this engine so far (a fresh engine per arm: all of the arm's): its drafts,
+    the tokens drafted and those the target accepted, each None where its counter cannot be read, and where each
+    came from. An arm that drafted nothing never ran a verification step (repro.run.entries says so)."""
+    out: dict = {"sources": {}}
+    for key, metric in SPECULATIVE_METRICS.items():
+        out[key], out["sources"][key] = _counter(metric)
+    return out
+
+
 def connector_tokens(record: dict | None, before: int | None, after: int | None) -> int | None:
     """The tokens a connector beneath the GPU prefix cache loaded for one request sent alone: what the scheduler
     told the connector it would load (update_state_after_alloc's num_external_tokens, as the KV audit's record of

@@ -222,6 +222,15 @@ def match_source(match: dict, probe: str) -> Source | None:
     return None
 
 
+# What the audit says of blocks a connector reported to vLLM as not loaded (get_block_ids_with_load_errors): not a
+# silent finding. vLLM's kv_load_failure_policy decides (fail: the request ends in an error; recompute: vLLM discards
+# the step that read them and computes from the first of them), and the tokens show what it did.
+LOAD_ERRORS_NOTE = (
+    "reported to vLLM as not loaded (get_block_ids_with_load_errors): its kv_load_failure_policy decides what "
+    "follows and the tokens show it; not a silent finding"
+)
+
+
 def _kept(match: dict) -> dict:
     """A match as the report keeps it: where, and its source in words (which match_source reads back), with its
     relative error when the bytes are near the source rather than equal to it."""
@@ -235,6 +244,7 @@ def reuse_entry(raw: dict, record: dict, floor: dict, probe: str) -> tuple[dict,
     comparison found its bytes equal) and, where cells are misplaced or foreign, the shape of it
     (repro.judge.kv_shape)."""
     sources = {(m["block"], m["layer"], m["plane"]): match_source(m, probe) for m in raw.get("matches", [])}
+    reported = set(record.get("load_errors") or ())  # blocks the connector told vLLM it did not load
     planes, counts = {}, dict.fromkeys(COUNT_NAMES.values(), 0)
     found: dict[str, list] = {CELL_CORRUPT: [], CELL_FOREIGN: [], CELL_MISPLACED: []}
     classed: dict[tuple[int, int, str], tuple[str, Source | None]] = {}
@@ -250,7 +260,7 @@ def reuse_entry(raw: dict, record: dict, floor: dict, probe: str) -> tuple[dict,
             classes.append(row)
             for b, c in enumerate(row):
                 counts[COUNT_NAMES[c]] += 1
-                if c in found:
+                if c in found and b not in reported:
                     found[c].append((b, li, plane))
                     classed[(b, li, plane)] = (c, sources.get((b, li, plane)))
         # the report's compact form (schema_version 3): figures only where not 0, in runs (repro.judge.kv_grid)
@@ -271,6 +281,8 @@ def reuse_entry(raw: dict, record: dict, floor: dict, probe: str) -> tuple[dict,
         "matches": [_kept(m) for m in raw.get("matches", [])[:MATCHES_KEPT]],
         "counts": counts,
     }
+    if reported:  # classed in the grid as read, never a finding: vLLM was told (kv_load_failure_policy decides)
+        entry["load_errors"] = {"blocks": sorted(reported), "note": LOAD_ERRORS_NOTE}
     shape = describe(classed, probe, raw["num_blocks"])
     if shape:
         entry["shape"] = shape
@@ -387,6 +399,11 @@ def annotate(
                 audits.append(audit)
             v = decide_kv_unavailable(arm_problem) if arm_problem else decide_kv_probe(audits, floor["rel"])
             p["kv"] = _kv(v, block_size)
+            p["kv"]["reasons"] += [
+                f"request {i}: blocks {', '.join(map(str, r['kv_audit']['load_errors']['blocks']))} {LOAD_ERRORS_NOTE}"
+                for i, r in enumerate(p["requests"])
+                if (r.get("kv_audit") or {}).get("load_errors")
+            ]
 
 
 def _nothing_reused() -> tuple[dict, KVRequestAudit]:

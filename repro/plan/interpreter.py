@@ -45,6 +45,9 @@ ENGINE_PROBE_TIMEOUT_S = 60
 # interpreter and installed vLLM (the digest of its RECORD, every file's hash), and asked again when either changes.
 CAPABILITIES_TIMEOUT_S = 300
 CAPABILITIES_CACHE = KIT_ROOT / ".cache" / "engine-capabilities"
+# What repro.engine.capabilities answers changes with the kit (2: speculative_config): a kept answer of another
+# format is asked again.
+CAPABILITIES_FORMAT = 2
 
 
 def probe_python(python: str) -> dict:
@@ -87,7 +90,8 @@ def probe_engine(python: str, device: str, cache: Path | None = CAPABILITIES_CAC
     if "problem" in info:
         return info
     record = info.get("vllm_record")
-    key = hashlib.sha256(f"{info.get('executable')}\0{record}\0{device}".encode()).hexdigest()[:32]
+    key = f"{CAPABILITIES_FORMAT}\0{info.get('executable')}\0{record}\0{device}"
+    key = hashlib.sha256(key.encode()).hexdigest()[:32]
     kept = cache / f"{key}.json" if cache is not None and record else None
     if kept is not None and kept.is_file():
         try:

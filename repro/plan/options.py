@@ -19,7 +19,7 @@ from pathlib import Path
 
 from repro.commands import ArgumentParser
 from repro.errors import UsageError
-from repro.plan import devices, offloading
+from repro.plan import devices, offloading, speculative
 from repro.plan.block_size import AUTO, PREFERRED_BLOCK_SIZE, accepted_text, block_size_problem, choose_block_size
 from repro.plan.interpreter import probe_engine, probe_python
 from repro.plan.report_path import check_report_path
@@ -93,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpu-memory-utilization of the machine's memory)",
     )
     p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument(speculative.FLAG, type=speculative.from_flag, default=None, metavar="JSON", help=speculative.HELP)
     p.add_argument(
         "--block-size",
         type=_block_size_arg,
@@ -470,6 +471,9 @@ def validate(args: argparse.Namespace) -> Options:
             f"--stream needs --frontend server (a stream is an HTTP answer), not --frontend {args.frontend}"
         )
     chosen = resolve_block_size(args)  # last: it may ask the engine interpreter (seconds, once per vLLM install)
+    kits_engine = args.engine_module == DEFAULT_ENGINE_MODULE and getattr(args, "frontend", None) != "endpoint"
+    device = "cuda" if devices.uses_cuda(args.device) else "cpu"
+    speculative.check(args, (lambda: probe_engine(args.python, device)) if kits_engine else None)
     opts = Options(args=args, extra_config=extra, model_is_local=local, block_size_chosen=chosen)
     if getattr(args, "batch_invariant", False) and args.device == "auto" and not devices.uses_cuda(args.device):
         raise UsageError(f"--batch-invariant: {BATCH_INVARIANT_DEVICES}; no GPU is visible (--device auto)")

@@ -75,6 +75,7 @@ def build_plan(opts: Options, argv: list[str]) -> RunPlan:
         seed=a.seed,
         gpu_memory_utilization=a.gpu_memory_utilization,
         kv_cache_tokens=a.kv_cache_tokens,
+        speculative_config=a.speculative_config,
         max_model_len=a.max_model_len,
         block_size=a.block_size,
         block_size_chosen=opts.block_size_chosen,

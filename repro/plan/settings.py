@@ -49,6 +49,7 @@ class EngineSettings:
     lora: dict | None = None  # the engine's LoRA settings where probes run under adapters (repro.plan.adapters)
     kv_cache_tokens: int | None = None  # --kv-cache-tokens (None: vLLM sizes the KV cache)
     block_size_chosen: str | None = None  # --block-size auto: how it was chosen (repro.plan.options.resolve_block_size)
+    speculative_config: dict | None = None  # --speculative-config (repro.plan.speculative)
 
     def config(self) -> EngineConfig:
         """The job's engine (a local model by its resolved path)."""
@@ -63,6 +64,7 @@ class EngineSettings:
             device=self.device,
             kv_cache_tokens=self.kv_cache_tokens,
             lora=self.lora,
+            speculative_config=self.speculative_config,
         )
 
 

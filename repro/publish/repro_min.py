@@ -351,6 +351,8 @@ def _refuse_what_it_cannot_send(report: Mapping, arm: Mapping, probes: list) -> 
         raise UsageError(
             f"arm {name}: probe {_shown(salted[0])} is sent with a cache_salt, which repro_min.py does not send"
         )
+    if (report.get("config") or {}).get("speculative_config"):  # it would reproduce a plain decode, not the finding
+        raise UsageError(f"arm {name}: its engine decoded speculatively, which repro_min.py does not set; run the kit")
     if arm["name"] == "native-matched" or (arm.get("mode") not in ("native", "native-matched") and
                                            arm["connector"]["name"] == "LMCacheMPConnector"):  # fmt: skip
         raise UsageError(f"arm {name}: needs the kit (a primed prefix, or an LMCache MP server it starts)")

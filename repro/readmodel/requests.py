@@ -131,12 +131,19 @@ class RequestAudit:
         found = self.data.get("shape")
         return found if isinstance(found, str) else ""
 
+    @cached_property
+    def reported_blocks(self) -> tuple[int, ...]:
+        """The prompt blocks the connector reported to vLLM as not loaded (absolute block numbers): read and classed,
+        never blamed (repro.judge.kvaudit.LOAD_ERRORS_NOTE)."""
+        found = (self.data.get("load_errors") or {}).get("blocks") or ()
+        return tuple(sorted(self.first_block + int(b) for b in found))
+
     def _blocks_with(self, classes: frozenset[str] | set[str] | tuple[str, ...]) -> tuple[int, ...]:
         found = set()
         for plane in self.planes.values() if isinstance(self.planes, Mapping) else ():
             for row in (plane or {}).get("class") or []:
                 found.update(self.first_block + i for i, c in enumerate(str(row)) if c in classes)
-        return tuple(sorted(found))
+        return tuple(sorted(found - set(self.reported_blocks)))
 
     def get(self, key: str) -> Any:
         """A recorded figure as the report stores it (num_blocks, layers, max_rel, origin, ...)."""
@@ -184,7 +191,7 @@ class RequestAudit:
                 cells += [
                     (first + i, layer, name, rels[i] if i < len(rels) else None, c)
                     for i, c in enumerate(str(row))
-                    if c in FINDING_OF
+                    if c in FINDING_OF and first + i not in self.reported_blocks
                 ]
         chunks = []
         for a, b in spans([c[0] for c in cells]):

@@ -122,6 +122,7 @@ def config_block(plan: RunPlan) -> dict:
         "gpu_memory_utilization": engine.gpu_memory_utilization,
         **({"kv_cache_tokens": engine.kv_cache_tokens} if engine.kv_cache_tokens else {}),  # --kv-cache-tokens
         "device": engine.device,
+        **({"speculative_config": engine.speculative_config} if engine.speculative_config else {}),
         "suite": plan.inputs.suite,
         "compare_native": asked.compare_native,
         "reuses": plan.inputs.reuses,

@@ -86,11 +86,27 @@ def arm_entry(
             entry["error"] = Failure(verdict.error_kind, verdict.error_detail, "\n".join(evidence.degraded)).to_json()
     # --batch-invariant: an arm whose workers did not confirm the kernels were active is no evidence
     cfg = res.effective_config or {}
+    if (note := speculative_note(cfg)) is not None:
+        entry["warnings"][note] = 1
     verdict = decide_batch_invariance(verdict, batch_invariant, batch_invariance_state(cfg.get("workers")))
     if verdict.error_kind == BATCH_INVARIANT_INACTIVE:
         entry["error"] = Failure(verdict.error_kind, verdict.error_detail).to_json()
     entry.update(verdict=verdict.verdict, reasons=list(verdict.reasons))
     return entry
+
+
+def speculative_note(effective_config: dict) -> str | None:
+    """The kit's warning for an arm asked to decode speculatively (--speculative-config) whose engine's counters do
+    not show a drafted token: its reuse was judged, but not under speculative decoding. None: it drafted, or was not
+    asked to."""
+    counts = effective_config.get("speculative_decoding")
+    if not isinstance(counts, dict):
+        return None
+    drafted = counts.get("draft_tokens")
+    if isinstance(drafted, int) and drafted > 0:
+        return None
+    why = (counts.get("sources") or {}).get("draft_tokens") if drafted is None else "0 draft tokens"
+    return f"kvkit: speculative decoding was asked for and drafted no token ({why}): no verification step ran"
 
 
 def judge_arms(
