@@ -67,7 +67,8 @@ def test_every_arm_drafted_and_the_target_accepted_some(specdecode_run):
         counts = cfg["speculative_decoding"]
         assert counts["draft_tokens"] > 0 and 0 < counts["accepted_tokens"] <= counts["draft_tokens"], (
             arm["name"], counts)  # fmt: skip
-        assert not [w for w in data["warnings"] if "speculative decoding" in w["message"]]
+    # the kit's own warning for an arm that drafted nothing (vLLM's own warnings name speculative decoding too)
+    assert not [w for w in data["warnings"] if w["message"].startswith("kvkit: speculative decoding")]
 
 
 def test_the_report_names_no_machine_folder_for_the_draft_model(specdecode_run):

@@ -538,3 +538,17 @@ def test_a_scenario_whose_connector_beneath_the_gpu_cache_served_nothing_is_no_p
     arm = decide_scenario_arm([("step 2 p", ok)], False, 0, connector_served=False)
     assert arm.verdict == INCONCLUSIVE and "served no request" in arm.reasons[-1]
     assert decide_scenario_arm([("step 2 p", ok)], False, 0).verdict == PASS  # not such an arm: as before
+
+
+def test_no_reuse_under_chunked_prefill_says_the_prefill_shape_and_nothing_else_changes():
+    """A load whose engine prefills over several steps (long_prefill_token_threshold) and reused nothing: the reason
+    names the shape the plain probes did not run; the verdict is INCONCLUSIVE either way."""
+    miss = decide_scenario_request(BASE, _req(cached=0), None, False)
+    whole = decide_scenario_arm([("round 1 a", miss)], False, 0)
+    chunked = decide_scenario_arm([("round 1 a", miss)], False, 0, None, 32)
+    assert whole.verdict == chunked.verdict == INCONCLUSIVE
+    assert whole.reasons[-1] == "no request reused cached tokens: the scenario compared no reuse"
+    assert chunked.reasons[-1].startswith(whole.reasons[-1] + " (its engine prefilled each request over several steps")
+    assert "at most 32 tokens a step" in chunked.reasons[-1]
+    hit = decide_scenario_request(BASE, _req(cached=16), None, True)
+    assert decide_scenario_arm([("round 1 a", hit)], False, 0, None, 32).reasons == ()  # only where nothing reused

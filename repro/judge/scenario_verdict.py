@@ -175,20 +175,31 @@ def decide_scenario_arm(
     preemption_required: bool,
     preemptions: int | None,
     connector_served: bool | None = None,
+    chunked_prefill: int | None = None,
 ) -> ArmVerdict:
     """A (scenario, arm): the worst of its requests' verdicts (each labelled, e.g. "step 2 chat-511"),
     INCONCLUSIVE when none ran or none reused cached tokens (it compared no reuse: never a PASS by default),
     and INCONCLUSIVE when the scenario says preemption must happen and the engine's counter stayed at 0 or
     could not be read (the scenario then did not test what it says). connector_served: for a connector beneath the
     GPU prefix cache, whether its own count says it served any request (False: INCONCLUSIVE, never a PASS of it;
-    None: not such an arm)."""
+    None: not such an arm). chunked_prefill: the scenario engine's long_prefill_token_threshold, said beside "no
+    request reused" (the plain probes prefill whole prompts: a store that saves a prompt at its first scheduling step
+    sees part of it here); None: whole-prompt prefill."""
     verdicts = [v.verdict for _, v in requests]
     reasons = [f"{label}: {r}" for label, v in requests if v.verdict != PASS for r in v.reasons]
     if not requests:
         reasons.append("no request was run")
     elif not any(v.role == REUSE for _, v in requests):
         verdicts.append(INCONCLUSIVE)
-        reasons.append("no request reused cached tokens: the scenario compared no reuse")
+        reasons.append(
+            "no request reused cached tokens: the scenario compared no reuse"
+            + (
+                f" (its engine prefilled each request over several steps, at most {chunked_prefill} tokens a step: "
+                "long_prefill_token_threshold; the plain probes prefill whole prompts in one)"
+                if chunked_prefill
+                else ""
+            )
+        )
     elif connector_served is False:
         verdicts.append(INCONCLUSIVE)
         reasons.append("the connector beneath the GPU prefix cache served no request: the GPU cache served them all")

@@ -355,7 +355,8 @@ def judge_run(
             entry["requests"][-1]["control_cached_tokens"] = pairs[i][3] if pairs is not None else None
             entry["requests"][-1]["cancel"] = sr.cancel
     served = any((r.request.external_tokens or 0) > 0 for r in result.scenario.requests) if beneath else None
-    verdict = decide_scenario_arm(judged, bool(scenario.engine.get("preemption")), result.scenario.preemptions, served)
+    verdict = decide_scenario_arm(judged, bool(scenario.engine.get("preemption")), result.scenario.preemptions, served,
+                                  scenario.engine.get("long_prefill_token_threshold"))  # fmt: skip
     verdict = lmcache_checks(entry, arm, outcome, verdict)
     entry.update(
         verdict=verdict.verdict,

@@ -30,6 +30,9 @@
 #                    an arm gets (python -m repro lmcache-ops show) in OUT/ops-show.json
 #   conditions OUT LABEL   append the GPU's processes, versions and copy path to OUT/conditions.txt
 #   q1-selftest OUT, q2 OUT, q1-reference OUT, q1 OUT (both of question 1's runs)
+#   q3-salts OUT, q4-hybrid OUT, q5-specdecode OUT: where silent reuse bugs live now (cache_salt on LMCache's V1
+#                    connector; the hybrid model under vLLM's offloading connectors, then with n-gram speculative
+#                    decoding); not in the default LEASE_STEPS: add them to it when device time allows
 #   lease OUT        finish (OUT/finish.out), ops, then $LEASE_STEPS (q1-selftest q2 q1-reference: most needed first),
 #                    OUT/conditions.txt before each, the host monitored (OUT/monitor.txt); "lease034 done" (or
 #                    "lease034 stopped: ...") in OUT/progress.txt at the end
@@ -165,6 +168,26 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torc
     OUT=${2:?OUT}; ops=$(ops_mode "$OUT")
     step "$OUT" "tiny-adapters-$ops-v034" --fixture fixtures/scenarios-gpu-adapters-lmcache.json --compare-native \
       --no-native-matched --scenarios all --lmcache-ops "$ops" --timeout 600 --trials "$TRIALS" ;;
+  q3-salts)  # OUT: cache_salt on LMCacheConnectorV1 beside native and ExampleConnector, the tiny model (exploratory for
+    # LMCache: the fixture states native's and ExampleConnector's verdicts only; a cross-salt hit is a finding, exit 1)
+    OUT=${2:?OUT}; ops=$(ops_mode "$OUT")
+    step "$OUT" "tiny-salts-v1-$ops-v034" --fixture fixtures/scenarios-cpu-salts.json --kv-connector LMCacheConnectorV1 \
+      --compare-native --no-native-matched --scenarios all --lmcache-ops "$ops" --trials "$TRIALS" ;;
+  q4-hybrid | q5-specdecode)  # OUT: the tiny hybrid model (Mamba-2 + attention, made here) with vLLM's offloading
+    # connectors and native, float32, no KV audit (its observer does not declare the hybrid manager): as
+    # fixtures/selftest-gpu-hybrid.json says; q5 adds n-gram speculative decoding in every arm (selftest-gpu-specdecode)
+    OUT=${2:?OUT}; hy=/tmp/models/kvkit-tiny-hybrid
+    if [ ! -d "$hy" ]; then
+      PYTHONPATH=$SITE034 "$PY" -m repro make-model "$hy" --kind hybrid >>"$OUT/progress.txt" 2>&1
+    fi
+    if [ "$1" = q4-hybrid ]; then
+      NO_LMCACHE=1 step "$OUT" "hybrid-selftest-v034" --model "$hy" --fixture fixtures/selftest-gpu-hybrid.json \
+        --compare-native --no-kv-audit --dtype float32
+    else
+      NO_LMCACHE=1 step "$OUT" "hybrid-specdecode-v034" --model "$hy" --fixture fixtures/selftest-gpu-specdecode.json \
+        --compare-native --no-kv-audit --dtype float32 \
+        --speculative-config '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 1}'
+    fi ;;
   lease)  # OUT (absolute): every step, most needed first, each report collectable as it ends
     OUT=${2:?OUT}; mkdir -p "$OUT"
     if [ ! -e /tmp/kvkit-finish034.ok ]; then
