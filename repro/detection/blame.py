@@ -15,7 +15,7 @@ from repro.contract.result import ArmResult
 from repro.judge import kvaudit
 from repro.judge.kv_verdict import FINDING_OF
 from repro.judge.verdict import FAIL, KV_FINDINGS, KV_VERDICTS, UNAVAILABLE
-from repro.readmodel import Request
+from repro.readmodel import Request, RequestAudit
 
 # exact: the blamed blocks are the planted blocks; over: a strict superset; under: a strict subset
 # (none blamed included); other: neither; unavailable: the audit saw nothing to judge; reported: none blamed, and
@@ -34,20 +34,11 @@ def drop_unreferenced(job: dict, baseline_probes: set[str]) -> dict:
 
 
 def blamed_blocks(request_audit: dict | None) -> list[int] | None:
-    """The blocks with any finding cell (corrupt, foreign, misplaced) in one reuse request's audit (None: nothing
-    was audited)."""
+    """The blocks with any finding cell (corrupt, foreign, misplaced) in one reuse request's audit, those its connector
+    reported to vLLM as not loaded left out (repro.readmodel.RequestAudit.blamed_blocks); None: nothing was audited."""
     if not request_audit or request_audit.get("planes") is None:
         return None
-    reported = set(reported_blocks(request_audit) or ())
-    return sorted(
-        {
-            b
-            for plane in request_audit["planes"].values()
-            for row in plane["class"]
-            for b, c in enumerate(row)
-            if c in FINDING_OF and b not in reported
-        }
-    )
+    return list(RequestAudit(request_audit).blamed_blocks)
 
 
 def reported_blocks(request_audit: dict | None) -> list[int] | None:
@@ -55,7 +46,7 @@ def reported_blocks(request_audit: dict | None) -> list[int] | None:
     the audit reads but never blames (None: nothing was audited)."""
     if not request_audit or request_audit.get("planes") is None:
         return None
-    return sorted((request_audit.get("load_errors") or {}).get("blocks") or ())
+    return list(RequestAudit(request_audit).reported_blocks)
 
 
 def blamed_classes(request_audit: dict | None) -> list[str] | None:

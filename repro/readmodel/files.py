@@ -8,6 +8,8 @@ import json
 import lzma
 from pathlib import Path
 
+from repro.record.report import report_bytes
+
 JSON, XZ = ".json", ".json.xz"
 REPORT_SUFFIXES = (JSON, XZ)
 
@@ -30,10 +32,8 @@ def json_files(folder: Path) -> list[Path]:
 def read_json(path: Path) -> object:
     """A JSON file in either format, parsed; None when it cannot be read or is not JSON (the strict loader then says
     what is wrong)."""
-    path = Path(path)
     try:
-        raw = path.read_bytes()
-        return json.loads(lzma.decompress(raw) if path.name.endswith(".xz") else raw)
+        return json.loads(report_bytes(path))
     except (OSError, ValueError, lzma.LZMAError):
         return None
 

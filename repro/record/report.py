@@ -81,13 +81,18 @@ def generations(arms: list[dict]) -> int:
     return sum(len(p["requests"]) for a in arms for p in a.get("probes", []))
 
 
+def report_bytes(path: Path) -> bytes:
+    """A report file's JSON bytes: NAME.json as it is, NAME.json.xz (a report committed xz-compressed, over the 1 MiB a
+    committed file keeps to) decompressed. OSError and lzma.LZMAError as reading and decompressing raise them."""
+    raw = Path(path).read_bytes()
+    return lzma.decompress(raw) if Path(path).name.endswith(".xz") else raw
+
+
 def load_report(path: str | Path) -> dict:
     """Strict loading: the kind and version must be ones this kit writes."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
-        # a report committed xz-compressed (NAME.json.xz, over the 1 MiB a committed file keeps to) reads the same
-        data = json.loads((lzma.decompress(raw) if path.name.endswith(".xz") else raw).decode("utf-8"))
+        data = json.loads(report_bytes(path).decode("utf-8"))
     except OSError as exc:
         raise UsageError(f"report {path}: cannot read ({exc.strerror or exc})") from None
     except lzma.LZMAError as exc:
