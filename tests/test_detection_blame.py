@@ -144,6 +144,27 @@ def test_over_blame_missing_blame_and_other_blocks_are_not_exact():
     assert not s["ok"] and s["by_fault"] == {"zero_blocks/head": [1, 4]}
 
 
+def test_a_faulted_block_its_connector_measured_unchanged_is_not_owed_a_blame():
+    """A dropped load on the blocks its own cold request freed (vLLM's last-freed-first reuse): the middle block of
+    the mirror already held the right KV, the connector's load audit says so (unchanged_blocks), and the audit's
+    not blaming it is exact. Without that measurement the same audit is `under`."""
+    corrupt = {(0, 0), (0, 1), (2, 0), (2, 1)}
+
+    def run(line):
+        entry = _fault_entry({"alpha": FAIL})
+        entry["probes"][0]["kv_audit"] = line
+        result = _result("dropped_load-fresh", ["alpha"], faulted=[0, 1, 2])
+        result["probes"][0]["requests"][1]["kv_transfer_params"]["planted_fault"]["loaded_tokens"] = BLOCKS * 16
+        fault_blame(entry, result, "dropped_load-fresh", _raw("dropped_load-fresh", {"alpha": [corrupt]}), None, 16)
+        return entry["probes"][0]["kv"]
+
+    kv = run({"faulted_blocks": [0, 1, 2], "unchanged_blocks": [1]})
+    assert kv["outcome"] == "exact" and kv["planted_blocks"] == [[0, 2]] and kv["unchanged_blocks"] == [[1]]
+    kv = run({"faulted_blocks": [0, 1, 2], "unchanged_blocks": []})
+    assert kv["outcome"] == "under" and kv["planted_blocks"] == [[0, 1, 2]] and "unchanged_blocks" not in kv
+    assert run(None)["outcome"] == "under"  # no load line: every faulted block is owed a blame
+
+
 def test_probes_whose_tokens_never_changed_but_whose_audit_blamed_the_planted_blocks():
     entry = _audit_fault(
         {"alpha": {(0, 0)}, "bravo": {(0, 0)}, "charlie": set()}, {"alpha": FAIL, "bravo": PASS, "charlie": PASS}

@@ -16,11 +16,11 @@ from repro.judge.verdict import (
     ERROR,
     EXACT,
     FAIL,
+    FOREIGN,
     KV_VERDICTS,
     MISPLACED,
     NO_HIT_DIFFERS,
     PASS,
-    UNAVAILABLE,
     VERDICTS,
 )
 
@@ -140,13 +140,16 @@ def test_the_recompute_row_expects_the_baselines_answer_and_the_fail_row_the_req
 
 def test_the_unreported_row_expects_the_no_hit_finding_not_inconclusive():
     report = {"loaded_tokens": 0, "faulted_blocks": list(range(24)), "unreported_tokens": 384}
-    row = _entry("unreported_load", "prefix", DIFFERS, 0, report, _kv(UNAVAILABLE, None))
+    row = _entry("unreported_load", "prefix", DIFFERS, 0, report, _kv(FOREIGN, list(range(24))))
     probe = row["probes"][0]
     assert probe["verdicts"]["32"] == FAIL and probe["finding"] == NO_HIT_DIFFERS
     assert any("no reported hit" in r for r in probe["reasons"])
     assert check_row(row) == {"held": True, "misses": []}
-    same = _entry("unreported_load", "prefix", BASE, 0, report, _kv(UNAVAILABLE, None))
+    same = _entry("unreported_load", "prefix", BASE, 0, report, _kv(FOREIGN, list(range(24))))
     assert check_row(same)["misses"] == ["alpha: INCONCLUSIVE at 32 tokens, expected FAIL"]
+    # read before the connector's write (the kit before its audit read at the end of the step): EXACT, nothing blamed
+    early = _entry("unreported_load", "prefix", DIFFERS, 0, report, _kv(EXACT, []))
+    assert check_row(early)["misses"] == ["alpha: KV EXACT, expected FOREIGN", "alpha: blame under, expected exact"]
 
 
 def test_catalogue_rows_leave_the_detection_figures_alone_and_decide_ok_through_their_expectations():

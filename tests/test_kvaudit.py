@@ -274,6 +274,11 @@ class _Target:
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
         return None
 
+    def wait_for_save(self):  # a connector may write into a request's blocks after the forward
+        for block_id, value in getattr(self, "writes_after", ()):
+            for kv in self.kv.values():
+                kv[block_id] = value
+
 
 def _vllm_config():
     from types import SimpleNamespace
@@ -363,6 +368,27 @@ def test_the_worker_reads_an_asynchronous_load_only_after_get_finished_reported_
     assert blind["load_finished_reported"] is False and "get_finished never reported" in blind["unavailable"]
     assert not (tmp_path / "000001.reused.000.pt").exists()
     assert not list(tmp_path.glob("audit-error*"))
+
+
+def test_computed_blocks_are_read_at_the_end_of_the_step_after_the_connectors_own_writes(monkeypatch, tmp_path):
+    """A request that reused nothing is read once the step's every write landed (wait_for_save, after the
+    connector's own): a connector that writes into its blocks after the forward, counting no load, shows there."""
+    from repro.engine.kvaudit_hooks import AuditMetadata
+
+    worker = _wrapped(monkeypatch, tmp_path)(_vllm_config(), "worker")
+    kv = torch.randn(NB, H, BS, 2 * D)
+    worker.kv = {"model.layers.0.attn": kv}
+    worker.register_kv_caches(worker.kv)
+    worker.bind_connector_metadata(
+        AuditMetadata(inner="inner", requests=[AuditRequest(0, "r1", "sha", 14, [5, 1, 7, 2], 0, 0, 14, False, 0)])
+    )
+    worker.save_kv_layer("model.layers.0.attn", kv, None)
+    assert not list(tmp_path.glob("*.computed.*"))  # not during the forward
+    worker.writes_after = [(1, 7.0)]
+    worker.wait_for_save()
+    read = torch.load(tmp_path / "000000.computed.000.pt")
+    assert torch.equal(read, split_planes(kv, [5, 1, 7], "cpu-rows"))
+    assert float(kv[1].min()) == float(kv[1].max()) == 7.0  # the write after the forward is what was read
 
 
 def test_a_request_resumed_after_preemption_keeps_its_first_record_and_is_not_read_again(monkeypatch, tmp_path):

@@ -62,12 +62,14 @@ class Engine:
         self.worker.clear_connector_metadata()
         return read, received, errors
 
-    def run(self, req_id: str, tokens: list[int]) -> dict:
-        """One request of `tokens`, one forward for its prompt, as vLLM schedules it with this connector."""
+    def run(self, req_id: str, tokens: list[int], blocks: list[int] | None = None) -> dict:
+        """One request of `tokens`, one forward for its prompt, as vLLM schedules it with this connector; `blocks`:
+        the pool's blocks it is given (default: never-used ones)."""
         import torch
 
-        blocks = list(range(self.next_block, self.next_block + len(tokens) // BS + 1))
-        self.next_block += len(blocks)
+        if blocks is None:
+            blocks = list(range(self.next_block, self.next_block + len(tokens) // BS + 1))
+            self.next_block += len(blocks)
         request = SimpleNamespace(request_id=req_id, prompt_token_ids=tokens, lora_request=None, mm_features=None)
         hit, is_async = self.sched.get_num_new_matched_tokens(request, 0)
         self.sched.update_state_after_alloc(request, SimpleNamespace(get_block_ids=lambda: (blocks,)), hit)
@@ -135,6 +137,40 @@ def test_dropped_load_counts_every_block_and_writes_none(tmp_path):
     assert reuse["read"] == {li: [0.0] * 6 for li in range(LAYERS)}  # ... and attention reads a fresh pool's zeros
     assert reuse["report"]["loaded_tokens"] == 24 and reuse["report"]["faulted_blocks"] == list(range(6))
     assert reuse["errors"] == set()  # nothing tells vLLM
+
+
+def _audit_lines(tmp_path) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+
+
+def test_a_dropped_load_on_its_own_freed_blocks_names_the_block_it_left_right(tmp_path):
+    """vLLM gives a reuse the blocks its cold request freed, last first: the middle one of the mirror holds its own
+    KV at its own position, so the load audit names it unchanged (no audit can blame it); the others differ."""
+    eng = Engine(tmp_path, fault="dropped_load")
+    cold = eng.run("a0", A)
+    mirrored = cold["blocks"][::-1]  # 7 blocks: the reuse's block 3 is the cold request's block 3
+    reuse = eng.run("a1", A, blocks=mirrored)
+    assert reuse["report"]["faulted_blocks"] == list(range(6))
+    line = _audit_lines(tmp_path)[-1]
+    assert line["unchanged_blocks"] == [3]
+    assert [b for b, d in line["faulted_max_abs_diff"] if d == 0.0] == [3]
+
+
+def test_a_failed_store_is_measured_against_the_whole_block_it_lost(tmp_path):
+    """The load audit compares a failed store's blocks with the whole block the request computed (kept beside the
+    partial save for the audit alone), so the layers the store lost count: not the partial save against itself."""
+    eng = Engine(tmp_path, fault="failed_store", first_block=1, num_blocks=2)
+    eng.run("a0", A)
+    assert len([p for p in (tmp_path / "store").iterdir() if p.name.endswith(".truth")]) == 2
+    reuse = eng.run("a1", A)
+    line = _audit_lines(tmp_path)[-1]
+    truth = _truth(A, 6)
+    for block, diff in line["faulted_max_abs_diff"]:  # layers 2 and 3 read zeros where the truth is not
+        assert diff == max(truth[li][block] for li in (2, 3)), block
+    assert line["unchanged_blocks"] == [] and line["clean_max_abs_diff"] == 0.0
+    assert reuse["read"][2][1] == 0.0  # the truth copy is never loaded
 
 
 def test_failed_store_stays_visible_and_loads_half_the_layers(tmp_path):

@@ -99,16 +99,22 @@ def blame_outcome(blamed: set[int], planted: set[int]) -> str:
     return "other"
 
 
-def probe_blame(kv: dict, planted: list[list[int] | None], tokens_changed: bool) -> dict:
+def probe_blame(
+    kv: dict, planted: list[list[int] | None], tokens_changed: bool, unchanged: list[list[int]] | None = None
+) -> dict:
     """One fault probe's audit column: blamed exactly iff, for every reuse request, the blocks with a finding
-    cell (corrupt, foreign, misplaced) are the blocks the planted connector faulted for that request. A reuse whose
-    planted blocks are unknown (None: no report came back) cannot be blamed exactly: unavailable."""
+    cell (corrupt, foreign, misplaced) are the blocks the planted connector faulted for that request, less those its
+    own load audit measured unchanged (`unchanged`, per reuse: faulted yet holding the right bytes, so no audit can
+    blame them). A reuse whose planted blocks are unknown (None: no report came back) cannot be blamed exactly:
+    unavailable. "reported" compares what the connector reported to vLLM with everything it faulted."""
     blamed, reported = kv["blamed_blocks"], kv.get("reported_blocks") or ()
-    planted_sets = [set(p or ()) for p in planted]
+    faulted_sets = [set(p or ()) for p in planted]
+    unchanged_sets = [set(u) for u in unchanged] if unchanged and len(unchanged) == len(planted) else []
+    planted_sets = [f - u for f, u in zip(faulted_sets, unchanged_sets)] if unchanged_sets else faulted_sets
     unknown = any(p is None for p in planted)
     if kv["verdict"] == UNAVAILABLE or unknown or any(b is None for b in blamed) or len(blamed) != len(planted):
         outcome = "unavailable"
-    elif not any(blamed) and any(reported) and [set(r or ()) for r in reported] == planted_sets:
+    elif not any(blamed) and any(reported) and [set(r or ()) for r in reported] == faulted_sets:
         outcome = "reported"
     else:
         per = [blame_outcome(set(b), p) for b, p in zip(blamed, planted_sets)]
@@ -120,6 +126,7 @@ def probe_blame(kv: dict, planted: list[list[int] | None], tokens_changed: bool)
         "blamed_blocks": blamed,
         **({"blamed_classes": kv["blamed_classes"]} if "blamed_classes" in kv else {}),
         "planted_blocks": [None if p is None else sorted(s) for p, s in zip(planted, planted_sets)],
+        **({"unchanged_blocks": [sorted(u) for u in unchanged_sets]} if any(unchanged_sets) else {}),
         **({"reported_blocks": kv["reported_blocks"]} if any(kv.get("reported_blocks") or ()) else {}),
         "outcome": outcome,
         **({"planted_unknown": NO_PLANTED} if unknown else {}),
@@ -145,9 +152,22 @@ def fault_blame(entry: dict, result: dict | None, name: str, raw: dict | None, p
     arm, kv = audit_probes(name, "connector", result, [p["name"] for p in entry["probes"]], raw, problem, bs)
     by_name = {p["name"]: p for p in result["probes"]}
     for row in entry["probes"]:
-        planted = [planted_fault(r).get("faulted_blocks") for r in by_name[row["name"]]["requests"][1:]]
-        row["kv"] = probe_blame(kv[row["name"]], planted, FAIL in row["verdicts"].values())
+        reuses = by_name[row["name"]]["requests"][1:]
+        planted = [planted_fault(r).get("faulted_blocks") for r in reuses]
+        row["kv"] = probe_blame(kv[row["name"]], planted, FAIL in row["verdicts"].values(), unchanged_of(row, reuses))
     entry["kv_blame"] = dict(fault_cell(entry["probes"]), **arm)
+
+
+def unchanged_of(row: dict, reuses: list[dict]) -> list[list[int]] | None:
+    """Per reuse, the faulted blocks the planted connector's load audit measured unchanged (unchanged_blocks of the
+    probe's load line, repro.detection.matrix.fault_entry's kv_audit): read where the probe has one reuse that
+    loaded once (its line is then that load's), else None (every faulted block counts)."""
+    line = row.get("kv_audit")
+    if len(reuses) != 1 or not line or "loads" in planted_fault(reuses[0]):
+        return None
+    if not planted_fault(reuses[0]).get("loaded_tokens"):
+        return None
+    return [list(line.get("unchanged_blocks") or ())]
 
 
 def fault_cell(probes: list[dict]) -> dict:

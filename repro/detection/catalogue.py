@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from repro.judge.verdict import CORRUPT, ERROR, EXACT, FAIL, KV_FINDINGS, NO_HIT_DIFFERS, PASS, UNAVAILABLE
+from repro.judge.verdict import CORRUPT, ERROR, EXACT, FAIL, FOREIGN, KV_FINDINGS, NO_HIT_DIFFERS, PASS
 
 # The smallest pool vLLM starts with at the study's max_model_len (2048 tokens, 128 blocks of 16): the study's
 # prompts use it up by the third probe, so later reuses are given blocks that earlier requests freed.
@@ -169,14 +169,21 @@ ROWS = (
         "them the KV the most recently stored other prompt has at each index (the decoy's for the first probe)",
         expectation=Expectation(
             (FAIL,),
-            (UNAVAILABLE,),
-            "unavailable",
+            (FOREIGN,),
+            "exact",
             "Every decode step attends over another prompt's KV for the whole prefix: the answer changes while vLLM's "
             "counter says 0 cached tokens. The verifier must not call that INCONCLUSIVE: it is a reuse that reports no"
             " hit and answers differently, the verifier's FAIL with the finding no-hit-differs (its cold request, the "
-            "same prompt prefilled whole, gave the baseline's tokens: not numerics). The KV audit reads only what vLLM"
-            " counted as reused (nothing here), before the overwrite: UNAVAILABLE, no block blamed.",
+            "same prompt prefilled whole, gave the baseline's tokens: not numerics). The KV audit reads such a reuse's"
+            " computed blocks at the end of its prefill's step, after the connector's write: each block it overwrote "
+            "holds another prompt's KV at the same index (FOREIGN), and those blocks are blamed exactly.",
             finding=NO_HIT_DIFFERS,
+            restated="Before its first run this row expected KV UNAVAILABLE, no block blamed: the audit was thought "
+            "to read only what vLLM counted as reused. The run found KV EXACT, blame under: the kit read a no-hit "
+            "reuse's computed blocks during the forward, before the connector wrote over them, and called KV that no "
+            "decode step read exact. The kit now reads computed blocks at the end of the step, once every write of "
+            "the step landed (repro.engine.kvaudit), so the row states what that kit must show: a change to the kit, "
+            "not to what the connector does.",
         ),
     ),
 )

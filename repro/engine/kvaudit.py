@@ -82,10 +82,10 @@ class KVAuditObserver(AuditHooks, KVConnectorBase_V1):
         self._audit_write(layer_name, "reused")
 
     def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any) -> None:
-        self._audit_write(layer_name, "computed")
+        return
 
     def wait_for_save(self) -> None:
-        return
+        self._audit_write_computed()
 
 
 def _target_class(spec: str):
@@ -156,9 +156,9 @@ def make_wrapped(target) -> type:
             self._audit_write(layer_name, "reused")
             return out
 
-        def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any):
-            out = target.save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs)
-            self._audit_write(layer_name, "computed")
+        def wait_for_save(self):
+            out = target.wait_for_save(self)
+            self._audit_write_computed()
             return out
 
     Wrapped.__name__ = Wrapped.__qualname__ = WRAPPED

@@ -12,9 +12,11 @@ What it reads, and when:
                   sees exactly what it built.
   worker side     wait_for_layer_load(layer), after the connector's own wait (a layer-wise loader
                   has finished that layer then; a synchronous one finished in start_load_kv): the
-                  full blocks that hold the reused prefix. save_kv_layer(layer), after the attention
-                  op wrote the step's KV: the full prompt blocks this step computed (requests that
-                  reused nothing: the baseline's reference and each arm's cold prefill).
+                  full blocks that hold the reused prefix. wait_for_save, after the connector's own, at
+                  the end of the step: the full prompt blocks this step computed, every layer (requests
+                  that reused nothing: the baseline's reference and each arm's cold prefill), as they are
+                  once the step's every write landed: a connector that writes into them after the
+                  forward without counting a load shows there.
 
 An asynchronous load (get_num_new_matched_tokens returned (n, True); LMCache's MP connector, NIXL) is
 read the same way, one promotion later. vLLM (0.26, 0.28 and 0.32 alike) then parks the request
@@ -465,6 +467,10 @@ class AuditHooks:
                 facts = {"pid": os.getpid(), "problems": [f"worker facts: {type(exc).__name__}: {exc}"[:200]]}
             self._audit_worker_facts = facts
         return facts
+
+    def _audit_write_computed(self) -> None:
+        for layer_name in list(self._audit_kv):
+            self._audit_write(layer_name, "computed")
 
     def _audit_write(self, layer_name: str, kind: str) -> None:
         if self._audit_dead or self._audit_layout is None or not self._audit_reqs:

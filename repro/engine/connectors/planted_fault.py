@@ -17,8 +17,10 @@ Configure through `kv_connector_extra_config`:
   layer        layer index (model order) for corrupt_layer (default 0)
   scale        standard deviation of the noise for corrupt_layer / overwrite_tail (default 1.0)
   audit_path   optional JSON-lines file: one line per load with the faulted blocks and how far
-               each loaded block ended up from the stored KV (max |difference|), so a harness can
-               show that a fault really changed what attention reads
+               each loaded block ended up from the KV its request computed (max |difference|; for a
+               failed store, against the whole block kept beside its partial save), so a harness can
+               show that a fault really changed what attention reads, and which faulted blocks it left
+               right all the same (unchanged_blocks: not written, yet already holding the right KV)
 
 The faults, each a bug class seen in KV offloading code:
   none           faithful load (a no-fault control)
@@ -117,6 +119,8 @@ FAULTS = (
 )
 # Loads whose touched blocks are never written (what the blocks held stays); load_error also reports them to vLLM.
 NOT_WRITTEN = ("drop_tail", "load_error", *UNWRITTEN_FAULTS)
+# failed_store: the whole block as computed, kept beside its partial save for the load audit alone (never loaded)
+TRUTH_SUFFIX = ".truth"
 TAIL_FAULTS = ("overwrite_tail", "drop_tail")
 
 
@@ -387,6 +391,7 @@ class PlantedFaultConnector(ReportedSuccess, LoadGates, KVConnectorBase_V1):
             faulted, diffs = set(op.faulted), []
             for j, (key, block_id) in enumerate(zip(op.keys, op.block_ids)):
                 true = torch.load(self._path(key))  # [num_layers, *block_shape]; fewer layers after a failed store
+                truth = self._truth(key, true)  # every layer: what the load should have given, for the audit line
                 if j in faulted and self.fault in NOT_WRITTEN:
                     src = None  # counted as loaded, never written (late_load: not yet)
                 elif j in faulted:
@@ -395,7 +400,9 @@ class PlantedFaultConnector(ReportedSuccess, LoadGates, KVConnectorBase_V1):
                     src = true
                 if src is not None:
                     self._write_block(layers, block_id, src)
-                diff = (float((kv[block_id].cpu() - true[li]).abs().max()) for li, kv in enumerate(layers[: len(true)]))
+                diff = (
+                    float((kv[block_id].cpu() - truth[li]).abs().max()) for li, kv in enumerate(layers[: len(truth)])
+                )
                 diffs.append(max(diff, default=0.0))
             if self.fault == "load_error":  # vLLM's kv_load_failure_policy takes it from here
                 self._load_errors.update(op.block_ids[j] for j in op.faulted)
@@ -418,6 +425,9 @@ class PlantedFaultConnector(ReportedSuccess, LoadGates, KVConnectorBase_V1):
             "faulted_blocks": [b0 + j for j in op.faulted],
             "faulted_max_abs_diff": [[b0 + j, diffs[j]] for j in op.faulted],
             "clean_max_abs_diff": max([d for j, d in enumerate(diffs) if j not in set(op.faulted)], default=0.0),
+            # faulted blocks whose bytes the load left right all the same (a block not written that already held
+            # this prompt's KV at its own position): the fault did not change what attention reads there
+            "unchanged_blocks": [b0 + j for j in op.faulted if diffs[j] == 0.0],
         }
         if op.gate is not None:
             line["gate"] = op.gate
@@ -434,6 +444,17 @@ class PlantedFaultConnector(ReportedSuccess, LoadGates, KVConnectorBase_V1):
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return
+
+    @staticmethod
+    def _save_blob(blob: torch.Tensor, path: str) -> None:
+        tmp = path + f".{os.getpid()}.tmp"
+        torch.save(blob, tmp)
+        os.replace(tmp, path)
+
+    def _truth(self, key: str, stored: torch.Tensor) -> torch.Tensor:
+        """The whole block as its request computed it: the stored blob, or for a failed store the copy kept beside it."""
+        path = self._path(key) + TRUTH_SUFFIX
+        return torch.load(path) if os.path.exists(path) else stored
 
     def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any) -> None:
         return
@@ -452,9 +473,12 @@ class PlantedFaultConnector(ReportedSuccess, LoadGates, KVConnectorBase_V1):
                     if layers
                     else torch.empty(0, *shape)
                 )
-                tmp = self._path(key) + f".{os.getpid()}.tmp"
-                torch.save(blob, tmp)
-                os.replace(tmp, self._path(key))  # visible to lookups only once written (failed_store: partial)
+                if j in op.faulted:  # the whole block too, never loaded: what the load audit measures against
+                    self._save_blob(
+                        torch.stack([kv[block_id].detach().cpu().clone() for kv in self._kv.values()]),
+                        self._path(key) + TRUTH_SUFFIX,
+                    )
+                self._save_blob(blob, self._path(key))  # visible to lookups only once written (failed_store: partial)
         for op in ops:  # after the stores, which read what this step computed
             if op.kind == "write_after":
                 self._write_after(op, list(self._kv.values()))
