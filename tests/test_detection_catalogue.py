@@ -237,3 +237,11 @@ def test_a_matrix_without_catalogue_rows_renders_no_such_section():
     report = _page_report([])
     report["config"].pop("fault_rows")
     assert 'id="reported-success"' not in render_page(report)
+
+
+def test_the_page_names_the_faulted_blocks_a_load_left_right():
+    from repro.detection.page import _unchanged_text
+
+    assert _unchanged_text({"unchanged_blocks": [[13]]}) == " (faulted yet right: block 13, not owed a blame)"
+    assert _unchanged_text({"unchanged_blocks": [[3, 9]]}).startswith(" (faulted yet right: blocks 3, 9")
+    assert _unchanged_text({}) == _unchanged_text({"unchanged_blocks": [[]]}) == ""

@@ -256,14 +256,24 @@ def _expected_text(exp: dict) -> str:
     return "; ".join(parts)
 
 
+def _unchanged_text(kv: dict) -> str:
+    """The faulted blocks the planted connector measured left right (repro.detection.blame.unchanged_of), if any."""
+    blocks = [b for per in kv.get("unchanged_blocks") or () for b in per]
+    if not blocks:
+        return ""
+    return (
+        f" (faulted yet right: block{'s' if len(blocks) > 1 else ''} {', '.join(map(str, blocks))}, not owed a blame)"
+    )
+
+
 def _expected_row(f: dict, windows: tuple[str, ...], rows: dict) -> ExpectedRow:
     """One catalogue row's view: its fault row, the expectation it carried and how each probe measured."""
     exp, check = f["expectation"], check_row(f)
     last = windows[-1]
     measured = tuple(
         f"{p['name']}: {p['verdicts'][last]}, KV {(p.get('kv') or {}).get('verdict', 'not audited')}, "
-        f"blame {(p.get('kv') or {}).get('outcome', 'not audited')}, cached tokens "
-        + ",".join(str(c) for c in p["reuse_cached_tokens"])
+        f"blame {(p.get('kv') or {}).get('outcome', 'not audited')}{_unchanged_text(p.get('kv') or {})}, cached "
+        "tokens " + ",".join(str(c) for c in p["reuse_cached_tokens"])
         for p in f["probes"]
     )
     pool = f" (a {f['kv_cache_tokens']}-token KV pool)" if f.get("kv_cache_tokens") else ""
