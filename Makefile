@@ -31,7 +31,7 @@ test: $(INV) ## Run all tests (unit, end-to-end on the real CPU engine) but the 
 	@$(INV) test
 
 .PHONY: test-extended
-test-extended: $(INV) ## The end-to-end tests make test leaves out: the newest CPU vLLM's repeats of pinned runs (CI runs them)
+test-extended: $(INV) ## The end-to-end tests make test leaves out: the newest CPU vLLM's repeats, repro_min.py and the unpacked kit (CI runs them)
 	@$(INV) test --extended
 
 site: $(INV) ## Render site/ from reports/*.json (open site/index.html; works offline; REPORTS=dir: another folder, e.g. a kit's evidence/raw)

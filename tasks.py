@@ -271,7 +271,8 @@ def lmcache_ops(c, sdist="", profile="auto", python=""):
     help={
         "k": "pytest -k expression",
         "fast": "skip the end-to-end engine tests",
-        "extended": "only the end-to-end tests make test leaves out (marker extended: the newest CPU vLLM's repeats)",
+        "extended": "only the end-to-end tests make test leaves out (marker extended: the newest CPU vLLM's repeats, "
+        "repro_min.py and the unpacked kit run as their users run them)",
     }
 )
 def test(c, k="", fast=False, extended=False):

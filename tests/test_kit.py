@@ -603,6 +603,7 @@ def test_a_report_too_big_for_the_kit_is_refused_in_one_line_and_keeps_the_kit_t
 
 
 @pytest.mark.e2e
+@pytest.mark.extended  # what the kit hands to others, run as they run it: make test-extended (CI runs it)
 @pytest.mark.one_core  # a launcher of its own (the unpacked kit), then the self-test: a third of the machine idle last
 @pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")
 @pytest.mark.skipif(not _in_checkout(), reason="building this kit needs its git checkout (an unpacked kit has none)")

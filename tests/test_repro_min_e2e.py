@@ -26,7 +26,13 @@ from repro.models.tiny import make_tiny_model
 from repro.publish.repro_min import SCRIPT
 from repro.publish.shipped_connector import SHIPPED_MODULE, planted_connector_source
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed")]
+# what the kit hands to others, run as they run it: make test-extended (CI runs it, and .ci/run the same script as a
+# command of its own)
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.extended,
+    pytest.mark.skipif(not have_vllm(), reason="vLLM (CPU profile) is not installed"),
+]
 
 SELFTEST = ROOT / "reports" / "versions" / "cpu-vllm-0.28.0-selftest.json"
 PLANTED, CLEAN = "PlantedFault", "ExampleConnector"
