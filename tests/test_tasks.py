@@ -58,3 +58,21 @@ def test_kernel_variants_set_the_engines_environment_on_the_cpu_profile_only():
     assert tasks.kernel_env("avx2", "cpu") == KERNEL_VARIANTS["avx2"] and KERNEL_VARIANTS["avx2"]
     with pytest.raises(Exit, match="PROFILE=cpu"):
         tasks.kernel_env("avx2", "gpu-lmcache-0.5.4")
+
+
+def test_an_environment_made_beside_other_output_keeps_pips_words_in_its_log_and_fails_with_them(tmp_path, monkeypatch):
+    """make test makes the newest CPU vLLM's environment beside its first session: pip writes to a log, not the
+    terminal, and a failed install stops with an Exit that quotes the log's last lines (no stamp written)."""
+    import tasks
+
+    monkeypatch.setattr(tasks, "VENVS", tmp_path / "venvs")
+    (tmp_path / "venvs").mkdir()
+    log = tmp_path / "venvs" / "broken.setup.log"
+    req = tmp_path / "broken.txt"  # offline: no index, and a distribution nobody publishes
+    req.write_text("--no-index\nkvkit-no-such-distribution==0.0.0\n")
+    with pytest.raises(Exit) as err:
+        tasks.venv_python("broken", [str(req)], log)
+    said = str(err.value.message)
+    assert said.startswith("setting up .venvs/broken failed") and str(log) in said
+    assert "kvkit-no-such-distribution" in log.read_text() and "kvkit-no-such-distribution" in said
+    assert not (tmp_path / "venvs" / "broken" / ".kvkit-stamp").exists()
