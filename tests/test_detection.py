@@ -501,7 +501,18 @@ def test_committed_matrix_detects_every_fault_with_no_false_positive():
     assert report["prefix_check"]["ok"] and report["prefix_check"]["requests_compared"] > 0
     assert report["config"]["fault_model_seed"] == MODEL_SEED
     summary = summarize(report["faults"], report["controls"], report["prefix_check"]["ok"])
-    assert summary["ok"] and summary["false_positives_by_window"] == {w: 0 for w in WINDOW_KEYS}
+    assert summary["every_fault_detected"] and summary["false_positives_by_window"] == {w: 0 for w in WINDOW_KEYS}
+    assert summary["control_reuses_exercised"] > 0 and summary["prefix_check_ok"] and not summary["arm_errors"]
+    assert summary["kv_audit"]["ok"]
+    # the study is ok only when every catalogue row held too: the committed run's two rows that did not hold
+    # (docs/detection.md says why) keep it from ok, and the stored summary says so
+    expectations = summary.get("expectations")
+    if expectations is None:  # a matrix made before the catalogue's rows
+        assert summary["ok"]
+    else:
+        missed = sorted(k for k, c in expectations["by_row"].items() if not c["held"])
+        assert summary["ok"] == expectations["ok"] == (missed == [])
+        assert missed == ["failed_store/tail", "late_load/whole"], missed
     assert report["summary"] == summary  # the stored summary is what the entries say
 
 
@@ -544,7 +555,7 @@ def test_committed_matrix_was_run_with_todays_plan():
     assert config["positions"] == plan.POSITIONS and config["control_reuses"] == plan.CONTROL_REUSES
     assert config["fault_positions"] == plan.FAULT_POSITIONS
     # the catalogue's rows, with the expectations they were run against (a matrix made before them has none)
-    assert config.get("fault_rows") in (None, [r.to_json() for r in catalogue.ROWS])
+    assert config.get("fault_rows") in (None, json.loads(json.dumps([r.to_json() for r in catalogue.ROWS])))
     assert config["control_model_seeds"] == sorted(plan.CONTROL_MODEL_SEEDS)
 
 
@@ -553,7 +564,7 @@ def test_committed_matrix_counts_replays_in_every_row_and_none_in_the_controls()
     report = load_matrix(COMMITTED)
     s = summarize(report["faults"], report["controls"], report["prefix_check"]["ok"])["replays"]
     assert s["present"] and set(s["by_fault"]) == {f"{k}/{p}" for k, p in CELLS}
-    diverged = sum(d is not None for f in report["faults"] for p in f["probes"] for d in p["reuse_first_diffs"])
+    diverged = sum(d is not None for f in _detection_rows(report) for p in f["probes"] for d in p["reuse_first_diffs"])
     assert s["divergent_reuses"] == diverged > 0 and s["control_replaying"] == 0
     assert 0 <= s["naming_the_served_prompt"] <= s["replaying_another"] <= diverged
     for f in report["faults"]:
