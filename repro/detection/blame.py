@@ -162,10 +162,8 @@ def unchanged_of(row: dict, reuses: list[dict]) -> list[list[int]] | None:
     """Per reuse, the faulted blocks the planted connector's load audit measured unchanged (unchanged_blocks of the
     probe's load line, repro.detection.matrix.fault_entry's kv_audit): read where the probe has one reuse that
     loaded once (its line is then that load's), else None (every faulted block counts)."""
-    line = row.get("kv_audit")
-    if len(reuses) != 1 or not line or "loads" in planted_fault(reuses[0]):
-        return None
-    if not planted_fault(reuses[0]).get("loaded_tokens"):
+    line, report = row.get("kv_audit"), planted_fault(reuses[0]) if len(reuses) == 1 else {}
+    if not line or not report.get("loaded_tokens") or "loads" in report:
         return None
     return [list(line.get("unchanged_blocks") or ())]
 

@@ -466,18 +466,10 @@ class PlantedFaultConnector(ReportedSuccess, LoadGates, KVConnectorBase_V1):
             if op.kind != "store":
                 continue
             for j, (key, block_id) in enumerate(zip(op.keys, op.block_ids)):
-                layers = list(self._kv.values())[: keep if j in op.faulted else None]  # failed_store: a partial save
-                shape = next(iter(self._kv.values()))[block_id].shape
-                blob = (
-                    torch.stack([kv[block_id].detach().cpu().clone() for kv in layers])
-                    if layers
-                    else torch.empty(0, *shape)
-                )
-                if j in op.faulted:  # the whole block too, never loaded: what the load audit measures against
-                    self._save_blob(
-                        torch.stack([kv[block_id].detach().cpu().clone() for kv in self._kv.values()]),
-                        self._path(key) + TRUTH_SUFFIX,
-                    )
+                blob = torch.stack([kv[block_id].detach().cpu() for kv in self._kv.values()])  # every layer, a copy
+                if j in op.faulted:  # failed_store: the whole block beside, never loaded (what the load audit
+                    self._save_blob(blob, self._path(key) + TRUTH_SUFFIX)  # measures against), and a partial save
+                    blob = blob[:keep].clone()  # its own storage: torch.save of a view would write every layer
                 self._save_blob(blob, self._path(key))  # visible to lookups only once written (failed_store: partial)
         for op in ops:  # after the stores, which read what this step computed
             if op.kind == "write_after":
