@@ -60,6 +60,52 @@ def test_each_row_runs_with_its_own_settings_and_pool(tmp_path):
     assert [p.name for p in fresh.probes] == ["decoy", *(n for n, _ in plan.PROMPTS)]
 
 
+def test_the_after_another_rows_send_another_prompt_between_each_cold_request_and_its_reuse(tmp_path):
+    """failed_store/tail-after-another and late_load/whole-after-another keep the settings of the rows whose premise
+    the engine refuted and send a prompt between: one per probe (none ever a reuse itself), each longer than every
+    probe (it takes every block the cold request freed), never one of the study's prompts; the baseline runs them
+    only where such a row runs, so the KV audit can name what a reuse read."""
+    from repro.contract.job import Job
+
+    tail = plan.fault_job(tmp_path, "failed_store", "tail", "/m")
+    after = plan.fault_job(tmp_path, "failed_store", "tail-after-another", "/m")
+    assert after.arm.connector.extra_config | {"store_dir": 0, "audit_path": 0} == (
+        tail.arm.connector.extra_config | {"store_dir": 0, "audit_path": 0})  # fmt: skip
+    assert all(p.between is None for p in tail.probes)
+    late = plan.fault_job(tmp_path, "late_load", "whole-after-another", "/m")
+    assert late.arm.connector.extra_config["fault"] == "late_load"
+    study = {n for n, _ in plan.PROMPTS} | {plan.DECOY[0]}
+    for job in (after, late):
+        decoy, *probes = job.probes
+        assert decoy.between is None  # stored, never reused: nothing to send between
+        sent = [p.between["chat"] for p in probes]
+        assert [p.between for p in probes] == [plan.between_prompt(p.name) for p in probes]
+        assert len({plan.BETWEEN[p.name][0] for p in probes}) == len(probes)
+        assert {plan.BETWEEN[p.name][0] for p in probes}.isdisjoint(study)
+        assert all(plan.BETWEEN[p.name][1] > max(n for _, n in plan.PROMPTS) for p in probes) and len(sent) == 5
+        assert Job.from_json(job.to_json()) == job  # the contract carries it to the child
+    names = [p.name for p in plan.baseline_job(tmp_path, 1234, "/m", between=True).probes]
+    assert names == ["decoy", *(n for n, _ in plan.PROMPTS), *(plan.BETWEEN[n][0] for n, _ in plan.PROMPTS)]
+    assert [p.name for p in plan.baseline_job(tmp_path, 1234, "/m").probes] == ["decoy", *(n for n, _ in plan.PROMPTS)]
+    assert plan.needs_between(("late_load",)) and plan.needs_between(("failed_store",))
+    assert not plan.needs_between(("dropped_load", "load_error", "unreported_load", "zero_blocks"))
+    rows = {(r.fault, r.position): r for r in catalogue.ROWS}
+    assert [k for k, r in rows.items() if r.between] == [
+        ("failed_store", "tail-after-another"), ("late_load", "whole-after-another")]  # fmt: skip
+
+
+def test_a_probe_job_says_clearly_when_its_between_prompt_is_malformed():
+    from repro.contract.failure import ContractError
+    from repro.contract.job import ProbeJob
+
+    good = {"name": "a", "prompt": {"token_ids": [1, 2]}, "requests": 2, "between": {"token_ids": [3, 4]}}
+    assert ProbeJob.from_json(good).between == {"token_ids": [3, 4]}
+    assert ProbeJob.from_json(good).to_json() == good
+    for bad, said in (({"token_ids": [3], "chat": {}}, "exactly one"), ({}, "exactly one"), ([3, 4], "wrong type")):
+        with pytest.raises(ContractError, match=said):
+            ProbeJob.from_json(good | {"between": bad})
+
+
 def test_late_load_brings_the_asynchronous_control(tmp_path):
     plain = [name for name, _ in plan.control_jobs(tmp_path, 1, "/m")]
     assert plain == ["ExampleConnector", "native", "PlantedFault-none"]
@@ -231,6 +277,14 @@ def test_the_page_shows_each_row_with_its_expectation_and_what_it_measured(reuse
     html = render_page(_page_report([entry]))
     assert 'id="reported-success"' in html and "Expectations held:" in html
     assert "Restated after its first run:" in html
+
+
+def test_the_page_says_which_prompt_each_reuse_came_after():
+    report = {"loaded_tokens": 384, "faulted_blocks": [20, 21, 22, 23], "load_failure_policy": "recompute"}
+    entry = _entry("load_error", "policy-recompute", BASE, 384, report, _reported([20, 21, 22, 23]))
+    entry["between"] = {"alpha": "foxtrot"}
+    (row,) = page_model(_page_report([entry])).expected_rows
+    assert row.what.endswith("(sent between: alpha's reuse after foxtrot)")
 
 
 def test_a_matrix_without_catalogue_rows_renders_no_such_section():

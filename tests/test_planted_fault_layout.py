@@ -16,9 +16,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_vllm(), reason="vLLM 
 
 
 def _stored_blocks(model: str, work) -> list:
-    """One faithful arm (fault none): the engine stores real KV blocks; the reuse must match the cold run."""
+    """One faithful arm (fault none): the engine stores real KV blocks; the reuse must match the cold run. Another
+    prompt is sent whole between them (ProbeJob.between, as the detection study's after-another rows do): the reuse
+    is then given the blocks it freed, and a faithful load must still give the cold request's answer."""
     conn = plan.planted_connector(work, "none", "none", {})
-    job = plan.arm_job("layout-none", "connector", conn, model, [("alpha", 389, 2)], max_tokens=8)
+    job = plan.arm_job("layout-none", "connector", conn, model, [("alpha", 389, 2)], max_tokens=8, between=True)
     out = run_arm(
         job,
         workdir=work,
@@ -29,6 +31,11 @@ def _stored_blocks(model: str, work) -> list:
     assert out.failure is None, out.failure
     cold, reuse = out.result.probes[0].requests
     assert reuse.cached_tokens == 384 and reuse.token_ids == cold.token_ids
+    (between,) = out.result.effective_config["between_requests"]  # sent once, before the one reuse, and kept
+    _, length = plan.BETWEEN["alpha"]
+    assert (between["probe"], between["reuse"], between["role"], len(between["prompt_token_ids"])) == (
+        "alpha", 1, "between", length)  # fmt: skip
+    assert len(between["token_ids"]) == 8 and between["cached_tokens"] == 0  # never stored before: a cold prefill
     return sorted((work / "none.store").glob("*.pt"))
 
 

@@ -180,11 +180,17 @@ class ProbeJob:
     # native-matched arms only: before reuse i, the cache holds exactly the first match_tokens[i-1]
     # prompt tokens (a priming request of that prefix after a cache reset); None: ordinary reuse
     match_tokens: tuple[int, ...] | None = None
+    # another prompt ({"token_ids"} or {"chat"}) sent once, whole, right before each reuse: the reuse is then given
+    # the blocks that request freed, not its own cold request's (vLLM hands out the last-freed blocks first). Its
+    # answer is kept (the arm's effective_config "between_requests"), never judged; None: the reuse follows its cold
+    between: dict | None = None
 
     def to_json(self) -> dict:
         out = {"name": self.name, "prompt": self.prompt, "requests": self.requests}
         if self.match_tokens is not None:
             out["match_tokens"] = list(self.match_tokens)
+        if self.between is not None:
+            out["between"] = self.between
         return out
 
     @classmethod
@@ -196,11 +202,15 @@ class ProbeJob:
             for key, kind in (("label", str), ("lora_name", str), ("lora_int_id", int), ("path", str)):
                 read_field(prompt["adapter"], key, kind, f"{where}.prompt.adapter")
         match = read_field(data, "match_tokens", list, where, optional=True)
+        between = read_field(data, "between", dict, where, optional=True)
+        if between is not None and ("token_ids" in between) == ("chat" in between):
+            raise ContractError(f"{where}.between: give exactly one of token_ids or chat")
         return cls(
             name=read_field(data, "name", str, where),
             prompt=prompt,
             requests=read_field(data, "requests", int, where),
             match_tokens=None if match is None else read_ints(match, f"{where}.match_tokens"),
+            between=between,
         )
 
 

@@ -277,6 +277,8 @@ def _expected_row(f: dict, windows: tuple[str, ...], rows: dict) -> ExpectedRow:
         for p in f["probes"]
     )
     pool = f" (a {f['kv_cache_tokens']}-token KV pool)" if f.get("kv_cache_tokens") else ""
+    if f.get("between"):
+        pool += " (sent between: " + ", ".join(f"{p}'s reuse after {b}" for p, b in f["between"].items()) + ")"
     return ExpectedRow(
         row=_fault_row(f, windows),
         what=(rows.get((f["fault"], f["position"])) or {}).get("what", "") + pool,

@@ -86,6 +86,12 @@ PROMPTS = (("alpha", 389), ("bravo", 421), ("charlie", 453), ("delta", 300), ("e
 # Stored first, never reused: every fault probe then has an older *other* prompt for `stale`, and
 # it is the longest, so it has a block at every index the probes load.
 DECOY = ("decoy", 485)
+# A catalogue row's prompt sent between each probe's cold request and its reuse (repro.detection.catalogue.Row.between),
+# one per probe so that none is ever a reuse itself: each as long as the decoy, longer than any probe, so that it takes
+# every block the cold request freed and the reuse is given only blocks it freed. The baseline runs them too where such
+# a row runs, so that the KV audit can name them as the source of what a reuse read.
+BETWEEN = {"alpha": ("foxtrot", 485), "bravo": ("golf", 485), "charlie": ("hotel", 485), "delta": ("india", 485),
+           "echo": ("juliett", 485)}  # fmt: skip
 METHOD = (
     "Greedy decoding is deterministic and causal: the first w tokens of a 32-token generation are "
     "exactly the w-token generation. So one 32-token run per arm gives every window: a probe is "
@@ -140,6 +146,17 @@ def probe_plan(requests: int) -> list[tuple[str, int, int]]:
     return [(n, length, requests) for n, length in PROMPTS]
 
 
+def between_prompt(name: str) -> dict:
+    """The prompt sent between probe `name`'s cold request and its reuse, as ProbeJob.between."""
+    other, length = BETWEEN[name]
+    return {"chat": prompt_spec(other, length)}
+
+
+def needs_between(faults: tuple[str, ...]) -> bool:
+    """Whether a catalogue row among `faults` sends a prompt between its cold requests and their reuses."""
+    return any(r.between for f in faults for r in catalogue.rows_of(f))
+
+
 def engine_config(model: str, kv_cache_tokens: int | None = None) -> EngineConfig:
     """The study's engine; kv_cache_tokens: a row's own pool (default: gpu_memory_utilization's)."""
     config = EngineConfig(
@@ -164,6 +181,7 @@ def arm_job(
     max_tokens: int = MAX_TOKENS,
     scratch: Path | None = None,
     kv_cache_tokens: int | None = None,
+    between: bool = False,
 ) -> Job:
     """The engine job of one arm (repro.run.runner.run_arm's input); every job of the study is built here,
     through the verifier's own repro.contract.job.build_job. With `scratch`, the arm's KV audit records
@@ -171,7 +189,12 @@ def arm_job(
     return build_job(
         ArmSpec(name, mode, connector),
         engine_config(model, kv_cache_tokens),
-        [ProbeJob(n, {"chat": prompt_spec(n, length)}, k) for n, length, k in probes],
+        [
+            ProbeJob(
+                n, {"chat": prompt_spec(n, length)}, k, between=between_prompt(n) if between and n in BETWEEN else None
+            )
+            for n, length, k in probes
+        ],
         max_tokens=max_tokens,
         logprobs=LOGPROBS,
         kv_audit_dir=None if scratch is None else str(kv_audit_dir(scratch, name)),
@@ -196,10 +219,11 @@ def planted_connector(scratch: Path, name: str, fault: str, params: dict) -> Con
     )
 
 
-def baseline_job(scratch: Path, seed: int | str, model: str) -> Job:
+def baseline_job(scratch: Path, seed: int | str, model: str, between: bool = False) -> Job:
     """The cache-off reference; its KV audit records the reference KV of its model's arms. It runs the
-    decoy too: a fault that serves the decoy's KV then has the decoy's answer and blocks to be named by."""
-    probes = [(DECOY[0], DECOY[1], 1)] + probe_plan(1)
+    decoy too: a fault that serves the decoy's KV then has the decoy's answer and blocks to be named by; with
+    `between`, the prompts sent between (BETWEEN) too, after the study's own."""
+    probes = [(DECOY[0], DECOY[1], 1)] + probe_plan(1) + ([(*BETWEEN[n], 1) for n, _ in PROMPTS] if between else [])
     return arm_job(f"baseline-{model_tag(seed)}", "baseline", None, model, probes, scratch=scratch)
 
 
@@ -238,4 +262,5 @@ def fault_job(scratch: Path, fault: str, position: str, model: str, max_tokens: 
     name = f"{fault}-{position}" + ("" if full else f"-{max_tokens}tok")
     probes = [(DECOY[0], DECOY[1], 1)] + probe_plan(2)
     conn = planted_connector(scratch, name, fault, params)
-    return arm_job(name, "connector", conn, model, probes, max_tokens, scratch if full else None, pool)
+    between = row is not None and row.between
+    return arm_job(name, "connector", conn, model, probes, max_tokens, scratch if full else None, pool, between)

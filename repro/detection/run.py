@@ -107,7 +107,7 @@ def run_controls(
     baselines, entries = {}, []
     for seed in sorted(models):
         model = models[seed][0]
-        base, failure = runner.run(plan.baseline_job(runner.work, seed, model))
+        base, failure = runner.run(plan.baseline_job(runner.work, seed, model, plan.needs_between(faults)))
         baselines[seed] = None if failure else base
         if seed not in seeds:
             continue
@@ -148,6 +148,8 @@ def run_faults(
                 entries[-1]["expectation"] = row.to_json()["expectation"]
                 if row.kv_cache_tokens is not None:
                     entries[-1]["kv_cache_tokens"] = row.kv_cache_tokens
+                if row.between:  # the prompt sent between each cold request and its reuse, by probe
+                    entries[-1]["between"] = {n: plan.BETWEEN[n][0] for n, _ in plan.PROMPTS}
             runner.audited.setdefault(key, []).append(Audited(job.arm.name, job.arm.mode, entries[-1], result, True))
     check = {"window": plan.PREFIX_CHECK_WINDOW, "ok": False, "requests_compared": 0, "detail": "not run"}
     if plan.PREFIX_CHECK_FAULT in results:

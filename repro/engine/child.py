@@ -165,7 +165,7 @@ def run_job(job: Job, keep: list) -> ArmResult:
         temperature=0.0, max_tokens=job.max_tokens, ignore_eos=True, logprobs=job.logprobs, seed=job.engine.seed
     )
     t_gen = time.monotonic()
-    probes, scenario, gpu_resets = [], None, []
+    probes, scenario, gpu_resets, between = [], None, [], []
     multi = job.arm.connector is not None and job.arm.connector.name == MULTI_CONNECTOR
     beneath = job.arm.connector is not None and job.arm.connector.gpu_prefix_cache
     loras = AdapterRequests(job)  # the LoRA adapter each probe runs under (repro.engine.adapters)
@@ -196,6 +196,8 @@ def run_job(job: Job, keep: list) -> ArmResult:
             if i > 0 and beneath and job.arm.connector.gpu_cache_reset == "before-reuse":
                 # the GPU prefix cache forgets, the connector's tier stays: the reuse is the connector's to serve
                 gpu_resets.append(bool(llm.reset_prefix_cache()))
+            if i > 0 and probe.between is not None:  # another prompt, whole, between this reuse and what came before
+                between.append(_between(llm, tokenizer, probe, i, sp, audit))
             before = external_hits()[0] if beneath else None
             out = llm.generate([mm_prompt(ids, probe.prompt)], sampling_for(sp, [probe.prompt]), use_tqdm=False,
                                **lora)[0]  # fmt: skip
@@ -224,6 +226,7 @@ def run_job(job: Job, keep: list) -> ArmResult:
             **(config := effective_config(llm)),
             **process_facts(probes, audit, scenario),
             **({"gpu_cache_resets": gpu_resets} if gpu_resets else {}),
+            **({"between_requests": between} if between else {}),
             **({"served": llm.served_facts()} if served and "served" not in config else {}),
             **({"cache_salt": salts} if salts else {}),  # probed where a probe names a tenant salt
             # what speculative decoding did (--speculative-config): drafted and accepted tokens
@@ -319,6 +322,18 @@ def _prime(llm, prefix: list[int], audit, lora: dict, salt: str | None = None) -
     llm.generate([TokensPrompt(prompt_token_ids=prefix, **salted)], SamplingParams(temperature=0.0, max_tokens=1),
                  use_tqdm=False, **lora)  # fmt: skip
     return audit.take(prefix)
+
+
+def _between(llm, tokenizer, probe, reuse: int, sp, audit) -> dict:
+    """Send a probe's `between` prompt once, whole and greedy as the probes are, right before its reuse `reuse`:
+    what it answered (kept, never judged) and its audit record (taken, so the reuse gets its own)."""
+    if "token_ids" in probe.between:
+        ids = list(probe.between["token_ids"])
+    else:
+        ids, _ = build_chat_prompt(tokenizer, probe.between["chat"])
+    out = llm.generate([mm_prompt(ids, probe.between)], sp, use_tqdm=False)[0]
+    result = _request(out, "between", audit.take(ids))
+    return {"probe": probe.name, "reuse": reuse, "prompt_token_ids": ids, **result.to_json()}
 
 
 def _preflight_problems(job: Job) -> list[str]:
