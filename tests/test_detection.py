@@ -422,6 +422,23 @@ def test_a_fault_rows_reuses_are_judged_for_replays_of_every_prompts_answer():
     ]  # no audit column on this row: whether decoy's KV was served is not known
 
 
+def test_a_reuse_replays_only_prompts_its_engine_was_sent():
+    """alpha's reuse answers as foxtrot did, but foxtrot is only in the baseline (it runs there for a row that sends
+    it between a cold request and its reuse): no replay here. Where this arm sent foxtrot between (its
+    effective_config.between_requests, by token IDs), the same answer is a replay of foxtrot's."""
+    foxtrot = _probe("foxtrot", [DECOY_ANSWER])
+    baseline = {"probes": [_probe("alpha", [tuple(BASE)]), foxtrot]}
+    probes = [_probe("alpha", [tuple(BASE), DECOY_ANSWER[:9] + tuple(BASE[9:])])]
+    alone = fault_entry("other_prompt", "prefix", {}, {"probes": probes}, None, baseline, [])
+    assert alone["probes"][0]["reuse_replays"] == [[]]
+    between = {"probe": "alpha", "reuse": 1, "prompt_token_ids": foxtrot["prompt_token_ids"]}
+    sent = {"probes": probes, "effective_config": {"between_requests": [between]}}
+    entry = fault_entry("other_prompt", "prefix", {}, sent, None, baseline, [])
+    assert entry["probes"][0]["reuse_replays"] == [
+        [{"probe": "foxtrot", "request": "baseline", "from": 0, "tokens": 9}]
+    ]
+
+
 def _replay_row(name: str, replays: list, served_from: list | None) -> dict:
     row = {"name": name, "reuse_replays": replays}
     return row if served_from is None else {**row, "kv": {"served_from": served_from}}

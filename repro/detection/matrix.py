@@ -152,9 +152,19 @@ def judge_probe(base_probe: dict, probe: dict, answers: dict[str, list[int]] | N
     }
 
 
-def answers_of(baseline: dict) -> dict[str, list[int]]:
-    """What a divergent reuse may replay: every prompt's baseline answer (the decoy's included)."""
-    return {p["name"]: list(p["requests"][0]["token_ids"]) for p in baseline["probes"] if p["requests"]}
+def answers_of(baseline: dict, result: dict) -> dict[str, list[int]]:
+    """What a divergent reuse of `result`'s arm may replay: the baseline answer of every prompt its engine was sent
+    (the decoy's included where it ran; repro.judge.evaluate.served_prompts)."""
+    seen = evaluate.served_prompts(
+        [p["name"] for p in result["probes"]],
+        (result.get("effective_config") or {}).get("between_requests"),
+        {p["name"]: p.get("prompt_token_ids") for p in baseline["probes"]},
+    )
+    return {
+        p["name"]: list(p["requests"][0]["token_ids"])
+        for p in baseline["probes"]
+        if p["requests"] and p["name"] in seen
+    }
 
 
 def replay_tally(probes: list[dict]) -> dict | None:
@@ -234,7 +244,7 @@ def fault_entry(
     if error is not None:
         return entry
     base = {p["name"]: p for p in baseline["probes"]}
-    answers = answers_of(baseline)
+    answers = answers_of(baseline, result)
     loading = [r for p in result["probes"] for r in p["requests"] if planted_fault(r).get("loaded_tokens")]
     # one audit line per request that loaded tokens, in request order; a request vLLM failed comes back without its
     # kv_transfer_params, and then no line is paired with a request it may not belong to
@@ -270,7 +280,7 @@ def control_entry(arm: str, seed: int, result: dict | None, error: dict | None, 
     if error is not None:
         return entry
     base = {p["name"]: p for p in baseline["probes"]}
-    answers = answers_of(baseline)
+    answers = answers_of(baseline, result)
     for probe in result["probes"]:
         row = judge_probe(base[probe["name"]], probe, answers)
         entry["probes"].append(row)

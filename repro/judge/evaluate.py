@@ -124,6 +124,15 @@ def _replays(
     return [r.as_dict() for r in found]
 
 
+def served_prompts(names, between_requests, base_prompts: Mapping[str, object]) -> set[str]:
+    """The baseline's probes whose prompt an arm's engine was sent: its own probes (names), and those sent between
+    a cold request and its reuse (its effective_config's between_requests, matched to base_prompts, probe name ->
+    prompt token IDs). Only their answers can be what a divergent reuse replays: a probe the arm never ran left no
+    KV in it."""
+    sent = {tuple(b.get("prompt_token_ids") or ()) for b in between_requests or ()}
+    return set(names) | {name for name, ids in base_prompts.items() if tuple(ids or ()) in sent}
+
+
 def judge_probe(
     probe: ProbeResult,
     baseline_probe: ProbeResult | None,
@@ -210,7 +219,11 @@ def judge_arm(
         if problems:
             return [], decide_incomparable(problems)
     base_probes = {p.name: p for p in (baseline.probes if baseline else ())}
-    answers = {name: list(p.requests[0].token_ids) for name, p in base_probes.items() if p.requests}
+    between = (result.effective_config or {}).get("between_requests")
+    seen = served_prompts(
+        [p.name for p in result.probes], between, {n: p.prompt_token_ids for n, p in base_probes.items()}
+    )
+    answers = {name: list(p.requests[0].token_ids) for name, p in base_probes.items() if p.requests and name in seen}
     sibs = adapters.siblings(base_probes.values()) if mode != "baseline" else {}
     judged = [
         judge_probe(p, base_probes.get(p.name), mode, answers, counts_external, sibs.get(p.name), max_tokens)
