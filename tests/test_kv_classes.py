@@ -88,6 +88,32 @@ def test_the_comparison_names_the_nearest_block_where_the_bytes_equal_none(tmp_p
         assert found[(0, plane, 2)]["source"] == "probe q block 0" and 0 < found[(0, plane, 2)]["rel"] < 0.01
 
 
+def test_the_comparison_names_only_prompts_the_arms_engine_was_sent(tmp_path):
+    """A block equal to probe q's and one nearest q's: named after q where the arm ran q, after nothing (or its own
+    prompt) where it never did (the job's sources, repro.judge.kvaudit.compare_job): no prompt the engine was never
+    sent is a source."""
+    ref, other = _reference(1), _reference(2)
+    _write(tmp_path / "base", 0, "computed", ref)
+    _write(tmp_path / "base", 1, "computed", other)
+    loaded = [t.clone() for t in ref]
+    g = torch.Generator().manual_seed(7)
+    loaded[0][1] = other[0][3].clone()
+    loaded[0][2] = (other[0][0].float() * (1 + 1e-3 * torch.randn(ref[0][4].shape, generator=g))).half()
+    _write(tmp_path / "arm", 7, "reused", loaded)
+
+    def matches(sources):
+        arm = {"name": "A", "dir": str(tmp_path / "arm"), "requests": [
+            {"probe": "p", "index": 1, "seq": 7, "kind": "reused", "layers": 2}]}  # fmt: skip
+        if sources is not None:
+            arm["sources"] = sources
+        job = {"reference": {"dir": str(tmp_path / "base"), "probes": {"p": 0, "q": 1}}, "arms": [arm]}
+        got = kvcompare.run(json.loads(json.dumps(job)))["arms"]["A"]["p"]["1"]
+        return {(m["layer"], m["plane"], m["block"]): m.get("probe") for m in got["matches"]}
+
+    assert matches(None) == matches(["p", "q"]) == {(0, pl, b): "q" for pl in ("K", "V") for b in (1, 2)}
+    assert "q" not in set(matches(["p"]).values())
+
+
 def _raw_reuse(n, classes_for, matches):
     """A reuse's raw comparison: n blocks, one layer; classes_for(plane) -> (identical, rel) per block."""
     planes = {}

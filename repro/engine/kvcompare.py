@@ -11,7 +11,8 @@ error where it is nearer than the cell's own position (the parent keeps it when 
 arm's floor: the same KV drifted as a prefill drifts). It decides nothing: classes and verdicts are the parent's (repro.judge.kvaudit, repro.judge.verdict).
 
 JOB: {"reference": {"dir": D, "probes": {probe: seq}},
-      "arms": [{"name": A, "dir": D, "requests": [{"probe": P, "index": i, "seq": s, "kind": "reused"|"computed",
+      "arms": [{"name": A, "dir": D, "sources": [probe, ...] (what its cells may be named after; absent: any),
+                "requests": [{"probe": P, "index": i, "seq": s, "kind": "reused"|"computed",
                                                     "layers": n}]}]}
 OUT: {"arms": {A: {P: {str(index): {"kind", "num_blocks", "layers", "planes": {"K": {"identical", "max_abs", "rel"},
       "V": ...}, "matches": [{"layer", "plane", "block", "source", "probe", "src_block", "src_plane", "rel"}],
@@ -34,10 +35,15 @@ PLANES = ("K", "V")
 
 
 def _load(directory: str, seq: int, kind: str, layer: int) -> torch.Tensor | None:
+    """One layer's blocks: a .pt from vLLM's audit, or a .npy from llama.cpp's (repro.llamacpp.audit)."""
     path = os.path.join(directory, f"{seq:06d}.{kind}.{layer:03d}.pt")
-    if not os.path.exists(path):
-        return None
-    return torch.load(path, map_location="cpu", weights_only=True)
+    if os.path.exists(path):
+        return torch.load(path, map_location="cpu", weights_only=True)
+    if os.path.exists(path[:-3] + ".npy"):
+        import numpy as np
+
+        return torch.from_numpy(np.load(path[:-3] + ".npy", allow_pickle=False))
+    return None
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -90,20 +96,25 @@ class ReferenceIndex:
             self._rows[li] = None if rows is None else (rows, rows.norm(dim=1), labels)
         return self._rows[li]
 
-    def source(self, li: int, probe: str, block: int, plane: str, loaded: torch.Tensor) -> dict | None:
+    def source(
+        self, li: int, probe: str, block: int, plane: str, loaded: torch.Tensor, sources: set[str] | None = None
+    ) -> dict | None:
         """The block-plane whose bytes the loaded ones equal exactly (this probe's own first), or zeros; None when
-        none does, or only the cell's own position does."""
+        none does, or only the cell's own position does. sources: the probes it may be (those the arm's engine was
+        sent); None: any."""
         if not bool(_bytes(loaded).any()):
             return _match("zeros", None, None, None, 0.0)
-        hits = self.layer(li).get(_digest(loaded), [])
+        hits = [h for h in self.layer(li).get(_digest(loaded), []) if sources is None or h[0] in sources]
         hits = [h for h in hits if h[0] == probe] or hits
         hits = [h for h in hits if h != (probe, block, plane)]
         return _labelled(hits[0], probe, block, plane, 0.0) if hits else None
 
-    def nearest(self, li: int, probe: str, cells: list[tuple[int, str, torch.Tensor, float | None]]) -> list:
+    def nearest(
+        self, li: int, probe: str, cells: list[tuple[int, str, torch.Tensor, float | None]], sources=None
+    ) -> list:
         """For each cell (block, plane, loaded bytes, its own rel) of one layer: the block-plane of any probe nearest
-        the loaded bytes by relative error, when it is not the cell's own position and is nearer than that (None
-        otherwise); the parent decides whether it is near enough (the floor)."""
+        the loaded bytes by relative error (of `sources` where given), when it is not the cell's own position and is
+        nearer than that (None otherwise); the parent decides whether it is near enough (the floor)."""
         found = self.rows(li)
         if found is None or not cells:
             return [None] * len(cells)
@@ -113,11 +124,16 @@ class ReferenceIndex:
         # directly, with no cancellation
         approx = ((norms**2)[None, :] - 2 * (xs @ rows.T) + (xs * xs).sum(1)[:, None]).clamp_min(0)
         approx = approx.sqrt() / norms.clamp_min(1e-30)[None, :]
+        if sources is not None:  # a prompt the arm's engine was never sent left no KV in it
+            barred = torch.tensor([label[0] not in sources and label[0] != probe for label in labels])
+            approx[:, barred] = math.inf
         short = approx.topk(min(4, len(labels)), dim=1, largest=False).indices.tolist()
         out = []
         for (block, plane, _, own_rel), x, candidates in zip(cells, xs, short):
             best = None
             for i in candidates:
+                if sources is not None and labels[i][0] not in sources and labels[i][0] != probe:
+                    continue
                 r = float((rows[i] - x).norm() / norms[i]) if float(norms[i]) > 0 else math.inf
                 key = (r, labels[i][0] != probe, abs(labels[i][1] - block))
                 if best is None or key < best[0]:
@@ -144,7 +160,9 @@ def _labelled(hit: tuple[str, int, str], probe: str, block: int, plane: str, rel
     return _match(where if pl == plane else f"{where} ({pl} plane)", p, b, pl, rel)
 
 
-def compare_request(ref_dir: str, ref_seq: int, arm_dir: str, req: dict, index: ReferenceIndex) -> dict:
+def compare_request(
+    ref_dir: str, ref_seq: int, arm_dir: str, req: dict, index: ReferenceIndex, sources: set[str] | None = None
+) -> dict:
     planes = {p: {"identical": [], "max_abs": [], "rel": []} for p in PLANES}
     matches, num_blocks = [], None
     for li in range(int(req["layers"])):
@@ -175,13 +193,13 @@ def compare_request(ref_dir: str, ref_seq: int, arm_dir: str, req: dict, index: 
                 r, d = float(rn[b, p]), float(dn[b, p])
                 rel.append(_num(d / r) if r > 0 else (0.0 if d == 0 else None))
                 if not bool(same[b, p]):
-                    src = index.source(li, req["probe"], b, plane, got[b, p])
+                    src = index.source(li, req["probe"], b, plane, got[b, p], sources)
                     if src is not None:
                         layer_matches[(b, plane)] = src
                     else:
                         unknown.append((b, plane, got[b, p], rel[-1]))
             planes[plane]["rel"].append(rel)
-        for (b, plane, _, _), src in zip(unknown, index.nearest(li, req["probe"], unknown)):
+        for (b, plane, _, _), src in zip(unknown, index.nearest(li, req["probe"], unknown, sources)):
             if src is not None:
                 layer_matches[(b, plane)] = src
         matches += [{"layer": li, "plane": pl, "block": b, **src} for (b, pl), src in sorted(layer_matches.items())]
@@ -201,13 +219,14 @@ def run(job: dict) -> dict:
     out: dict = {"arms": {}}
     for arm in job["arms"]:
         per_probe: dict = out["arms"].setdefault(arm["name"], {})
+        sources = set(arm["sources"]) if arm.get("sources") is not None else None
         for req in arm["requests"]:
             slot = per_probe.setdefault(req["probe"], {})
             ref_seq = ref["probes"].get(req["probe"])
             try:
                 if ref_seq is None:
                     raise LookupError("the baseline recorded no reference KV for this probe")
-                slot[str(req["index"])] = compare_request(ref["dir"], int(ref_seq), arm["dir"], req, index)
+                slot[str(req["index"])] = compare_request(ref["dir"], int(ref_seq), arm["dir"], req, index, sources)
             except Exception as exc:  # noqa: BLE001 - one request's gap never hides the others
                 slot[str(req["index"])] = {"kind": req["kind"], "error": f"{type(exc).__name__}: {exc}"[:500]}
     return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 from repro.contract.result import ArmResult
+from repro.judge.evaluate import served_prompts
 from repro.judge.kv_grid import compact_plane
 from repro.judge.kv_shape import describe
 from repro.judge.kv_verdict import (
@@ -88,7 +89,11 @@ def compare_job(baseline: ArmResult, audited: dict[str, ArmResult]) -> dict:
                         "layers": len(rec["layers"]),
                     }
                 )
-        arms.append({"name": name, "dir": (res.kv_audit or {}).get("dir"), "requests": reqs})
+        # what a cell's bytes may be named after: the prompts this arm's engine was sent (repro.judge.evaluate)
+        between = (res.effective_config or {}).get("between_requests")
+        prompts = {p.name: p.prompt_token_ids for p in baseline.probes}
+        sources = sorted(served_prompts([p.name for p in res.probes], between, prompts))
+        arms.append({"name": name, "dir": (res.kv_audit or {}).get("dir"), "requests": reqs, "sources": sources})
     return {"reference": {"dir": ref_dir, "probes": ref_probes}, "arms": arms}
 
 
