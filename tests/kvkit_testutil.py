@@ -67,6 +67,23 @@ def need_newest_cpu_python() -> str:
     return py
 
 
+# llama.cpp's environment (tasks.py LLAMACPP_ENV; make test-extended and make repro ENGINE=llamacpp build it)
+LLAMACPP_ENV = ROOT / ".venvs" / "llamacpp"
+
+
+def need_llamacpp_python() -> str:
+    """.venvs/llamacpp's interpreter, or the test fails where make test-extended should have built it; only a bare
+    pytest skips."""
+    py = LLAMACPP_ENV / "bin" / "python"
+    if not (LLAMACPP_ENV / ".kvkit-llamacpp-wheel").is_file():
+        import pytest
+
+        if os.environ.get("KVKIT_MAKE_TEST"):
+            pytest.fail(f"{LLAMACPP_ENV.relative_to(ROOT)} is missing, though make test-extended builds it")
+        pytest.skip(f"{LLAMACPP_ENV.relative_to(ROOT)} not built (make repro ENGINE=llamacpp builds it)")
+    return str(py)
+
+
 def engine_block_size(python: str | None = None) -> int:
     """The block size the CPU self-test's --block-size auto picks for this interpreter's vLLM (asked of its attention
     backend once per install: repro.plan.interpreter.probe_engine): what the tests' block arithmetic is in."""

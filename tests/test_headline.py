@@ -124,3 +124,17 @@ def test_acceptance_is_explained_where_shown(matched):
     if matched is False:
         assert "the fixture states nothing for native" in text
     assert FAIL not in text
+
+
+def test_a_llamacpp_run_names_llamacpp_where_vllm_stands_never_the_parents_vllm():
+    """The verifier of a llama.cpp run runs in the kit's CPU environment, which has vLLM: the headline, the index and
+    the stack name the engine that ran (the child's engine_versions), and its vLLM is none."""
+    report = _v2()
+    report["provenance"]["engine_versions"] = {"engine": "llama.cpp", "llama_cpp_python": "0.3.36"}
+    report["provenance"].setdefault("packages", {})["vllm"] = "0.28.0"
+    read = read_like(report)
+    assert read.engine == "llama.cpp" and read.package_version("vllm") == "—"
+    assert read.engine_text == "llama.cpp (llama-cpp-python 0.3.36)"
+    assert "(llama.cpp (llama-cpp-python 0.3.36), " in headline(report) and "vLLM" not in headline(report)
+    assert build_index_row(report, stem="a", href="a.html").vllm == "— (llama.cpp (llama-cpp-python 0.3.36))"
+    assert read_like(_v2()).engine == "vLLM"

@@ -15,6 +15,9 @@ from kvkit_testutil import ROOT
 
 HEAVY = ("vllm", "torch", "lmcache")
 ENGINE = "repro.engine"
+# llama.cpp's child (repro.llamacpp) is the only place llama_cpp is imported, and it imports none of HEAVY: its
+# environment (.venvs/llamacpp) has no vLLM and no torch
+LLAMACPP = "repro.llamacpp"
 # What the engine child may take from the parent's side: the contract and leaf helpers, never
 # the parent's machinery (the runner, the verifier, the planner, the command line).
 PARENT_ONLY = (
@@ -86,6 +89,21 @@ def test_nothing_outside_the_engine_package_imports_a_heavy_stack():
         if not is_engine(module)
     }
     assert {m: names for m, names in offenders.items() if names} == {}
+
+
+def test_only_llamacpps_child_imports_llama_cpp_and_it_imports_no_heavy_stack():
+    def home(module: str) -> bool:
+        return module == LLAMACPP or module.startswith(LLAMACPP + ".")
+
+    offenders = {}
+    for module, tree in package_modules().items():
+        names = imported(tree, module)
+        bad = [n for n in names if n.split(".")[0] == "llama_cpp"] if not home(module) else []
+        bad += [n for n in names if n.split(".")[0] in HEAVY] if home(module) else []
+        bad += [n for n in names if n.startswith(PARENT_ONLY) or is_engine(n)] if home(module) else []
+        if bad:
+            offenders[module] = sorted(bad)
+    assert offenders == {}
 
 
 def test_the_engine_child_does_not_reach_into_the_parent_side():

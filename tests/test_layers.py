@@ -11,8 +11,8 @@ package above it; a module on no floor fails the test: give it one.
   core       pure decisions and the inputs they read: verdicts and their wording, trials, fixtures,
              suites, judging an arm, the report file (schema, loading, exit codes), models and
              provenance, a matrix file and its cells
-  engine     the child side (repro.engine): the only floor that imports vLLM, torch or LMCache
-             (tests/test_imports.py), above what it shares with the parent
+  engine     the child side (repro.engine, and llama.cpp's repro.llamacpp): the only floor that imports vLLM,
+             torch, LMCache or llama.cpp (tests/test_imports.py), above what it shares with the parent
   options    the verifier's command line: its flags checked into Options
   machinery  the parent side of a run: planning the arms, scheduling them, running children and MP
              servers, their work directory, the load neighbours, the KV audit; the detection study's plan
@@ -40,11 +40,11 @@ from test_imports import package_modules
 
 # Each floor and the names on it, lowest first; a line that starts with spaces goes on with the floor above.
 FLOOR_TABLE = """
-base       repro repro.errors repro.paths repro.record.atomic repro.contract repro.judge.compare repro.judge.logscan repro.run.lifeline
+base       repro repro.errors repro.paths repro.record.atomic repro.record.child_io repro.contract repro.judge.compare repro.judge.logscan repro.run.lifeline
            repro.run.progress repro.plan.prompts repro.judge.replays repro.run.sharing repro.plan.devices repro.commands
            repro.judge.answer
            repro.plan.settings repro.plan.interpreter repro.run.exits repro.lmcache.mp_ports repro.plan.block_size
-           repro.plan.report_path
+           repro.plan.report_path repro.plan.llamacpp repro.llamacpp.build
 core       repro.judge.verdict repro.judge.wording repro.judge.trials repro.plan.fixtures repro.plan.suite repro.judge.evaluate repro.record.report
            repro.models repro.models.tiny repro.models.sliding repro.models.hybrid repro.record.provenance repro.matrix.spec
            repro.matrix.cell
@@ -54,7 +54,7 @@ core       repro.judge.verdict repro.judge.wording repro.judge.trials repro.plan
            repro.plan.load repro.plan.prompt_logprobs repro.judge.prompt_logprobs repro.plan.endpoint repro.plan.images
            repro.judge.pd_verdict repro.judge.pd_kvaudit repro.disagg repro.disagg.cases repro.judge.upstream repro.plan.upstream
            repro.plan.fixture_keys repro.plan.salts repro.judge.salts repro.plan.speculative
-engine     repro.engine
+engine     repro.engine repro.llamacpp
 options    repro.plan.options
 machinery  repro.plan.arms repro.run.scheduler repro.run.runner repro.run.warm repro.run.workdir repro.lmcache.ops repro.lmcache.mp
            repro.lmcache.signals repro.run.neighbour repro.run.gpu_load repro.run.cpu_load repro.judge.kvaudit repro.run.scenarios
@@ -77,7 +77,8 @@ commands   repro.verify repro.verify_kv_reuse repro.__main__ repro.measure.bench
 # The rooms, lowest first. "ground" is repro/'s own modules below every room (the package, errors, paths, the
 # command registry); "entry" is the verifier's pipeline and entry points (repro/verify.py and the two mains).
 ROOM_ORDER = (
-    "ground", "contract", "judge", "plan", "record", "lmcache", "run", "models", "engine", "readmodel", "publish",
+    "ground", "contract", "judge", "plan", "record", "lmcache", "run", "models", "engine", "llamacpp", "readmodel",
+    "publish",
     "detection", "matrix", "measure", "disagg", "kit", "chaos", "watch", "entry",
 )  # fmt: skip
 GROUND = {"repro", "repro.errors", "repro.paths", "repro.commands"}

@@ -13,18 +13,15 @@ import time
 
 _T_PROCESS = time.monotonic()  # before any heavy import: engine start counts from here
 
-import json
 import os
 import sys
 import traceback
 from dataclasses import replace
 
-from repro.contract.job import MULTI_CONNECTOR, PREFLIGHT_GATE_ENV, PROBES_FILE_KEY, Job, ProbeJob, progress_path
+from repro.contract.chat import build_chat_prompt
+from repro.contract.job import MULTI_CONNECTOR, PREFLIGHT_GATE_ENV, Job
 from repro.contract.result import (
-    EXIT_OK,
-    EXIT_RAISED,
     ArmResult,
-    ChildError,
     ProbeResult,
     ScenarioResult,
     StepRequest,
@@ -45,7 +42,7 @@ from repro.engine.outputs import (
 )
 from repro.engine.prompt_logprobs import record as plp_record
 from repro.engine.prompt_logprobs import sampling_for
-from repro.record.atomic import dumps_json, write_bytes_atomic
+from repro.record.child_io import read_job, report_stage, wait_for_probes, write_result
 
 
 class PreflightStopped(RuntimeError):
@@ -72,71 +69,6 @@ def wait_for_preflight(job: Job) -> float:
         if word == "go":
             return time.monotonic() - t0
         raise PreflightStopped(f"the first arm's preflight failed ({word!r}): no engine built")
-
-
-class ProbesStopped(RuntimeError):
-    """A native-matched arm's connector arm gave nothing to match, or the run is stopping."""
-
-
-def wait_for_probes(job: Job) -> Job:
-    """native-matched: the engine is built while the connector arm runs; its probes (the prefix
-    lengths that arm reused) arrive in job.probes_file when that arm is done (written atomically
-    by the parent). The wait is after engine start and before generation, so it counts in neither."""
-    report_stage(job, "waiting for the connector arm's reuse lengths", preflight_ok=True)
-    while True:
-        try:
-            with open(job.probes_file, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except FileNotFoundError:
-            time.sleep(0.1)
-            continue
-        if PROBES_FILE_KEY not in data:
-            raise ProbesStopped(f"no probes to match: {data.get('stop', data)}")
-        probes = tuple(ProbeJob.from_json(p, f"probes_file[{i}]") for i, p in enumerate(data[PROBES_FILE_KEY]))
-        return replace(job, probes=probes, probes_file=None)
-
-
-def report_stage(job: Job, stage: str, preflight_ok: bool | None = None) -> None:
-    """Tell the parent where this child is (its progress display; and, for the first arm, that the
-    preflight passed so the other arms may start). Never fails the arm."""
-    if not job.output:
-        return
-    try:
-        data = {"stage": stage, "at": round(time.time(), 3)}
-        if preflight_ok is not None:
-            data["preflight_ok"] = preflight_ok
-        write_bytes_atomic(progress_path(job.output), dumps_json(data).encode("utf-8"))
-    except Exception:  # noqa: BLE001 - progress is a display, never a result
-        traceback.print_exc()
-
-
-def build_chat_prompt(tokenizer, spec: dict) -> tuple[list[int], list[dict]]:
-    """Token IDs of exactly spec['length'] tokens: chat template around a truncated filler.
-
-    The last message's content is the filler; it is cut at token level so the templated prompt
-    has the exact length the probe asks for, with whatever tokenizer the model ships.
-    """
-    marker = "\u2063KVKIT_FILLER\u2063"
-    messages = [dict(m) for m in spec["messages"]]
-    messages[-1]["content"] = messages[-1]["content"] + marker
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    if text.count(marker) != 1:
-        raise ValueError("chat template does not render the filler exactly once")
-    pre_text, post_text = text.split(marker)
-    pre = tokenizer.encode(pre_text, add_special_tokens=False)
-    post = tokenizer.encode(post_text, add_special_tokens=False)
-    budget = int(spec["length"]) - len(pre) - len(post)
-    if budget < 0:
-        raise ValueError(f"chat probe length {spec['length']} is shorter than its template ({len(pre) + len(post)})")
-    repeat = 1
-    filler = tokenizer.encode(spec["filler"], add_special_tokens=False)
-    while len(filler) < budget:
-        repeat *= 2
-        filler = tokenizer.encode(" ".join([spec["filler"]] * repeat), add_special_tokens=False)
-    ids = pre + filler[:budget] + post
-    final = [dict(m) for m in spec["messages"]]
-    final[-1]["content"] = final[-1]["content"] + tokenizer.decode(filler[:budget])
-    return ids, final
 
 
 def run_job(job: Job, keep: list) -> ArmResult:
@@ -351,30 +283,18 @@ def _preflight_problems(job: Job) -> list[str]:
         return []
 
 
-def _raised(job: Job, exc: BaseException) -> ArmResult:
-    return ArmResult(
-        arm=job.arm.name,
-        pid=os.getpid(),
-        fixture_sha256=job.fixture_sha256,
-        error=ChildError(type(exc).__name__, str(exc)[:2000]),
-    )
-
-
 def run_and_write(job: Job, keep: list) -> int:
-    """Run the job and write its result; returns the child's exit code. Serializing the result is
-    part of the run: a result that cannot be written (a NaN, say) is a raised error, exit EXIT_RAISED."""
-    try:
+    """Run the job (its preflight first, where it has one) and write its result (repro.record.child_io.write_result);
+    returns the child's exit code."""
+
+    def produce() -> ArmResult:
         report_stage(job, "preflight" if job.preflight is not None else "importing")
         problems = _preflight_problems(job)
         if job.preflight is not None:
             report_stage(job, "importing" if not problems else "preflight failed", preflight_ok=not problems)
-        result = ArmResult(arm=job.arm.name, preflight_problems=tuple(problems)) if problems else run_job(job, keep)
-        data, code = dumps_json(result.to_json()), EXIT_OK
-    except BaseException as exc:  # noqa: BLE001 - the parent turns this into a named ERROR with the log tail
-        traceback.print_exc()
-        data, code = dumps_json(_raised(job, exc).to_json()), EXIT_RAISED
-    write_bytes_atomic(job.output, data.encode("utf-8"))
-    return code
+        return ArmResult(arm=job.arm.name, preflight_problems=tuple(problems)) if problems else run_job(job, keep)
+
+    return write_result(job, produce)
 
 
 def slot_cores(environ) -> list[int] | None:
@@ -393,11 +313,9 @@ def slot_cores(environ) -> list[int] | None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m repro.engine JOB.json", file=sys.stderr)
+    job = read_job(argv, "repro.engine")
+    if job is None:
         return 2
-    with open(argv[0], encoding="utf-8") as fh:
-        job = Job.from_json(json.load(fh))
     print(
         f"kvkit-engine: arm={job.arm.name} pid={os.getpid()} PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED')}",
         flush=True,

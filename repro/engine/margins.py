@@ -43,7 +43,7 @@ def measure_seed(seed: int, fixture: str) -> dict:
     from transformers import AutoTokenizer
     from vllm import SamplingParams, TokensPrompt
 
-    from repro.engine.child import build_chat_prompt
+    from repro.contract.chat import build_chat_prompt
     from repro.models.tiny import make_tiny_model
     from repro.plan.suite import BOUNDARY_LENGTHS, boundary_probe
 
@@ -75,7 +75,7 @@ def measure_steps(model: str, fixture: str, dtype: str) -> dict:
     from transformers import AutoTokenizer
     from vllm import SamplingParams, TokensPrompt
 
-    from repro.engine.child import build_chat_prompt
+    from repro.contract.chat import build_chat_prompt
     from repro.plan.fixtures import load_fixture
     from repro.plan.suite import build_probes
 

@@ -25,7 +25,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France? Answer i
 def check_prompts(tokenizer, fixture: str | None) -> dict[str, list[int]]:
     """Token IDs of the check prompts, from the folder's tokenizer and chat template: a short question,
     the 512-token boundary probe, and the fixture's own chat probes."""
-    from repro.engine.child import build_chat_prompt
+    from repro.contract.chat import build_chat_prompt
     from repro.plan.suite import boundary_probe
 
     text = tokenizer.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True)

@@ -20,6 +20,7 @@ from pathlib import Path
 from repro.commands import ArgumentParser
 from repro.errors import UsageError
 from repro.plan import devices, offloading, speculative
+from repro.plan import llamacpp as llamacpp_options
 from repro.plan.block_size import AUTO, PREFERRED_BLOCK_SIZE, accepted_text, block_size_problem, choose_block_size
 from repro.plan.interpreter import probe_engine, probe_python
 from repro.plan.report_path import check_report_path
@@ -65,7 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run one configuration with caching off and with KV reuse on, in separate "
         "processes, and compare greedy token IDs exactly.",
     )
-    p.add_argument("--model", required=True, help="hub name or local directory")
+    p.add_argument("--model", required=True, help="hub name or local directory (--engine llamacpp: a GGUF file)")
+    p.add_argument(
+        "--engine",
+        choices=llamacpp_options.ENGINES,
+        default="vllm",
+        help="the engine every arm runs: vllm, or llamacpp (llama-cpp-python in --python; make repro ENGINE=llamacpp)",
+    )
     p.add_argument("--model-revision", default=None)
     p.add_argument(
         "--kv-connector", default=None, help="connector class name (in-tree, or with --kv-connector-module-path)"
@@ -262,6 +269,8 @@ def resolve_block_size(args: argparse.Namespace) -> str | None:
     every problem is one line, exit 2, before any arm starts."""
     endpoint = getattr(args, "frontend", None) == "endpoint"  # the deployment's own engine, not one the kit builds
     unasked = "a server the kit did not start" if endpoint else f"a stand-in engine ({args.engine_module})"
+    if getattr(args, "engine", None) == llamacpp_options.ENGINE:
+        unasked = "llama.cpp keeps KV per token (the kit's blocks group it for the report)"
     accepted: dict = {"unavailable": f"{unasked}: no attention backend to ask"}
     if not endpoint and args.engine_module == DEFAULT_ENGINE_MODULE:  # else a stand-in engine (tests)
         caps = probe_engine(args.python, "cuda" if devices.uses_cuda(args.device) else "cpu")
@@ -450,9 +459,11 @@ def validate(args: argparse.Namespace) -> Options:
         _check_lmcache_yaml(args.lmcache_config)
     model_path = Path(args.model)
     local = model_path.exists()
-    if local and not (model_path / "config.json").is_file():
+    if args.engine == llamacpp_options.ENGINE:
+        llamacpp_options.check(args, DEFAULT_ENGINE_MODULE)
+    elif local and not (model_path / "config.json").is_file():
         raise UsageError(f"--model {args.model}: directory has no config.json")
-    if not local and (args.model.startswith((".", "/", "~")) or not _HUB_ID.match(args.model)):
+    if not local and (args.model.startswith((".", "/", "~")) or not _HUB_ID.match(args.model)):  # llama.cpp: checked
         raise UsageError(f"--model {args.model}: no such local model directory")
     check_report_path(Path(args.report), Path(args.fixture), args.force)  # before asking the engine interpreter
     if args.engine_module == DEFAULT_ENGINE_MODULE:  # a stand-in engine (tests) needs no vLLM

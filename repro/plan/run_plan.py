@@ -5,12 +5,14 @@ scenarios and the arms. After build_plan nothing reads the options again: every 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from repro.contract.job import ArmSpec, Preflight
 from repro.errors import UsageError
 from repro.plan import adapters, endpoint, images, multi, offloading
+from repro.plan import llamacpp as llamacpp_options
 from repro.plan.arms import PlannedArm, default_jobs, plan_arms, preflight_for, vocab_size
 from repro.plan.devices import uses_cuda
 from repro.plan.expectation_names import check_expectation_names
@@ -145,6 +147,7 @@ def build_plan(opts: Options, argv: list[str]) -> RunPlan:
         timeout_s=a.timeout,
         max_disk_gb=a.max_child_disk_gb,
         lmcache_server_module=a.lmcache_server_module,
+        compare_python=sys.executable if a.engine == llamacpp_options.ENGINE else None,
     )
     return RunPlan(
         argv=tuple(argv),

@@ -97,6 +97,9 @@ class ChildSettings:
     timeout_s: float
     max_disk_gb: float
     lmcache_server_module: str | None = None
+    # the KV comparison's interpreter (repro.engine.kvcompare, torch) where the engine's has no torch (llama.cpp's
+    # .venvs/llamacpp: the verifier's own); None: the engine's
+    compare_python: str | None = None
 
 
 @dataclass(frozen=True)

@@ -89,9 +89,10 @@ def uses_lmcache(arm: Arm) -> bool:
 
 
 def stack_text(report: Report) -> str:
-    """'LMCache 0.5.4, vLLM 0.28.0, NVIDIA H200, SmolLM2-135M-Instruct': LMCache only where an arm used it."""
+    """'LMCache 0.5.4, vLLM 0.28.0, NVIDIA H200, SmolLM2-135M-Instruct': LMCache only where an arm used it (llama.cpp's
+    runs name llama.cpp where vLLM stands)."""
     parts = [f"LMCache {report.package_version('lmcache')}"] if any(uses_lmcache(a) for a in report.arms) else []
-    parts += [f"vLLM {report.package_version('vllm')}", report.hardware_label, model_label(report)]
+    parts += [report.engine_text, report.hardware_label, model_label(report)]
     return ", ".join(parts)
 
 

@@ -86,7 +86,7 @@ def build_index_row(report: Report | dict, *, stem: str, href: str) -> IndexRow:
         hardware=report.hardware_label,
         date=report.day,
         commit=report.commit,
-        vllm=report.package_version("vllm"),
+        vllm=report.package_version("vllm") if report.engine == "vLLM" else f"— ({report.engine_text})",
         lmcache=_lmcache(report.package_version("lmcache")),
         verdicts=tuple(_index_verdict(report, a) for a in report.arms),
         acceptance=report.acceptance_label(short=True) if report.states_expectations else EXPLORATORY,

@@ -85,12 +85,15 @@ class Stack:
     lmcache: str  # 'LMCache 0.5.4' where an arm used LMCache; '' otherwise
     hardware: str  # 'NVIDIA H200', 'CPU AMD EPYC'
     model: str
+    engine: str = ""  # another engine than vLLM, as the report names it (Report.engine_text); '' for vLLM
 
     @property
     def text(self) -> str:
         """'vLLM 0.28.0 + LMCache 0.5.4 · NVIDIA H200 · kvkit-tiny-qwen3-seed6'."""
         return (
-            f"vLLM {self.vllm}" + (f" + {self.lmcache}" if self.lmcache else "") + f" · {self.hardware} · {self.model}"
+            (self.engine or f"vLLM {self.vllm}")
+            + (f" + {self.lmcache}" if self.lmcache else "")
+            + f" · {self.hardware} · {self.model}"
         )
 
     @property
@@ -264,6 +267,7 @@ def stack_of(report: Report) -> Stack:
     lmcache = any(uses_lmcache(a) for a in report.arms)
     return Stack(
         vllm=report.vllm_version or report.package_version("vllm"),
+        engine=report.engine_text if report.engine != "vLLM" else "",
         lmcache=f"LMCache {report.package_version('lmcache')}" if lmcache else "",
         hardware=report.hardware_label,
         model=model_label(report),

@@ -37,6 +37,9 @@ def commit_label(provenance: Mapping[str, Any]) -> str:
     return short + {True: "+dirty", False: "", None: " (dirty: unknown)"}.get(kit.get("dirty"), "")
 
 
+LLAMACPP = "llama.cpp"  # what repro.llamacpp's child records as its engine
+
+
 @dataclass(frozen=True)
 class Report:
     """One kvkit report of any version this kit reads. Version 1 has no KV audit fields and reads as a
@@ -180,10 +183,24 @@ class Report:
 
     def package_version(self, name: str) -> str:
         """A package's version as the engine child recorded it (what ran, also under --python), else the parent's;
-        '—' when neither did."""
+        '—' when neither did. A llama.cpp run's engines ran no vLLM: its vLLM is '—', never the parent's."""
         prov = self.provenance
-        value = (prov.get("engine_versions") or {}).get(name) or (prov.get("packages") or {}).get(name)
+        engine = prov.get("engine_versions") or {}
+        parent = {} if self.engine == LLAMACPP and name in ("vllm", "lmcache", "torch") else prov.get("packages") or {}
+        value = engine.get(name) or parent.get(name)
         return "—" if value is None else str(value)
+
+    @property
+    def engine(self) -> str:
+        """The engine the arms ran: 'llama.cpp' where its child said so (repro.llamacpp), else 'vLLM'."""
+        return LLAMACPP if (self.provenance.get("engine_versions") or {}).get("engine") == LLAMACPP else "vLLM"
+
+    @property
+    def engine_text(self) -> str:
+        """'vLLM 0.28.0', or 'llama.cpp (llama-cpp-python 0.3.36)'."""
+        if self.engine == LLAMACPP:
+            return f"{LLAMACPP} (llama-cpp-python {self.package_version('llama_cpp_python')})"
+        return f"vLLM {self.package_version('vllm')}"
 
     @property
     def argv(self) -> list[str]:

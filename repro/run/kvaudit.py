@@ -86,7 +86,8 @@ def _audit_kv(
         problem = "the baseline recorded no reference KV"
     elif audited:
         job = kvaudit.compare_job(baseline, audited)
-        raw, problem = run_compare(job, work, env, children.python, timeout_s=children.timeout_s)
+        python = children.compare_python or children.python
+        raw, problem = run_compare(job, work, env, python, timeout_s=children.timeout_s)
     kvaudit.annotate(entries, results, raw, problem, block_size)
     for e in entries:
         if e.get("kv_audit") is not None:

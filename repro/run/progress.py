@@ -8,7 +8,7 @@ Three modes, chosen by `for_stream`:
   quiet   `--quiet`: nothing; the summary alone is printed at the end
 
 Stages come from two places: the parent's own steps (started, finished, judged) and the engine
-child's progress file (repro.contract.job.progress_path, written by repro.engine.child.report_stage),
+child's progress file (repro.contract.job.progress_path, written by repro.record.child_io.report_stage),
 which a background thread polls. Nothing here decides anything, and nothing here can fail a run: a
 display error is swallowed after one warning.
 """

@@ -105,7 +105,7 @@ def run_arms(
     yet never start. An interrupt (it reaches the main thread only) kills every running child's
     process group and propagates. An arm that copies another's reuse lengths (native-matched)
     builds its engine meanwhile and waits, before generating, for the probes file the parent writes
-    from that arm's reuse lengths when it is done (repro.engine.child.wait_for_probes).
+    from that arm's reuse lengths when it is done (repro.record.child_io.wait_for_probes).
 
     Each arm takes a free slot (its GPU share or core, and the engine settings that go with it) when
     it launches and gives it back when it ends (SlotPool; `slots.taken` then says where each ran):

@@ -1,0 +1,111 @@
+"""llama-cpp-python built once per machine, portable, from its hash-checked source distribution. Standard library
+only: tasks.py calls it before any environment exists.
+
+Why the kit keeps its own wheel cache rather than pip's: pip keys a built wheel on the sdist alone, not on the
+CMAKE_ARGS it was built with, so a native build cached by an earlier `pip install` would be handed to a portable
+request. The default native build dies with SIGILL on machines that advertise AMX but cannot use its tile state (this
+kit's CI VMs: docs/llamacpp.md), and a wheel built on one CI machine runs on the next only if it is portable. So the
+cache key is the pinned version, the sdist's SHA-256, the flags, the architecture and the Python tag.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from repro.paths import KIT_ROOT
+
+SDIST_REQUIREMENT = "requirements/llamacpp.txt"
+DEPS_REQUIREMENT = "requirements/llamacpp-deps.txt"
+PACKAGE = "llama-cpp-python"
+# Portable: no -march=native (no AMX path), AVX2/FMA/F16C on (every x86-64 CPU the kit runs on has them); no
+# multimodal library (the kit sends no images to llama.cpp; it halves the build).
+CMAKE_ARGS = ("-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DLLAVA_BUILD=OFF")
+CACHE_ENV = "KVKIT_WHEEL_CACHE"
+BUILD_RECORD = "build.json"
+_PIN = re.compile(r"^llama-cpp-python==(?P<version>\S+)\s+--hash=sha256:(?P<sha256>[0-9a-f]{64})\s*$")
+
+
+def pin(root: Path = KIT_ROOT) -> tuple[str, str]:
+    """(version, sdist SHA-256) from requirements/llamacpp.txt, the one place they are written."""
+    for line in (root / SDIST_REQUIREMENT).read_text(encoding="utf-8").splitlines():
+        if m := _PIN.match(line.strip()):
+            return m["version"], m["sha256"]
+    raise ValueError(f"{SDIST_REQUIREMENT}: no `llama-cpp-python==VERSION --hash=sha256:...` line")
+
+
+def cache_dir(environ=os.environ) -> Path:
+    """Per machine, not per clone: $KVKIT_WHEEL_CACHE, else $XDG_CACHE_HOME/kvkit/wheels, else ~/.cache/kvkit/wheels."""
+    if environ.get(CACHE_ENV):
+        return Path(environ[CACHE_ENV])
+    return Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvkit" / "wheels"
+
+
+def cache_key(version: str, sha256: str, python_tag: str | None = None, machine: str | None = None) -> str:
+    tag = python_tag or f"cp{sys.version_info.major}{sys.version_info.minor}"
+    parts = [PACKAGE, version, sha256, *CMAKE_ARGS, machine or platform.machine(), tag]
+    return f"{PACKAGE}-{version}-{hashlib.sha256(' '.join(parts).encode()).hexdigest()[:16]}"
+
+
+def cached_wheel(folder: Path) -> Path | None:
+    """The wheel a finished build left in its key's folder (a build that died leaves no folder: it renames last)."""
+    wheels = sorted(folder.glob("*.whl")) if (folder / BUILD_RECORD).is_file() else []
+    return wheels[0] if len(wheels) == 1 else None
+
+
+def ensure_wheel(python: str, log, root: Path = KIT_ROOT, environ=os.environ) -> tuple[Path, dict]:
+    """The portable wheel for this machine: from the cache, else built now by `python -m pip wheel` (pip checks the
+    sdist's hash; its output to `log`, an open file) and kept. Returns the wheel and its build record (the time it
+    took, the flags, the machine); subprocess.CalledProcessError where the build fails."""
+    version, sha256 = pin(root)
+    tag = subprocess.run(
+        [python, "-c", "import sys; print(f'cp{sys.version_info.major}{sys.version_info.minor}')"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    folder = cache_dir(environ) / cache_key(version, sha256, tag)
+    if (wheel := cached_wheel(folder)) is not None:
+        return wheel, json.loads((folder / BUILD_RECORD).read_text(encoding="utf-8"))
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=folder.parent))
+    env = {**environ, "CMAKE_ARGS": " ".join(CMAKE_ARGS), "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 1)}
+    started = time.time()
+    try:
+        subprocess.run(
+            [python, "-m", "pip", "wheel", "--no-deps", "--require-hashes", "--no-binary", PACKAGE,
+             "--disable-pip-version-check", "-w", str(tmp), "-r", str(root / SDIST_REQUIREMENT)],
+            check=True, stdout=log, stderr=log, env=env,
+        )  # fmt: skip
+        (wheel,) = tmp.glob("*.whl")
+        record = {
+            "package": PACKAGE,
+            "version": version,
+            "sdist_sha256": sha256,
+            "cmake_args": list(CMAKE_ARGS),
+            "python": tag,
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "built_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "build_s": round(time.time() - started, 1),
+            "wheel": wheel.name,
+            "wheel_sha256": hashlib.sha256(wheel.read_bytes()).hexdigest(),
+        }
+        (tmp / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        try:
+            tmp.rename(folder)  # last: a folder under the key is a finished build
+        except OSError:  # another build of the same key finished first: use it
+            if cached_wheel(folder) is None:
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    wheel = cached_wheel(folder)
+    assert wheel is not None
+    return wheel, json.loads((folder / BUILD_RECORD).read_text(encoding="utf-8"))

@@ -1,0 +1,132 @@
+"""llama.cpp behind the kit's boundary, without llama.cpp: the sequence-state reader on blobs written to llama.cpp's
+documented layout (src/llama-kv-cache.cpp state_write; the real engine's blobs are read in
+tests/test_llamacpp_e2e.py), the planted fault's positions, the verifier's --engine llamacpp checks and the build's
+cache key."""
+
+from __future__ import annotations
+
+import argparse
+import struct
+
+import numpy as np
+import pytest
+
+from repro.errors import UsageError
+from repro.llamacpp import arms, build
+from repro.llamacpp import state as seqstate
+from repro.plan import llamacpp as options
+
+
+def _blob(positions, n_layer=2, row=8, v_trans=False, seed=0) -> tuple[bytes, np.ndarray]:
+    """A single-stream sequence state as llama.cpp writes it; rows[layer, k/v, cell] are the bytes per cell."""
+    rng = np.random.default_rng(seed)
+    cells = len(positions)
+    rows = rng.integers(1, 255, size=(n_layer, 2, cells, row), dtype=np.uint8)
+    out = struct.pack("<Ii", seqstate.MAGIC, 0) + struct.pack("<I", 1) + struct.pack("<I", cells)
+    for p in positions:
+        out += struct.pack("<iIi", p, 1, 0)
+    out += struct.pack("<II", int(v_trans), n_layer)
+    for layer in range(n_layer):
+        out += struct.pack("<iQ", 1, row) + rows[layer, 0].tobytes()
+    for layer in range(n_layer):
+        if not v_trans:
+            out += struct.pack("<iQ", 1, row) + rows[layer, 1].tobytes()
+        else:  # per element j, every cell's element j (2-byte elements)
+            out += struct.pack("<iII", 1, 2, row // 2)
+            v = rows[layer, 1].reshape(cells, row // 2, 2)
+            out += b"".join(v[:, j, :].tobytes() for j in range(row // 2))
+    return out, rows
+
+
+@pytest.mark.parametrize("v_trans", [False, True])
+def test_the_reader_gives_each_position_its_k_and_v_rows_whatever_the_cell_order(v_trans):
+    positions = [3, 0, 2, 1]  # cache order is not position order
+    blob, rows = _blob(positions, v_trans=v_trans)
+    st = seqstate.parse(blob)
+    assert st.positions == tuple(positions) and st.v_trans is v_trans and len(st.layers) == 2
+    got = st.rows([0, 1, 2, 3])
+    for i, p in enumerate([0, 1, 2, 3]):
+        cell = positions.index(p)
+        assert (got[:, :, i] == rows[:, :, cell]).all()
+
+
+@pytest.mark.parametrize("v_trans", [False, True])
+def test_the_planted_fault_zeroes_exactly_the_named_positions_k_and_v_in_every_layer(v_trans):
+    blob, _ = _blob([0, 1, 2, 3, 4, 5], v_trans=v_trans, seed=1)
+    st = seqstate.parse(blob)
+    out = seqstate.parse(seqstate.zero_positions(st, [1, 4]))
+    after = out.rows(list(range(6)))
+    assert not after[:, :, [1, 4]].any()
+    assert (after[:, :, [0, 2, 3, 5]] == st.rows([0, 2, 3, 5])).all()
+    assert len(out.blob) == len(blob)
+
+
+def test_the_reader_refuses_what_it_cannot_read_as_written():
+    blob, _ = _blob([0, 1])
+    with pytest.raises(seqstate.StateFormatError, match="ends at byte"):
+        seqstate.parse(blob[:-3])
+    with pytest.raises(seqstate.StateFormatError, match="after the last layer"):
+        seqstate.parse(blob + b"\0")
+    with pytest.raises(seqstate.StateFormatError, match="2 KV streams"):
+        seqstate.parse(blob[:8] + struct.pack("<I", 2) + blob[12:])
+    with pytest.raises(seqstate.StateFormatError, match="not llama.cpp's sequence state"):
+        seqstate.parse(b"\0" * 4 + blob[4:])
+    with pytest.raises(seqstate.StateFormatError, match="no cell at positions"):
+        seqstate.parse(blob).rows([0, 7])
+    assert seqstate.parse(struct.pack("<IiII", seqstate.MAGIC, 0, 1, 0)).cells == 0  # an empty sequence
+
+
+def test_the_planted_positions_are_whole_blocks_of_the_reused_prefix():
+    head = arms.planted_positions({"fault": "zero_blocks", "first_block": 0, "num_blocks": 2}, 100, 16)
+    assert head == list(range(32))
+    tail = arms.planted_positions({"fault": "zero_blocks", "first_block": -1, "num_blocks": 1}, 100, 16)
+    assert tail == list(range(80, 96))  # 100 reused positions: 6 full blocks, the last is block 5
+    assert arms.planted_positions({"fault": "zero_blocks", "first_block": 5, "num_blocks": 4}, 100, 16) == list(
+        range(80, 96)
+    )  # only blocks the reuse takes
+    assert arms.planted_positions({"fault": "none"}, 100, 16) == []
+
+
+def _args(tmp_path, model_bytes=b"GGUF\x03\x00\x00\x00", **over) -> argparse.Namespace:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(model_bytes)
+    base = {"model": str(model), "kv_connector": None, "kv_offloading_size": None, "lmcache_config": None,
+            "scenarios": None, "batch_invariant": False, "gpu_load": False, "stream": False, "frontend": "sync",
+            "device": "cpu", "engine_module": "stand.in", "python": "/nonexistent"}  # fmt: skip
+    return argparse.Namespace(**(base | over))
+
+
+def test_the_verifiers_llamacpp_checks_are_one_line_each(tmp_path):
+    options.check(_args(tmp_path), "repro.engine")  # a stand-in module is kept, and nothing is asked of --python
+    with pytest.raises(UsageError, match="not a GGUF file"):
+        options.check(_args(tmp_path, b"PK\x03\x04"), "repro.engine")
+    with pytest.raises(UsageError, match="no such file"):
+        options.check(_args(tmp_path, model=str(tmp_path / "absent.gguf")), "repro.engine")
+    with pytest.raises(UsageError, match="--kv-connector: llama.cpp's reuse paths"):
+        options.check(_args(tmp_path, kv_connector="LMCacheConnectorV1"), "repro.engine")
+    with pytest.raises(UsageError, match="--frontend server is vLLM's"):
+        options.check(_args(tmp_path, frontend="server"), "repro.engine")
+    with pytest.raises(UsageError, match="for the CPU"):
+        options.check(_args(tmp_path, device="cuda"), "repro.engine")
+    args = _args(tmp_path, engine_module="repro.engine")
+    with pytest.raises(UsageError, match="--python /nonexistent: cannot be run"):
+        options.check(args, "repro.engine")
+    assert args.engine_module == options.MODULE
+
+
+def test_the_build_cache_is_keyed_by_the_flags_and_holds_only_finished_builds(tmp_path, monkeypatch):
+    version, sha = build.pin()
+    assert version == "0.3.36" and len(sha) == 64
+    assert "-DGGML_NATIVE=OFF" in build.CMAKE_ARGS  # portable: the native build dies with SIGILL on AMX VMs
+    key = build.cache_key(version, sha, "cp311", "x86_64")
+    assert key == build.cache_key(version, sha, "cp311", "x86_64") != build.cache_key(version, sha, "cp312", "x86_64")
+    monkeypatch.setattr(build, "CMAKE_ARGS", ("-DGGML_NATIVE=ON", *build.CMAKE_ARGS[1:]))
+    assert build.cache_key(version, sha, "cp311", "x86_64") != key  # a native build is another wheel
+    folder = tmp_path / key
+    folder.mkdir()
+    (folder / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl").write_bytes(b"w")
+    assert build.cached_wheel(folder) is None  # no build record: not a finished build
+    (folder / build.BUILD_RECORD).write_text("{}")
+    assert build.cached_wheel(folder).name.endswith(".whl")
+    assert build.cache_dir({build.CACHE_ENV: str(tmp_path)}) == tmp_path
+    assert build.cache_dir({"XDG_CACHE_HOME": "/x"}).as_posix() == "/x/kvkit/wheels"

@@ -1,0 +1,100 @@
+"""llama.cpp behind the kit's boundary, end to end on the real engine (llama-cpp-python 0.3.36 in .venvs/llamacpp,
+SmolLM2's GGUF): the self-test `make repro ENGINE=llamacpp` runs, judged by the one judge, and the state reader on
+the real engine's blobs. Marker extended: make test-extended (CI) builds the environment and runs these."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from e2e_runs import shared_run
+from kvkit_testutil import ROOT, need_llamacpp_python
+
+pytestmark = [pytest.mark.e2e, pytest.mark.extended]
+
+
+def _gguf(py: str) -> str:
+    sys.path.insert(0, str(ROOT))
+    import tasks
+
+    return tasks.llamacpp_gguf(py)
+
+
+def _selftest(_model, tmp) -> tuple[int, dict, str]:
+    """The llama.cpp self-test as make repro ENGINE=llamacpp runs it (tasks.llamacpp_args), the verifier in this
+    interpreter (the CPU environment's), its engines in .venvs/llamacpp."""
+    import tasks
+
+    py = need_llamacpp_python()
+    report = tmp / "llamacpp.json"
+    argv = [sys.executable, "-m", "repro.verify_kv_reuse", *tasks.llamacpp_args(_gguf(py), str(report), py)]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          timeout=1500, check=False)  # fmt: skip
+    return done.returncode, json.loads(report.read_text()), done.stdout + done.stderr
+
+
+llamacpp_selftest = shared_run("llamacpp_selftest", _selftest)
+
+
+def test_the_llamacpp_self_test_matches_its_fixture_and_exits_0(llamacpp_selftest):
+    code, report, out = llamacpp_selftest
+    assert code == 0, out[-3000:]
+    assert report["acceptance"]["matched"] is True, report["acceptance"]
+    versions = report["provenance"]["engine_versions"]
+    assert versions["engine"] == "llama.cpp" and versions["llama_cpp_python"] == "0.3.36"
+    assert "llama.cpp (llama-cpp-python 0.3.36)" in out.splitlines()[0]  # the headline names the engine that ran
+
+
+def test_the_planted_fault_fails_on_every_probe_with_exactly_its_blocks_blamed(llamacpp_selftest):
+    _, report, _ = llamacpp_selftest
+    arms = {a["name"]: a for a in report["arms"]}
+    planted = arms["PlantedStateFault"]
+    assert {p["name"] for p in planted["probes"]} == {"fixture", "chat-511", "chat-512", "chat-513"}
+    for probe in planted["probes"]:
+        assert probe["verdict"] == "FAIL", probe["name"]
+        for req in probe["requests"][1:]:  # every reuse: a hit, and the 16 planted blocks
+            assert req["cached_tokens"] == probe["prompt_tokens"] - 1
+            assert req["kv_transfer_params"]["planted_fault"]["faulted_blocks"] == list(range(16))
+        assert probe["kv"]["verdict"] == "CORRUPT"
+        assert probe["kv"]["blame"]["blocks"] == list(range(16)), probe["kv"]["blame"]  # exactly those blamed
+    for name in ("LlamaStateSeq", "PlantedStateFault-none", "native"):  # the clean paths: PASS, bit-exact
+        for probe in arms[name]["probes"]:
+            assert probe["verdict"] == "PASS" and probe["kv"]["verdict"] == "EXACT", (name, probe["name"])
+            assert all(r["cached_tokens"] > 0 for r in probe["requests"][1:])
+
+
+def test_the_state_reader_reads_the_real_engines_blob(tmp_path):
+    """llama.cpp's own sequence state: every position once, f16 rows, and a restore of the altered blob gives back
+    exactly the zeroed rows (the planted fault is what the engine then holds)."""
+    py = need_llamacpp_python()
+    script = """
+import json, sys
+sys.path.insert(0, sys.argv[2])
+from repro.contract.job import ArmSpec, EngineConfig, ProbeJob, build_job
+from repro.llamacpp import state
+from repro.llamacpp.engine import Engine
+job = build_job(ArmSpec("native", "native"), EngineConfig(sys.argv[1], None, "float16", 0, 0.1, 512, 16, "cpu"),
+                [ProbeJob("p", {"token_ids": list(range(100, 160))}, 1)], max_tokens=4, logprobs=2)
+eng = Engine.load(job)
+eng.generate(list(range(100, 160)))
+blob, tokens = eng.take_state()
+st = state.parse(blob)
+rows = st.rows(list(range(63)))
+altered = state.zero_positions(st, list(range(16)))
+read = eng.put_state(altered, tokens)
+back = state.parse(eng.take_state()[0]).rows(list(range(63)))
+print(json.dumps({"positions": sorted(st.positions), "tokens": len(tokens), "types": sorted({(l.k_type, l.v_type) for l in st.layers}),
+                  "layers": len(st.layers), "row": int(rows.shape[-1]), "read": read, "v_trans": st.v_trans,
+                  "zeroed": bool((back[:, :, :16] == 0).all()), "kept": bool((back[:, :, 16:] == rows[:, :, 16:]).all()),
+                  "nonzero": bool(rows[:, :, :16].any())}))
+"""
+    out = subprocess.run([py, "-c", script, _gguf(py), str(ROOT)], capture_output=True, text=True, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    # 60 prompt tokens and 3 of the 4 generated (the last is sampled, never evaluated)
+    assert got["positions"] == list(range(63)) and got["tokens"] == 63
+    assert got["types"] == [[1, 1]] and got["layers"] == 30 and got["row"] == 3 * 64 * 2  # 3 KV heads of 64, f16
+    assert got["read"] > 0
+    assert got["nonzero"] and got["zeroed"] and got["kept"]
