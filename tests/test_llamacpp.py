@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import struct
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -130,3 +132,33 @@ def test_the_build_cache_is_keyed_by_the_flags_and_holds_only_finished_builds(tm
     assert build.cached_wheel(folder).name.endswith(".whl")
     assert build.cache_dir({build.CACHE_ENV: str(tmp_path)}) == tmp_path
     assert build.cache_dir({"XDG_CACHE_HOME": "/x"}).as_posix() == "/x/kvkit/wheels"
+
+
+def test_the_build_never_takes_pips_cached_wheel_and_records_itself(tmp_path, monkeypatch):
+    """pip's wheel cache is keyed by the sdist alone: a native wheel built earlier would come back for a portable
+    request (a fresh clone's first build took it in 0.6 s). The kit builds with --no-cache-dir and the portable flags,
+    checks the sdist's hash, and keeps the wheel under its key with how long it took."""
+    calls = []
+
+    def run(cmd, **kw):
+        calls.append((cmd, kw.get("env")))
+        if "-c" in cmd:  # the Python tag
+            return subprocess.CompletedProcess(cmd, 0, stdout="cp311\n")
+        out = Path(cmd[cmd.index("-w") + 1])
+        (out / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl").write_bytes(b"wheel")
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(build.subprocess, "run", run)
+    with open(tmp_path / "log", "w") as log:
+        wheel, record = build.ensure_wheel("py", log, environ={build.CACHE_ENV: str(tmp_path / "cache")})
+    (cmd, env), *_ = [c for c in calls if "wheel" in c[0]]
+    assert {"--no-cache-dir", "--require-hashes", "--no-deps"} <= set(cmd) and cmd[
+        cmd.index("--no-binary") + 1
+    ] == build.PACKAGE
+    assert env["CMAKE_ARGS"].split() == list(build.CMAKE_ARGS)
+    assert wheel.parent.name == build.cache_key(*build.pin(), "cp311") and record["build_s"] >= 0
+    assert record["cmake_args"] == list(build.CMAKE_ARGS) and record["wheel_sha256"]
+    calls.clear()
+    with open(tmp_path / "log", "a") as log:  # the second time: the kit's cache, nothing built
+        assert build.ensure_wheel("py", log, environ={build.CACHE_ENV: str(tmp_path / "cache")})[0] == wheel
+    assert not [c for c in calls if "wheel" in c[0]]

@@ -1,9 +1,9 @@
 """llama-cpp-python built once per machine, portable, from its hash-checked source distribution. Standard library
 only: tasks.py calls it before any environment exists.
 
-Why the kit keeps its own wheel cache rather than pip's: pip keys a built wheel on the sdist alone, not on the
-CMAKE_ARGS it was built with, so a native build cached by an earlier `pip install` would be handed to a portable
-request. The default native build dies with SIGILL on machines that advertise AMX but cannot use its tile state (this
+Why the kit keeps its own wheel cache rather than pip's, and builds with --no-cache-dir: pip keys a built wheel on the
+sdist alone, not on the CMAKE_ARGS it was built with, so a native build cached by an earlier `pip install` would be
+handed to a portable request (a fresh clone's first build here took pip's cached wheel in 0.6 s until this flag). The default native build dies with SIGILL on machines that advertise AMX but cannot use its tile state (this
 kit's CI VMs: docs/llamacpp.md), and a wheel built on one CI machine runs on the next only if it is portable. So the
 cache key is the pinned version, the sdist's SHA-256, the flags, the architecture and the Python tag.
 """
@@ -80,7 +80,7 @@ def ensure_wheel(python: str, log, root: Path = KIT_ROOT, environ=os.environ) ->
     started = time.time()
     try:
         subprocess.run(
-            [python, "-m", "pip", "wheel", "--no-deps", "--require-hashes", "--no-binary", PACKAGE,
+            [python, "-m", "pip", "wheel", "--no-deps", "--require-hashes", "--no-binary", PACKAGE, "--no-cache-dir",
              "--disable-pip-version-check", "-w", str(tmp), "-r", str(root / SDIST_REQUIREMENT)],
             check=True, stdout=log, stderr=log, env=env,
         )  # fmt: skip
