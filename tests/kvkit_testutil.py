@@ -75,7 +75,9 @@ def need_llamacpp_python() -> str:
     """.venvs/llamacpp's interpreter, or the test fails where make test-extended should have built it; only a bare
     pytest skips."""
     py = LLAMACPP_ENV / "bin" / "python"
-    if not (LLAMACPP_ENV / ".kvkit-llamacpp-wheel").is_file():
+    from repro.llamacpp.build import BUILD_STAMP
+
+    if not (LLAMACPP_ENV / BUILD_STAMP).is_file():
         import pytest
 
         if os.environ.get("KVKIT_MAKE_TEST"):

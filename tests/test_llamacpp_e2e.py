@@ -40,11 +40,15 @@ llamacpp_selftest = shared_run("llamacpp_selftest", _selftest)
 
 
 def test_the_llamacpp_self_test_matches_its_fixture_and_exits_0(llamacpp_selftest):
+    import tasks
+
     code, report, out = llamacpp_selftest
     assert code == 0, out[-3000:]
     assert report["acceptance"]["matched"] is True, report["acceptance"]
     versions = report["provenance"]["engine_versions"]
     assert versions["engine"] == "llama.cpp" and versions["llama_cpp_python"] == "0.3.36"
+    build = versions["llamacpp_build"]  # the portable build that ran, hash-checked
+    assert build["cmake_args"][0] == "-DGGML_NATIVE=OFF" and build["sdist_sha256"] == tasks.llamacpp_build.pin()[1]
     assert "llama.cpp (llama-cpp-python 0.3.36)" in out.splitlines()[0]  # the headline names the engine that ran
 
 

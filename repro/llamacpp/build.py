@@ -32,6 +32,9 @@ PACKAGE = "llama-cpp-python"
 CMAKE_ARGS = ("-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DLLAVA_BUILD=OFF")
 CACHE_ENV = "KVKIT_WHEEL_CACHE"
 BUILD_RECORD = "build.json"
+# in an environment the kit made: the build record of the wheel installed there (tasks.py writes it,
+# repro.llamacpp.engine puts it in every report's engine versions)
+BUILD_STAMP = ".kvkit-llamacpp-wheel"
 _PIN = re.compile(r"^llama-cpp-python==(?P<version>\S+)\s+--hash=sha256:(?P<sha256>[0-9a-f]{64})\s*$")
 
 

@@ -7,12 +7,25 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 
 from repro.contract.chat import build_chat_prompt
 from repro.contract.job import Job
+from repro.llamacpp.build import BUILD_STAMP
+
+
+def build_record() -> dict | str:
+    """The kit's build record of the llama-cpp-python this interpreter runs, or why there is none (an environment
+    the kit did not make)."""
+    path = os.path.join(sys.prefix, BUILD_STAMP)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError) as exc:
+        return f"unavailable: {path}: {type(exc).__name__} (not an environment the kit built)"
 
 
 class GgufTokenizer:
@@ -160,13 +173,12 @@ class Engine:
 
         import llama_cpp
 
-        build = os.environ.get("KVKIT_LLAMACPP_BUILD")
         return {
             "engine": "llama.cpp",
             "llama_cpp_python": version("llama_cpp_python"),
             "llama_cpp_system_info": llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip(),
             "numpy": np.__version__,
-            **({"llamacpp_build": json.loads(build)} if build else {}),
+            "llamacpp_build": build_record(),
         }
 
     def effective_config(self) -> dict:
