@@ -162,3 +162,23 @@ def test_the_build_never_takes_pips_cached_wheel_and_records_itself(tmp_path, mo
     with open(tmp_path / "log", "a") as log:  # the second time: the kit's cache, nothing built
         assert build.ensure_wheel("py", log, environ={build.CACHE_ENV: str(tmp_path / "cache")})[0] == wheel
     assert not [c for c in calls if "wheel" in c[0]]
+
+
+def test_a_probe_asking_what_llamacpps_child_does_not_send_is_refused_not_run_without_it():
+    """A salted, adapted, imaged or prompt-logprob probe, or one with a prompt between its requests, would run plain and
+    be judged as asked: the child refuses it (the arm's ERROR names why) before any request."""
+    from repro.contract.job import ArmSpec, EngineConfig, ProbeJob, build_job
+
+    def job(**prompt):
+        probe = ProbeJob("p", {"token_ids": [1, 2, 3], **prompt}, 2)
+        return build_job(ArmSpec("native", "native"), EngineConfig("m.gguf", None, "float16", 0, 0.1, 512, 16, "cpu"),
+                         [probe], max_tokens=4, logprobs=2)  # fmt: skip
+
+    assert arms.refused(job()) is None
+    assert arms.refused(job(cache_salt="tenant-a")) == (
+        "probe p asks for a tenant salt (cache_salt), which llama.cpp's child does not send"
+    )
+    assert "a LoRA adapter" in arms.refused(job(adapter={"label": "A"}))
+    assert "prompt logprobs" in arms.refused(job(prompt_logprobs=2))
+    with pytest.raises(ValueError, match="an image"):
+        arms.run(None, job(image={"seed": 1}), None)  # refused before the engine is touched

@@ -65,8 +65,30 @@ def planted_positions(extra: dict, reused: int, block_size: int) -> list[int]:
     return [p for b in blocks for p in range(b * block_size, (b + 1) * block_size)]
 
 
+# What a probe may ask of vLLM's child that llama.cpp's does not send: refused, never run without it and judged as if
+UNSENT = {
+    "adapter": "a LoRA adapter",
+    "image": "an image",
+    "cache_salt": "a tenant salt (cache_salt)",
+    "prompt_logprobs": "prompt logprobs",
+}
+
+
+def refused(job: Job) -> str | None:
+    """Why llama.cpp's child cannot run this job as asked (one line), or None."""
+    for probe in job.probes:
+        asked = [what for key, what in UNSENT.items() if probe.prompt.get(key) is not None]
+        if probe.between is not None:
+            asked.append("a prompt sent between its requests")
+        if asked:
+            return f"probe {probe.name} asks for {', '.join(asked)}, which llama.cpp's child does not send"
+    return None
+
+
 def run(engine, job: Job, audit) -> tuple[list[ProbeResult], dict]:
     """Every probe's requests (repro.llamacpp.audit.LlamaAudit records each one's KV where the job asks)."""
+    if (why := refused(job)) is not None:
+        raise ValueError(why)
     conn = job.arm.connector
     if conn is not None and conn.name not in CONNECTORS:
         raise ValueError(f"llama.cpp has no connector {conn.name!r}: its arms are native and {', '.join(CONNECTORS)}")
