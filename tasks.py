@@ -138,7 +138,7 @@ def llamacpp_python() -> tuple[str, dict]:
     version, _ = llamacpp_build.pin(ROOT)
     print(
         f"[kvkit] llama-cpp-python {version}: the portable wheel from {llamacpp_build.cache_dir()}, else built now "
-        f"(once per machine: about 5 min on 2 free cores, 25 under load; pip's output in {LLAMACPP_BUILD_LOG})",
+        f"(once per machine: about 4 min on 2 free cores, 8 beside other work here; pip's output in {LLAMACPP_BUILD_LOG})",
         file=sys.stderr, flush=True,
     )  # fmt: skip
     try:

@@ -4,11 +4,11 @@ model order, and the prompt hash that names a request in the audit's records.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 
 import torch
+
+from repro.record.child_io import prompt_sha256  # noqa: F401 - the audit's name for a request, here too
 
 # How K and V sit in a layer's KV tensor (blocks on dim 0 unless said otherwise):
 #   cpu-rows   (num_blocks, kv_heads, block_size, 2*head_size), per head all K rows then all V rows
@@ -22,11 +22,6 @@ LAYOUTS = ("cpu-rows", "last-dim", "leading-2")
 def layer_order(name: str) -> tuple:
     """Model order for layer names: 'layers.10' after 'layers.9' (plain sorting would not)."""
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
-
-
-def prompt_sha256(token_ids) -> str:
-    """What names a request in the audit's records: the SHA-256 of its prompt token IDs as JSON."""
-    return hashlib.sha256(json.dumps([int(t) for t in token_ids]).encode()).hexdigest()
 
 
 def detect_layout(kv: torch.Tensor, num_blocks: int | None, head_size: int) -> str | None:

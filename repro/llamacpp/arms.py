@@ -28,6 +28,7 @@ from pathlib import Path
 from repro.contract.job import Job
 from repro.contract.result import ProbeResult, RequestResult
 from repro.llamacpp import state as seqstate
+from repro.llamacpp.engine import kept_by_rule
 
 STATE_SEQ = "LlamaStateSeq"
 PLANTED = "PlantedStateFault"
@@ -121,8 +122,7 @@ def run(engine, job: Job, audit) -> tuple[list[ProbeResult], dict]:
                 continue
             blob = (store / f"{n:03d}.state").read_bytes()
             tokens = json.loads((store / f"{n:03d}.tokens.json").read_text(encoding="utf-8"))
-            common = next((k for k, (a, b) in enumerate(zip(tokens, ids)) if a != b), min(len(tokens), len(ids)))
-            kept = common - 1 if common == len(ids) else common  # what the reuse will keep (Engine.reuse_rule)
+            kept = kept_by_rule(tokens, ids)  # what the reuse will keep of the restored tokens (logits not live)
             zeroed = planted_positions(extra, kept, job.engine.block_size) if conn.name == PLANTED else []
             if zeroed:
                 blob = seqstate.zero_positions(seqstate.parse(blob), zeroed)

@@ -19,14 +19,9 @@ import os
 import numpy as np
 
 from repro.llamacpp import state as seqstate
+from repro.record.child_io import prompt_sha256
 
 F16 = 1  # ggml_type GGML_TYPE_F16
-
-
-def prompt_sha256(token_ids) -> str:
-    import hashlib
-
-    return hashlib.sha256(json.dumps([int(t) for t in token_ids]).encode()).hexdigest()
 
 
 class LlamaAudit:

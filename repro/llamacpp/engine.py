@@ -28,6 +28,19 @@ def build_record() -> dict | str:
         return f"unavailable: {path}: {type(exc).__name__} (not an environment the kit built)"
 
 
+def kept_by_rule(kept: list[int], ids: list[int], live_logits: bool = False) -> int:
+    """How many of `ids` Llama.generate(reset=True) takes from the tokens an engine keeps (llama_cpp/llama.py,
+    generate): the longest common prefix, less one when the whole prompt is kept so that its last token is evaluated
+    again; the whole prompt where nothing else is kept and its logits are live."""
+    if not kept:
+        return 0
+    common = next((k for k, (a, b) in enumerate(zip(kept, ids)) if a != b), min(len(kept), len(ids)))
+    consumed = common == len(ids)
+    if consumed and len(kept) == len(ids) and live_logits:
+        return len(ids)
+    return common - 1 if consumed else common
+
+
 class GgufTokenizer:
     """The four calls repro.contract.chat needs, from the GGUF's own vocabulary and chat template (rendered by
     llama-cpp-python's Jinja2ChatFormatter, a sandboxed Jinja2 environment, as its chat completion does)."""
@@ -101,21 +114,8 @@ class Engine:
         return [int(t) for t in self.llm.input_ids[: self.llm.n_tokens]]
 
     def reuse_rule(self, ids: list[int]) -> int:
-        """How many of `ids` Llama.generate(reset=True) will take from what it keeps (llama_cpp/llama.py, generate:
-        the longest common prefix with its kept tokens, less one when the whole prompt is kept so that its last token
-        is evaluated again; the whole prompt where nothing else is kept and its logits are live)."""
-        kept = self.kept_tokens()
-        if not kept:
-            return 0
-        common = 0
-        for a, b in zip(kept, ids):
-            if a != b:
-                break
-            common += 1
-        consumed = common == len(ids)
-        if consumed and len(kept) == len(ids) and not self.llm._requires_eval:
-            return len(ids)
-        return common - 1 if consumed else common
+        """How many of `ids` Llama.generate(reset=True) will take from what this engine keeps (kept_by_rule)."""
+        return kept_by_rule(self.kept_tokens(), ids, live_logits=not self.llm._requires_eval)
 
     def generate(self, ids: list[int]) -> Generated:
         cached = self.reuse_rule(ids)

@@ -4,6 +4,7 @@ only."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -76,3 +77,9 @@ def read_job(argv: list[str], module: str) -> Job | None:
         return None
     with open(argv[0], encoding="utf-8") as fh:
         return Job.from_json(json.load(fh))
+
+
+def prompt_sha256(token_ids) -> str:
+    """What names a request in the KV audit's records (vLLM's and llama.cpp's): the SHA-256 of its prompt token IDs
+    as JSON."""
+    return hashlib.sha256(json.dumps([int(t) for t in token_ids]).encode()).hexdigest()
