@@ -3,6 +3,8 @@ environment. Run through the Makefile (`make repro`, `make test`, ...)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -99,12 +101,13 @@ def venv_python(profile: str, extra: list[str] | None = None, log: Path | None =
     print(f"[kvkit] setting up .venvs/{profile} from {', '.join(todo)}{where} ...", file=sys.stderr, flush=True)
     out = None if log is None else open(log, "w", encoding="utf-8")  # noqa: SIM115 - closed below
     try:
-        if not py.exists():
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, stdout=out, stderr=out)
-        for r in todo:
-            _pip_install(py, r, profile, out)
-            done = {line for line in done if not line.startswith(r + " ")} | {_req_line(r)}
-            stamp.write_text("".join(sorted(line + "\n" for line in done)))
+        with _venvs_changing(out):
+            if not py.exists():
+                subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, stdout=out, stderr=out)
+            for r in todo:
+                _pip_install(py, r, profile, out)
+                done = {line for line in done if not line.startswith(r + " ")} | {_req_line(r)}
+                stamp.write_text("".join(sorted(line + "\n" for line in done)))
     except subprocess.CalledProcessError as exc:
         if log is None:
             raise
@@ -115,6 +118,45 @@ def venv_python(profile: str, extra: list[str] | None = None, log: Path | None =
         if out is not None:
             out.close()
     return str(py)
+
+
+# The kit's environments hold the same large files: torch, triton, llvmlite and the rest of vLLM's wheels in .venvs/cpu
+# and .venvs/cpu-vllm-0.32 alike (2.3 GiB of files of 256 KiB or more, 2026-12-05), and the CI machine's disk is
+# shared (its run of 2026-12-05 stopped at the newest stack's self-test with 1.8 GB free, under the kit's floor).
+# util-linux's hardlink makes each such file one file, as uv's installs do from its cache. Safe under pip: its wheel
+# installer unlinks a file before it writes one there (ZipBackedFile.save), and uninstalls remove paths, so a change
+# to one environment never writes into another's files. Files under 256 KiB are left: 1.2 s instead of 50 for 90% of it.
+LINK_MIN_SIZE = "256K"
+
+
+@contextlib.contextmanager
+def _venvs_changing(out):
+    """While one environment changes, no other process or thread of the kit changes one or links their files (a file
+    half-written by pip must never be linked); then identical files across .venvs/ are linked."""
+    VENVS.mkdir(exist_ok=True)
+    with open(VENVS / ".kvkit-install.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+        link_identical_files(VENVS, out)
+
+
+def link_identical_files(where: Path, out=None) -> str:
+    """Hard-link the identical files of LINK_MIN_SIZE or more under where (util-linux's hardlink, contents compared
+    byte for byte; mtimes may differ); returns its line of what was saved, or why nothing was linked."""
+    tool = shutil.which("hardlink")
+    if tool is None:
+        said = "hardlink (util-linux) not found: each environment keeps its own copies"
+    else:
+        run = subprocess.run(
+            [tool, "--ignore-time", "--minimum-size", LINK_MIN_SIZE, str(where)],
+            check=False, capture_output=True, text=True,
+        )  # fmt: skip
+        saved = [line.split(":", 1)[1].strip() for line in run.stdout.splitlines() if line.startswith("Saved:")]
+        why = (run.stderr.strip().splitlines() or ["no output"])[-1]
+        ok = run.returncode == 0 and saved
+        said = f"identical files linked, {saved[0]} saved" if ok else f"hardlink exited {run.returncode}: {why}"
+    print(f"[kvkit] {where.name}/: {said}", file=out or sys.stderr, flush=True)
+    return said
 
 
 def _pip_install(py: Path, r: str, profile: str, out) -> None:
@@ -145,11 +187,12 @@ def llamacpp_python() -> tuple[str, dict]:
         with open(LLAMACPP_BUILD_LOG, "a", encoding="utf-8") as log:
             wheel, record = llamacpp_build.ensure_wheel(py, log, ROOT)
             if not stamp.is_file() or json.loads(stamp.read_text()).get("wheel_sha256") != record["wheel_sha256"]:
-                subprocess.run(
-                    [py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps", "--no-index",
-                     "--force-reinstall", str(wheel)], check=True, stdout=log, stderr=log,
-                )  # fmt: skip
-                stamp.write_text(json.dumps(record) + "\n")
+                with _venvs_changing(log):
+                    subprocess.run(
+                        [py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
+                         "--no-index", "--force-reinstall", str(wheel)], check=True, stdout=log, stderr=log,
+                    )  # fmt: skip
+                    stamp.write_text(json.dumps(record) + "\n")
     except subprocess.CalledProcessError as exc:
         tail = LLAMACPP_BUILD_LOG.read_text(encoding="utf-8", errors="replace").splitlines()[-5:]
         raise Exit(

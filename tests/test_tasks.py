@@ -76,3 +76,67 @@ def test_an_environment_made_beside_other_output_keeps_pips_words_in_its_log_and
     assert said.startswith("setting up .venvs/broken failed") and str(log) in said
     assert "kvkit-no-such-distribution" in log.read_text() and "kvkit-no-such-distribution" in said
     assert not (tmp_path / "venvs" / "broken" / ".kvkit-stamp").exists()
+
+
+def _wheel(where, version: str, payload: bytes):
+    """A wheel of one package, kvkit_link_probe, whose one module carries payload (a file over the link floor)."""
+    import zipfile
+
+    name = f"kvkit_link_probe-{version}"
+    path = where / f"{name}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as whl:
+        whl.writestr("kvkit_link_probe/data.bin", payload)
+        meta = f"Metadata-Version: 2.1\nName: kvkit_link_probe\nVersion: {version}\n"
+        whl.writestr(f"{name}.dist-info/METADATA", meta)
+        tags = "Wheel-Version: 1.0\nGenerator: kvkit-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        whl.writestr(f"{name}.dist-info/WHEEL", tags)
+        whl.writestr(f"{name}.dist-info/RECORD", "")
+    return path
+
+
+def test_two_environments_share_identical_files_and_pip_writing_into_one_leaves_the_other(tmp_path):
+    """The kit's environments share their identical large files (tasks.link_identical_files), and a later pip install
+    into one of them, writing the same path with other bytes, must not reach the other's copy. Without util-linux's
+    hardlink the install says so and nothing is linked."""
+    import shutil
+
+    import tasks
+
+    big, other = os.urandom(300 * 1024), os.urandom(300 * 1024)
+    small = b"x" * 1024
+    venvs = tmp_path / "venvs"
+    for env in ("a", "b"):
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venvs / env)], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "--python", str(venvs / env / "bin" / "python"), "install", "--quiet",
+             "--no-index", "--disable-pip-version-check", str(_wheel(tmp_path, "1.0", big))], check=True,
+        )  # fmt: skip
+        (venvs / env / "small.txt").write_bytes(small)
+    (venvs / "a" / "unique.bin").write_bytes(other)
+
+    def data(env):
+        (found,) = (venvs / env).glob("lib/python*/site-packages/kvkit_link_probe/data.bin")
+        return found
+
+    said = tasks.link_identical_files(venvs)
+    if shutil.which("hardlink") is None:
+        assert said == "hardlink (util-linux) not found: each environment keeps its own copies"
+        assert data("a").stat().st_nlink == 1
+        return
+    assert said.startswith("identical files linked, 300 KiB saved"), said
+    assert data("a").stat().st_ino == data("b").stat().st_ino and data("a").stat().st_nlink == 2
+    assert (venvs / "a" / "small.txt").stat().st_ino != (venvs / "b" / "small.txt").stat().st_ino  # under 256 KiB
+    assert (venvs / "a" / "unique.bin").stat().st_nlink == 1
+    # pip over the installed copy (--ignore-installed: no uninstall first, its wheel installer writes the same path)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(venvs / "a" / "bin" / "python"), "install", "--quiet",
+         "--no-index", "--disable-pip-version-check", "--ignore-installed", str(_wheel(_mkdir(tmp_path / "v2"), "2.0", other))],
+        check=True,
+    )  # fmt: skip
+    assert data("a").read_bytes() == other and data("b").read_bytes() == big
+    assert data("b").stat().st_nlink == 1
+
+
+def _mkdir(path):
+    path.mkdir()
+    return path
