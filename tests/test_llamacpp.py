@@ -63,14 +63,36 @@ def test_the_planted_fault_zeroes_exactly_the_named_positions_k_and_v_in_every_l
     assert len(out.blob) == len(blob)
 
 
+def test_a_slot_of_a_server_with_one_kv_stream_per_slot_is_read_from_its_own_stream():
+    """llama-server's slots without a unified KV: one stream per slot; a slot's state holds its cells in its stream
+    and writes the others empty (cell count 0), before or after it."""
+    blob, rows = _blob([1, 0, 2])
+    head, body = blob[:8], blob[12:]  # magic and seq id; after the stream count
+    for streams in (struct.pack("<I", 3) + struct.pack("<I", 0) + body + struct.pack("<I", 0),
+                    struct.pack("<I", 2) + body + struct.pack("<I", 0)):  # fmt: skip
+        st = seqstate.parse(head + streams)
+        assert st.positions == (1, 0, 2) and (st.rows([1])[:, :, 0] == rows[:, :, 0]).all()
+
+
+def test_a_slot_file_is_the_sequence_state_behind_llamacpps_sequence_file_header():
+    from repro.llamacpp.served import SEQ_FILE_MAGIC, read_slot_file
+
+    blob, _ = _blob([0, 1])
+    raw = struct.pack("<III", SEQ_FILE_MAGIC, 3, 2) + struct.pack("<2i", 11, 12) + blob[8:]
+    state, tokens = read_slot_file(raw)
+    assert tokens == [11, 12] and state == blob and seqstate.parse(state).positions == (0, 1)
+    with pytest.raises(seqstate.StateFormatError, match="not llama.cpp's sequence file"):
+        read_slot_file(struct.pack("<III", SEQ_FILE_MAGIC, 2, 0))
+
+
 def test_the_reader_refuses_what_it_cannot_read_as_written():
     blob, _ = _blob([0, 1])
     with pytest.raises(seqstate.StateFormatError, match="ends at byte"):
         seqstate.parse(blob[:-3])
     with pytest.raises(seqstate.StateFormatError, match="after the last layer"):
         seqstate.parse(blob + b"\0")
-    with pytest.raises(seqstate.StateFormatError, match="2 KV streams"):
-        seqstate.parse(blob[:8] + struct.pack("<I", 2) + blob[12:])
+    with pytest.raises(seqstate.StateFormatError, match="streams 0 and 1 both hold cells"):
+        seqstate.parse(blob[:8] + struct.pack("<I", 2) + blob[12:] + blob[12:])
     with pytest.raises(seqstate.StateFormatError, match="not llama.cpp's sequence state"):
         seqstate.parse(b"\0" * 4 + blob[4:])
     with pytest.raises(seqstate.StateFormatError, match="no cell at positions"):
@@ -106,8 +128,11 @@ def test_the_verifiers_llamacpp_checks_are_one_line_each(tmp_path):
         options.check(_args(tmp_path, model=str(tmp_path / "absent.gguf")), "repro.engine")
     with pytest.raises(UsageError, match="--kv-connector: llama.cpp's reuse paths"):
         options.check(_args(tmp_path, kv_connector="LMCacheConnectorV1"), "repro.engine")
-    with pytest.raises(UsageError, match="--frontend server is vLLM's"):
-        options.check(_args(tmp_path, frontend="server"), "repro.engine")
+    with pytest.raises(UsageError, match="--frontend async is vLLM's"):
+        options.check(_args(tmp_path, frontend="async"), "repro.engine")
+    with pytest.raises(UsageError, match="--scenarios: llama.cpp's scenarios run on llama-server"):
+        options.check(_args(tmp_path, scenarios="all"), "repro.engine")
+    options.check(_args(tmp_path, frontend="server", scenarios="all"), "repro.engine")  # llama-server's scenarios
     with pytest.raises(UsageError, match="for the CPU"):
         options.check(_args(tmp_path, device="cuda"), "repro.engine")
     args = _args(tmp_path, engine_module="repro.engine")
@@ -182,3 +207,67 @@ def test_a_probe_asking_what_llamacpps_child_does_not_send_is_refused_not_run_wi
     assert "prompt logprobs" in arms.refused(job(prompt_logprobs=2))
     with pytest.raises(ValueError, match="an image"):
         arms.run(None, job(image={"seed": 1}), None)  # refused before the engine is touched
+
+
+def _served_job(arm, probes=None, scenario=None, max_num_seqs=None):
+    from repro.contract.job import EngineConfig, ProbeJob, ScenarioJob, StepJob, build_job
+
+    engine = EngineConfig("m.gguf", None, "float16", 7, 0.1, 2048, 16, "cpu", max_num_seqs=max_num_seqs)
+    probes = probes or [ProbeJob("p", {"token_ids": [1, 2, 3]}, 2)]
+    job = build_job(arm, engine, probes, max_tokens=16, logprobs=2)
+    if scenario:
+        from dataclasses import replace
+
+        job = replace(job, scenario=ScenarioJob("s", (StepJob(("p",), True),)))
+    return job
+
+
+def test_each_served_arm_gets_its_own_llama_servers_flags_and_the_baseline_no_cache_at_all():
+    """The baseline: no RAM prompt cache and cache_prompt off on every request; native: llama-server's defaults (no
+    cache flag given); native-matched: no RAM cache, so the primed prefix is all a reuse can find; the slots arm
+    saves where its store is; a scenario runs max_num_seqs slots, each of max_model_len tokens."""
+    from repro.contract.job import ArmSpec, ConnectorSpec, ProbeJob
+    from repro.llamacpp import served
+
+    base, cache = served.flags(_served_job(ArmSpec("baseline", "baseline")), 2, "/s")
+    assert cache is False and base[base.index("--cache-ram") + 1] == "0" and base[base.index("-np") + 1] == "1"
+    assert base[base.index("--seed") + 1] == "7" and base[base.index("-c") + 1] == "2048"
+    native, cache = served.flags(_served_job(ArmSpec("native", "native")), 2, "/s")
+    assert cache is True and "--cache-ram" not in native and "--cache-idle-slots" not in native
+    matched = _served_job(ArmSpec("native-matched", "native"), [ProbeJob("p", {"token_ids": [1, 2, 3]}, 2, (2,))])
+    assert served.flags(matched, 2, "/s")[0][-2:] == ["--cache-ram", "0"]
+    slots = ArmSpec("S", "connector", ConnectorSpec(served.SLOTS, extra_config={"store_dir": "/tmp/store"}))
+    args, cache = served.flags(_served_job(slots), 2, "/tmp/store")
+    assert cache is True and args[args.index("--slot-save-path") + 1] == "/tmp/store" and "--cache-ram" in args
+    two, _ = served.flags(_served_job(ArmSpec("native", "native"), scenario=True, max_num_seqs=2), 2, "/s")
+    assert two[two.index("-np") + 1] == "2" and two[two.index("-c") + 1] == "4096"
+    with pytest.raises(ValueError, match="llama-server has no connector 'LlamaStateSeq'"):
+        served.flags(_served_job(ArmSpec("X", "connector", ConnectorSpec("LlamaStateSeq"))), 2, "/s")
+
+
+def test_a_served_answer_without_llama_servers_counter_is_missing_never_zero():
+    """timings.cache_n is the hit counter; a response without it says None (the judge's missing counter), and the
+    answer's token IDs and top log-probabilities are read as llama-server writes them."""
+    from repro.llamacpp.server import answer_of, greedy_body
+
+    got = answer_of({"tokens": [5, 6], "stop_type": "limit", "id_slot": 1, "content": "ab",
+                     "timings": {"cache_n": 0, "prompt_n": 9},
+                     "completion_probabilities": [{"id": 5, "logprob": -0.1, "top_logprobs": [
+                         {"id": 5, "logprob": -0.1}, {"id": 9, "logprob": -2.5}]}]})  # fmt: skip
+    assert got["cached_tokens"] == 0 and got["token_ids"] == [5, 6] and got["logprobs"] == [[[5, -0.1], [9, -2.5]]]
+    assert answer_of({"tokens": [5], "stop_type": "limit"})["cached_tokens"] is None
+    assert answer_of({"content": "text only"})["token_ids"] == []  # the judge refuses an answer without IDs
+    body = greedy_body([1, 2], 16, 2, False, 0, 3)
+    assert body["cache_prompt"] is False and body["ignore_eos"] is True and body["return_tokens"] is True
+    assert body["temperature"] == 0.0 and body["top_k"] == 1 and body["id_slot"] == 0 and body["n_probs"] == 2
+    assert "id_slot" not in greedy_body([1], 16, 0, True, None, 3)  # a scenario's requests: the server picks
+
+
+def test_the_served_self_test_needs_llama_server_beside_its_interpreter(tmp_path):
+    py = tmp_path / "bin" / "python"
+    py.parent.mkdir()
+    assert "has no llama-server beside it" in options.llamaserver_problem(str(py))
+    server = py.parent / "llama-server"
+    server.write_text("#!/bin/sh\n")
+    server.chmod(0o755)
+    assert options.llamaserver_problem(str(py)) is None

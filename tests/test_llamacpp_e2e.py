@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from e2e_runs import shared_run
@@ -102,3 +103,59 @@ print(json.dumps({"positions": sorted(st.positions), "tokens": len(tokens), "typ
     assert got["types"] == [[1, 1]] and got["layers"] == 30 and got["row"] == 3 * 64 * 2  # 3 KV heads of 64, f16
     assert got["read"] > 0
     assert got["nonzero"] and got["zeroed"] and got["kept"]
+
+
+def _served_selftest(_model, tmp) -> tuple[int, dict, str]:
+    """The self-test on llama-server as make repro ENGINE=llamaserver runs it (tasks.llamacpp_args, served), its
+    llama-server the one make test-extended installed beside .venvs/llamacpp's interpreter."""
+    import tasks
+
+    py = need_llamacpp_python()
+    if not (Path(py).parent / "llama-server").is_file():
+        if os.environ.get("KVKIT_MAKE_TEST"):
+            pytest.fail("llama-server is missing from .venvs/llamacpp/bin, though make test-extended builds it")
+        pytest.skip("llama-server not built (make repro ENGINE=llamaserver builds it)")
+    report = tmp / "llamaserver.json"
+    argv = [sys.executable, "-m", "repro.verify_kv_reuse", *tasks.llamacpp_args(_gguf(py), str(report), py, True)]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          timeout=1500, check=False)  # fmt: skip
+    return done.returncode, json.loads(report.read_text()), done.stdout + done.stderr
+
+
+llamaserver_selftest = shared_run("llamaserver_selftest", _served_selftest)
+
+
+def test_llama_server_arms_are_judged_on_its_own_counters_and_its_kv_read_through_its_slot_files(llamaserver_selftest):
+    """What holds on any machine, whatever the answers: the exit is the one exit rule's (0 only where the fixture's
+    expectations hold, 1 where a verdict is not as stated, never an ERROR); the baseline's llama-server counted 0 on
+    every request; a whole-prompt reuse keeps L-1 tokens (its last evaluated again) by llama-server's own count; the
+    reused KV, read through /slots save files, is bit-identical to what the cache-off server computed (the same
+    binary, the same batches: EXACT, floor 0); #27148's scenario ran every step with a counter on every request."""
+    code, report, out = llamaserver_selftest
+    assert code == (0 if report["acceptance"]["matched"] else 1), out[-3000:]
+    arms = {a["name"]: a for a in report["arms"]}
+    assert all(a["verdict"] != "ERROR" for a in arms.values()), {n: a["error"] for n, a in arms.items()}
+    assert all(r["cached_tokens"] == 0 for p in arms["baseline"]["probes"] for r in p["requests"])
+    for name in ("native", "LlamaServerSlots", "native-matched"):
+        for probe in arms[name]["probes"]:
+            assert probe["kv"]["verdict"] == "EXACT", (name, probe["name"], probe["kv"])
+            hits = [r["cached_tokens"] for r in probe["requests"][1:]]
+            if name != "native-matched":
+                assert hits == [probe["prompt_tokens"] - 1] * len(hits), (name, probe["name"], hits)
+    restores = [
+        r["kv_transfer_params"]["restore"] for p in arms["LlamaServerSlots"]["probes"] for r in p["requests"][1:]
+    ]
+    assert restores and all(r["n_restored"] > 0 for r in restores)
+    versions = report["provenance"]["engine_versions"]
+    assert (
+        "commit 0c1e570" in versions["llama_server"]
+        and versions["llama_server_build"]["cmake_args"][0] == "-DGGML_NATIVE=OFF"
+    )
+    assert versions["llama_server_sha256"] == versions["llama_server_build"]["binary_sha256"]
+    (scenario,) = report["scenarios"]
+    native = next(a for a in scenario["arms"] if a["arm"] == "native")
+    assert [(r["step"], r["probe"]) for r in native["requests"]] == [
+        (0, "conv-a"), (0, "conv-b"), (1, "conv-c"), (1, "conv-d"), (2, "conv-a"), (2, "conv-e"), (3, "conv-f"), (4, "conv-b")
+    ]  # fmt: skip
+    assert all(isinstance(r["cached_tokens"], int) and r["verdict"] in ("PASS", "FAIL") for r in native["requests"])
+    assert "llama.cpp (llama-server, from llama-cpp-python 0.3.36)" in out

@@ -75,8 +75,8 @@ def ensure_wheel(python: str, log, root: Path = KIT_ROOT, environ=os.environ) ->
         check=True, capture_output=True, text=True,
     ).stdout.strip()  # fmt: skip
     folder = cache_dir(environ) / cache_key(version, sha256, tag)
-    if (wheel := cached_wheel(folder)) is not None:
-        return wheel, json.loads((folder / BUILD_RECORD).read_text(encoding="utf-8"))
+    if cached_wheel(folder) is not None:
+        return finished_build(folder, cached_wheel)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=folder.parent))
     env = {**environ, "CMAKE_ARGS": " ".join(CMAKE_ARGS), "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 1)}
@@ -101,14 +101,91 @@ def ensure_wheel(python: str, log, root: Path = KIT_ROOT, environ=os.environ) ->
             "wheel": wheel.name,
             "wheel_sha256": hashlib.sha256(wheel.read_bytes()).hexdigest(),
         }
-        (tmp / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-        try:
-            tmp.rename(folder)  # last: a folder under the key is a finished build
-        except OSError:  # another build of the same key finished first: use it
-            if cached_wheel(folder) is None:
-                raise
+        publish(tmp, folder, record, cached_wheel)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    wheel = cached_wheel(folder)
-    assert wheel is not None
-    return wheel, json.loads((folder / BUILD_RECORD).read_text(encoding="utf-8"))
+    return finished_build(folder, cached_wheel)
+
+
+def finished_build(folder: Path, finished) -> tuple[Path, dict]:
+    """What a finished build under its key holds (finished(folder): its wheel or binary) and its build record."""
+    built = finished(folder)
+    assert built is not None
+    return built, json.loads((folder / BUILD_RECORD).read_text(encoding="utf-8"))
+
+
+def publish(tmp: Path, folder: Path, record: dict, finished) -> None:
+    """A finished build's folder renamed to its key, its record in it: renamed last, so that a folder under the key is
+    a finished build. Where another build of the same key finished first, that one is used (finished(folder) says)."""
+    (tmp / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    try:
+        tmp.rename(folder)
+    except OSError:
+        if finished(folder) is None:
+            raise
+
+
+# llama-server: built from the same hash-checked sdist (its vendored llama.cpp, tools/server/ included), with the
+# wheel's portable flags, statically linked, the server target alone; no web UI download (LLAMA_USE_PREBUILT_UI
+# off), no HTTPS (the kit talks to it on loopback).
+SERVER = "llama-server"
+SERVER_STAMP = ".kvkit-llama-server"  # in the llama.cpp environment: the build record of the llama-server in its bin/
+SERVER_CMAKE_ARGS = (*(a for a in CMAKE_ARGS if not a.startswith("-DLLAVA")), "-DCMAKE_BUILD_TYPE=Release",
+                     "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON",
+                     "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF",
+                     "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF")  # fmt: skip
+
+
+def server_key(version: str, sha256: str, machine: str | None = None) -> str:
+    parts = [SERVER, version, sha256, *SERVER_CMAKE_ARGS, machine or platform.machine()]
+    return f"{SERVER}-{version}-{hashlib.sha256(' '.join(parts).encode()).hexdigest()[:16]}"
+
+
+def cached_server(folder: Path) -> Path | None:
+    binary = folder / SERVER
+    return binary if (folder / BUILD_RECORD).is_file() and binary.is_file() else None
+
+
+def ensure_server(python: str, log, root: Path = KIT_ROOT, environ=os.environ) -> tuple[Path, dict]:
+    """The portable llama-server for this machine: from the cache, else built now from the pinned sdist (pip
+    downloads it, hash-checked; cmake and ninja build the target) and kept. Returns the binary and its build record;
+    subprocess.CalledProcessError where a step fails (its output in `log`)."""
+    version, sha256 = pin(root)
+    folder = cache_dir(environ) / server_key(version, sha256)
+    if cached_server(folder) is not None:
+        return finished_build(folder, cached_server)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".building-server-", dir=folder.parent))
+    jobs = str(os.cpu_count() or 1)
+    started = time.time()
+    try:
+
+        def run(argv: list[str]) -> None:
+            subprocess.run(argv, check=True, stdout=log, stderr=log)
+
+        run([python, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--require-hashes",
+                        "--no-cache-dir", "--disable-pip-version-check", "-d", str(tmp / "sdist"),
+                        "-r", str(root / SDIST_REQUIREMENT)])  # fmt: skip
+        (sdist,) = (tmp / "sdist").glob("*.tar.gz")
+        shutil.unpack_archive(sdist, tmp / "src", filter="data")
+        (source,) = (tmp / "src").glob("*/vendor/llama.cpp")
+        generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+        run(["cmake", "-S", str(source), "-B", str(tmp / "build"), *generator, *SERVER_CMAKE_ARGS])
+        run(["cmake", "--build", str(tmp / "build"), "--target", SERVER, "-j", jobs])
+        shutil.copy2(tmp / "build" / "bin" / SERVER, tmp / SERVER)
+        record = {
+            "package": SERVER,
+            "from": f"{PACKAGE} {version} sdist (sha256 {sha256}), vendor/llama.cpp",
+            "cmake_args": list(SERVER_CMAKE_ARGS),
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "built_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "build_s": round(time.time() - started, 1),
+            "binary_sha256": hashlib.sha256((tmp / SERVER).read_bytes()).hexdigest(),
+        }
+        for leftover in ("sdist", "src", "build"):
+            shutil.rmtree(tmp / leftover, ignore_errors=True)
+        publish(tmp, folder, record, cached_server)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return finished_build(folder, cached_server)

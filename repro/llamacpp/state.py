@@ -97,16 +97,32 @@ class _Reader:
 
 
 def parse(blob: bytes, n_seq_max: int = 1) -> SeqState:
-    """One sequence's state, as llama_state_seq_get_data wrote it for a single-stream cache."""
+    """One sequence's state, as llama_state_seq_get_data wrote it: a single-stream cache, or one stream per sequence
+    (llama-server's slots without a unified KV) where only the sequence's own stream holds cells."""
     r = _Reader(blob)
     magic = r.take("<I")
     if magic != MAGIC:
         raise StateFormatError(f"magic {magic:#x}, not llama.cpp's sequence state ({MAGIC:#x})")
     r.take("<i")  # the sequence it was taken from
     n_stream = r.take("<I")
-    if n_stream != 1:
-        raise StateFormatError(f"{n_stream} KV streams: the kit reads a single-stream cache")
-    cells = r.take("<I")
+    found = None
+    for stream in range(n_stream):
+        cells = r.take("<I")
+        if cells == 0:
+            continue
+        if found is not None:
+            raise StateFormatError(f"streams {found[0]} and {stream} both hold cells of the sequence")
+        found = (stream, _stream(r, cells, n_seq_max))
+    if r.at != len(blob):
+        raise StateFormatError(f"{len(blob) - r.at} bytes after the last layer's V rows: not this layout")
+    if found is None:
+        return SeqState(blob, (), False, ())
+    positions, v_trans, layers = found[1]
+    return SeqState(blob, positions, v_trans, layers)
+
+
+def _stream(r: _Reader, cells: int, n_seq_max: int) -> tuple[tuple[int, ...], bool, tuple[LayerRows, ...]]:
+    """One stream's cells: their positions (meta), then each layer's K and V rows."""
     positions = []
     for _ in range(cells):
         positions.append(r.take("<i"))
@@ -115,8 +131,6 @@ def parse(blob: bytes, n_seq_max: int = 1) -> SeqState:
             raise StateFormatError(f"a cell names {n_seq} sequences (a cell extension, or another layout)")
         for _ in range(n_seq):
             r.take("<i")
-    if cells == 0:
-        return SeqState(blob, (), False, ())
     v_trans, n_layer = bool(r.take("<I")), r.take("<I")
     keys = []
     for _ in range(n_layer):
@@ -133,9 +147,7 @@ def parse(blob: bytes, n_seq_max: int = 1) -> SeqState:
             layers.append(
                 LayerRows(k_type, k_offset, k_row, v_type, r.skip(cells * v_elem * n_embd), v_elem * n_embd, v_elem)
             )
-    if r.at != len(blob):
-        raise StateFormatError(f"{len(blob) - r.at} bytes after the last layer's V rows: not this layout")
-    return SeqState(blob, tuple(positions), v_trans, tuple(layers))
+    return tuple(positions), v_trans, tuple(layers)
 
 
 def zero_positions(state: SeqState, positions: list[int]) -> bytes:

@@ -4,6 +4,7 @@ llama.cpp in the parent. Standard library only."""
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 from pathlib import Path
 
@@ -17,10 +18,10 @@ VLLM_ONLY = (
     ("kv_connector", "--kv-connector: llama.cpp's reuse paths are the fixture's arms (repro.llamacpp.arms)"),
     ("kv_offloading_size", "--kv-offloading-size is vLLM's offloading connector"),
     ("lmcache_config", "--lmcache-config is LMCache's, a vLLM connector"),
-    ("scenarios", "--scenarios: llama.cpp's child runs plain probes only, for now"),
+    ("scenarios", "--scenarios: llama.cpp's scenarios run on llama-server (--frontend server)"),
     ("batch_invariant", "--batch-invariant is vLLM's kernels"),
     ("gpu_load", "--gpu-load: llama.cpp runs on the CPU here"),
-    ("stream", "--stream is for --frontend server"),
+    ("stream", "--stream: llama-server is sent whole requests"),
 )
 
 
@@ -33,18 +34,29 @@ def check(args: argparse.Namespace, default_module: str) -> None:
     with model.open("rb") as fh:
         if fh.read(4) != b"GGUF":
             raise UsageError(f"--model {args.model}: not a GGUF file (it does not start with GGUF)")
+    served = args.frontend == "server"
     for key, why in VLLM_ONLY:
-        if getattr(args, key, None):
+        if getattr(args, key, None) and not (served and key == "scenarios"):
             raise UsageError(f"--engine llamacpp: {why}")
-    if args.frontend != "sync":
-        raise UsageError(f"--engine llamacpp: --frontend {args.frontend} is vLLM's (llama-server is not driven yet)")
+    if args.frontend not in ("sync", "server"):
+        raise UsageError(f"--engine llamacpp: --frontend {args.frontend} is vLLM's (llama.cpp's: sync, server)")
     if args.device == "cuda":
         raise UsageError("--engine llamacpp: the kit builds llama.cpp for the CPU (--device cpu or auto)")
     if args.engine_module == default_module:
         args.engine_module = MODULE
         problem = llamacpp_problem(args.python)
+        if problem is None and served:
+            problem = llamaserver_problem(args.python)
         if problem:
             raise UsageError(f"--python {args.python}: {problem}")
+
+
+def llamaserver_problem(python: str) -> str | None:
+    """--frontend server: llama-server beside the interpreter (repro.llamacpp.server.binary_path), or why not."""
+    binary = Path(python).parent / "llama-server"
+    if not (binary.is_file() and os.access(binary, os.X_OK)):
+        return f"has no llama-server beside it ({binary}; `make repro ENGINE=llamaserver` builds it there)"
+    return None
 
 
 def llamacpp_problem(python: str) -> str | None:

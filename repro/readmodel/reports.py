@@ -197,9 +197,11 @@ class Report:
 
     @property
     def engine_text(self) -> str:
-        """'vLLM 0.28.0', or 'llama.cpp (llama-cpp-python 0.3.36)'."""
+        """'vLLM 0.28.0', 'llama.cpp (llama-cpp-python 0.3.36)', or on llama-server 'llama.cpp (llama-server, from
+        llama-cpp-python 0.3.36)'."""
         if self.engine == LLAMACPP:
-            return f"{LLAMACPP} (llama-cpp-python {self.package_version('llama_cpp_python')})"
+            server = "llama-server, from " if (self.provenance.get("engine_versions") or {}).get("llama_server") else ""
+            return f"{LLAMACPP} ({server}llama-cpp-python {self.package_version('llama_cpp_python')})"
         return f"vLLM {self.package_version('vllm')}"
 
     @property

@@ -93,7 +93,8 @@ class ScenarioRuns:
                 else:
                     progress.note(f"scenarios: comparing KV{f' ({key})' if key else ''}")
                     job = scenarios.compare_job(reference, group)
-                    raw, problem = run_compare(job, self.work, self.env, self.children.python, self.children.timeout_s)
+                    python = self.children.compare_python or self.children.python  # as the plain arms' (kvaudit)
+                    raw, problem = run_compare(job, self.work, self.env, python, self.children.timeout_s)
             audits[key] = (raw, problem)
         # the scenario runs' tensors too (the arms' went before)
         if self.audit.enabled and results and self.audit.keep_dir and (self.work / "kv").exists():

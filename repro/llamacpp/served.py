@@ -1,0 +1,248 @@
+"""llama.cpp's served arms (`--engine llamacpp --frontend server`): every arm, the baseline too, runs llama-server
+(repro.llamacpp.server), built by the kit from the same source as the Python binding, and sends the requests the
+binding's arms send (repro.llamacpp.arms), over HTTP. Prompts are built with the GGUF's own vocabulary and chat
+template (the binding, vocabulary only) and sent as token IDs.
+
+Each plain probe gets a fresh server: llama-server caches at token granularity, so every chat prompt would find the
+chat template's first tokens held by the probe before it, and a probe's cold request must be a verified miss. A
+scenario runs in one server, start to end: what its steps leave behind is its point.
+
+- baseline: `--cache-ram 0` (no RAM prompt cache) and `cache_prompt: false` on every request, so every prompt is
+  evaluated whole; llama-server's own counter (timings.cache_n) must say 0.
+- native: llama-server as its users run it: its defaults (the RAM prompt cache on, idle slots saved to it,
+  `cache_prompt` on), one slot for a plain probe and the scenario's max_num_seqs for a scenario.
+- native-matched: `--cache-ram 0`; before each reuse the slot is erased and the probe's match prefix is sent alone
+  (1 token generated, never judged), so the reuse finds that prefix in the slot.
+- connector LlamaServerSlots: slot save and restore over HTTP (`--cache-ram 0`): after the cold request its slot is
+  saved to a file and erased; before each reuse the file is restored into the slot.
+
+Every server has a `--slot-save-path` (the slots arm's store, else a folder of the arm's own): the slot actions need
+it, and the KV audit reads through it. With a KV audit, each judged request's slot is saved once it is done and the
+file read as the binding's audit reads llama_state_seq_get_data (a slot file is that state behind llama.cpp's
+sequence-file header: magic, version, its tokens); the priming requests are never audited.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from repro.contract.chat import build_chat_prompt
+from repro.contract.job import Job
+from repro.contract.result import ProbeResult, RequestResult, ScenarioResult, StepRequest
+from repro.llamacpp import server as srv
+from repro.llamacpp import state as seqstate
+
+SLOTS = "LlamaServerSlots"
+CONNECTORS = (SLOTS,)
+SEQ_FILE_MAGIC, SEQ_FILE_VERSION = 0x67677371, 3  # llama.h: LLAMA_STATE_SEQ_MAGIC ('ggsq'), LLAMA_STATE_SEQ_VERSION
+
+
+def flags(job: Job, threads: int, slot_dir: str) -> tuple[list[str], bool]:
+    """The arm's llama-server flags and whether its requests ask for the prompt cache."""
+    conn = job.arm.connector
+    slots = (job.engine.max_num_seqs or 1) if job.scenario is not None else 1
+    batch = job.engine.max_num_batched_tokens or 512
+    common = ["-c", str(job.engine.max_model_len * slots), "-np", str(slots), "-t", str(threads), "-tb", str(threads),
+              "-b", str(batch), "-ub", str(batch), "--seed", str(job.engine.seed), "--no-webui",
+              "--slot-save-path", slot_dir]  # fmt: skip
+    if job.arm.mode == "baseline":
+        return [*common, "--cache-ram", "0"], False
+    if conn is None:
+        matched = any(p.match_tokens for p in job.probes)
+        return [*common, "--cache-ram", "0"] if matched else common, True
+    if conn.name == SLOTS:
+        return [*common, "--cache-ram", "0"], True
+    raise ValueError(f"llama-server has no connector {conn.name!r}: its connector arms are {', '.join(CONNECTORS)}")
+
+
+def read_slot_file(raw: bytes) -> tuple[bytes, list[int]]:
+    """A slot file (llama_state_seq_save_file) as (llama_state_seq_get_data's blob, the tokens it holds)."""
+    magic, version, n = struct.unpack_from("<III", raw)
+    if magic != SEQ_FILE_MAGIC or version != SEQ_FILE_VERSION:
+        raise seqstate.StateFormatError(f"slot file magic {magic:#x} version {version}: not llama.cpp's sequence file")
+    tokens = list(struct.unpack_from(f"<{n}i", raw, 12))
+    return struct.pack("<Ii", seqstate.MAGIC, 0) + raw[12 + 4 * n :], tokens
+
+
+class SlotState:
+    """What repro.llamacpp.audit.LlamaAudit reads from an engine (take_state), for one slot of a server."""
+
+    def __init__(self, server: srv.LlamaServer, slot_dir: str, slot: int):
+        self.server, self.slot_dir, self.slot = server, slot_dir, slot
+
+    def take_state(self) -> tuple[bytes, list[int]]:
+        name = f"audit-{self.slot}-{time.monotonic_ns()}.bin"
+        self.server.slot(self.slot, "save", name)
+        path = Path(self.slot_dir) / name
+        try:
+            return read_slot_file(path.read_bytes())
+        finally:
+            path.unlink(missing_ok=True)
+
+
+def _record(answer: dict, role: str, rid: str, params: dict | None = None, audit: dict | None = None) -> RequestResult:
+    stop = answer["stop_type"]
+    return RequestResult(
+        role=role,
+        request_id=rid,
+        cached_tokens=answer["cached_tokens"],
+        token_ids=tuple(answer["token_ids"]),
+        logprobs=tuple(tuple(step) for step in answer["logprobs"]),
+        finish_reason="length" if stop == "limit" else stop,
+        kv_transfer_params=params,
+        text=answer["text"],
+        kv_audit_record=audit,
+    )
+
+
+class ServedArm:
+    def __init__(self, job: Job, audit, slot_dir: str, threads: int):
+        self.job, self.audit, self.slot_dir = job, audit, slot_dir
+        self.args, self.cache_prompt = flags(job, threads, slot_dir)
+        self.facts: dict = {"primed": [], "servers": 0}
+        self.lock = threading.Lock()
+        self.argv: list[str] = []
+
+    def start(self) -> srv.LlamaServer:
+        server = srv.LlamaServer(srv.binary_path(), self.job.engine.model, self.args)
+        self.facts["servers"] += 1
+        self.argv = server.argv[1:]
+        return server
+
+    def body(self, ids: list[int], n_predict: int | None = None, slot: int | None = 0) -> dict:
+        n = self.job.max_tokens if n_predict is None else n_predict
+        return srv.greedy_body(ids, n, self.job.logprobs, self.cache_prompt, slot, self.job.engine.seed)
+
+    def request(self, server, ids: list[int], role: str | None, rid: str, slot: int | None = 0, params=None):
+        """One judged request: its answer, then (with a KV audit) its slot's KV. role None: by its hit counter."""
+        answer = server.complete(self.body(ids, slot=slot))
+        role = role or ("reuse" if answer["cached_tokens"] else "cold")
+        record = None
+        if self.audit is not None:
+            with self.lock:  # one audit record at a time (the audit numbers them)
+                state = SlotState(server, self.slot_dir, int(answer["slot"] if answer["slot"] is not None else 0))
+                record = self.audit.record(state, ids, rid, role, answer["cached_tokens"] or 0)
+        return _record(answer, role, rid, params, record)
+
+    def prime(self, server, ids: list[int], why: str) -> None:
+        """A request whose answer is never judged nor audited: it only puts `ids` in slot 0."""
+        got = server.complete(self.body(ids, n_predict=1))
+        self.facts["primed"].append({"why": why, "prompt_tokens": len(ids), "cached_tokens": got["cached_tokens"]})
+
+    def probe(self, n: int, probe, ids: list[int]) -> list[RequestResult]:
+        conn = self.job.arm.connector
+        server = self.start()  # a fresh server a probe: its cold request a true miss
+        try:
+            out = []
+            for i in range(probe.requests):
+                rid, params = f"{probe.name}-{i}", None
+                if self.job.arm.mode == "baseline" or i == 0:
+                    out.append(self.request(server, ids, "cold", rid))
+                    if i == 0 and conn is not None and conn.name == SLOTS:
+                        saved = server.slot(0, "save", f"{n:03d}.bin")
+                        self.facts.setdefault("saves", []).append({"probe": probe.name, **saved})
+                        server.slot(0, "erase")
+                    continue
+                if probe.match_tokens is not None:
+                    server.slot(0, "erase")
+                    self.prime(server, ids[: probe.match_tokens[i - 1]], f"{rid}: the match prefix")
+                if conn is not None and conn.name == SLOTS:
+                    params = {"restore": server.slot(0, "restore", f"{n:03d}.bin")}
+                out.append(self.request(server, ids, "reuse", rid, params=params))
+            return out
+        finally:
+            server.stop()
+
+    def scenario(self, ids_of: dict[str, list[int]]) -> ScenarioResult:
+        server = self.start()
+        try:
+            requests = []
+            for s, step in enumerate(self.job.scenario.steps):
+                if step.wait_s:
+                    time.sleep(step.wait_s)
+                names = list(step.submit)
+
+                def one(name: str, s=s) -> StepRequest:
+                    return StepRequest(s, name, self.request(server, ids_of[name], None, f"{name}@{s}", slot=None))
+
+                if step.together and len(names) > 1:
+                    with ThreadPoolExecutor(len(names)) as pool:
+                        requests.extend(pool.map(one, names))
+                else:
+                    requests.extend(one(name) for name in names)
+        finally:
+            server.stop()
+        why = "unavailable: llama-server counts no preemptions (a slot holds its request until it ends)"
+        return ScenarioResult(self.job.scenario.name, tuple(requests), None, why)
+
+
+def server_versions() -> dict:
+    """The llama-server that ran: what it says of itself, its SHA-256, and the kit's build record of it (or why none)."""
+    import hashlib
+    import json
+
+    from repro.llamacpp.build import SERVER_STAMP
+
+    binary = srv.binary_path()
+    try:
+        with open(os.path.join(os.path.dirname(os.path.dirname(binary)), SERVER_STAMP), encoding="utf-8") as fh:
+            record = json.load(fh)
+    except (OSError, ValueError) as exc:
+        record = f"unavailable: {type(exc).__name__} (a llama-server the kit did not install)"
+    with open(binary, "rb") as fh:
+        digest = hashlib.sha256(fh.read()).hexdigest()
+    return {"llama_server": srv.version(binary), "llama_server_sha256": digest, "llama_server_build": record}
+
+
+class Prompts:
+    """Prompts as token IDs from the GGUF's own vocabulary and chat template: the binding loads the vocabulary only
+    (no weights), llama-server is sent the IDs."""
+
+    def __init__(self, model: str):
+        import llama_cpp
+
+        from repro.llamacpp.engine import GgufTokenizer
+
+        self.tokenizer = GgufTokenizer(llama_cpp.Llama(model_path=model, vocab_only=True, verbose=False))
+
+    def prompt_ids(self, prompt: dict) -> tuple[list[int], list[dict] | None]:
+        if "token_ids" in prompt:
+            return [int(t) for t in prompt["token_ids"]], None
+        return build_chat_prompt(self.tokenizer, prompt["chat"])
+
+
+def run(job: Job, audit) -> tuple[list[ProbeResult], dict, ScenarioResult | None, dict]:
+    """The arm's requests on llama-server; (probes, facts, scenario result, versions)."""
+    from repro.llamacpp.arms import refused
+
+    if (why := refused(job)) is not None:
+        raise ValueError(why)
+    conn = job.arm.connector
+    own = conn is None or "store_dir" not in conn.extra_config
+    slot_dir = tempfile.mkdtemp(prefix="kvkit-llama-slots-") if own else conn.extra_config["store_dir"]
+    os.makedirs(slot_dir, exist_ok=True)
+    try:
+        arm = ServedArm(job, audit, slot_dir, len(os.sched_getaffinity(0)))
+        prompts = Prompts(job.engine.model)
+        ids_of = {p.name: prompts.prompt_ids(p.prompt) for p in job.probes}
+        if job.scenario is not None:
+            scenario = arm.scenario({name: ids for name, (ids, _) in ids_of.items()})
+            probes = [ProbeResult(p.name, tuple(ids_of[p.name][0]), ids_of[p.name][1], ()) for p in job.probes]
+        else:
+            scenario, probes = None, []
+            for n, probe in enumerate(job.probes):
+                ids, messages = ids_of[probe.name]
+                probes.append(ProbeResult(probe.name, tuple(ids), messages, tuple(arm.probe(n, probe, ids))))
+        facts = {"frontend": "llama-server", "server_argv": arm.argv, "cache_prompt": arm.cache_prompt,
+                 **{k: v for k, v in arm.facts.items() if v}}  # fmt: skip
+        return probes, facts, scenario, server_versions()
+    finally:
+        if own:
+            shutil.rmtree(slot_dir, ignore_errors=True)
