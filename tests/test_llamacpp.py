@@ -271,3 +271,29 @@ def test_the_served_self_test_needs_llama_server_beside_its_interpreter(tmp_path
     server.write_text("#!/bin/sh\n")
     server.chmod(0o755)
     assert options.llamaserver_problem(str(py)) is None
+
+
+def test_the_planted_slot_fault_zeroes_exactly_its_blocks_in_the_saved_file_and_keeps_its_header(tmp_path):
+    """PlantedSlotFault alters the slot file llama-server saved, before its restore: the named blocks' K and V rows
+    zeroed in every layer, among the positions the reuse will keep, the file's header and tokens as saved; what it
+    reports is what the judge's blame reads."""
+    from repro.contract.job import ArmSpec, ConnectorSpec
+    from repro.llamacpp.served import PLANTED_SLOTS, SEQ_FILE_MAGIC, ServedArm, read_slot_file
+
+    blob, _ = _blob(list(range(40)), seed=3)
+    head = struct.pack("<III", SEQ_FILE_MAGIC, 3, 40) + struct.pack("<40i", *range(40))
+    path = tmp_path / "000.bin"
+    path.write_bytes(head + blob[8:])
+    extra = {"fault": "zero_blocks", "first_block": 0, "num_blocks": 1, "store_dir": str(tmp_path)}
+    arm = ArmSpec("P", "connector", ConnectorSpec(PLANTED_SLOTS, extra_config=extra))
+    served_arm = ServedArm(_served_job(arm), None, str(tmp_path), 2)
+    said = served_arm.plant(path, list(range(40)))
+    assert said == {"planted_fault": {"fault": "zero_blocks", "faulted_blocks": [0]}}
+    raw = path.read_bytes()
+    assert raw[: len(head)] == head and len(raw) == len(head) + len(blob) - 8
+    state, tokens = read_slot_file(raw)
+    before, after = seqstate.parse(blob).rows(list(range(40))), seqstate.parse(state).rows(list(range(40)))
+    assert tokens == list(range(40)) and not after[:, :, :16].any() and (after[:, :, 16:] == before[:, :, 16:]).all()
+    with pytest.raises(ValueError, match="fault 'flip' is not one of"):
+        bad = ArmSpec("P", "connector", ConnectorSpec(PLANTED_SLOTS, extra_config={**extra, "fault": "flip"}))
+        ServedArm(_served_job(bad), None, str(tmp_path), 2).plant(path, list(range(40)))

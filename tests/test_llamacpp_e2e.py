@@ -130,7 +130,8 @@ def test_llama_server_arms_are_judged_on_its_own_counters_and_its_kv_read_throug
     expectations hold, 1 where a verdict is not as stated, never an ERROR); the baseline's llama-server counted 0 on
     every request; a whole-prompt reuse keeps L-1 tokens (its last evaluated again) by llama-server's own count; the
     reused KV, read through /slots save files, is bit-identical to what the cache-off server computed (the same
-    binary, the same batches: EXACT, floor 0); #27148's scenario ran every step with a counter on every request."""
+    binary, the same batches: EXACT, floor 0), and a slot file altered before its restore is CORRUPT with exactly its
+    blocks blamed; #27148's scenario ran every step with a counter on every request."""
     code, report, out = llamaserver_selftest
     assert code == (0 if report["acceptance"]["matched"] else 1), out[-3000:]
     arms = {a["name"]: a for a in report["arms"]}
@@ -142,6 +143,9 @@ def test_llama_server_arms_are_judged_on_its_own_counters_and_its_kv_read_throug
             hits = [r["cached_tokens"] for r in probe["requests"][1:]]
             if name != "native-matched":
                 assert hits == [probe["prompt_tokens"] - 1] * len(hits), (name, probe["name"], hits)
+    for probe in arms["PlantedSlotFault"]["probes"]:  # the served audit's positive control: exactly its blocks
+        assert probe["verdict"] == "FAIL" and probe["kv"]["verdict"] == "CORRUPT", (probe["name"], probe["kv"])
+        assert probe["kv"]["blame"]["blocks"] == list(range(16)), (probe["name"], probe["kv"]["blame"])
     restores = [
         r["kv_transfer_params"]["restore"] for p in arms["LlamaServerSlots"]["probes"] for r in p["requests"][1:]
     ]

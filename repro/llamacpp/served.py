@@ -15,6 +15,9 @@ scenario runs in one server, start to end: what its steps leave behind is its po
   (1 token generated, never judged), so the reuse finds that prefix in the slot.
 - connector LlamaServerSlots: slot save and restore over HTTP (`--cache-ram 0`): after the cold request its slot is
   saved to a file and erased; before each reuse the file is restored into the slot.
+- connector PlantedSlotFault: the same, the saved file altered before each restore (fault zero_blocks, as the
+  binding's PlantedStateFault): the served KV audit's positive control, its reuses must FAIL with exactly those
+  blocks blamed.
 
 Every server has a `--slot-save-path` (the slots arm's store, else a folder of the arm's own): the slot actions need
 it, and the KV audit reads through it. With a KV audit, each judged request's slot is saved once it is done and the
@@ -40,7 +43,8 @@ from repro.llamacpp import server as srv
 from repro.llamacpp import state as seqstate
 
 SLOTS = "LlamaServerSlots"
-CONNECTORS = (SLOTS,)
+PLANTED_SLOTS = "PlantedSlotFault"  # the slots arm with its saved file altered before each restore
+CONNECTORS = (SLOTS, PLANTED_SLOTS)
 SEQ_FILE_MAGIC, SEQ_FILE_VERSION = 0x67677371, 3  # llama.h: LLAMA_STATE_SEQ_MAGIC ('ggsq'), LLAMA_STATE_SEQ_VERSION
 
 
@@ -57,7 +61,7 @@ def flags(job: Job, threads: int, slot_dir: str) -> tuple[list[str], bool]:
     if conn is None:
         matched = any(p.match_tokens for p in job.probes)
         return [*common, "--cache-ram", "0"] if matched else common, True
-    if conn.name == SLOTS:
+    if conn.name in (SLOTS, PLANTED_SLOTS):
         return [*common, "--cache-ram", "0"], True
     raise ValueError(f"llama-server has no connector {conn.name!r}: its connector arms are {', '.join(CONNECTORS)}")
 
@@ -145,7 +149,7 @@ class ServedArm:
                 rid, params = f"{probe.name}-{i}", None
                 if self.job.arm.mode == "baseline" or i == 0:
                     out.append(self.request(server, ids, "cold", rid))
-                    if i == 0 and conn is not None and conn.name == SLOTS:
+                    if i == 0 and conn is not None and conn.name in (SLOTS, PLANTED_SLOTS):
                         saved = server.slot(0, "save", f"{n:03d}.bin")
                         self.facts.setdefault("saves", []).append({"probe": probe.name, **saved})
                         server.slot(0, "erase")
@@ -153,12 +157,35 @@ class ServedArm:
                 if probe.match_tokens is not None:
                     server.slot(0, "erase")
                     self.prime(server, ids[: probe.match_tokens[i - 1]], f"{rid}: the match prefix")
-                if conn is not None and conn.name == SLOTS:
-                    params = {"restore": server.slot(0, "restore", f"{n:03d}.bin")}
+                if conn is not None and conn.name in (SLOTS, PLANTED_SLOTS):
+                    planted = (
+                        self.plant(Path(self.slot_dir) / f"{n:03d}.bin", ids) if conn.name == PLANTED_SLOTS else {}
+                    )
+                    params = {"restore": server.slot(0, "restore", f"{n:03d}.bin"), **planted}
                 out.append(self.request(server, ids, "reuse", rid, params=params))
             return out
         finally:
             server.stop()
+
+    def plant(self, path: Path, ids: list[int]) -> dict:
+        """PlantedSlotFault: the saved slot file altered before it is restored, as the binding's PlantedStateFault
+        alters its blob (repro.llamacpp.arms.planted_positions: fault zero_blocks, the K and V rows of num_blocks
+        blocks from first_block, every layer, among the positions the reuse will keep). Returns what the judge's blame
+        reads (kv_transfer_params.planted_fault, as vLLM's planted connector names it)."""
+        from repro.llamacpp.arms import PLANTED_FAULTS, planted_positions
+        from repro.llamacpp.engine import kept_by_rule
+
+        extra = dict(self.job.arm.connector.extra_config)
+        if extra.get("fault", "none") not in PLANTED_FAULTS:
+            raise ValueError(f"{PLANTED_SLOTS}: fault {extra.get('fault')!r} is not one of {', '.join(PLANTED_FAULTS)}")
+        raw = path.read_bytes()
+        blob, tokens = read_slot_file(raw)
+        zeroed = planted_positions(extra, kept_by_rule(tokens, ids), self.job.engine.block_size)
+        if zeroed:
+            altered = seqstate.zero_positions(seqstate.parse(blob), zeroed)
+            path.write_bytes(raw[: 12 + 4 * len(tokens)] + altered[8:])  # the file's header and tokens, as saved
+        blocks = sorted({q // self.job.engine.block_size for q in zeroed})
+        return {"planted_fault": {"fault": extra.get("fault", "none"), "faulted_blocks": blocks}}
 
     def scenario(self, ids_of: dict[str, list[int]]) -> ScenarioResult:
         server = self.start()
