@@ -78,9 +78,15 @@ def test_a_slot_file_is_the_sequence_state_behind_llamacpps_sequence_file_header
     from repro.llamacpp.served import SEQ_FILE_MAGIC, read_slot_file
 
     blob, _ = _blob([0, 1])
-    raw = struct.pack("<III", SEQ_FILE_MAGIC, 3, 2) + struct.pack("<2i", 11, 12) + blob[8:]
-    state, tokens = read_slot_file(raw)
-    assert tokens == [11, 12] and state == blob and seqstate.parse(state).positions == (0, 1)
+    raw = struct.pack("<III", SEQ_FILE_MAGIC, 3, 2) + struct.pack("<2i", 11, 12) + blob[8:]  # a plain token list
+    state, tokens, head = read_slot_file(raw)
+    assert tokens == [11, 12] and head == 20 and state == blob and seqstate.parse(state).positions == (0, 1)
+    # llama-server's packed tokens (server_tokens::serialize): -1, format 1, the count, the tokens, 0 media chunks
+    raw = struct.pack("<III", SEQ_FILE_MAGIC, 3, 6) + struct.pack("<6i", -1, 1, 2, 11, 12, 0) + blob[8:]
+    state, tokens, head = read_slot_file(raw)
+    assert tokens == [11, 12] and head == 36 and state == blob
+    with pytest.raises(seqstate.StateFormatError, match="not llama-server's packed format 1 with no media"):
+        read_slot_file(struct.pack("<III", SEQ_FILE_MAGIC, 3, 6) + struct.pack("<6i", -1, 1, 2, 11, 12, 1) + blob[8:])
     with pytest.raises(seqstate.StateFormatError, match="not llama.cpp's sequence file"):
         read_slot_file(struct.pack("<III", SEQ_FILE_MAGIC, 2, 0))
 
@@ -280,8 +286,8 @@ def test_the_planted_slot_fault_zeroes_exactly_its_blocks_in_the_saved_file_and_
     from repro.contract.job import ArmSpec, ConnectorSpec
     from repro.llamacpp.served import PLANTED_SLOTS, SEQ_FILE_MAGIC, ServedArm, read_slot_file
 
-    blob, _ = _blob(list(range(40)), seed=3)
-    head = struct.pack("<III", SEQ_FILE_MAGIC, 3, 40) + struct.pack("<40i", *range(40))
+    blob, _ = _blob(list(range(40)), seed=3)  # as llama-server writes a slot: its tokens packed
+    head = struct.pack("<III", SEQ_FILE_MAGIC, 3, 44) + struct.pack("<44i", -1, 1, 40, *range(40), 0)
     path = tmp_path / "000.bin"
     path.write_bytes(head + blob[8:])
     extra = {"fault": "zero_blocks", "first_block": 0, "num_blocks": 1, "store_dir": str(tmp_path)}
@@ -291,7 +297,7 @@ def test_the_planted_slot_fault_zeroes_exactly_its_blocks_in_the_saved_file_and_
     assert said == {"planted_fault": {"fault": "zero_blocks", "faulted_blocks": [0]}}
     raw = path.read_bytes()
     assert raw[: len(head)] == head and len(raw) == len(head) + len(blob) - 8
-    state, tokens = read_slot_file(raw)
+    state, tokens, _ = read_slot_file(raw)
     before, after = seqstate.parse(blob).rows(list(range(40))), seqstate.parse(state).rows(list(range(40)))
     assert tokens == list(range(40)) and not after[:, :, :16].any() and (after[:, :, 16:] == before[:, :, 16:]).all()
     with pytest.raises(ValueError, match="fault 'flip' is not one of"):

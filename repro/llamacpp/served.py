@@ -66,13 +66,24 @@ def flags(job: Job, threads: int, slot_dir: str) -> tuple[list[str], bool]:
     raise ValueError(f"llama-server has no connector {conn.name!r}: its connector arms are {', '.join(CONNECTORS)}")
 
 
-def read_slot_file(raw: bytes) -> tuple[bytes, list[int]]:
-    """A slot file (llama_state_seq_save_file) as (llama_state_seq_get_data's blob, the tokens it holds)."""
+def read_slot_file(raw: bytes) -> tuple[bytes, list[int], int]:
+    """A slot file (llama_state_seq_save_file) as (llama_state_seq_get_data's blob, the tokens the slot held, the
+    length of the file's header and token section). llama-server writes its tokens packed (server_tokens::serialize:
+    a -1 marker, format version 1, the count and the tokens, then the count of media chunks, which the kit never
+    sends); a plain token list (older servers) is read as it is."""
     magic, version, n = struct.unpack_from("<III", raw)
     if magic != SEQ_FILE_MAGIC or version != SEQ_FILE_VERSION:
         raise seqstate.StateFormatError(f"slot file magic {magic:#x} version {version}: not llama.cpp's sequence file")
-    tokens = list(struct.unpack_from(f"<{n}i", raw, 12))
-    return struct.pack("<Ii", seqstate.MAGIC, 0) + raw[12 + 4 * n :], tokens
+    packed = list(struct.unpack_from(f"<{n}i", raw, 12))
+    tokens = packed
+    if packed and packed[0] == -1:
+        if len(packed) < 4 or packed[1] != 1 or packed[2] + 4 != len(packed) or packed[3 + packed[2]] != 0:
+            raise seqstate.StateFormatError(
+                f"slot file tokens: not llama-server's packed format 1 with no media ({packed[:3]})"
+            )
+        tokens = packed[3 : 3 + packed[2]]
+    head = 12 + 4 * n
+    return struct.pack("<Ii", seqstate.MAGIC, 0) + raw[head:], tokens, head
 
 
 class SlotState:
@@ -86,7 +97,8 @@ class SlotState:
         self.server.slot(self.slot, "save", name)
         path = Path(self.slot_dir) / name
         try:
-            return read_slot_file(path.read_bytes())
+            blob, tokens, _ = read_slot_file(path.read_bytes())
+            return blob, tokens
         finally:
             path.unlink(missing_ok=True)
 
@@ -179,11 +191,11 @@ class ServedArm:
         if extra.get("fault", "none") not in PLANTED_FAULTS:
             raise ValueError(f"{PLANTED_SLOTS}: fault {extra.get('fault')!r} is not one of {', '.join(PLANTED_FAULTS)}")
         raw = path.read_bytes()
-        blob, tokens = read_slot_file(raw)
+        blob, tokens, head = read_slot_file(raw)
         zeroed = planted_positions(extra, kept_by_rule(tokens, ids), self.job.engine.block_size)
         if zeroed:
             altered = seqstate.zero_positions(seqstate.parse(blob), zeroed)
-            path.write_bytes(raw[: 12 + 4 * len(tokens)] + altered[8:])  # the file's header and tokens, as saved
+            path.write_bytes(raw[:head] + altered[8:])  # the file's header and tokens, as saved
         blocks = sorted({q // self.job.engine.block_size for q in zeroed})
         return {"planted_fault": {"fault": extra.get("fault", "none"), "faulted_blocks": blocks}}
 
