@@ -260,3 +260,18 @@ def _summary(report: dict) -> str:
             p.setdefault("prompt_tokens", 32)
             p.setdefault("requests", [])
     return format_summary(report)
+
+
+def test_a_stated_kv_finding_under_an_acceptance_that_failed_elsewhere_is_named_stated_not_unstated():
+    """A fixture that states a planted CORRUPT, whose acceptance failed on another arm's tokens: the finding is not
+    excused (a failed acceptance excuses nothing: exit 1), and the reason says the fixture states it rather than that
+    it does not; an unstated finding beside it is still the one named first."""
+    native = _kv_arm("native", "native", {"a": "FAIL", "b": "PASS"}, {"a": EXACT, "b": NUMERIC})  # expected PASS
+    arms = [KV_ARMS[0], KV_ARMS[1], native]
+    report = _kv_report(arms, {**EXPECTED_KV, "Conn": {"a": CORRUPT, "b": EXACT}})
+    assert report["acceptance"]["matched"] is False and excused_kv_findings(report["acceptance"]) == set()
+    code, why = exit_reason(report)
+    assert code == EXIT_MISMATCH
+    assert why == "KV CORRUPT that the fixture states, not excused while its acceptance does not match: Conn a"
+    unstated = _kv_report(_finer_arms(MISPLACED, FOREIGN), {**EXPECTED_KV, "Conn": {"a": MISPLACED, "b": EXACT}})
+    assert exit_reason(unstated)[1] == "KV FOREIGN that the fixture does not state: Conn b"

@@ -5,7 +5,7 @@ errors, its later runs' findings, its KV findings, its upstream bounds and its a
 from __future__ import annotations
 
 from repro.errors import EXIT_MISMATCH, EXIT_OK, EXIT_RUNTIME
-from repro.judge.expectations import expectation_text
+from repro.judge.expectations import expectation_states, expectation_text
 from repro.judge.verdict import ERROR, FAIL, FINDING_WORDS, FINDINGS, INCONCLUSIVE, KV_FINDINGS, PASS, SKIPPED
 from repro.record.acceptance import (
     excused_scenario_kv,
@@ -260,13 +260,30 @@ def _some(items: list[str], n: int = 3) -> str:
     return "; ".join(items[:n]) + (f"; and {len(items) - n} more" if len(items) > n else "")
 
 
-def _kv_reason(found: list[tuple[str, str]]) -> str:
+def _kv_reason(found: list[tuple[str, str]], stated: set[str] = frozenset()) -> str:
     """'KV CORRUPT that the fixture does not state: A p; B q' from (where, KV finding) pairs; with more than one
-    class, each where says its own: 'KV CORRUPT and MISPLACED that …: A p (CORRUPT); B q (MISPLACED)'."""
-    classes = [v for v in KV_FINDINGS if any(kind == v for _, kind in found)]
+    class, each where says its own: 'KV CORRUPT and MISPLACED that …: A p (CORRUPT); B q (MISPLACED)'. stated: the
+    wheres whose finding the fixture does state, unexcused only because its acceptance did not match; named so
+    where every finding is one of them, never called unstated."""
+    unstated = [(where, kind) for where, kind in found if where not in stated]
+    shown = unstated or found
+    classes = [v for v in KV_FINDINGS if any(kind == v for _, kind in shown)]
     named = " and ".join(classes) if len(classes) < 3 else f"{', '.join(classes[:-1])} and {classes[-1]}"
-    items = [where if len(classes) == 1 else f"{where} ({kind})" for where, kind in found]
-    return f"KV {named} that the fixture does not state: " + _some(items)
+    items = [where if len(classes) == 1 else f"{where} ({kind})" for where, kind in shown]
+    if unstated:
+        return f"KV {named} that the fixture does not state: " + _some(items)
+    return f"KV {named} that the fixture states, not excused while its acceptance does not match: " + _some(items)
+
+
+def _stated_kv(acceptance: dict) -> set[str]:
+    """'arm probe' of every KV finding the fixture's expectation states, whether or not the acceptance matched."""
+    return {
+        f"{c['arm']} {c['probe']}"
+        for c in acceptance.get("checked", [])
+        if c.get("check") == "kv"
+        and c.get("observed") in KV_FINDINGS
+        and expectation_states(c.get("expected"), str(c.get("observed")))
+    }
 
 
 def _acceptance_misses(acc: dict, what: str) -> list[str]:
@@ -318,7 +335,7 @@ def _first_reason(report: dict) -> tuple[int, str]:
         return EXIT_MISMATCH, findings_reason(found)
     kv = [(f"{a['name']} {p['name']}", str(kv_verdict(p))) for a, p in unexpected_kv_findings(report)]
     if kv:
-        return EXIT_MISMATCH, _kv_reason(kv)
+        return EXIT_MISMATCH, _kv_reason(kv, _stated_kv(report.get("acceptance") or {}))
     scen_kv = _scenario_kv_reason(report)
     if scen_kv is not None:
         return scen_kv
