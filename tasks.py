@@ -195,14 +195,16 @@ def llamacpp_python() -> tuple[str, dict]:
                     )  # fmt: skip
                     stamp.write_text(json.dumps(record) + "\n")
     except subprocess.CalledProcessError as exc:
-        tail = LLAMACPP_BUILD_LOG.read_text(encoding="utf-8", errors="replace").splitlines()[-5:]
-        raise Exit(
-            f"llama-cpp-python could not be built ({exc}); last lines of {LLAMACPP_BUILD_LOG}:\n" + "\n".join(tail),
-            code=1,
-        )
+        raise _build_failed("llama-cpp-python", exc) from exc
     print(f"[kvkit] llama-cpp-python wheel: {wheel.name} (built in {record['build_s']} s on "
           f"{record['cpus']} cores, {record['built_utc']})", file=sys.stderr, flush=True)  # fmt: skip
     return py, record
+
+
+def _build_failed(what: str, exc: subprocess.CalledProcessError) -> Exit:
+    """A llama.cpp build step that failed, as one Exit quoting the build log's last lines."""
+    tail = LLAMACPP_BUILD_LOG.read_text(encoding="utf-8", errors="replace").splitlines()[-5:]
+    return Exit(f"{what} could not be built ({exc}); last lines of {LLAMACPP_BUILD_LOG}:\n" + "\n".join(tail), code=1)
 
 
 def llamacpp_gguf(py: str) -> str:
@@ -391,9 +393,7 @@ def llamaserver_binary(py: str) -> str:
         with open(LLAMACPP_BUILD_LOG, "a", encoding="utf-8") as log:
             binary, record = llamacpp_build.ensure_server(py, log, ROOT)
     except subprocess.CalledProcessError as exc:
-        tail = LLAMACPP_BUILD_LOG.read_text(encoding="utf-8", errors="replace").splitlines()[-5:]
-        raise Exit(f"llama-server could not be built ({exc}); last lines of {LLAMACPP_BUILD_LOG}:\n" + "\n".join(tail),
-                   code=1) from exc  # fmt: skip
+        raise _build_failed("llama-server", exc) from exc
     target = Path(py).parent / llamacpp_build.SERVER
     stamp = Path(py).parent.parent / llamacpp_build.SERVER_STAMP  # each served report's engine versions cite it
     installed = target.is_file() and hashlib.sha256(target.read_bytes()).hexdigest() == record["binary_sha256"]

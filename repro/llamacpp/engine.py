@@ -41,6 +41,14 @@ def kept_by_rule(kept: list[int], ids: list[int], live_logits: bool = False) -> 
     return common - 1 if consumed else common
 
 
+def prompt_ids(tokenizer, prompt: dict) -> tuple[list[int], list[dict] | None]:
+    """A probe's prompt as token IDs (and its chat messages): given IDs as they are, a chat through the GGUF's own
+    template and vocabulary (repro.contract.chat)."""
+    if "token_ids" in prompt:
+        return [int(t) for t in prompt["token_ids"]], None
+    return build_chat_prompt(tokenizer, prompt["chat"])
+
+
 class GgufTokenizer:
     """The four calls repro.contract.chat needs, from the GGUF's own vocabulary and chat template (rendered by
     llama-cpp-python's Jinja2ChatFormatter, a sandboxed Jinja2 environment, as its chat completion does)."""
@@ -101,9 +109,7 @@ class Engine:
         return cls(llm, job, threads)
 
     def prompt_ids(self, prompt: dict) -> tuple[list[int], list[dict] | None]:
-        if "token_ids" in prompt:
-            return [int(t) for t in prompt["token_ids"]], None
-        return build_chat_prompt(self.tokenizer, prompt["chat"])
+        return prompt_ids(self.tokenizer, prompt)
 
     def clear(self) -> None:
         """Nothing kept: the KV memory emptied and the binding's kept tokens forgotten."""

@@ -36,7 +36,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from repro.contract.chat import build_chat_prompt
 from repro.contract.job import Job
 from repro.contract.result import ProbeResult, RequestResult, ScenarioResult, StepRequest
 from repro.llamacpp import server as srv
@@ -252,9 +251,9 @@ class Prompts:
         self.tokenizer = GgufTokenizer(llama_cpp.Llama(model_path=model, vocab_only=True, verbose=False))
 
     def prompt_ids(self, prompt: dict) -> tuple[list[int], list[dict] | None]:
-        if "token_ids" in prompt:
-            return [int(t) for t in prompt["token_ids"]], None
-        return build_chat_prompt(self.tokenizer, prompt["chat"])
+        from repro.llamacpp.engine import prompt_ids
+
+        return prompt_ids(self.tokenizer, prompt)
 
 
 def run(job: Job, audit) -> tuple[list[ProbeResult], dict, ScenarioResult | None, dict]:

@@ -24,6 +24,7 @@ import time
 import urllib.error
 import urllib.request
 
+# as repro.engine.served's, which llama.cpp's child may not import (the vLLM boundary: tests/test_imports.py)
 HOST = "127.0.0.1"
 BINARY = "llama-server"  # in the environment's bin/ (tasks.py installs the kit's build there)
 READY_TIMEOUT_S = 300.0
