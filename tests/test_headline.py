@@ -138,3 +138,26 @@ def test_a_llamacpp_run_names_llamacpp_where_vllm_stands_never_the_parents_vllm(
     assert "(llama.cpp (llama-cpp-python 0.3.36), " in headline(report) and "vLLM" not in headline(report)
     assert build_index_row(report, stem="a", href="a.html").vllm == "— (llama.cpp (llama-cpp-python 0.3.36))"
     assert read_like(_v2()).engine == "vLLM"
+
+
+def test_a_reuse_its_engine_documents_as_approximate_is_named_so_never_corruption():
+    """An arm on llama-server's --cache-reuse (KV shifting, approximate by design: repro.judge.approximate) keeps its
+    verdicts, FAIL and the audit's class, but the headline and its title name the approximation and never call its KV
+    corrupt; the same connector with the setting at 0 is a plain arm."""
+    from repro.judge.approximate import CACHE_REUSE
+
+    data = _v2()
+    arm = next(a for a in data["arms"] if a["name"] == "PlantedFault")
+    arm["name"], arm["connector"] = "CacheReuse", {"name": CACHE_REUSE, "extra_config": {"min_chunk": 16}}
+    text = headline(data)
+    assert text.startswith("CacheReuse (approximate by design: --cache-reuse 16, cached KV chunks shifted to new ")
+    assert "answered differently after a reported cache hit on 4 of 4 probes and loaded KV other than a cold " in text
+    assert "(CORRUPT on 4) of 4" in text and "corrupt KV" not in text
+    from repro.readmodel import as_report
+
+    report = as_report(data)
+    cache_reuse = next(a for a in report.arms if a.name == "CacheReuse")
+    assert cache_reuse.verdict == FAIL and cache_reuse.title.endswith(", approximate by design (--cache-reuse 16)")
+    arm["connector"]["extra_config"]["min_chunk"] = 0  # its control: no shifting, nothing approximate to name
+    text = headline(data)
+    assert "approximate" not in text and "loaded corrupt KV on 4 of 4" in text

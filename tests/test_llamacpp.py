@@ -251,6 +251,31 @@ def test_each_served_arm_gets_its_own_llama_servers_flags_and_the_baseline_no_ca
         served.flags(_served_job(ArmSpec("X", "connector", ConnectorSpec("LlamaStateSeq"))), 2, "/s")
 
 
+def test_the_cache_reuse_arm_shifts_what_its_donor_holds_and_refuses_a_config_it_cannot_run():
+    """LlamaServerCacheReuse: llama-server's --cache-reuse at min_chunk (0: its control, no shifting), no RAM prompt
+    cache, cache_prompt on; its donor is the probe's prompt with the inserted tokens before token insert_at; a
+    setting it cannot run is one line, before any server starts."""
+    from repro.contract.job import ArmSpec, ConnectorSpec
+    from repro.llamacpp import served
+
+    def arm(**extra):
+        return _served_job(ArmSpec("C", "connector", ConnectorSpec(served.CACHE_REUSE, extra_config=extra)))
+
+    args, cache = served.flags(arm(min_chunk=16, insert_at=32, insert_text=" x"), 2, "/s")
+    assert cache is True and args[-4:] == ["--cache-ram", "0", "--cache-reuse", "16"]
+    assert served.flags(arm(min_chunk=0, insert_at=32, insert_text=" x"), 2, "/s")[0][-1] == "0"
+    assert served.donor_ids([1, 2, 3, 4], 2, [9, 9]) == [1, 2, 9, 9, 3, 4]
+    with pytest.raises(ValueError, match="insert_at 3 leaves nothing to shift in a 4-token prompt"):
+        served.donor_ids([1, 2, 3, 4], 3, [9])
+    for bad, said in (
+        ({"min_chunk": -1, "insert_at": 32, "insert_text": " x"}, "extra_config.min_chunk must be a whole number"),
+        ({"min_chunk": 16, "insert_at": True, "insert_text": " x"}, "extra_config.insert_at must be a whole number"),
+        ({"min_chunk": 16, "insert_at": 32, "insert_text": " "}, "extra_config.insert_text must be a non-empty"),
+    ):
+        with pytest.raises(ValueError, match=said):
+            served.flags(arm(**bad), 2, "/s")
+
+
 def test_a_served_answer_without_llama_servers_counter_is_missing_never_zero():
     """timings.cache_n is the hit counter; a response without it says None (the judge's missing counter), and the
     answer's token IDs and top log-probabilities are read as llama-server writes them."""

@@ -131,7 +131,8 @@ def test_llama_server_arms_are_judged_on_its_own_counters_and_its_kv_read_throug
     every request; a whole-prompt reuse keeps L-1 tokens (its last evaluated again) by llama-server's own count; the
     reused KV, read through /slots save files, is bit-identical to what the cache-off server computed (the same
     binary, the same batches: EXACT, floor 0), and a slot file altered before its restore is CORRUPT with exactly its
-    blocks blamed; #27148's scenario ran every step with a counter on every request."""
+    blocks blamed; --cache-reuse's shifted KV is blamed past the donor's kept prefix and never in it, its control's is
+    not; #27148's scenario ran every step with a counter on every request."""
     code, report, out = llamaserver_selftest
     assert code == (0 if report["acceptance"]["matched"] else 1), out[-3000:]
     arms = {a["name"]: a for a in report["arms"]}
@@ -146,6 +147,15 @@ def test_llama_server_arms_are_judged_on_its_own_counters_and_its_kv_read_throug
     for probe in arms["PlantedSlotFault"]["probes"]:  # the served audit's positive control: exactly its blocks
         assert probe["verdict"] == "FAIL" and probe["kv"]["verdict"] == "CORRUPT", (probe["name"], probe["kv"])
         assert probe["kv"]["blame"]["blocks"] == list(range(16)), (probe["name"], probe["kv"]["blame"])
+    # --cache-reuse, the positive control of a reuse approximate by design: the donor's first 32 positions kept as
+    # they are, the rest shifted (a hit past them) and blamed only there; its control (0) keeps the 32 and no more
+    for probe in arms["LlamaServerCacheReuse"]["probes"]:
+        assert all(r["cached_tokens"] > 32 for r in probe["requests"][1:]), (probe["name"], probe["requests"])
+        blame = probe["kv"]["blame"]["blocks"]
+        assert probe["kv"]["verdict"] in ("CORRUPT", "FOREIGN", "MISPLACED") and blame and min(blame) >= 2, probe["kv"]
+    for probe in arms["CacheReuse-control"]["probes"]:
+        assert [r["cached_tokens"] for r in probe["requests"][1:]] == [32] * (len(probe["requests"]) - 1)
+        assert probe["kv"]["verdict"] in ("EXACT", "NUMERIC"), (probe["name"], probe["kv"])
     restores = [
         r["kv_transfer_params"]["restore"] for p in arms["LlamaServerSlots"]["probes"] for r in p["requests"][1:]
     ]

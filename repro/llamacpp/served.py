@@ -18,6 +18,12 @@ scenario runs in one server, start to end: what its steps leave behind is its po
 - connector PlantedSlotFault: the same, the saved file altered before each restore (fault zero_blocks, as the
   binding's PlantedStateFault): the served KV audit's positive control, its reuses must FAIL with exactly those
   blocks blamed.
+- connector LlamaServerCacheReuse: `--cache-reuse min_chunk` (`--cache-ram 0`), llama-server's KV shifting. Before
+  each reuse the slot is erased and a donor sent alone (never judged nor audited): the probe's prompt with
+  insert_text's tokens inserted at token insert_at. The reuse then keeps the donor's first insert_at positions (its
+  common prefix) and, where min_chunk is above 0, shifts the donor's KV of the rest of the prompt back by the
+  inserted length: KV computed after other tokens, which llama-server documents as shifting (an approximation by
+  design, repro.judge.approximate). min_chunk 0 is its control: the same donor, the rest evaluated again.
 
 Every server has a `--slot-save-path` (the slots arm's store, else a folder of the arm's own): the slot actions need
 it, and the KV audit reads through it. With a KV audit, each judged request's slot is saved once it is done and the
@@ -38,12 +44,13 @@ from pathlib import Path
 
 from repro.contract.job import Job
 from repro.contract.result import ProbeResult, RequestResult, ScenarioResult, StepRequest
+from repro.judge.approximate import CACHE_REUSE
 from repro.llamacpp import server as srv
 from repro.llamacpp import state as seqstate
 
 SLOTS = "LlamaServerSlots"
 PLANTED_SLOTS = "PlantedSlotFault"  # the slots arm with its saved file altered before each restore
-CONNECTORS = (SLOTS, PLANTED_SLOTS)
+CONNECTORS = (SLOTS, PLANTED_SLOTS, CACHE_REUSE)
 SEQ_FILE_MAGIC, SEQ_FILE_VERSION = 0x67677371, 3  # llama.h: LLAMA_STATE_SEQ_MAGIC ('ggsq'), LLAMA_STATE_SEQ_VERSION
 
 
@@ -62,7 +69,30 @@ def flags(job: Job, threads: int, slot_dir: str) -> tuple[list[str], bool]:
         return [*common, "--cache-ram", "0"] if matched else common, True
     if conn.name in (SLOTS, PLANTED_SLOTS):
         return [*common, "--cache-ram", "0"], True
+    if conn.name == CACHE_REUSE:
+        min_chunk = cache_reuse_config(conn.extra_config)[0]
+        return [*common, "--cache-ram", "0", "--cache-reuse", str(min_chunk)], True
     raise ValueError(f"llama-server has no connector {conn.name!r}: its connector arms are {', '.join(CONNECTORS)}")
+
+
+def cache_reuse_config(extra: dict) -> tuple[int, int, str]:
+    """LlamaServerCacheReuse's (min_chunk, insert_at, insert_text), or a one-line ValueError."""
+    min_chunk, at, text = extra.get("min_chunk"), extra.get("insert_at"), extra.get("insert_text")
+    for key, value in (("min_chunk", min_chunk), ("insert_at", at)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{CACHE_REUSE}: extra_config.{key} must be a whole number of 0 or more, not {value!r}")
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(
+            f"{CACHE_REUSE}: extra_config.insert_text must be a non-empty string (the donor's inserted text)"
+        )
+    return min_chunk, at, text
+
+
+def donor_ids(ids: list[int], at: int, inserted: list[int]) -> list[int]:
+    """The prompt with `inserted` put in before token `at` (refused where the prompt has no token after `at`)."""
+    if not inserted or at >= len(ids) - 1:
+        raise ValueError(f"{CACHE_REUSE}: insert_at {at} leaves nothing to shift in a {len(ids)}-token prompt")
+    return [*ids[:at], *inserted, *ids[at:]]
 
 
 def read_slot_file(raw: bytes) -> tuple[bytes, list[int], int]:
@@ -124,6 +154,7 @@ class ServedArm:
         self.facts: dict = {"primed": [], "servers": 0}
         self.lock = threading.Lock()
         self.argv: list[str] = []
+        self.inserted: list[int] = []  # LlamaServerCacheReuse: the donor's inserted tokens (run() encodes them)
 
     def start(self) -> srv.LlamaServer:
         server = srv.LlamaServer(srv.binary_path(), self.job.engine.model, self.args)
@@ -168,6 +199,8 @@ class ServedArm:
                 if probe.match_tokens is not None:
                     server.slot(0, "erase")
                     self.prime(server, ids[: probe.match_tokens[i - 1]], f"{rid}: the match prefix")
+                if conn is not None and conn.name == CACHE_REUSE:
+                    params = self.donate(server, ids, rid)
                 if conn is not None and conn.name in (SLOTS, PLANTED_SLOTS):
                     planted = (
                         self.plant(Path(self.slot_dir) / f"{n:03d}.bin", ids) if conn.name == PLANTED_SLOTS else {}
@@ -177,6 +210,16 @@ class ServedArm:
             return out
         finally:
             server.stop()
+
+    def donate(self, server, ids: list[int], rid: str) -> dict:
+        """LlamaServerCacheReuse: the slot erased and the donor sent alone, so that the reuse finds the probe's first
+        insert_at tokens at their own positions and the rest of its prompt after the inserted tokens. Returns what
+        the report keeps of it (kv_transfer_params.cache_reuse): the positions the reuse can only have shifted."""
+        min_chunk, at, _ = cache_reuse_config(self.job.arm.connector.extra_config)
+        server.slot(0, "erase")
+        self.prime(server, donor_ids(ids, at, self.inserted), f"{rid}: the donor, {len(self.inserted)} tokens at {at}")
+        return {"cache_reuse": {"min_chunk": min_chunk, "insert_at": at, "inserted_tokens": len(self.inserted),
+                                "donor_tokens": len(ids) + len(self.inserted)}}  # fmt: skip
 
     def plant(self, path: Path, ids: list[int]) -> dict:
         """PlantedSlotFault: the saved slot file altered before it is restored, as the binding's PlantedStateFault
@@ -269,6 +312,8 @@ def run(job: Job, audit) -> tuple[list[ProbeResult], dict, ScenarioResult | None
     try:
         arm = ServedArm(job, audit, slot_dir, len(os.sched_getaffinity(0)))
         prompts = Prompts(job.engine.model)
+        if conn is not None and conn.name == CACHE_REUSE:
+            arm.inserted = prompts.tokenizer.encode(cache_reuse_config(conn.extra_config)[2])
         ids_of = {p.name: prompts.prompt_ids(p.prompt) for p in job.probes}
         if job.scenario is not None:
             scenario = arm.scenario({name: ids for name, (ids, _) in ids_of.items()})

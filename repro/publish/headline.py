@@ -107,6 +107,8 @@ def planted_fault_of(arm: Arm) -> str | None:
 def _name(arm: Arm) -> str:
     """The arm as the headline names it: the connector, or the planted fault it is."""
     fault = planted_fault_of(arm)
+    if arm.approximation:  # a documented approximation, run as a positive control: named so, never as corruption
+        return f"{arm.name} ({arm.approximation})"
     if fault is None:
         return arm.name if arm.mode != "native" else "shape-matched native" if arm.matched_to else arm.title
     return f"{arm.name} (planted fault: {fault})" if fault != NO_FAULT else f"{arm.name} (planted connector, no fault)"
@@ -153,6 +155,12 @@ def _kv_clause(arm: Arm) -> str:
         return ""
     n = len(verdicts)
     found = [(KV_WORDS.get(v, v.lower()), verdicts.count(v)) for v in KV_FINDINGS if v in verdicts]
+    if found and arm.approximation:  # the audit's class kept, the word 'corrupt' not: the engine documents it
+        return (
+            "loaded KV other than a cold prefill's ("
+            + ", ".join(f"{v} on {verdicts.count(v)}" for v in KV_FINDINGS if v in verdicts)
+            + f") of {n}"
+        )
     if found:
         return "loaded " + " and ".join(f"{word} KV on {k}" for word, k in found) + f" of {n}"
     if set(verdicts) == {EXACT}:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from repro.judge.approximate import approximation_of, approximation_text
 from repro.judge.verdict import (
     DECISIVE,
     EXACT,
@@ -157,6 +158,13 @@ class Arm:
         return (self.data.get("connector") or {}).get("name")
 
     @property
+    def approximation(self) -> str:
+        """'approximate by design: --cache-reuse 16, …' for an arm whose reuse path its engine documents as
+        approximate (repro.judge.approximate); '' for any other."""
+        conn = self.data.get("connector") or {}
+        return approximation_text(conn.get("name"), conn.get("extra_config"))
+
+    @property
     def matched_to(self) -> object:
         return self.data.get("matched_to")
 
@@ -193,8 +201,13 @@ class Arm:
             if self.name == "endpoint":  # repro endpoint's arm: judged as native is, on a server the kit did not start
                 return "endpoint (a server the kit did not start)"
             return "native prefix caching"
-        connector = self.connector_name
-        return self.name if self.name == connector else f"{self.name} ({connector})"
+        connector, conn = self.connector_name, self.data.get("connector") or {}
+        title = self.name if self.name == connector else f"{self.name} ({connector})"
+        found = approximation_of(connector, conn.get("extra_config"))
+        # named on every page and table that shows the arm, so that no cell reads its FAIL as a broken cache
+        return (
+            f"{title}, approximate by design ({found.flag} {conn['extra_config'][found.setting]})" if found else title
+        )
 
     def probe(self, name: str) -> Probe | None:
         return next((p for p in self.probes if p.name == name), None)
