@@ -150,7 +150,7 @@ def test_a_reuse_its_engine_documents_as_approximate_is_named_so_never_corruptio
     arm = next(a for a in data["arms"] if a["name"] == "PlantedFault")
     arm["name"], arm["connector"] = "CacheReuse", {"name": CACHE_REUSE, "extra_config": {"min_chunk": 16}}
     text = headline(data)
-    assert text.startswith("CacheReuse (approximate by design: --cache-reuse 16, cached KV chunks shifted to new ")
+    assert text.startswith("CacheReuse (approximate by design: --cache-reuse 16, cached KV shifted to new positions) (")
     assert "answered differently after a reported cache hit on 4 of 4 probes and loaded KV other than a cold " in text
     assert "(CORRUPT on 4) of 4" in text and "corrupt KV" not in text
     from repro.readmodel import as_report

@@ -22,6 +22,7 @@ class Approximation:
     setting: str  # the connector's extra_config key that turns it on when above 0
     flag: str  # the engine's own name for that setting
     what: str  # what it does, in the engine's words where it has them
+    short: str  # the same in a few words, for a headline
     source: str  # where the engine documents it
 
 
@@ -30,6 +31,7 @@ APPROXIMATIONS = {
         setting="min_chunk",
         flag="--cache-reuse",
         what="cached KV chunks shifted to new positions (KV shifting): their KV was computed after other tokens",
+        short="cached KV shifted to new positions",
         source="llama.cpp tools/server/README.md, --cache-reuse: 'min chunk size to attempt reusing from the cache "
         "via KV shifting'",
     ),
@@ -46,8 +48,9 @@ def approximation_of(connector: object, extra_config: object) -> Approximation |
 
 
 def approximation_text(connector: object, extra_config: object) -> str:
-    """'approximate by design: --cache-reuse 16, cached KV chunks shifted …' or '' for an arm that runs none."""
+    """'approximate by design: --cache-reuse 16, cached KV shifted to new positions', or '' for an arm that runs
+    none."""
     found = approximation_of(connector, extra_config)
     if found is None:
         return ""
-    return f"approximate by design: {found.flag} {extra_config[found.setting]}, {found.what}"
+    return f"approximate by design: {found.flag} {extra_config[found.setting]}, {found.short}"
