@@ -81,7 +81,7 @@ def run(opts: Options, argv: list[str], state: RunState, plan_of=build_plan) -> 
         with deferred_signals():  # logs and report are swapped in together, or not at all
             publish(out.report, data, ws.work, out.report.parent / out.logs_rel, ws.log_names(logs))
             state.published = report
-    print(format_summary(report))
+    print(format_summary(report), flush=True)  # before the report line on stderr, whole: they share a terminal or a log
     print(f"report: {out.report}", file=sys.stderr)
     return exit_code(report)
 

@@ -215,10 +215,12 @@ def test_a_probe_asking_what_llamacpps_child_does_not_send_is_refused_not_run_wi
         arms.run(None, job(image={"seed": 1}), None)  # refused before the engine is touched
 
 
-def _served_job(arm, probes=None, scenario=None, max_num_seqs=None):
+def _served_job(arm, probes=None, scenario=None, max_num_seqs=None, kv_unified=None):
     from repro.contract.job import EngineConfig, ProbeJob, ScenarioJob, StepJob, build_job
 
-    engine = EngineConfig("m.gguf", None, "float16", 7, 0.1, 2048, 16, "cpu", max_num_seqs=max_num_seqs)
+    engine = EngineConfig(
+        "m.gguf", None, "float16", 7, 0.1, 2048, 16, "cpu", max_num_seqs=max_num_seqs, kv_unified=kv_unified
+    )
     probes = probes or [ProbeJob("p", {"token_ids": [1, 2, 3]}, 2)]
     job = build_job(arm, engine, probes, max_tokens=16, logprobs=2)
     if scenario:
@@ -247,6 +249,10 @@ def test_each_served_arm_gets_its_own_llama_servers_flags_and_the_baseline_no_ca
     assert cache is True and args[args.index("--slot-save-path") + 1] == "/tmp/store" and "--cache-ram" in args
     two, _ = served.flags(_served_job(ArmSpec("native", "native"), scenario=True, max_num_seqs=2), 2, "/s")
     assert two[two.index("-np") + 1] == "2" and two[two.index("-c") + 1] == "4096"
+    assert "--kv-unified" not in two and "--no-kv-unified" not in two  # unset: llama-server's own default
+    for unified, flag in ((True, "--kv-unified"), (False, "--no-kv-unified")):
+        job = _served_job(ArmSpec("native", "native"), scenario=True, max_num_seqs=2, kv_unified=unified)
+        assert flag in served.flags(job, 2, "/s")[0]
     with pytest.raises(ValueError, match="llama-server has no connector 'LlamaStateSeq'"):
         served.flags(_served_job(ArmSpec("X", "connector", ConnectorSpec("LlamaStateSeq"))), 2, "/s")
 
@@ -274,6 +280,21 @@ def test_the_cache_reuse_arm_shifts_what_its_donor_holds_and_refuses_a_config_it
     ):
         with pytest.raises(ValueError, match=said):
             served.flags(arm(**bad), 2, "/s")
+
+
+def test_kv_unified_is_a_scenarios_setting_for_llama_server_that_vllms_child_refuses():
+    """A scenario's kv_unified reaches the job's engine (and its JSON, both ways); vLLM's child refuses it in one
+    line rather than run the scenario without it."""
+    from dataclasses import replace
+
+    from repro.contract.job import ArmSpec, EngineConfig
+    from repro.engine.engine_args import engine_kwargs
+
+    job = _served_job(ArmSpec("native", "native"), scenario=True, max_num_seqs=2, kv_unified=True)
+    assert EngineConfig.from_json(job.engine.to_json()).kv_unified is True
+    assert "kv_unified" not in replace(job.engine, kv_unified=None).to_json()
+    with pytest.raises(ValueError, match="kv_unified True is llama-server's --kv-unified: vLLM has no such setting"):
+        engine_kwargs(job)
 
 
 def test_a_served_answer_without_llama_servers_counter_is_missing_never_zero():

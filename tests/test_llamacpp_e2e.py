@@ -166,10 +166,13 @@ def test_llama_server_arms_are_judged_on_its_own_counters_and_its_kv_read_throug
         and versions["llama_server_build"]["cmake_args"][0] == "-DGGML_NATIVE=OFF"
     )
     assert versions["llama_server_sha256"] == versions["llama_server_build"]["binary_sha256"]
-    (scenario,) = report["scenarios"]
+    scenario, unified = report["scenarios"]
     native = next(a for a in scenario["arms"] if a["arm"] == "native")
     assert [(r["step"], r["probe"]) for r in native["requests"]] == [
         (0, "conv-a"), (0, "conv-b"), (1, "conv-c"), (1, "conv-d"), (2, "conv-a"), (2, "conv-e"), (3, "conv-f"), (4, "conv-b")
     ]  # fmt: skip
+    assert all(isinstance(r["cached_tokens"], int) and r["verdict"] in ("PASS", "FAIL") for r in native["requests"])
+    native = next(a for a in unified["arms"] if a["arm"] == "native")  # #27148's second repro: sequential, unified
+    assert unified["name"] == "issue-27148-unified" and len(native["requests"]) == 8
     assert all(isinstance(r["cached_tokens"], int) and r["verdict"] in ("PASS", "FAIL") for r in native["requests"])
     assert "llama.cpp (llama-server, from llama-cpp-python 0.3.36)" in out

@@ -124,6 +124,9 @@ class EngineConfig:
     # --speculative-config: vLLM's speculative_config in every arm, the baseline's too (repro.plan.speculative); a
     # "model" of SPECULATIVE_SELF drafts with the verified model itself
     speculative_config: dict | None = None
+    # a scenario's llama-server: one KV buffer shared by every slot (--kv-unified / --no-kv-unified); None: the
+    # server's default. llama.cpp's only: vLLM's child refuses it (repro.engine.engine_args)
+    kv_unified: bool | None = None
 
     def to_json(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -150,6 +153,7 @@ class EngineConfig:
             long_prefill_token_threshold=read_field(data, "long_prefill_token_threshold", int, where, optional=True),
             lora=read_field(data, "lora", dict, where, optional=True),
             speculative_config=read_field(data, "speculative_config", dict, where, optional=True),
+            kv_unified=read_field(data, "kv_unified", bool, where, optional=True),
         )
 
     def speculative_kwargs(self) -> dict | None:
@@ -164,7 +168,7 @@ class EngineConfig:
 
 OPTIONAL_ENGINE_KEYS = (
     "kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens", "async_scheduling", "long_prefill_token_threshold",
-    "lora", "speculative_config")  # fmt: skip
+    "lora", "speculative_config", "kv_unified")  # fmt: skip
 # A speculative_config's "model" naming the verified model (its folder differs per machine; a report keeps this)
 SPECULATIVE_SELF = "@model"
 

@@ -31,6 +31,8 @@ def engine_kwargs(job: Job) -> dict:
     """vLLM's keyword arguments for the job's engine: the same for every arm of a run but for the arm's own
     settings (prefix caching for native, its connector, the KV audit's connector when the job audits)."""
     e, arm = job.engine, job.arm
+    if e.kv_unified is not None:  # a scenario's setting for llama-server: never dropped and run as if
+        raise ValueError(f"kv_unified {e.kv_unified} is llama-server's --kv-unified: vLLM has no such setting")
     kwargs = {
         "model": e.model,
         "tokenizer": e.model,

@@ -62,6 +62,8 @@ def flags(job: Job, threads: int, slot_dir: str) -> tuple[list[str], bool]:
     common = ["-c", str(job.engine.max_model_len * slots), "-np", str(slots), "-t", str(threads), "-tb", str(threads),
               "-b", str(batch), "-ub", str(batch), "--seed", str(job.engine.seed), "--no-webui",
               "--slot-save-path", slot_dir]  # fmt: skip
+    if job.engine.kv_unified is not None:  # a scenario's: one KV buffer for every slot, or one per slot
+        common.append("--kv-unified" if job.engine.kv_unified else "--no-kv-unified")
     if job.arm.mode == "baseline":
         return [*common, "--cache-ram", "0"], False
     if conn is None:

@@ -53,6 +53,9 @@ SCENARIO_ENGINE_KEYS = {
     # chunked prefill's cap on one request's tokens a step (vLLM's long_prefill_token_threshold): a prefill over
     # several steps, so that a load scenario's cancellation can land in it
     "long_prefill_token_threshold": int,
+    # llama-server's --kv-unified (one KV buffer shared by every slot, its default where the slot count is auto):
+    # llama.cpp's only, an arm on vLLM refuses it
+    "kv_unified": bool,
 }
 # LMCache's MP server settings a scenario may set (repro.lmcache.mp.ServerSettings' fields).
 SCENARIO_MP_SERVER_KEYS = {"l1_size_gb": (int, float), "chunk_size": int, "eviction_policy": str, "l1_use_lazy": bool}

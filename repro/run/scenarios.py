@@ -143,6 +143,7 @@ def scenario_job(job: Job, scenario: Scenario, probes: list[Probe]) -> Job:
         max_num_batched_tokens=eng.get("max_num_batched_tokens"),
         async_scheduling=eng.get("async_scheduling"),
         long_prefill_token_threshold=eng.get("long_prefill_token_threshold"),
+        kv_unified=eng.get("kv_unified"),
     )
     steps = tuple(StepJob(s.submit, s.together, s.wait_s, dict(s.cancel)) for s in scenario.steps)
     load, reference = scenario.load is not None, job.arm.name.endswith(REFERENCE_SUFFIX)
