@@ -216,7 +216,8 @@ class ServedArm:
     def donate(self, server, ids: list[int], rid: str) -> dict:
         """LlamaServerCacheReuse: the slot erased and the donor sent alone, so that the reuse finds the probe's first
         insert_at tokens at their own positions and the rest of its prompt after the inserted tokens. Returns what
-        the report keeps of it (kv_transfer_params.cache_reuse): the positions the reuse can only have shifted."""
+        the report keeps of it (kv_transfer_params.cache_reuse): the setting, where the donor's insertion was and
+        how long (a reuse past insert_at can only have been shifted by inserted_tokens positions)."""
         min_chunk, at, _ = cache_reuse_config(self.job.arm.connector.extra_config)
         server.slot(0, "erase")
         self.prime(server, donor_ids(ids, at, self.inserted), f"{rid}: the donor, {len(self.inserted)} tokens at {at}")
