@@ -47,10 +47,14 @@ def approximation_of(connector: object, extra_config: object) -> Approximation |
     return found if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
+def setting_text(connector: object, extra_config: object) -> str:
+    """'--cache-reuse 16': the engine's flag as the arm set it, or '' for an arm that runs no approximation."""
+    found = approximation_of(connector, extra_config)
+    return "" if found is None else f"{found.flag} {extra_config[found.setting]}"
+
+
 def approximation_text(connector: object, extra_config: object) -> str:
     """'approximate by design: --cache-reuse 16, cached KV shifted to new positions', or '' for an arm that runs
     none."""
-    found = approximation_of(connector, extra_config)
-    if found is None:
-        return ""
-    return f"approximate by design: {found.flag} {extra_config[found.setting]}, {found.short}"
+    setting = setting_text(connector, extra_config)
+    return f"approximate by design: {setting}, {APPROXIMATIONS[str(connector)].short}" if setting else ""

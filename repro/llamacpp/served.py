@@ -156,7 +156,11 @@ class ServedArm:
         self.facts: dict = {"primed": [], "servers": 0}
         self.lock = threading.Lock()
         self.argv: list[str] = []
-        self.inserted: list[int] = []  # LlamaServerCacheReuse: the donor's inserted tokens (run() encodes them)
+        conn = job.arm.connector
+        # LlamaServerCacheReuse: (min_chunk, insert_at, insert_text), checked by flags() above; the donor's inserted
+        # tokens, which run() encodes with the GGUF's vocabulary
+        self.cache_reuse = cache_reuse_config(conn.extra_config) if conn and conn.name == CACHE_REUSE else None
+        self.inserted: list[int] = []
 
     def start(self) -> srv.LlamaServer:
         server = srv.LlamaServer(srv.binary_path(), self.job.engine.model, self.args)
@@ -201,7 +205,7 @@ class ServedArm:
                 if probe.match_tokens is not None:
                     server.slot(0, "erase")
                     self.prime(server, ids[: probe.match_tokens[i - 1]], f"{rid}: the match prefix")
-                if conn is not None and conn.name == CACHE_REUSE:
+                if self.cache_reuse is not None:
                     params = self.donate(server, ids, rid)
                 if conn is not None and conn.name in (SLOTS, PLANTED_SLOTS):
                     planted = (
@@ -218,7 +222,7 @@ class ServedArm:
         insert_at tokens at their own positions and the rest of its prompt after the inserted tokens. Returns what
         the report keeps of it (kv_transfer_params.cache_reuse): the setting, where the donor's insertion was and
         how long (a reuse past insert_at can only have been shifted by inserted_tokens positions)."""
-        min_chunk, at, _ = cache_reuse_config(self.job.arm.connector.extra_config)
+        min_chunk, at, _ = self.cache_reuse
         server.slot(0, "erase")
         self.prime(server, donor_ids(ids, at, self.inserted), f"{rid}: the donor, {len(self.inserted)} tokens at {at}")
         return {"cache_reuse": {"min_chunk": min_chunk, "insert_at": at, "inserted_tokens": len(self.inserted),
@@ -315,8 +319,8 @@ def run(job: Job, audit) -> tuple[list[ProbeResult], dict, ScenarioResult | None
     try:
         arm = ServedArm(job, audit, slot_dir, len(os.sched_getaffinity(0)))
         prompts = Prompts(job.engine.model)
-        if conn is not None and conn.name == CACHE_REUSE:
-            arm.inserted = prompts.tokenizer.encode(cache_reuse_config(conn.extra_config)[2])
+        if arm.cache_reuse is not None:
+            arm.inserted = prompts.tokenizer.encode(arm.cache_reuse[2])
         ids_of = {p.name: prompts.prompt_ids(p.prompt) for p in job.probes}
         if job.scenario is not None:
             scenario = arm.scenario({name: ids for name, (ids, _) in ids_of.items()})

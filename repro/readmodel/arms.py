@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from repro.judge.approximate import approximation_of, approximation_text
+from repro.judge.approximate import approximation_text, setting_text
 from repro.judge.verdict import (
     DECISIVE,
     EXACT,
@@ -201,13 +201,11 @@ class Arm:
             if self.name == "endpoint":  # repro endpoint's arm: judged as native is, on a server the kit did not start
                 return "endpoint (a server the kit did not start)"
             return "native prefix caching"
-        connector, conn = self.connector_name, self.data.get("connector") or {}
+        connector = self.connector_name
         title = self.name if self.name == connector else f"{self.name} ({connector})"
-        found = approximation_of(connector, conn.get("extra_config"))
         # named on every page and table that shows the arm, so that no cell reads its FAIL as a broken cache
-        return (
-            f"{title}, approximate by design ({found.flag} {conn['extra_config'][found.setting]})" if found else title
-        )
+        setting = setting_text(connector, (self.data.get("connector") or {}).get("extra_config"))
+        return f"{title}, approximate by design ({setting})" if setting else title
 
     def probe(self, name: str) -> Probe | None:
         return next((p for p in self.probes if p.name == name), None)
