@@ -265,7 +265,9 @@ def ensure_lmcache_ops(c, py: str, sdist: str = "") -> None:
 
 
 def run_py(c, py: str, args: str, warn: bool = False, env: dict[str, str] | None = None):
-    return c.run(f"{py} {args}", pty=False, warn=warn, env={**(env or {}), "PYTHONPATH": str(ROOT)})
+    """The kit's command with its stderr on its stdout's pipe: invoke echoes two pipes from two threads, which put a
+    stderr line inside a stdout line ('no performance claimreport: ...'); one pipe keeps the order it was written in."""
+    return c.run(f"{py} {args} 2>&1", pty=False, warn=warn, env={**(env or {}), "PYTHONPATH": str(ROOT)})
 
 
 def kernel_env(kernels: str, profile: str) -> dict[str, str]:

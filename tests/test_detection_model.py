@@ -139,8 +139,8 @@ def test_make_detection_model_converts_it_then_runs_the_study_of_it(monkeypatch)
     assert converted == ["smollm2"]
     # --force: the target writes the study's own files, as it says (tests/test_no_overwrite.py: the command refuses)
     assert ran == [
-        "/envs/cpu/bin/python -m repro detection --force --model smollm2",
-        "/envs/cpu/bin/python -m repro detection --force",
+        "/envs/cpu/bin/python -m repro detection --force --model smollm2 2>&1",
+        "/envs/cpu/bin/python -m repro detection --force 2>&1",
     ]
 
 

@@ -140,3 +140,18 @@ def test_two_environments_share_identical_files_and_pip_writing_into_one_leaves_
 def _mkdir(path):
     path.mkdir()
     return path
+
+
+def test_a_kit_command_run_by_make_keeps_the_order_its_two_streams_were_written_in():
+    """run_py gives the command one pipe for both streams: a summary flushed to stdout, then a line on stderr, reach
+    make's output in that order and whole, however invoke's echo threads are scheduled."""
+    from invoke import Config, Context
+
+    import tasks
+
+    context = Context(Config(overrides={"run": {"in_stream": False}}))  # pytest holds stdin
+    summary = "x" * 5000  # longer than one read of invoke's echo
+    code = f"import sys; print({summary!r}, flush=True); print('report: r.json', file=sys.stderr)"
+    for _ in range(20):
+        result = tasks.run_py(context, sys.executable, f"-c {code!r}", warn=True)
+        assert result.stdout == f"{summary}\nreport: r.json\n" and result.stderr == ""
